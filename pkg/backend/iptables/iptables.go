@@ -1,0 +1,288 @@
+// Package iptables is the iptables backend: the upstream portmap plugin's
+// rule layout in the nat table, applied with one iptables-restore per family
+// in the steady state.
+//
+//	PREROUTING, OUTPUT:   -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
+//	CNI-HOSTPORT-DNAT:    -m comment --comment 'dnat name: "net" id: "cid"'
+//	                      -m multiport -p tcp --destination-ports 8080,8443
+//	                      [conditions] -j CNI-DN-<hash(net, cid)>     (one per attachment)
+//	CNI-DN-<hash>:        -p tcp --dport 8080 -s <container subnet> -j CNI-HOSTPORT-SETMARK   (hairpin)
+//	                      -p tcp --dport 8080 -s 127.0.0.1 -j CNI-HOSTPORT-SETMARK         (localhost, IPv4)
+//	                      -p tcp --dport 8080 [-d hostIP] -j DNAT --to-destination 192.0.2.2:80
+//	CNI-HOSTPORT-SETMARK: -j MARK --set-xmark 0x2000/0x2000
+//	POSTROUTING:          -j CNI-HOSTPORT-MASQ   (at the top)
+//	CNI-HOSTPORT-MASQ:    -m mark --mark 0x2000/0x2000 -j MASQUERADE
+//
+// ADD's fast path is a single iptables-restore that checks the shared rules
+// with -C, creates the attachment's chain with -N (which fails if it exists)
+// and inserts its entry rules: it never lists or rewrites other attachments'
+// rules and spawns one process whatever the number of containers. When it
+// fails (fresh node, re-ADD, leftovers) the slow path runs under the
+// host-wide lock: ensure the shared chains and jumps (check, then insert, so
+// racing ADDs never duplicate them), find the entry rules that point at the
+// attachment's chain, and replace everything in one iptables-restore.
+package iptables
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	goiptables "github.com/coreos/go-iptables/iptables"
+
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Kernel is the seam between the backend and the iptables tools.
+type Kernel interface {
+	// Restore feeds payload to (ip6)iptables-restore --noflush.
+	Restore(payload []byte) error
+	// ListRules returns the rules of chain as iptables -S prints them, or
+	// nil when the chain does not exist.
+	ListRules(chain string) ([]string, error)
+	// EnsureChain creates chain if it is missing.
+	EnsureChain(chain string) error
+	// EnsureRule adds r if no identical rule exists.
+	EnsureRule(r Rule) error
+}
+
+// Backend applies plans of one family.
+type Backend struct {
+	Family plan.Family
+	Kernel Kernel
+	// Lock takes the host-wide lock for the slow paths.
+	Lock func() (release func(), err error)
+}
+
+// LockTimeout bounds the wait for the host-wide lock.
+const LockTimeout = 30 * time.Second
+
+// New returns the backend of family f on the real kernel. It fails when the
+// family's iptables-restore is not on PATH.
+func New(f plan.Family) (*Backend, error) {
+	k, err := newExecKernel(f)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{
+		Family: f,
+		Kernel: k,
+		Lock:   func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
+	}, nil
+}
+
+// Apply installs the plan, replacing whatever the attachment had.
+func (b *Backend) Apply(p *plan.Plan) error {
+	if p.ContainerNet == nil {
+		return fmt.Errorf("%s: no container address to forward to", b.Family)
+	}
+	if err := b.Kernel.Restore(addPayload(p).bytes()); err == nil {
+		return nil
+	}
+	release, err := b.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	for _, c := range SharedChains(p) {
+		if err := b.Kernel.EnsureChain(c); err != nil {
+			return fmt.Errorf("%s: create chain %q: %w", b.Family, c, err)
+		}
+	}
+	for _, r := range SharedRules(p) {
+		if err := b.Kernel.EnsureRule(r); err != nil {
+			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
+		}
+	}
+	refs, err := b.refs(p)
+	if err != nil {
+		return err
+	}
+	pl := replacePayload(p, refs)
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		return b.restoreError("apply", pl, err)
+	}
+	return nil
+}
+
+// Remove deletes the attachment's chain and entry rules; it is idempotent.
+// With mappings in the plan it first tries to delete exactly the rules ADD
+// made, in one process; otherwise (or when those differ) it looks them up.
+func (b *Backend) Remove(p *plan.Plan) error {
+	if !p.Empty() {
+		if err := b.Kernel.Restore(delPayload(p, EntryRules(p), nil).bytes()); err == nil {
+			return nil
+		}
+	}
+	release, err := b.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	refs, err := b.refs(p)
+	if err != nil {
+		return err
+	}
+	pl := delPayload(p, nil, refs)
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		return b.restoreError("remove", pl, err)
+	}
+	return nil
+}
+
+// Check verifies that every rule of the plan exists, in one process.
+func (b *Backend) Check(p *plan.Plan) error {
+	pl := checkPayload(p)
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		var re *RestoreError
+		if errors.As(err, &re) {
+			if what := pl.explain(re.Output); what != "" {
+				return fmt.Errorf("%s: missing %s in table %s", b.Family, what, Table)
+			}
+		}
+		return fmt.Errorf("%s: check: %w", b.Family, err)
+	}
+	return nil
+}
+
+// refs returns the rules of CNI-HOSTPORT-DNAT that jump to the attachment's
+// chain: ours, or the upstream plugin's for the same container.
+func (b *Backend) refs(p *plan.Plan) ([]string, error) {
+	lines, err := b.Kernel.ListRules(TopLevelDNATChain)
+	if err != nil {
+		return nil, fmt.Errorf("%s: list %s: %w", b.Family, TopLevelDNATChain, err)
+	}
+	suffix := " -j " + ChainName(p.Owner)
+	var refs []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "-A ") && strings.HasSuffix(l, suffix) {
+			refs = append(refs, l)
+		}
+	}
+	return refs, nil
+}
+
+func (b *Backend) restoreError(op string, pl *payload, err error) error {
+	var re *RestoreError
+	if errors.As(err, &re) {
+		if what := pl.explain(re.Output); what != "" {
+			return fmt.Errorf("%s: %s: %s: %w", b.Family, op, what, err)
+		}
+	}
+	return fmt.Errorf("%s: %s: %w", b.Family, op, err)
+}
+
+// RestoreError is a failed iptables-restore run with what it printed.
+type RestoreError struct {
+	Output string
+	Err    error
+}
+
+func (e *RestoreError) Error() string {
+	return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output))
+}
+
+func (e *RestoreError) Unwrap() error { return e.Err }
+
+// execKernel runs the real tools: iptables-restore for writes, go-iptables
+// for the slow path's checks and listings.
+type execKernel struct {
+	restore string
+	proto   goiptables.Protocol
+	ipt     *goiptables.IPTables // made on first use: it runs iptables --version
+}
+
+// RestoreCommand is the restore tool of family f.
+func RestoreCommand(f plan.Family) string {
+	if f == plan.IPv6 {
+		return "ip6tables-restore"
+	}
+	return "iptables-restore"
+}
+
+func newExecKernel(f plan.Family) (*execKernel, error) {
+	path, err := exec.LookPath(RestoreCommand(f))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f, err)
+	}
+	proto := goiptables.ProtocolIPv4
+	if f == plan.IPv6 {
+		proto = goiptables.ProtocolIPv6
+	}
+	return &execKernel{restore: path, proto: proto}, nil
+}
+
+func (k *execKernel) Restore(payload []byte) error {
+	cmd := exec.Command(k.restore, "--noflush", "-w", "20")
+	cmd.Stdin = bytes.NewReader(payload)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err)}
+	}
+	return nil
+}
+
+func (k *execKernel) handle() (*goiptables.IPTables, error) {
+	if k.ipt == nil {
+		ipt, err := goiptables.New(goiptables.IPFamily(k.proto), goiptables.Timeout(20))
+		if err != nil {
+			return nil, err
+		}
+		k.ipt = ipt
+	}
+	return k.ipt, nil
+}
+
+func (k *execKernel) ListRules(chain string) ([]string, error) {
+	ipt, err := k.handle()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := ipt.List(Table, chain)
+	var ie *goiptables.Error
+	if errors.As(err, &ie) && ie.IsNotExist() {
+		return nil, nil
+	}
+	return rules, err
+}
+
+func (k *execKernel) EnsureChain(chain string) error {
+	ipt, err := k.handle()
+	if err != nil {
+		return err
+	}
+	exists, err := ipt.ChainExists(Table, chain)
+	if err != nil || exists {
+		return err
+	}
+	err = ipt.NewChain(Table, chain)
+	var ie *goiptables.Error
+	if errors.As(err, &ie) && ie.ExitStatus() == 1 {
+		// Created meanwhile by a process outside our lock (the upstream
+		// plugin): fine if it exists now.
+		if ok, _ := ipt.ChainExists(Table, chain); ok {
+			return nil
+		}
+	}
+	return err
+}
+
+func (k *execKernel) EnsureRule(r Rule) error {
+	ipt, err := k.handle()
+	if err != nil {
+		return err
+	}
+	exists, err := ipt.Exists(Table, r.Chain, r.Args...)
+	if err != nil || exists {
+		return err
+	}
+	if r.Insert {
+		return ipt.Insert(Table, r.Chain, 1, r.Args...)
+	}
+	return ipt.Append(Table, r.Chain, r.Args...)
+}

@@ -1,0 +1,171 @@
+package iptables
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Names the kernel keeps. They are the upstream portmap plugin's names, so a
+// node can switch between the two plugins without leaking rules: never change
+// them, or upgrades need manual intervention.
+const (
+	Table             = "nat"
+	TopLevelDNATChain = "CNI-HOSTPORT-DNAT"
+	SetMarkChain      = "CNI-HOSTPORT-SETMARK"
+	MasqChain         = "CNI-HOSTPORT-MASQ"
+	setMarkComment    = "CNI portfwd masquerade mark"
+	masqEntryComment  = "CNI portfwd requiring masquerade"
+	dnChainPrefix     = "DN-"
+	// maxMultiport is the most ports one multiport match takes.
+	maxMultiport = 15
+	// maxComment is the xt_comment limit (256 with the NUL).
+	maxComment = 255
+)
+
+// ChainName is the attachment's own chain: upstream's hash of network name
+// and container ID.
+func ChainName(o plan.Owner) string {
+	return utils.MustFormatChainNameWithPrefix(o.Network, o.ContainerID, dnChainPrefix)
+}
+
+// EntryComment is the comment on the attachment's entry rules, upstream's
+// format; GC and `list` read the owner back from it.
+func EntryComment(o plan.Owner) string {
+	c := fmt.Sprintf(`dnat name: "%s" id: "%s"`, o.Network, o.ContainerID)
+	if len(c) > maxComment {
+		c = c[:maxComment-2] + "..."
+	}
+	return c
+}
+
+// Rule is one rule of the nat table: its chain and its match/target tokens.
+type Rule struct {
+	Chain string
+	Args  []string
+	// Insert puts the rule at the top of its chain instead of the end.
+	Insert bool
+}
+
+// SharedChains are the chains every attachment of the plan's kind relies on,
+// in creation order.
+func SharedChains(p *plan.Plan) []string {
+	chains := []string{TopLevelDNATChain}
+	if ownMasq(p) {
+		chains = append(chains, SetMarkChain, MasqChain)
+	}
+	return chains
+}
+
+// SharedRules are the rules outside the attachment's chain that ADD ensures
+// exist exactly once: the jumps from the built-in chains and the mark and
+// masquerade rules.
+func SharedRules(p *plan.Plan) []Rule {
+	dnat := []string{"-m", "addrtype", "--dst-type", "LOCAL", "-j", TopLevelDNATChain}
+	rules := []Rule{
+		{Chain: "PREROUTING", Args: dnat},
+		{Chain: "OUTPUT", Args: dnat},
+	}
+	if ownMasq(p) {
+		mark := markSpec(p.Masquerade)
+		rules = append(rules,
+			Rule{Chain: SetMarkChain, Args: []string{"-m", "comment", "--comment", setMarkComment, "-j", "MARK", "--set-xmark", mark}},
+			Rule{Chain: MasqChain, Args: []string{"-m", "mark", "--mark", mark, "-j", "MASQUERADE"}},
+			// At the top of POSTROUTING: the ptp and bridge plugins' own
+			// masquerade rules would otherwise take the packet first.
+			Rule{Chain: "POSTROUTING", Args: []string{"-m", "comment", "--comment", masqEntryComment, "-j", MasqChain}, Insert: true},
+		)
+	}
+	return rules
+}
+
+// EntryRules are the attachment's rules in CNI-HOSTPORT-DNAT: one per
+// protocol and group of up to 15 host ports, carrying the owner comment and
+// the configured conditions.
+func EntryRules(p *plan.Plan) []Rule {
+	byProto := p.PortsByProtocol()
+	comment := EntryComment(p.Owner)
+	var rules []Rule
+	for _, proto := range plan.Protocols {
+		ports := byProto[proto]
+		for start := 0; start < len(ports); start += maxMultiport {
+			end := min(start+maxMultiport, len(ports))
+			args := []string{
+				"-m", "comment", "--comment", comment,
+				"-m", "multiport", "-p", string(proto), "--destination-ports", joinPorts(ports[start:end]),
+			}
+			args = append(args, p.Conditions...)
+			args = append(args, "-j", ChainName(p.Owner))
+			rules = append(rules, Rule{Chain: TopLevelDNATChain, Args: args, Insert: true})
+		}
+	}
+	return rules
+}
+
+// ChainRules are the rules of the attachment's own chain: per mapping, mark
+// hairpin and (IPv4) localhost connections for masquerading, then DNAT. The
+// mark rules must come before the DNAT rule, which ends the traversal.
+func ChainRules(p *plan.Plan) []Rule {
+	chain := ChainName(p.Owner)
+	setMark := SetMarkChain
+	if p.Masquerade.ExternalSetMarkChain != "" {
+		setMark = p.Masquerade.ExternalSetMarkChain
+	}
+	var rules []Rule
+	for _, m := range p.Mappings {
+		base := []string{"-p", string(m.Protocol), "--dport", strconv.Itoa(m.HostPort)}
+		if m.HostIP != nil {
+			base = append(base, "-d", m.HostIP.String())
+		}
+		if p.Masquerade.Enabled {
+			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", hairpinSource(p), "-j", setMark)})
+			if p.Family == plan.IPv4 && !p.Masquerade.All {
+				rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", "127.0.0.1", "-j", setMark)})
+			}
+		}
+		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", hostPort(p.ContainerNet.IP, m.ContainerPort))})
+	}
+	return rules
+}
+
+func ownMasq(p *plan.Plan) bool {
+	return p.Masquerade.Enabled && p.Masquerade.ExternalSetMarkChain == ""
+}
+
+func markSpec(m plan.Masquerade) string {
+	return fmt.Sprintf("%#x/%#x", m.Mark(), m.Mark())
+}
+
+// hairpinSource is the container's subnet, or everything with masqAll.
+func hairpinSource(p *plan.Plan) string {
+	if p.Masquerade.All {
+		if p.Family == plan.IPv6 {
+			return "::/0"
+		}
+		return "0.0.0.0/0"
+	}
+	n := net.IPNet{IP: p.ContainerNet.IP.Mask(p.ContainerNet.Mask), Mask: p.ContainerNet.Mask}
+	return n.String()
+}
+
+func hostPort(ip net.IP, port int) string {
+	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
+}
+
+func joinPorts(ports []int) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+func concat(base []string, more ...string) []string {
+	out := make([]string, 0, len(base)+len(more))
+	return append(append(out, base...), more...)
+}

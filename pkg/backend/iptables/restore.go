@@ -1,0 +1,166 @@
+package iptables
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// payload is an iptables-restore input for the nat table. It remembers what
+// each line is for, so that a failing line can be named in an error.
+type payload struct {
+	b    strings.Builder
+	what []string // what[i] describes line i+1
+}
+
+func newPayload() *payload {
+	p := &payload{}
+	p.line("*"+Table, "table "+Table)
+	return p
+}
+
+func (p *payload) line(s, what string) {
+	p.b.WriteString(s)
+	p.b.WriteByte('\n')
+	p.what = append(p.what, what)
+}
+
+// rule writes one rule command; cmd is -A, -I, -C or -D.
+func (p *payload) rule(cmd string, r Rule) {
+	head := cmd + " " + r.Chain
+	if cmd == "-I" {
+		head += " 1"
+	}
+	p.line(head+" "+quoteArgs(r.Args), "rule "+describe(r))
+}
+
+func (p *payload) bytes() []byte {
+	p.line("COMMIT", "commit")
+	return []byte(p.b.String())
+}
+
+// describe names a rule for a person: chain and tokens as iptables -S shows
+// them.
+func describe(r Rule) string {
+	return strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args, " "))
+}
+
+// failedLine matches iptables-restore's diagnostics that name a line: "line
+// N failed" (the kernel refused it) and "Error occurred at line: N" (it did
+// not parse, e.g. a jump to a missing chain).
+var failedLine = regexp.MustCompile(`line:? (\d+)`)
+
+// explain maps an iptables-restore failure to the payload line that caused
+// it, or "" when the output names none.
+func (p *payload) explain(out string) string {
+	m := failedLine.FindStringSubmatch(out)
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	if n < 1 || n > len(p.what) {
+		return ""
+	}
+	return p.what[n-1]
+}
+
+// quoteArgs renders tokens for iptables-restore, which splits on blanks and
+// groups double-quoted text, with backslash escaping inside quotes. Config
+// validation keeps quotes, backslashes and control characters out of
+// conditions; only comments (which we write) contain quotes.
+func quoteArgs(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = quoteArg(a)
+	}
+	return strings.Join(out, " ")
+}
+
+func quoteArg(a string) string {
+	if a != "" && !strings.ContainsAny(a, " \t\"'\\#") {
+		return a
+	}
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	return `"` + r.Replace(a) + `"`
+}
+
+// addPayload is the fast path of ADD for an attachment with no chain yet:
+// it checks that the shared rules exist, creates the attachment's chain
+// (failing if it exists), fills it and inserts the entry rules. It succeeds
+// or changes nothing; on failure the caller takes the slow path.
+func addPayload(p *plan.Plan) *payload {
+	pl := newPayload()
+	for _, r := range SharedRules(p) {
+		pl.rule("-C", r)
+	}
+	chain := ChainName(p.Owner)
+	pl.line("-N "+chain, "new chain "+chain)
+	fillChain(pl, p)
+	return pl
+}
+
+// replacePayload installs the attachment's chain whatever exists: it
+// deletes the given existing entry rules (iptables -S lines), creates or
+// flushes the chain, fills it and inserts the entry rules.
+func replacePayload(p *plan.Plan, refs []string) *payload {
+	pl := newPayload()
+	deleteRefs(pl, refs)
+	chain := ChainName(p.Owner)
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	fillChain(pl, p)
+	return pl
+}
+
+func fillChain(pl *payload, p *plan.Plan) {
+	for _, r := range ChainRules(p) {
+		pl.rule("-A", r)
+	}
+	entries := EntryRules(p)
+	// Each goes to the top; in reverse, so they keep their order.
+	for i := len(entries) - 1; i >= 0; i-- {
+		pl.rule("-I", entries[i])
+	}
+}
+
+// delPayload removes the attachment's chain after the given entry rules:
+// either the ones the plan says ADD made (fast path) or the ones found in
+// the kernel (iptables -S lines). Declaring the chain before deleting it
+// makes the deletion idempotent.
+func delPayload(p *plan.Plan, entries []Rule, refs []string) *payload {
+	pl := newPayload()
+	for _, r := range entries {
+		pl.rule("-D", r)
+	}
+	deleteRefs(pl, refs)
+	chain := ChainName(p.Owner)
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.line("-X "+chain, "delete chain "+chain)
+	return pl
+}
+
+// deleteRefs turns "-A CHAIN ..." lines as iptables -S prints them (already
+// quoted for restore) into deletions.
+func deleteRefs(pl *payload, refs []string) {
+	for _, ref := range refs {
+		if rest, ok := strings.CutPrefix(ref, "-A "); ok {
+			pl.line("-D "+rest, "rule "+strconv.Quote(ref))
+		}
+	}
+}
+
+// checkPayload asserts every rule of the plan exists; it changes nothing.
+func checkPayload(p *plan.Plan) *payload {
+	pl := newPayload()
+	for _, r := range SharedRules(p) {
+		pl.rule("-C", r)
+	}
+	for _, r := range EntryRules(p) {
+		pl.rule("-C", r)
+	}
+	for _, r := range ChainRules(p) {
+		pl.rule("-C", r)
+	}
+	return pl
+}

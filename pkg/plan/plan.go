@@ -1,0 +1,212 @@
+// Package plan turns a validated port-mapping request into the exact set of
+// forwarding objects one attachment owns in one IP family. Build is pure: no
+// I/O, no kernel state, so every backend renders the same plan and the golden
+// tests pin it.
+package plan
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+)
+
+// Family is an IP family.
+type Family int
+
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// Families lists both families in a fixed order.
+var Families = []Family{IPv4, IPv6}
+
+// FamilyOf reports the family of ip.
+func FamilyOf(ip net.IP) Family {
+	if ip.To4() != nil {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Owner identifies an attachment: every kernel object we create names it, so
+// that DEL and GC act on exactly their own objects.
+type Owner struct {
+	Network     string
+	ContainerID string
+	IfName      string
+}
+
+// Protocol is a transport protocol that can be port-mapped.
+type Protocol string
+
+const (
+	TCP  Protocol = "tcp"
+	UDP  Protocol = "udp"
+	SCTP Protocol = "sctp"
+)
+
+// Protocols in the order rules are rendered.
+var Protocols = []Protocol{TCP, UDP, SCTP}
+
+// Mapping forwards HostIP:HostPort/Protocol to ContainerPort. A nil HostIP
+// means every local address.
+type Mapping struct {
+	HostIP        net.IP
+	HostPort      int
+	ContainerPort int
+	Protocol      Protocol
+}
+
+func (m Mapping) String() string {
+	host := "*"
+	if m.HostIP != nil {
+		host = m.HostIP.String()
+	}
+	return fmt.Sprintf("%s:%d/%s->%d", host, m.HostPort, m.Protocol, m.ContainerPort)
+}
+
+// Masquerade says how connections that need SNAT (hairpin, localhost) are
+// marked. Exactly one of MarkBit and ExternalSetMarkChain is meaningful.
+type Masquerade struct {
+	Enabled bool
+	// MarkBit is the bit of the packet mark set for masquerading (0-31).
+	MarkBit int
+	// ExternalSetMarkChain, when set, is an existing chain that sets the mark
+	// (e.g. KUBE-MARK-MASQ); then no SETMARK/MASQ chains are made.
+	ExternalSetMarkChain string
+	// All masquerades hairpin traffic from any source, not only the
+	// container's subnet (masqAll).
+	All bool
+}
+
+// Mark returns the mark value (and mask) of MarkBit.
+func (m Masquerade) Mark() uint32 { return 1 << uint(m.MarkBit) }
+
+// Plan is what one attachment owns in one family.
+type Plan struct {
+	Family Family
+	Owner  Owner
+	// ContainerNet is the container's address with its prefix (the hairpin
+	// source match uses the prefix). Its IP is nil on DEL without prevResult.
+	ContainerNet *net.IPNet
+	Mappings     []Mapping
+	Masquerade   Masquerade
+	// Conditions are extra match tokens for the entry rules, already
+	// validated for the backend.
+	Conditions []string
+}
+
+// Request is the family-independent input of Build.
+type Request struct {
+	Owner      Owner
+	Mappings   []Mapping
+	Masquerade Masquerade
+	ConditionsV4,
+	ConditionsV6 []string
+}
+
+// Build makes the plan of family f for containerNet (which may be nil on DEL
+// without a prevResult: the plan then still names its owner and mappings).
+// Mappings whose HostIP is of the other family are left out; unspecified host
+// IPs (0.0.0.0, ::) become "any".
+func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
+	p := &Plan{
+		Family:     f,
+		Owner:      req.Owner,
+		Masquerade: req.Masquerade,
+		Conditions: req.ConditionsV4,
+	}
+	if f == IPv6 {
+		p.Conditions = req.ConditionsV6
+	}
+	if containerNet != nil {
+		n := *containerNet
+		p.ContainerNet = &n
+	}
+	seen := map[string]bool{}
+	for _, m := range req.Mappings {
+		if m.HostIP != nil {
+			if FamilyOf(m.HostIP) != f {
+				continue
+			}
+			if m.HostIP.IsUnspecified() {
+				m.HostIP = nil
+			}
+		}
+		key := m.String()
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		p.Mappings = append(p.Mappings, m)
+	}
+	return p
+}
+
+// Empty reports whether the plan forwards nothing.
+func (p *Plan) Empty() bool { return len(p.Mappings) == 0 }
+
+// PortsByProtocol returns the distinct host ports per protocol, in mapping
+// order, for the entry rules.
+func (p *Plan) PortsByProtocol() map[Protocol][]int {
+	out := map[Protocol][]int{}
+	seen := map[string]bool{}
+	for _, m := range p.Mappings {
+		k := fmt.Sprintf("%s/%d", m.Protocol, m.HostPort)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out[m.Protocol] = append(out[m.Protocol], m.HostPort)
+	}
+	return out
+}
+
+// HostPorts returns the sorted distinct (protocol, port) pairs of the plan,
+// for conntrack flushing.
+func (p *Plan) HostPorts() []ProtoPort {
+	seen := map[ProtoPort]bool{}
+	var out []ProtoPort
+	for _, m := range p.Mappings {
+		pp := ProtoPort{m.Protocol, m.HostPort}
+		if !seen[pp] {
+			seen[pp] = true
+			out = append(out, pp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Protocol != out[j].Protocol {
+			return out[i].Protocol < out[j].Protocol
+		}
+		return out[i].Port < out[j].Port
+	})
+	return out
+}
+
+// ProtoPort is a host port of one protocol.
+type ProtoPort struct {
+	Protocol Protocol
+	Port     int
+}
+
+// ParseProtocol accepts tcp, udp and sctp in any case; "" means tcp.
+func ParseProtocol(s string) (Protocol, bool) {
+	switch strings.ToLower(s) {
+	case "", "tcp":
+		return TCP, true
+	case "udp":
+		return UDP, true
+	case "sctp":
+		return SCTP, true
+	}
+	return "", false
+}

@@ -1,0 +1,55 @@
+// Package sysctl finds the host interface that routes to a container and
+// sets route_localnet on it, so that connections from 127.0.0.1 can be
+// DNATed to the container and masqueraded (IPv4 only: IPv6 has no
+// equivalent).
+package sysctl
+
+import (
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
+	"github.com/vishvananda/netlink"
+)
+
+// Host is the real host.
+type Host struct{}
+
+// HostInterface returns the name of the interface the host routes ip
+// through, or "" when no route leads there.
+func (Host) HostInterface(ip net.IP) (string, error) {
+	routes, err := netlink.RouteGet(ip)
+	if err != nil {
+		return "", fmt.Errorf("route to %s: %w", ip, err)
+	}
+	for _, r := range routes {
+		link, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		return link.Attrs().Name, nil
+	}
+	return "", nil
+}
+
+func localnetKey(ifName string) string {
+	return "net/ipv4/conf/" + ifName + "/route_localnet"
+}
+
+// EnableRouteLocalnet sets net.ipv4.conf.<ifName>.route_localnet=1.
+func (Host) EnableRouteLocalnet(ifName string) error {
+	if _, err := sysctl.Sysctl(localnetKey(ifName), "1"); err != nil {
+		return fmt.Errorf("enable route_localnet on %q: %w", ifName, err)
+	}
+	return nil
+}
+
+// RouteLocalnet reports whether route_localnet is on for ifName.
+func (Host) RouteLocalnet(ifName string) (bool, error) {
+	v, err := sysctl.Sysctl(localnetKey(ifName))
+	if err != nil {
+		return false, fmt.Errorf("read route_localnet of %q: %w", ifName, err)
+	}
+	return strings.TrimSpace(v) == "1", nil
+}

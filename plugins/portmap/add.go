@@ -1,0 +1,90 @@
+package portmap
+
+import (
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Add forwards the mapped host ports to the container's addresses and
+// prints the previous result back. It is all or nothing: when a step fails,
+// what this ADD applied is removed before the error is returned.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData, args.IfName)
+	if err != nil {
+		return err
+	}
+	if c.PrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			"missing prevResult: portmap must be called as a chained plugin, after one that assigns the container's addresses", "")
+	}
+	if c.HasMappings {
+		c.Request.Owner = owner(c, args)
+		if err := p.add(c); err != nil {
+			return cniError(c, err)
+		}
+	}
+	res, err := c.PrevResult.GetAsVersion(c.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("convert prevResult to %s: %v", c.CNIVersion, err), "")
+	}
+	return res.PrintTo(p.Stdout)
+}
+
+type applied struct {
+	be Backend
+	pl *plan.Plan
+}
+
+func (p *Plugin) add(c *Config) error {
+	var done []applied
+	undo := func(cause error) error {
+		for _, a := range done {
+			if err := a.be.Remove(a.pl); err != nil {
+				fmt.Fprintf(p.Stderr, "portmap: undo %s after failed ADD: %v\n", a.pl.Family, err)
+			}
+		}
+		return cause
+	}
+	for _, f := range plan.Families {
+		n := c.ContainerNets[f]
+		if n == nil {
+			continue
+		}
+		pl := plan.Build(c.Request, f, n)
+		if pl.Empty() {
+			continue
+		}
+		be, err := p.NewBackend(c.Backend, f)
+		if err != nil {
+			return undo(err)
+		}
+		if err := be.Apply(pl); err != nil {
+			return undo(err)
+		}
+		done = append(done, applied{be, pl})
+	}
+	for _, a := range done {
+		if a.pl.Family != plan.IPv4 || !a.pl.Masquerade.Enabled {
+			continue
+		}
+		ifName, err := p.Sysctl.HostInterface(a.pl.ContainerNet.IP)
+		if err != nil || ifName == "" {
+			// As upstream: without a route to the container only the
+			// localhost case cannot work; remote clients still can.
+			fmt.Fprintf(p.Stderr, "portmap: route_localnet not set, no host interface routes to %s: %v\n", a.pl.ContainerNet.IP, err)
+			continue
+		}
+		if err := p.Sysctl.EnableRouteLocalnet(ifName); err != nil {
+			return undo(err)
+		}
+	}
+	// After the rules: new packets must meet the new translation.
+	for _, a := range done {
+		p.flush(a.pl)
+	}
+	return nil
+}

@@ -1,0 +1,348 @@
+package portmap
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Backend names (the "backend" key).
+const (
+	BackendIPTables = "iptables"
+	BackendNFTables = "nftables"
+)
+
+// DefaultMarkBit is the mark bit used for masquerading when markMasqBit is
+// not set. Kubernetes uses 14 and 15, Calico 20-31.
+const DefaultMarkBit = 13
+
+// Config is a parsed and validated plugin configuration.
+type Config struct {
+	CNIVersion string
+	Network    string
+	// Backend is "iptables", "nftables" or "" (choose at run time).
+	Backend string
+	Request plan.Request
+	// HasMappings is false when runtimeConfig.portMappings is absent or
+	// empty.
+	HasMappings bool
+	// PrevResult is the previous plugin's result, nil when absent.
+	PrevResult types.Result
+	// ContainerNets holds the container's first address of each family on
+	// CNI_IFNAME, from prevResult.
+	ContainerNets map[plan.Family]*net.IPNet
+}
+
+// netConf is the JSON shape of the configuration, drop-in compatible with the
+// upstream plugin. encoding/json matches keys case-insensitively, which
+// covers containerd's HostPort/ContainerPort/Protocol/HostIP.
+type netConf struct {
+	types.PluginConf
+	Backend              *string   `json:"backend"`
+	SNAT                 *bool     `json:"snat"`
+	MarkMasqBit          *int      `json:"markMasqBit"`
+	ExternalSetMarkChain *string   `json:"externalSetMarkChain"`
+	ConditionsV4         *[]string `json:"conditionsV4"`
+	ConditionsV6         *[]string `json:"conditionsV6"`
+	MasqAll              bool      `json:"masqAll"`
+	RuntimeConfig        struct {
+		PortMappings []json.RawMessage `json:"portMappings"`
+	} `json:"runtimeConfig"`
+}
+
+type rawMapping struct {
+	HostPort      json.RawMessage `json:"hostPort"`
+	ContainerPort json.RawMessage `json:"containerPort"`
+	Protocol      json.RawMessage `json:"protocol"`
+	HostIP        json.RawMessage `json:"hostIP"`
+}
+
+// invalid is a code-7 error naming the key and the value.
+func invalid(key string, value any, why string) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig,
+		fmt.Sprintf("invalid %s %s: %s", key, formatValue(value), why), "")
+}
+
+func formatValue(v any) string {
+	switch v := v.(type) {
+	case string:
+		return strconv.Quote(v)
+	case json.RawMessage:
+		return string(v)
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// ParseConfig parses stdin for the attachment's interface ifName. Every
+// error is a *types.Error: code 6 for undecodable input, 7 for invalid
+// values.
+func ParseConfig(stdin []byte, ifName string) (*Config, error) {
+	var nc netConf
+	if err := json.Unmarshal(stdin, &nc); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, invalid(te.Field, te.Value, "must be of type "+jsonType(te.Type.Kind().String()))
+		}
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	}
+	c := &Config{
+		CNIVersion:    nc.CNIVersion,
+		Network:       nc.Name,
+		ContainerNets: map[plan.Family]*net.IPNet{},
+	}
+
+	if nc.Backend != nil {
+		switch *nc.Backend {
+		case BackendIPTables, BackendNFTables:
+			c.Backend = *nc.Backend
+		default:
+			return nil, invalid("backend", *nc.Backend, `must be "iptables" or "nftables"`)
+		}
+	}
+
+	m := plan.Masquerade{Enabled: nc.SNAT == nil || *nc.SNAT, MarkBit: DefaultMarkBit, All: nc.MasqAll}
+	if nc.MarkMasqBit != nil && nc.ExternalSetMarkChain != nil {
+		return nil, invalid("markMasqBit", *nc.MarkMasqBit, "cannot be set together with externalSetMarkChain")
+	}
+	if nc.MarkMasqBit != nil {
+		if *nc.MarkMasqBit < 0 || *nc.MarkMasqBit > 31 {
+			return nil, invalid("markMasqBit", *nc.MarkMasqBit, "must be from 0 to 31")
+		}
+		m.MarkBit = *nc.MarkMasqBit
+	}
+	if nc.ExternalSetMarkChain != nil {
+		if !chainName.MatchString(*nc.ExternalSetMarkChain) {
+			return nil, invalid("externalSetMarkChain", *nc.ExternalSetMarkChain,
+				"must be an iptables chain name: 1 to 28 letters, digits, '_', '.' or '-', not starting with '-'")
+		}
+		m.ExternalSetMarkChain = *nc.ExternalSetMarkChain
+	}
+	c.Request.Masquerade = m
+
+	if err := c.parseConditions(nc); err != nil {
+		return nil, err
+	}
+	if err := c.parseMappings(nc.RuntimeConfig.PortMappings); err != nil {
+		return nil, err
+	}
+
+	if nc.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")
+		}
+		c.PrevResult = nc.PrevResult
+		res, err := current.NewResultFromResult(nc.PrevResult)
+		if err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("convert prevResult: %v", err), "")
+		}
+		c.ContainerNets = containerNets(res, ifName)
+	}
+	return c, nil
+}
+
+// chainName is what iptables accepts as a user chain name.
+var chainName = regexp.MustCompile(`^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}$`)
+
+func jsonType(kind string) string {
+	switch kind {
+	case "int", "int64":
+		return "integer"
+	case "bool":
+		return "boolean"
+	case "slice":
+		return "array"
+	case "struct", "map":
+		return "object"
+	}
+	return kind
+}
+
+func (c *Config) parseMappings(raw []json.RawMessage) error {
+	for i, r := range raw {
+		key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
+		var rm rawMapping
+		if err := json.Unmarshal(r, &rm); err != nil {
+			return invalid(key, json.RawMessage(r), "must be an object")
+		}
+		var m plan.Mapping
+		var err error
+		if m.HostPort, err = parsePort(key+".hostPort", rm.HostPort); err != nil {
+			return err
+		}
+		if m.ContainerPort, err = parsePort(key+".containerPort", rm.ContainerPort); err != nil {
+			return err
+		}
+		proto, err := parseString(key+".protocol", rm.Protocol)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
+			return invalid(key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
+		}
+		hostIP, err := parseString(key+".hostIP", rm.HostIP)
+		if err != nil {
+			return err
+		}
+		if hostIP != "" {
+			if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
+				return invalid(key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
+			}
+			if v4 := m.HostIP.To4(); v4 != nil {
+				m.HostIP = v4
+			}
+		}
+		for j, prev := range c.Request.Mappings {
+			if sameHostPort(prev, m) && prev.ContainerPort != m.ContainerPort {
+				return invalid(key, json.RawMessage(r), fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
+			}
+		}
+		c.Request.Mappings = append(c.Request.Mappings, m)
+	}
+	c.HasMappings = len(c.Request.Mappings) > 0
+	return nil
+}
+
+func sameHostPort(a, b plan.Mapping) bool {
+	return a.HostPort == b.HostPort && a.Protocol == b.Protocol && a.HostIP.Equal(b.HostIP)
+}
+
+// parsePort accepts a JSON integer from 1 to 65535.
+func parsePort(key string, raw json.RawMessage) (int, error) {
+	if raw == nil {
+		return 0, invalid(key, "(missing)", "is required")
+	}
+	n, err := strconv.Atoi(string(raw))
+	if err != nil || n < 1 || n > 65535 {
+		return 0, invalid(key, raw, "must be an integer from 1 to 65535")
+	}
+	return n, nil
+}
+
+// parseString accepts a JSON string or null/absent (as "").
+func parseString(key string, raw json.RawMessage) (string, error) {
+	if raw == nil || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", invalid(key, raw, "must be a string")
+	}
+	return s, nil
+}
+
+// parseConditions validates conditionsV4/V6 and the backend they imply.
+// Conditions are match tokens of one rule; nothing in them may end that
+// rule or start another one.
+func (c *Config) parseConditions(nc netConf) error {
+	conds := []struct {
+		key string
+		val *[]string
+		dst *[]string
+	}{
+		{"conditionsV4", nc.ConditionsV4, &c.Request.ConditionsV4},
+		{"conditionsV6", nc.ConditionsV6, &c.Request.ConditionsV6},
+	}
+	var iptablesOnly []string
+	if nc.ExternalSetMarkChain != nil {
+		iptablesOnly = append(iptablesOnly, "externalSetMarkChain")
+	}
+	var nftOnly []string
+	for _, cd := range conds {
+		if cd.val == nil || len(*cd.val) == 0 || (len(*cd.val) == 1 && (*cd.val)[0] == "") {
+			continue
+		}
+		tokens := *cd.val
+		if first := tokens[0]; first != "" && (first[0] == '-' || first[0] == '!') {
+			iptablesOnly = append(iptablesOnly, cd.key)
+		} else {
+			nftOnly = append(nftOnly, cd.key)
+		}
+		for i, tok := range tokens {
+			if why := badIPTablesToken(tok); why != "" {
+				return invalid(fmt.Sprintf("%s[%d]", cd.key, i), tok, why)
+			}
+		}
+		*cd.dst = append([]string(nil), tokens...)
+	}
+	switch c.Backend {
+	case BackendIPTables, "":
+		if len(nftOnly) > 0 {
+			return types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("invalid %s: iptables backend selected but %s hold nftables conditions (iptables conditions start with '-' or '!')",
+					strings.Join(nftOnly, ", "), strings.Join(nftOnly, ", ")), "")
+		}
+	case BackendNFTables:
+		if len(iptablesOnly) > 0 {
+			return types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("invalid %s: nftables backend selected but these options are iptables-only", strings.Join(iptablesOnly, ", ")), "")
+		}
+	}
+	return nil
+}
+
+// forbiddenTokens are iptables options that are not matches: commands that
+// would make the entry rule something else, and targets that would end it.
+var forbiddenTokens = map[string]bool{
+	"-A": true, "--append": true, "-I": true, "--insert": true, "-D": true, "--delete": true,
+	"-R": true, "--replace": true, "-N": true, "--new-chain": true, "-X": true, "--delete-chain": true,
+	"-F": true, "--flush": true, "-Z": true, "--zero": true, "-P": true, "--policy": true,
+	"-E": true, "--rename-chain": true, "-C": true, "--check": true, "-L": true, "--list": true,
+	"-S": true, "--list-rules": true, "-t": true, "--table": true,
+	"-j": true, "--jump": true, "-g": true, "--goto": true,
+}
+
+// badIPTablesToken says why tok cannot be an iptables match token, or "".
+func badIPTablesToken(tok string) string {
+	if tok == "" {
+		return "must not be empty"
+	}
+	for _, r := range tok {
+		if r < 0x20 || r == 0x7f {
+			return "must not contain control characters such as newlines"
+		}
+	}
+	if strings.ContainsAny(tok, `;"'\`) {
+		return "must not contain ';', quotes or backslashes"
+	}
+	if forbiddenTokens[tok] {
+		return "is not a match: conditions may only add matches to the entry rule"
+	}
+	return ""
+}
+
+// containerNets picks the first address of each family on the sandbox
+// interface ifName, skipping addresses of other interfaces.
+func containerNets(res *current.Result, ifName string) map[plan.Family]*net.IPNet {
+	out := map[plan.Family]*net.IPNet{}
+	for _, ip := range res.IPs {
+		if ip.Interface != nil {
+			i := *ip.Interface
+			if i >= 0 && i < len(res.Interfaces) &&
+				(res.Interfaces[i].Name != ifName || res.Interfaces[i].Sandbox == "") {
+				continue
+			}
+		}
+		f := plan.FamilyOf(ip.Address.IP)
+		if out[f] != nil {
+			continue
+		}
+		n := ip.Address
+		if f == plan.IPv4 {
+			n.IP = n.IP.To4()
+		}
+		out[f] = &n
+	}
+	return out
+}

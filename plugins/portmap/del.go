@@ -1,0 +1,44 @@
+package portmap
+
+import (
+	"errors"
+	"os/exec"
+
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Del removes what the attachment owns in both families. It is idempotent
+// and needs neither prevResult nor portMappings: without them the backend
+// finds the attachment's objects by their owner-derived names.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData, args.IfName)
+	if err != nil {
+		return err
+	}
+	c.Request.Owner = owner(c, args)
+	var errs []error
+	usable := 0
+	for _, f := range plan.Families {
+		be, err := p.NewBackend(c.Backend, f)
+		if errors.Is(err, exec.ErrNotFound) {
+			// No tools for this family: nothing of it can exist.
+			continue
+		}
+		if err != nil {
+			return cniError(c, err)
+		}
+		usable++
+		pl := plan.Build(c.Request, f, c.ContainerNets[f])
+		if err := be.Remove(pl); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.flush(pl)
+	}
+	if usable == 0 {
+		return cniError(c, errors.New("neither iptables-restore nor ip6tables-restore is on PATH"))
+	}
+	return cniError(c, errors.Join(errs...))
+}

@@ -1,0 +1,124 @@
+// Package portmap is the CNI plugin: it parses the configuration, builds a
+// plan per IP family, and hands it to the selected backend. Everything it
+// touches outside the process is behind a small interface, so the verbs are
+// tested with fakes and the kernel tests use the real thing.
+package portmap
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/conntrack"
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/sysctl"
+)
+
+// Backend applies, removes and checks the plan of one family.
+type Backend interface {
+	Apply(*plan.Plan) error
+	Remove(*plan.Plan) error
+	Check(*plan.Plan) error
+}
+
+// Sysctl is the host's route_localnet switch.
+type Sysctl interface {
+	HostInterface(ip net.IP) (string, error)
+	EnableRouteLocalnet(ifName string) error
+	RouteLocalnet(ifName string) (bool, error)
+}
+
+// Conntrack flushes stale flows of a host port.
+type Conntrack interface {
+	FlushDstPort(f plan.Family, proto plan.Protocol, port int) error
+}
+
+// Plugin holds the verbs and what they need.
+type Plugin struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	// NewBackend returns the backend called name for family f.
+	NewBackend func(name string, f plan.Family) (Backend, error)
+	Sysctl     Sysctl
+	Conntrack  Conntrack
+}
+
+// New returns the plugin wired to the real host.
+func New() *Plugin {
+	return &Plugin{
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		NewBackend: newBackend,
+		Sysctl:     sysctl.Host{},
+		Conntrack:  conntrack.Host{},
+	}
+}
+
+// Funcs are the verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check}
+}
+
+func newBackend(name string, f plan.Family) (Backend, error) {
+	switch name {
+	case BackendIPTables, "":
+		b, err := iptables.New(f)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	case BackendNFTables:
+		return nil, types.NewError(types.ErrUnsupportedField,
+			`backend "nftables" is not available in this build yet; use "iptables" or leave "backend" unset`, "")
+	}
+	return nil, fmt.Errorf("unknown backend %q", name)
+}
+
+// backendName is the backend a config selects.
+func backendName(c *Config) string {
+	if c.Backend == "" {
+		return BackendIPTables
+	}
+	return c.Backend
+}
+
+func owner(c *Config, args *skel.CmdArgs) plan.Owner {
+	return plan.Owner{Network: c.Network, ContainerID: args.ContainerID, IfName: args.IfName}
+}
+
+// cniError gives an error its spec code at the boundary: lock timeouts are
+// "try again later"; *types.Error passes through; the rest is skel's 999.
+func cniError(c *Config, err error) error {
+	if err == nil {
+		return nil
+	}
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	msg := fmt.Sprintf("%s backend: %v", backendName(c), err)
+	if errors.Is(err, lock.ErrTimeout) {
+		return types.NewError(types.ErrTryAgainLater, msg, "")
+	}
+	return errors.New(msg)
+}
+
+// flush removes stale UDP/SCTP conntrack entries of the plan's host ports.
+// Failures are reported, not fatal: the rules are right either way.
+func (p *Plugin) flush(pl *plan.Plan) {
+	for _, pp := range pl.HostPorts() {
+		if !conntrack.Stale(pp.Protocol) {
+			continue
+		}
+		if err := p.Conntrack.FlushDstPort(pl.Family, pp.Protocol, pp.Port); err != nil {
+			fmt.Fprintf(p.Stderr, "portmap: %v\n", err)
+		}
+	}
+}
