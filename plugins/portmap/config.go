@@ -92,7 +92,7 @@ func ParseConfig(stdin []byte, ifName string) (*Config, error) {
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return nil, invalid(te.Field, te.Value, "must be of type "+jsonType(te.Type.Kind().String()))
+			return nil, invalid(te.Field, rawValue(stdin, te.Field, te.Value), "must be of type "+jsonType(te.Type.Kind().String()))
 		}
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
 	}
@@ -149,6 +149,20 @@ func ParseConfig(stdin []byte, ifName string) (*Config, error) {
 		c.ContainerNets = containerNets(res, ifName)
 	}
 	return c, nil
+}
+
+// rawValue finds the JSON text of a mistyped key so the error can show it;
+// it falls back to the JSON type name encoding/json reported.
+func rawValue(stdin []byte, field, jsonKind string) any {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &top); err == nil {
+		for k, v := range top {
+			if strings.EqualFold(k, field) {
+				return json.RawMessage(v)
+			}
+		}
+	}
+	return jsonKind
 }
 
 // chainName is what iptables accepts as a user chain name.

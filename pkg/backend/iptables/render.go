@@ -39,7 +39,7 @@ func ChainName(o plan.Owner) string {
 func EntryComment(o plan.Owner) string {
 	c := fmt.Sprintf(`dnat name: "%s" id: "%s"`, o.Network, o.ContainerID)
 	if len(c) > maxComment {
-		c = c[:maxComment-2] + "..."
+		c = c[:maxComment-3] + "..." // upstream cuts at 253+3, one past the limit
 	}
 	return c
 }

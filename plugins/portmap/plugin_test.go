@@ -1,0 +1,250 @@
+package portmap
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// fakeHost records every call the verbs make outside the process.
+type fakeHost struct {
+	calls     []string
+	failApply map[plan.Family]error
+	failAll   error // returned by every backend call
+	localnet  map[string]bool
+	failSysct error
+}
+
+type fakeBackend struct {
+	h *fakeHost
+	f plan.Family
+}
+
+func (b fakeBackend) Apply(p *plan.Plan) error  { return b.h.record("apply", p, b.h.failApply[b.f]) }
+func (b fakeBackend) Remove(p *plan.Plan) error { return b.h.record("remove", p, nil) }
+func (b fakeBackend) Check(p *plan.Plan) error  { return b.h.record("check", p, nil) }
+
+func (h *fakeHost) record(op string, p *plan.Plan, err error) error {
+	var ms []string
+	for _, m := range p.Mappings {
+		ms = append(ms, m.String())
+	}
+	ip := "-"
+	if p.ContainerNet != nil {
+		ip = p.ContainerNet.IP.String()
+	}
+	h.calls = append(h.calls, fmt.Sprintf("%s %s %s/%s/%s %s [%s]", op, p.Family, p.Owner.Network, p.Owner.ContainerID, p.Owner.IfName, ip, strings.Join(ms, " ")))
+	if h.failAll != nil {
+		return h.failAll
+	}
+	return err
+}
+
+func (h *fakeHost) HostInterface(ip net.IP) (string, error) { return "veth-" + ip.String(), nil }
+func (h *fakeHost) EnableRouteLocalnet(ifName string) error {
+	h.calls = append(h.calls, "route_localnet "+ifName)
+	if h.failSysct != nil {
+		return h.failSysct
+	}
+	h.localnet[ifName] = true
+	return nil
+}
+func (h *fakeHost) RouteLocalnet(ifName string) (bool, error) { return h.localnet[ifName], nil }
+func (h *fakeHost) FlushDstPort(f plan.Family, proto plan.Protocol, port int) error {
+	h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", f, proto, port))
+	return nil
+}
+
+func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
+	h := &fakeHost{failApply: map[plan.Family]error{}, localnet: map[string]bool{}}
+	out := &bytes.Buffer{}
+	p := &Plugin{
+		Stdout: out,
+		Stderr: &bytes.Buffer{},
+		NewBackend: func(name string, f plan.Family) (Backend, error) {
+			if b, err := newBackend(name, f); err != nil && name == BackendNFTables {
+				return b, err
+			}
+			return fakeBackend{h, f}, nil
+		},
+		Sysctl:    h,
+		Conntrack: h,
+	}
+	return p, h, out
+}
+
+const prevDual = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],
+  "ips":[{"address":"192.0.2.2/24","interface":0},{"address":"2001:db8::2/64","interface":0}]}`
+
+func args(t *testing.T, extra map[string]string) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c", StdinData: conf(t, extra)}
+}
+
+func withMappings(extra map[string]string) map[string]string {
+	out := mappings(`[{"hostPort":8080,"containerPort":80},{"hostPort":8053,"containerPort":53,"protocol":"udp"}]`)
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}
+
+func codeOf(err error) uint {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
+
+func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
+	p, h, out := newFake()
+	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	want := []string{
+		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
+		"apply ipv6 net1/c1/eth0 2001:db8::2 [*:8080/tcp->80 *:8053/udp->53]",
+		"route_localnet veth-192.0.2.2",
+		"flush ipv4 udp 8053",
+		"flush ipv6 udp 8053",
+	}
+	if got := strings.Join(h.calls, "\n"); got != strings.Join(want, "\n") {
+		t.Errorf("calls:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+	var printed map[string]any
+	if err := json.Unmarshal(out.Bytes(), &printed); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, out)
+	}
+	if printed["cniVersion"] != "1.0.0" || len(printed["ips"].([]any)) != 2 {
+		t.Errorf("printed result %v, want prevResult unchanged", printed)
+	}
+}
+
+func TestAddPrintsInConfigVersion(t *testing.T) {
+	p, _, out := newFake()
+	prev := `{"cniVersion":"0.3.1","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],"ips":[{"version":"4","address":"192.0.2.2/24","interface":0}]}`
+	a := args(t, withMappings(map[string]string{"prevResult": prev, "cniVersion": `"0.3.1"`}))
+	if err := p.Add(a); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	if !strings.Contains(out.String(), `"cniVersion": "0.3.1"`) || !strings.Contains(out.String(), `"version": "4"`) {
+		t.Errorf("result not printed as 0.3.1:\n%s", out)
+	}
+}
+
+func TestAddWithoutMappingsPassesThrough(t *testing.T) {
+	p, h, out := newFake()
+	if err := p.Add(args(t, map[string]string{"prevResult": prevDual})); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	if len(h.calls) != 0 || !strings.Contains(out.String(), "192.0.2.2/24") {
+		t.Errorf("calls %v, stdout %q: want none and the prevResult", h.calls, out)
+	}
+}
+
+func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
+	tests := []struct {
+		name  string
+		extra map[string]string
+		code  uint
+	}{
+		{"no prevResult", withMappings(nil), 7},
+		{"bad port", map[string]string{"prevResult": prevDual, "runtimeConfig": `{"portMappings":[{"hostPort":70000,"containerPort":80}]}`}, 7},
+		{"nftables not yet", withMappings(map[string]string{"prevResult": prevDual, "backend": `"nftables"`}), 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, h, out := newFake()
+			err := p.Add(args(t, tt.extra))
+			if codeOf(err) != tt.code {
+				t.Fatalf("error %v (code %d), want code %d", err, codeOf(err), tt.code)
+			}
+			if len(h.calls) != 0 || out.Len() != 0 {
+				t.Errorf("calls %v, stdout %q: want nothing", h.calls, out)
+			}
+		})
+	}
+}
+
+func TestAddUndoesOnFailure(t *testing.T) {
+	t.Run("second family fails", func(t *testing.T) {
+		p, h, _ := newFake()
+		h.failApply[plan.IPv6] = errors.New("kernel says no")
+		err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual})))
+		if err == nil || !strings.Contains(err.Error(), "iptables backend: kernel says no") {
+			t.Fatalf("error %v, want the ipv6 failure", err)
+		}
+		if last := h.calls[len(h.calls)-1]; !strings.HasPrefix(last, "remove ipv4 net1/c1/eth0 192.0.2.2") {
+			t.Errorf("calls %v: want ipv4 removed last", h.calls)
+		}
+	})
+	t.Run("route_localnet fails", func(t *testing.T) {
+		p, h, _ := newFake()
+		h.failSysct = errors.New("read-only /proc")
+		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err == nil {
+			t.Fatal("Add succeeded, want the sysctl error")
+		}
+		got := strings.Join(h.calls, "\n")
+		if !strings.Contains(got, "remove ipv4") || !strings.Contains(got, "remove ipv6") || strings.Contains(got, "flush") {
+			t.Errorf("calls:\n%s\nwant both families removed and no flush", got)
+		}
+	})
+	t.Run("lock timeout is try again later", func(t *testing.T) {
+		p, h, _ := newFake()
+		h.failAll = fmt.Errorf("apply: %w", lock.ErrTimeout)
+		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); codeOf(err) != types.ErrTryAgainLater {
+			t.Errorf("error %v, want code 11", err)
+		}
+	})
+}
+
+func TestDelWithoutPrevResultOrMappings(t *testing.T) {
+	p, h, out := newFake()
+	if err := p.Del(args(t, nil)); err != nil {
+		t.Fatalf("Del: %v", err)
+	}
+	want := "remove ipv4 net1/c1/eth0 - []\nremove ipv6 net1/c1/eth0 - []"
+	if got := strings.Join(h.calls, "\n"); got != want {
+		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
+	}
+	if out.Len() != 0 {
+		t.Errorf("DEL printed %q", out)
+	}
+}
+
+func TestDelFlushesKnownPorts(t *testing.T) {
+	p, h, _ := newFake()
+	if err := p.Del(args(t, withMappings(nil))); err != nil {
+		t.Fatalf("Del: %v", err)
+	}
+	got := strings.Join(h.calls, "\n")
+	if !strings.Contains(got, "flush ipv4 udp 8053") || !strings.Contains(got, "flush ipv6 udp 8053") || strings.Contains(got, "tcp 8080") {
+		t.Errorf("calls:\n%s\nwant UDP flushed in both families, TCP not", got)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	p, h, _ := newFake()
+	a := args(t, withMappings(map[string]string{"prevResult": prevDual}))
+	err := p.Check(a)
+	if err == nil || !strings.Contains(err.Error(), "net.ipv4.conf.veth-192.0.2.2.route_localnet is 0") {
+		t.Fatalf("Check before ADD's sysctl: %v, want route_localnet error", err)
+	}
+	h.localnet["veth-192.0.2.2"] = true
+	if err := p.Check(a); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if err := p.Check(args(t, withMappings(nil))); codeOf(err) != 7 {
+		t.Errorf("Check without prevResult: %v, want code 7", err)
+	}
+}
