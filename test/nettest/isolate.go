@@ -1,0 +1,142 @@
+// Package nettest is the harness of the privileged tests and the demo: it
+// runs the test binary in a network namespace of its own (so nothing touches
+// the root namespace's rules, sysctls or interfaces), builds the real CNI
+// plugins, makes container and client namespaces, and sends real traffic
+// between them.
+package nettest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	childEnv = "PORTMAP_NETTEST_ISOLATED"
+	// BinEnv names a directory holding ptp, bridge, host-local, portmap
+	// (ours) and portmap-upstream; without it Main builds them.
+	BinEnv = "PORTMAP_CNI_BIN"
+)
+
+// Main is TestMain for privileged packages. As root it re-runs the test
+// binary in a new network and mount namespace and exits with its status;
+// inside, it brings loopback up and runs the tests. Not as root it skips
+// with a message, except under CI=true, where privileged tests must run.
+func Main(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		if err := setupIsolated(); err != nil {
+			fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(m.Run())
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "nettest: privileged tests must run as root under CI=true")
+			os.Exit(1)
+		}
+		fmt.Println("nettest: SKIP: privileged tests need root (they make their own network namespaces)")
+		os.Exit(0)
+	}
+	if err := ensureBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(Reexec(os.Args))
+}
+
+// Reexec runs argv in a new network and mount namespace with the isolation
+// marker set, wiring its standard streams to ours, and returns its exit
+// status.
+func Reexec(argv []string) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS}
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "nettest: run isolated: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// Isolated reports whether this process runs in the namespace Main made.
+func Isolated() bool { return os.Getenv(childEnv) == "1" }
+
+func setupIsolated() error {
+	// Mounts made here (network namespace files) stay here.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	// A sysfs of this namespace, for tools that read /sys/class/net.
+	_ = unix.Mount("sysfs", "/sys", "sysfs", 0, "")
+	self, err1 := os.Readlink("/proc/self/ns/net")
+	root, err2 := os.Readlink("/proc/1/ns/net")
+	if err1 == nil && err2 == nil && self == root {
+		return fmt.Errorf("refusing to run: still in the root network namespace")
+	}
+	return setupNS()
+}
+
+// setupNS prepares the current thread's (new) namespace: loopback up, and
+// no IPv6 duplicate address detection, so addresses work at once instead
+// of after a second or two of "tentative".
+func setupNS() error {
+	for _, k := range []string{"all", "default"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/accept_dad", []byte("0"), 0o644); err != nil {
+			return fmt.Errorf("disable DAD: %w", err)
+		}
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	return netlink.LinkSetUp(lo)
+}
+
+// BinDir is the directory of CNI plugin binaries for the tests.
+func BinDir() string { return os.Getenv(BinEnv) }
+
+// ensureBinaries builds our plugin, the real ptp, bridge and host-local
+// plugins and the upstream portmap from the module versions in go.mod,
+// unless BinEnv already names a directory.
+func ensureBinaries() error {
+	if dir := os.Getenv(BinEnv); dir != "" {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "portmap-cni-bin-")
+	if err != nil {
+		return err
+	}
+	if err := BuildPlugins(dir); err != nil {
+		return err
+	}
+	return os.Setenv(BinEnv, dir)
+}
+
+// BuildPlugins builds every binary the tests and the demo run into dir.
+func BuildPlugins(dir string) error {
+	const plugins = "github.com/containernetworking/plugins/plugins/"
+	steps := [][]string{
+		{"build", "-o", dir + "/", plugins + "main/ptp", plugins + "main/bridge", plugins + "ipam/host-local"},
+		{"build", "-o", filepath.Join(dir, "portmap"), "github.com/portmap-dev/portmap/cmd/portmap"},
+		{"build", "-o", filepath.Join(dir, "portmap-upstream"), plugins + "meta/portmap"},
+	}
+	for _, args := range steps {
+		cmd := exec.Command("go", args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
