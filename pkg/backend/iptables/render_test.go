@@ -141,7 +141,8 @@ func TestExplain(t *testing.T) {
 	pl.bytes()
 	tests := []struct{ out, want string }{
 		{"iptables-restore: line 3 failed: Bad rule (does a matching rule exist in that chain?).", `rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"`},
-		{"iptables-restore v1.8.9 (nf_tables): Chain 'X' does not exist\nError occurred at line: 1\n", "table nat"},
+		{"iptables-restore v1.8.9 (nf_tables): Chain 'X' does not exist\nError occurred at line: 9\n", "chain X"},
+		{"Error occurred at line: 1\n", "table nat"},
 		{"something else", ""},
 		{"line 999 failed", ""},
 	}

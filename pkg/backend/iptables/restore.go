@@ -52,9 +52,16 @@ func describe(r Rule) string {
 // not parse, e.g. a jump to a missing chain).
 var failedLine = regexp.MustCompile(`line:? (\d+)`)
 
+var missingChain = regexp.MustCompile(`Chain '([^']+)' does not exist`)
+
 // explain maps an iptables-restore failure to the payload line that caused
 // it, or "" when the output names none.
 func (p *payload) explain(out string) string {
+	// iptables-nft blames COMMIT for a jump to a missing chain; the chain's
+	// name says more.
+	if m := missingChain.FindStringSubmatch(out); m != nil {
+		return "chain " + m[1]
+	}
 	m := failedLine.FindStringSubmatch(out)
 	if m == nil {
 		return ""

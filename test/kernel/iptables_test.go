@@ -1,0 +1,234 @@
+package kernel
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// counting wraps the real kernel seam and counts what the backend spawns.
+type counting struct {
+	iptables.Kernel
+	restores, lists, ensures int
+}
+
+func (c *counting) Restore(p []byte) error { c.restores++; return c.Kernel.Restore(p) }
+func (c *counting) ListRules(ch string) ([]string, error) {
+	c.lists++
+	return c.Kernel.ListRules(ch)
+}
+func (c *counting) EnsureChain(ch string) error { c.ensures++; return c.Kernel.EnsureChain(ch) }
+func (c *counting) EnsureRule(r iptables.Rule) error {
+	c.ensures++
+	return c.Kernel.EnsureRule(r)
+}
+
+func backend(t *testing.T, f plan.Family) (*iptables.Backend, *counting) {
+	t.Helper()
+	b, err := iptables.New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &counting{Kernel: b.Kernel}
+	b.Kernel = c
+	return b, c
+}
+
+func cidr(s string) *net.IPNet {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	n.IP = ip
+	return n
+}
+
+func mkPlan(net, id, ip string, ports ...int) *plan.Plan {
+	req := plan.Request{
+		Owner:      plan.Owner{Network: net, ContainerID: id, IfName: "eth0"},
+		Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
+	}
+	for _, p := range ports {
+		req.Mappings = append(req.Mappings, plan.Mapping{HostPort: p, ContainerPort: 80, Protocol: plan.TCP})
+	}
+	n := cidr(ip)
+	return plan.Build(req, plan.FamilyOf(n.IP), n)
+}
+
+func TestApplyCheckRemove(t *testing.T) {
+	nettest.ResetNAT(t)
+	for _, tt := range []struct {
+		f  plan.Family
+		ip string
+	}{{plan.IPv4, "192.0.2.2/24"}, {plan.IPv6, "2001:db8::2/64"}} {
+		t.Run(tt.f.String(), func(t *testing.T) {
+			b, _ := backend(t, tt.f)
+			p := mkPlan("net1", "c1", tt.ip, 8080, 8443)
+			if err := b.Check(p); err == nil {
+				t.Fatal("Check before Apply succeeded")
+			}
+			if err := b.Apply(p); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			if err := b.Check(p); err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			if err := b.Remove(p); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+			err := b.Check(p)
+			if err == nil || !strings.Contains(err.Error(), "missing chain "+iptables.ChainName(p.Owner)) {
+				t.Errorf("Check after Remove: %v, want the missing chain named", err)
+			}
+			if err := b.Remove(p); err != nil {
+				t.Errorf("second Remove: %v", err)
+			}
+			if rules := nettest.Save(t, int(tt.f)); strings.Contains(rules, "CNI-DN-") {
+				t.Errorf("left after Remove:\n%s", rules)
+			}
+		})
+	}
+}
+
+// TestReAddReplaces: a second ADD of the same attachment with another IP and
+// other ports leaves no rule of the first behind.
+func TestReAddReplaces(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := backend(t, plan.IPv4)
+	if err := b.Apply(mkPlan("net1", "c1", "192.0.2.2/24", 8080, 8081)); err != nil {
+		t.Fatal(err)
+	}
+	p2 := mkPlan("net1", "c1", "192.0.2.3/24", 9090)
+	if err := b.Apply(p2); err != nil {
+		t.Fatalf("re-ADD: %v", err)
+	}
+	rules := nettest.Save(t, 4)
+	for _, stale := range []string{"192.0.2.2", "8080", "8081"} {
+		if strings.Contains(rules, stale) {
+			t.Errorf("stale %q survives re-ADD:\n%s", stale, rules)
+		}
+	}
+	if n := strings.Count(rules, "-A CNI-HOSTPORT-DNAT "); n != 1 {
+		t.Errorf("%d entry rules after re-ADD, want 1:\n%s", n, rules)
+	}
+	if err := b.Check(p2); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+}
+
+// TestSameIPOwnership: ADD A with IP X, ADD B with IP X (A's IP was reused
+// before A's DEL), DEL A: B's rules stay.
+func TestSameIPOwnership(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := backend(t, plan.IPv4)
+	a, bb := mkPlan("net1", "A", "192.0.2.9/24", 8080), mkPlan("net1", "B", "192.0.2.9/24", 8080)
+	for _, p := range []*plan.Plan{a, bb} {
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(bb); err != nil {
+		t.Errorf("B after DEL A: %v", err)
+	}
+	if rules := nettest.Save(t, 4); strings.Contains(rules, iptables.ChainName(a.Owner)) {
+		t.Errorf("A's chain survives:\n%s", rules)
+	}
+}
+
+// TestSteadyStateIsOneProcess: once the shared chains exist, ADD and DEL of
+// an attachment are one iptables-restore each and list nothing, with 0 or
+// 300 other attachments installed.
+func TestSteadyStateIsOneProcess(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, c := backend(t, plan.IPv4)
+	if err := b.Apply(mkPlan("net1", "first", "192.0.2.2/24", 7000)); err != nil {
+		t.Fatal(err)
+	}
+	measure := func(label string) {
+		*c = counting{Kernel: c.Kernel}
+		p := mkPlan("net1", "probe", "192.0.2.3/24", 8080, 8081)
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+		if c.restores != 1 || c.lists != 0 || c.ensures != 0 {
+			t.Errorf("%s: ADD ran %d restores, %d listings, %d ensures; want 1, 0, 0", label, c.restores, c.lists, c.ensures)
+		}
+		*c = counting{Kernel: c.Kernel}
+		if err := b.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if c.restores != 1 || c.lists != 0 {
+			t.Errorf("%s: DEL ran %d restores, %d listings; want 1, 0", label, c.restores, c.lists)
+		}
+	}
+	measure("0 others")
+	for i := range 300 {
+		if err := b.Apply(mkPlan("net1", fmt.Sprintf("o%d", i), "192.0.2.4/24", 10000+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measure("300 others")
+}
+
+// TestFailedApplyLeavesNothing: a plan the kernel refuses (a jump to a
+// missing external chain) changes nothing of the attachment.
+func TestFailedApplyLeavesNothing(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := backend(t, plan.IPv4)
+	p := mkPlan("net1", "bad", "192.0.2.2/24", 8080)
+	p.Masquerade.ExternalSetMarkChain = "NO-SUCH-CHAIN"
+	err := b.Apply(p)
+	if err == nil || !strings.Contains(err.Error(), "NO-SUCH-CHAIN") {
+		t.Fatalf("Apply: %v, want an error naming the missing chain", err)
+	}
+	if rules := nettest.Save(t, 4); strings.Contains(rules, iptables.ChainName(p.Owner)) {
+		t.Errorf("failed Apply left the chain:\n%s", rules)
+	}
+}
+
+// TestUpstreamLeftoversRemoved: rules the upstream plugin made for a
+// container are removed by our DEL, with and without the mappings.
+func TestUpstreamLeftoversRemoved(t *testing.T) {
+	for _, withMappings := range []bool{true, false} {
+		t.Run(fmt.Sprintf("mappings=%v", withMappings), func(t *testing.T) {
+			nettest.ResetNAT(t)
+			conf := map[string]any{
+				"cniVersion": "1.0.0", "name": "net1", "type": "portmap",
+				"runtimeConfig": map[string]any{"portMappings": []map[string]any{
+					{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+					{"hostPort": 8053, "containerPort": 53, "protocol": "udp"},
+				}},
+				"prevResult": json.RawMessage(`{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],
+				  "ips":[{"address":"192.0.2.2/24","interface":0},{"address":"2001:db8::2/64","interface":0}]}`),
+			}
+			if out, err := nettest.Exec(t, "portmap-upstream", "ADD", "c1", "/x", conf); err != nil {
+				t.Fatalf("upstream ADD: %v\n%s", err, out)
+			}
+			chain := iptables.ChainName(plan.Owner{Network: "net1", ContainerID: "c1"})
+			if !strings.Contains(nettest.Save(t, 4), chain) {
+				t.Fatalf("upstream made no %s", chain)
+			}
+			if !withMappings {
+				delete(conf, "runtimeConfig")
+			}
+			delete(conf, "prevResult")
+			if out, err := nettest.Exec(t, "portmap", "DEL", "c1", "", conf); err != nil {
+				t.Fatalf("our DEL: %v\n%s", err, out)
+			}
+			for _, f := range []int{4, 6} {
+				if rules := nettest.Save(t, f); strings.Contains(rules, chain) {
+					t.Errorf("IPv%d: upstream's rules survive our DEL:\n%s", f, rules)
+				}
+			}
+		})
+	}
+}
