@@ -44,6 +44,8 @@ type Kernel interface {
 	// ListRules returns the rules of chain as iptables -S prints them, or
 	// nil when the chain does not exist.
 	ListRules(chain string) ([]string, error)
+	// ChainExists reports whether chain exists.
+	ChainExists(chain string) (bool, error)
 	// EnsureChain creates chain if it is missing.
 	EnsureChain(chain string) error
 	// EnsureRule adds r if no identical rule exists.
@@ -126,6 +128,15 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	refs, err := b.refs(p)
 	if err != nil {
 		return err
+	}
+	if len(refs) == 0 {
+		exists, err := b.Kernel.ChainExists(ChainName(p.Owner))
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.Family, err)
+		}
+		if !exists {
+			return nil // nothing of the attachment: change nothing
+		}
 	}
 	pl := delPayload(p, nil, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
@@ -243,12 +254,21 @@ func (k *execKernel) ListRules(chain string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := ipt.List(Table, chain)
-	var ie *goiptables.Error
-	if errors.As(err, &ie) && ie.IsNotExist() {
-		return nil, nil
+	// iptables-nft answers "incompatible" rather than "no such chain" when
+	// the table itself is missing, so ask first.
+	exists, err := ipt.ChainExists(Table, chain)
+	if err != nil || !exists {
+		return nil, err
 	}
-	return rules, err
+	return ipt.List(Table, chain)
+}
+
+func (k *execKernel) ChainExists(chain string) (bool, error) {
+	ipt, err := k.handle()
+	if err != nil {
+		return false, err
+	}
+	return ipt.ChainExists(Table, chain)
 }
 
 func (k *execKernel) EnsureChain(chain string) error {

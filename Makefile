@@ -1,0 +1,47 @@
+# portmap — a drop-in CNI portmap plugin.
+#   make build     bin/portmap
+#   make test      unit, kernel and end-to-end tests (root: they make their own netns)
+#   make demo      the main job end to end, in namespaces of its own (root)
+#   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap
+
+GO      ?= go
+CNI_BIN := $(CURDIR)/build/cni
+PLUGINS := github.com/containernetworking/plugins/plugins
+
+.PHONY: all build plugins deps test unit lint demo install clean
+
+all: build
+
+build:
+	$(GO) build -o bin/portmap ./cmd/portmap
+
+# Everything the tests and the demo run, built from the module versions in
+# go.mod: the real ptp/bridge/host-local, upstream portmap, cnitool, ours.
+plugins:
+	@mkdir -p $(CNI_BIN)
+	$(GO) build -o $(CNI_BIN)/ $(PLUGINS)/main/ptp $(PLUGINS)/main/bridge $(PLUGINS)/ipam/host-local \
+		github.com/containernetworking/cni/cnitool ./test/demo/httpdemo
+	$(GO) build -o $(CNI_BIN)/portmap ./cmd/portmap
+	$(GO) build -o $(CNI_BIN)/portmap-upstream $(PLUGINS)/meta/portmap
+
+deps:
+	@./test/deps.sh
+
+lint:
+	@out=$$(gofmt -l cmd pkg plugins test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -count=1 ./cmd/... ./pkg/... ./plugins/...
+
+test: deps lint plugins
+	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 ./...
+
+demo: deps plugins
+	./test/demo/demo.sh $(CNI_BIN)
+
+install: build
+	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap
+
+clean:
+	rm -rf bin build

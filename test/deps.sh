@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the host tools the plugin, its tests and the demo use, when they
+# are missing (Debian/Ubuntu, as root).
+set -euo pipefail
+need=()
+command -v iptables-restore >/dev/null || need+=(iptables)
+command -v nft >/dev/null || need+=(nftables)
+command -v ip >/dev/null || need+=(iproute2)
+command -v conntrack >/dev/null || need+=(conntrack)
+command -v unshare >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2
+    exit 1
+  fi
+  echo "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v go >/dev/null || { echo "go is not on PATH" >&2; exit 1; }
