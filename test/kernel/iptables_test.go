@@ -19,9 +19,9 @@ type counting struct {
 }
 
 func (c *counting) Restore(p []byte) error { c.restores++; return c.Kernel.Restore(p) }
-func (c *counting) ListRules(ch string) ([]string, error) {
+func (c *counting) ListTable() ([]string, error) {
 	c.lists++
-	return c.Kernel.ListRules(ch)
+	return c.Kernel.ListTable()
 }
 func (c *counting) EnsureChain(ch string) error { c.ensures++; return c.Kernel.EnsureChain(ch) }
 func (c *counting) EnsureRule(r iptables.Rule) error {

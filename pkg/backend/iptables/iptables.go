@@ -41,11 +41,9 @@ import (
 type Kernel interface {
 	// Restore feeds payload to (ip6)iptables-restore --noflush.
 	Restore(payload []byte) error
-	// ListRules returns the rules of chain as iptables -S prints them, or
-	// nil when the chain does not exist.
-	ListRules(chain string) ([]string, error)
-	// ChainExists reports whether chain exists.
-	ChainExists(chain string) (bool, error)
+	// ListTable returns the nat table as iptables -S prints it: "-N chain"
+	// and "-A chain rule" lines.
+	ListTable() ([]string, error)
 	// EnsureChain creates chain if it is missing.
 	EnsureChain(chain string) error
 	// EnsureRule adds r if no identical rule exists.
@@ -100,7 +98,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
 		}
 	}
-	refs, err := b.refs(p)
+	refs, _, err := b.refs(p)
 	if err != nil {
 		return err
 	}
@@ -125,18 +123,12 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return err
 	}
 	defer release()
-	refs, err := b.refs(p)
+	refs, exists, err := b.refs(p)
 	if err != nil {
 		return err
 	}
-	if len(refs) == 0 {
-		exists, err := b.Kernel.ChainExists(ChainName(p.Owner))
-		if err != nil {
-			return fmt.Errorf("%s: %w", b.Family, err)
-		}
-		if !exists {
-			return nil // nothing of the attachment: change nothing
-		}
+	if len(refs) == 0 && !exists {
+		return nil // nothing of the attachment: change nothing
 	}
 	pl := delPayload(p, nil, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
@@ -160,21 +152,24 @@ func (b *Backend) Check(p *plan.Plan) error {
 	return nil
 }
 
-// refs returns the rules of CNI-HOSTPORT-DNAT that jump to the attachment's
-// chain: ours, or the upstream plugin's for the same container.
-func (b *Backend) refs(p *plan.Plan) ([]string, error) {
-	lines, err := b.Kernel.ListRules(TopLevelDNATChain)
+// refs returns the rules that jump to the attachment's chain (ours, or the
+// upstream plugin's for the same container) and whether the chain exists.
+// It lists the whole table in one process: slow paths only.
+func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
+	lines, err := b.Kernel.ListTable()
 	if err != nil {
-		return nil, fmt.Errorf("%s: list %s: %w", b.Family, TopLevelDNATChain, err)
+		return nil, false, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
 	}
-	suffix := " -j " + ChainName(p.Owner)
-	var refs []string
+	chain := ChainName(p.Owner)
 	for _, l := range lines {
-		if strings.HasPrefix(l, "-A ") && strings.HasSuffix(l, suffix) {
+		switch {
+		case l == "-N "+chain:
+			exists = true
+		case strings.HasPrefix(l, "-A ") && strings.HasSuffix(l, " -j "+chain):
 			refs = append(refs, l)
 		}
 	}
-	return refs, nil
+	return refs, exists, nil
 }
 
 func (b *Backend) restoreError(op string, pl *payload, err error) error {
@@ -203,6 +198,7 @@ func (e *RestoreError) Unwrap() error { return e.Err }
 // for the slow path's checks and listings.
 type execKernel struct {
 	restore string
+	list    string
 	proto   goiptables.Protocol
 	ipt     *goiptables.IPTables // made on first use: it runs iptables --version
 }
@@ -220,11 +216,11 @@ func newExecKernel(f plan.Family) (*execKernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", f, err)
 	}
-	proto := goiptables.ProtocolIPv4
+	proto, list := goiptables.ProtocolIPv4, "iptables"
 	if f == plan.IPv6 {
-		proto = goiptables.ProtocolIPv6
+		proto, list = goiptables.ProtocolIPv6, "ip6tables"
 	}
-	return &execKernel{restore: path, proto: proto}, nil
+	return &execKernel{restore: path, list: list, proto: proto}, nil
 }
 
 func (k *execKernel) Restore(payload []byte) error {
@@ -249,26 +245,17 @@ func (k *execKernel) handle() (*goiptables.IPTables, error) {
 	return k.ipt, nil
 }
 
-func (k *execKernel) ListRules(chain string) ([]string, error) {
-	ipt, err := k.handle()
+func (k *execKernel) ListTable() ([]string, error) {
+	// Listing one chain would be less text, but iptables-nft answers
+	// "incompatible" instead of "no such chain" when the table is missing.
+	cmd := exec.Command(k.list, "-w", "20", "-t", Table, "-S")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, Table, err, strings.TrimSpace(stderr.String()))
 	}
-	// iptables-nft answers "incompatible" rather than "no such chain" when
-	// the table itself is missing, so ask first.
-	exists, err := ipt.ChainExists(Table, chain)
-	if err != nil || !exists {
-		return nil, err
-	}
-	return ipt.List(Table, chain)
-}
-
-func (k *execKernel) ChainExists(chain string) (bool, error) {
-	ipt, err := k.handle()
-	if err != nil {
-		return false, err
-	}
-	return ipt.ChainExists(Table, chain)
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
 func (k *execKernel) EnsureChain(chain string) error {
