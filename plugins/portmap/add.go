@@ -13,7 +13,7 @@ import (
 // prints the previous result back. It is all or nothing: when a step fails,
 // what this ADD applied is removed before the error is returned.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName)
+	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
 	if err != nil {
 		return err
 	}

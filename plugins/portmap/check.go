@@ -12,7 +12,7 @@ import (
 // Check verifies that every rule ADD made still exists, and that
 // route_localnet is still on where ADD turned it on.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName)
+	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,8 @@ const DefaultMarkBit = 13
 type Config struct {
 	CNIVersion string
 	Network    string
-	// Backend is "iptables", "nftables" or "" (choose at run time).
+	// Backend is "iptables" or "nftables": the configured one, or the
+	// default the caller passed when "backend" is absent.
 	Backend string
 	Request plan.Request
 	// HasMappings is false when runtimeConfig.portMappings is absent or
@@ -84,10 +85,10 @@ func formatValue(v any) string {
 	}
 }
 
-// ParseConfig parses stdin for the attachment's interface ifName. Every
-// error is a *types.Error: code 6 for undecodable input, 7 for invalid
-// values.
-func ParseConfig(stdin []byte, ifName string) (*Config, error) {
+// ParseConfig parses stdin for the attachment's interface ifName;
+// defaultBackend is used when "backend" is absent. Every error is a
+// *types.Error: code 6 for undecodable input, 7 for invalid values.
+func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
 	var nc netConf
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		var te *json.UnmarshalTypeError
@@ -102,6 +103,7 @@ func ParseConfig(stdin []byte, ifName string) (*Config, error) {
 		ContainerNets: map[plan.Family]*net.IPNet{},
 	}
 
+	c.Backend = defaultBackend
 	if nc.Backend != nil {
 		switch *nc.Backend {
 		case BackendIPTables, BackendNFTables:
@@ -256,9 +258,10 @@ func parseString(key string, raw json.RawMessage) (string, error) {
 	return s, nil
 }
 
-// parseConditions validates conditionsV4/V6 and the backend they imply.
+// parseConditions validates conditionsV4/V6 for the selected backend.
 // Conditions are match tokens of one rule; nothing in them may end that
-// rule or start another one.
+// rule or start another one. Like upstream, a list whose first token starts
+// with '-' or '!' is iptables syntax, anything else nftables syntax.
 func (c *Config) parseConditions(nc netConf) error {
 	conds := []struct {
 		key string
@@ -268,40 +271,42 @@ func (c *Config) parseConditions(nc netConf) error {
 		{"conditionsV4", nc.ConditionsV4, &c.Request.ConditionsV4},
 		{"conditionsV6", nc.ConditionsV6, &c.Request.ConditionsV6},
 	}
-	var iptablesOnly []string
-	if nc.ExternalSetMarkChain != nil {
-		iptablesOnly = append(iptablesOnly, "externalSetMarkChain")
+	var wrong []string
+	if c.Backend == BackendNFTables && nc.ExternalSetMarkChain != nil {
+		wrong = append(wrong, "externalSetMarkChain")
 	}
-	var nftOnly []string
 	for _, cd := range conds {
 		if cd.val == nil || len(*cd.val) == 0 || (len(*cd.val) == 1 && (*cd.val)[0] == "") {
 			continue
 		}
 		tokens := *cd.val
+		syntax := BackendNFTables
 		if first := tokens[0]; first != "" && (first[0] == '-' || first[0] == '!') {
-			iptablesOnly = append(iptablesOnly, cd.key)
-		} else {
-			nftOnly = append(nftOnly, cd.key)
+			syntax = BackendIPTables
+		}
+		if syntax != c.Backend {
+			wrong = append(wrong, cd.key)
+			continue
+		}
+		bad := badIPTablesToken
+		if syntax == BackendNFTables {
+			bad = badNFTablesToken
 		}
 		for i, tok := range tokens {
-			if why := badIPTablesToken(tok); why != "" {
+			if why := bad(tok); why != "" {
 				return invalid(fmt.Sprintf("%s[%d]", cd.key, i), tok, why)
 			}
 		}
 		*cd.dst = append([]string(nil), tokens...)
 	}
-	switch c.Backend {
-	case BackendIPTables, "":
-		if len(nftOnly) > 0 {
-			return types.NewError(types.ErrInvalidNetworkConfig,
-				fmt.Sprintf("invalid %s: iptables backend selected but %s hold nftables conditions (iptables conditions start with '-' or '!')",
-					strings.Join(nftOnly, ", "), strings.Join(nftOnly, ", ")), "")
+	if len(wrong) > 0 {
+		other := BackendNFTables
+		if c.Backend == BackendNFTables {
+			other = BackendIPTables
 		}
-	case BackendNFTables:
-		if len(iptablesOnly) > 0 {
-			return types.NewError(types.ErrInvalidNetworkConfig,
-				fmt.Sprintf("invalid %s: nftables backend selected but these options are iptables-only", strings.Join(iptablesOnly, ", ")), "")
-		}
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("invalid %s: the %s backend is selected but these are %s options (iptables conditions start with '-' or '!')",
+				strings.Join(wrong, ", "), c.Backend, other), "")
 	}
 	return nil
 }
@@ -322,10 +327,8 @@ func badIPTablesToken(tok string) string {
 	if tok == "" {
 		return "must not be empty"
 	}
-	for _, r := range tok {
-		if r < 0x20 || r == 0x7f {
-			return "must not contain control characters such as newlines"
-		}
+	if hasControl(tok) {
+		return "must not contain control characters such as newlines"
 	}
 	if strings.ContainsAny(tok, `;"'\`) {
 		return "must not contain ';', quotes or backslashes"
@@ -334,6 +337,46 @@ func badIPTablesToken(tok string) string {
 		return "is not a match: conditions may only add matches to the entry rule"
 	}
 	return ""
+}
+
+// nftStatements are nft words that start a statement or a command rather
+// than a match: a condition holding one could drop, accept or rewrite
+// traffic instead of selecting it.
+var nftStatements = map[string]bool{
+	"accept": true, "drop": true, "reject": true, "jump": true, "goto": true, "return": true,
+	"queue": true, "continue": true, "dnat": true, "snat": true, "masquerade": true,
+	"redirect": true, "set": true, "log": true, "counter": true, "limit": true, "quota": true,
+	"notrack": true, "tproxy": true, "dup": true, "fwd": true, "add": true, "update": true,
+	"delete": true, "flush": true, "insert": true, "replace": true, "create": true,
+	"table": true, "chain": true, "rule": true, "comment": true, "vmap": true,
+}
+
+// badNFTablesToken says why tok cannot be part of an nft match, or "".
+func badNFTablesToken(tok string) string {
+	if strings.TrimSpace(tok) == "" {
+		return "must not be empty"
+	}
+	if hasControl(tok) {
+		return "must not contain control characters such as newlines"
+	}
+	if strings.ContainsAny(tok, `;#\`) {
+		return "must not contain ';', '#' or backslashes"
+	}
+	for _, word := range strings.Fields(tok) {
+		if nftStatements[strings.ToLower(word)] {
+			return fmt.Sprintf("holds the statement %q: conditions may only add matches", word)
+		}
+	}
+	return ""
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return true
+		}
+	}
+	return false
 }
 
 // containerNets picks the first address of each family on the sandbox

@@ -36,7 +36,7 @@ func mappings(list string) map[string]string {
 }
 
 func TestParseConfigDefaults(t *testing.T) {
-	c, err := ParseConfig(conf(t, nil), "eth0")
+	c, err := ParseConfig(conf(t, nil), "eth0", BackendIPTables)
 	if err != nil {
 		t.Fatalf("ParseConfig: %v", err)
 	}
@@ -44,7 +44,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if c.Request.Masquerade != want {
 		t.Errorf("masquerade = %+v, want %+v", c.Request.Masquerade, want)
 	}
-	if c.Backend != "" || c.HasMappings || c.PrevResult != nil || len(c.ContainerNets) != 0 {
+	if c.Backend != BackendIPTables || c.HasMappings || c.PrevResult != nil || len(c.ContainerNets) != 0 {
 		t.Errorf("defaults: backend %q, mappings %v, prevResult %v, nets %v", c.Backend, c.HasMappings, c.PrevResult, c.ContainerNets)
 	}
 	if c.Request.ConditionsV4 != nil || c.Request.ConditionsV6 != nil {
@@ -73,6 +73,9 @@ func TestParseConfigKeys(t *testing.T) {
 		{"backend iptables", map[string]string{"backend": `"iptables"`}, func(c *Config) string {
 			return when(c.Backend != "iptables", "backend "+c.Backend)
 		}},
+		{"nft conditions", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr != 192.0.2.0/24", "iifname \"eth0\""]`}, func(c *Config) string {
+			return when(c.Backend != "nftables" || strings.Join(c.Request.ConditionsV4, " ") != `ip saddr != 192.0.2.0/24 iifname "eth0"`, "nft conditions not kept")
+		}},
 		{"conditions", map[string]string{"conditionsV4": `["!", "-d", "192.0.2.0/24"]`, "conditionsV6": `["-m","comment","--comment","a b"]`}, func(c *Config) string {
 			return when(strings.Join(c.Request.ConditionsV4, " ") != "! -d 192.0.2.0/24" ||
 				strings.Join(c.Request.ConditionsV6, "|") != "-m|comment|--comment|a b", "conditions not kept")
@@ -99,7 +102,7 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := ParseConfig(conf(t, tt.extra), "eth0")
+			c, err := ParseConfig(conf(t, tt.extra), "eth0", BackendIPTables)
 			if err != nil {
 				t.Fatalf("ParseConfig: %v", err)
 			}
@@ -156,14 +159,18 @@ func TestParseConfigRejects(t *testing.T) {
 		{"condition target", map[string]string{"conditionsV4": `["-s","1.2.3.4","-j","ACCEPT"]`}, 7, `invalid conditionsV4[2] "-j"`},
 		{"condition quote", map[string]string{"conditionsV4": `["-m","comment","--comment","a\"b"]`}, 7, `conditionsV4[3]`},
 		{"condition empty token", map[string]string{"conditionsV4": `["-d",""]`}, 7, `conditionsV4[1] "": must not be empty`},
-		{"nft conditions on iptables", map[string]string{"conditionsV4": `["ip","daddr","1.2.3.4"]`}, 7, `iptables backend selected but conditionsV4 hold nftables conditions`},
+		{"nft conditions on iptables", map[string]string{"conditionsV4": `["ip","daddr","1.2.3.4"]`}, 7, `invalid conditionsV4: the iptables backend is selected but these are nftables options`},
+		{"iptables conditions on nftables", map[string]string{"backend": `"nftables"`, "conditionsV6": `["-d","::1"]`}, 7, `invalid conditionsV6: the nftables backend is selected but these are iptables options`},
+		{"nft condition statement", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4 drop"]`}, 7, `invalid conditionsV4[0] "ip saddr 1.2.3.4 drop": holds the statement "drop"`},
+		{"nft condition semicolon", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4", "; flush ruleset"]`}, 7, `invalid conditionsV4[1]`},
+		{"nft condition newline", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4\nadd rule ip t c drop"]`}, 7, `must not contain control characters`},
 		{"backend bogus", map[string]string{"backend": `"bogus"`}, 7, `invalid backend "bogus": must be "iptables" or "nftables"`},
-		{"nftables with iptables options", map[string]string{"backend": `"nftables"`, "externalSetMarkChain": `"KUBE-MARK-MASQ"`}, 7, `nftables backend selected but these options are iptables-only`},
+		{"nftables with iptables options", map[string]string{"backend": `"nftables"`, "externalSetMarkChain": `"KUBE-MARK-MASQ"`}, 7, `invalid externalSetMarkChain: the nftables backend is selected but these are iptables options`},
 		{"prevResult bad", map[string]string{"prevResult": `{"ips":[{"address":"bogus"}]}`}, 6, `decode prevResult`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseConfig(conf(t, tt.extra), "eth0")
+			_, err := ParseConfig(conf(t, tt.extra), "eth0", BackendIPTables)
 			var te *types.Error
 			if !errors.As(err, &te) {
 				t.Fatalf("error %v (%T), want *types.Error", err, err)
@@ -184,7 +191,7 @@ func TestParseConfigContainerNets(t *testing.T) {
 	         {"address":"192.0.2.3/24","interface":1},
 	         {"address":"2001:db8::2/64","interface":1},
 	         {"address":"2001:db8::3/64"}]}`
-	c, err := ParseConfig(conf(t, map[string]string{"prevResult": prev}), "eth0")
+	c, err := ParseConfig(conf(t, map[string]string{"prevResult": prev}), "eth0", BackendIPTables)
 	if err != nil {
 		t.Fatalf("ParseConfig: %v", err)
 	}

@@ -13,7 +13,7 @@ import (
 // and needs neither prevResult nor portMappings: without them the backend
 // finds the attachment's objects by their owner-derived names.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName)
+	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
 	if err != nil {
 		return err
 	}

@@ -10,11 +10,13 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -46,19 +48,23 @@ type Plugin struct {
 	Stderr io.Writer
 	// NewBackend returns the backend called name for family f.
 	NewBackend func(name string, f plan.Family) (Backend, error)
+	// DefaultBackend names the backend used when the config has none.
+	DefaultBackend func() string
 	Sysctl     Sysctl
 	Conntrack  Conntrack
 }
 
 // New returns the plugin wired to the real host.
 func New() *Plugin {
-	return &Plugin{
-		Stdout:     os.Stdout,
-		Stderr:     os.Stderr,
-		NewBackend: newBackend,
-		Sysctl:     sysctl.Host{},
-		Conntrack:  conntrack.Host{},
+	p := &Plugin{
+		Stdout:         os.Stdout,
+		Stderr:         os.Stderr,
+		DefaultBackend: defaultBackend,
+		Sysctl:         sysctl.Host{},
+		Conntrack:      conntrack.Host{},
 	}
+	p.NewBackend = func(name string, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
+	return p
 }
 
 // Funcs are the verbs for skel.
@@ -66,27 +72,35 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check}
 }
 
-func newBackend(name string, f plan.Family) (Backend, error) {
+func newBackend(name string, f plan.Family, log io.Writer) (Backend, error) {
 	switch name {
-	case BackendIPTables, "":
+	case BackendIPTables:
 		b, err := iptables.New(f)
 		if err != nil {
 			return nil, err
 		}
 		return b, nil
 	case BackendNFTables:
-		return nil, types.NewError(types.ErrUnsupportedField,
-			`backend "nftables" is not available in this build yet; use "iptables" or leave "backend" unset`, "")
+		b, err := nftables.New(f, log)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
 	}
 	return nil, fmt.Errorf("unknown backend %q", name)
 }
 
-// backendName is the backend a config selects.
-func backendName(c *Config) string {
-	if c.Backend == "" {
+// defaultBackend is upstream's choice when "backend" is absent: iptables
+// if its tools are there, else nftables. It looks at PATH only, so the
+// choice costs no process.
+func defaultBackend() string {
+	if _, err := exec.LookPath(iptables.RestoreCommand(plan.IPv4)); err == nil {
 		return BackendIPTables
 	}
-	return c.Backend
+	if _, err := exec.LookPath("nft"); err == nil {
+		return BackendNFTables
+	}
+	return BackendIPTables
 }
 
 func owner(c *Config, args *skel.CmdArgs) plan.Owner {
@@ -103,7 +117,7 @@ func cniError(c *Config, err error) error {
 	if errors.As(err, &te) {
 		return te
 	}
-	msg := fmt.Sprintf("%s backend: %v", backendName(c), err)
+	msg := fmt.Sprintf("%s backend: %v", c.Backend, err)
 	if errors.Is(err, lock.ErrTimeout) {
 		return types.NewError(types.ErrTryAgainLater, msg, "")
 	}

@@ -72,11 +72,10 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 		Stdout: out,
 		Stderr: &bytes.Buffer{},
 		NewBackend: func(name string, f plan.Family) (Backend, error) {
-			if b, err := newBackend(name, f); err != nil && name == BackendNFTables {
-				return b, err
-			}
+			h.calls = append(h.calls, "backend "+name+" "+f.String())
 			return fakeBackend{h, f}, nil
 		},
+		DefaultBackend: func() string { return BackendIPTables },
 		Sysctl:    h,
 		Conntrack: h,
 	}
@@ -112,7 +111,9 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 		t.Fatalf("Add: %v", err)
 	}
 	want := []string{
+		"backend iptables ipv4",
 		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
+		"backend iptables ipv6",
 		"apply ipv6 net1/c1/eth0 2001:db8::2 [*:8080/tcp->80 *:8053/udp->53]",
 		"route_localnet veth-192.0.2.2",
 		"flush ipv4 udp 8053",
@@ -127,6 +128,21 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 	}
 	if printed["cniVersion"] != "1.0.0" || len(printed["ips"].([]any)) != 2 {
 		t.Errorf("printed result %v, want prevResult unchanged", printed)
+	}
+}
+
+func TestBackendSelection(t *testing.T) {
+	p, h, _ := newFake()
+	p.DefaultBackend = func() string { return BackendNFTables }
+	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual, "backend": `"iptables"`}))); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(h.calls, "\n")
+	if !strings.Contains(got, "backend nftables ipv4") || !strings.Contains(got, "backend iptables ipv4") {
+		t.Errorf("calls:\n%s\nwant the default (nftables) first, then the configured iptables", got)
 	}
 }
 
@@ -160,7 +176,6 @@ func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
 	}{
 		{"no prevResult", withMappings(nil), 7},
 		{"bad port", map[string]string{"prevResult": prevDual, "runtimeConfig": `{"portMappings":[{"hostPort":70000,"containerPort":80}]}`}, 7},
-		{"nftables not yet", withMappings(map[string]string{"prevResult": prevDual, "backend": `"nftables"`}), 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -213,7 +228,7 @@ func TestDelWithoutPrevResultOrMappings(t *testing.T) {
 	if err := p.Del(args(t, nil)); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	want := "remove ipv4 net1/c1/eth0 - []\nremove ipv6 net1/c1/eth0 - []"
+	want := "backend iptables ipv4\nremove ipv4 net1/c1/eth0 - []\nbackend iptables ipv6\nremove ipv6 net1/c1/eth0 - []"
 	if got := strings.Join(h.calls, "\n"); got != want {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 	}
