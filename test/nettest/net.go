@@ -271,4 +271,10 @@ func ResetNAT(tb testing.TB) {
 		Run(tb, tool, "-t", "nat", "-F")
 		Run(tb, tool, "-t", "nat", "-X")
 	}
+	for _, fam := range []string{"ip", "ip6"} {
+		for _, table := range []string{"cni_portmap", "cni_hostport"} {
+			// Absent tables are fine: this only empties what exists.
+			_ = exec.Command("nft", "delete", "table", fam, table).Run()
+		}
+	}
 }
