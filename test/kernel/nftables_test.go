@@ -1,0 +1,225 @@
+package kernel
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+type countingNFT struct {
+	nftables.Kernel
+	runs int
+}
+
+func (c *countingNFT) Run(s string) (string, error) { c.runs++; return c.Kernel.Run(s) }
+
+func nftBackend(t *testing.T, f plan.Family) (*nftables.Backend, *countingNFT) {
+	t.Helper()
+	b, err := nftables.New(f, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingNFT{Kernel: b.Kernel}
+	b.Kernel = c
+	return b, c
+}
+
+func nftTable(t *testing.T, fam string) string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "table", fam, nftables.Table).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list table: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+func TestNFTApplyCheckRemove(t *testing.T) {
+	nettest.ResetNAT(t)
+	for _, tt := range []struct {
+		f   plan.Family
+		ip  string
+		fam string
+	}{{plan.IPv4, "192.0.2.2/24", "ip"}, {plan.IPv6, "2001:db8::2/64", "ip6"}} {
+		t.Run(tt.f.String(), func(t *testing.T) {
+			b, c := nftBackend(t, tt.f)
+			p := mkPlan("net1", "c1", tt.ip, 8080, 8443)
+			if err := b.Check(p); err == nil {
+				t.Fatal("Check before Apply succeeded")
+			}
+			c.runs = 0
+			if err := b.Apply(p); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			if c.runs != 1 {
+				t.Errorf("ADD ran nft %d times, want 1", c.runs)
+			}
+			if err := b.Check(p); err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			c.runs = 0
+			if err := b.Remove(p); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+			if c.runs != 1 {
+				t.Errorf("DEL ran nft %d times, want 1", c.runs)
+			}
+			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), nftables.ChainName(p.Owner)) {
+				t.Errorf("Check after Remove: %v, want the missing chain named", err)
+			}
+			if err := b.Remove(p); err != nil {
+				t.Errorf("second Remove: %v", err)
+			}
+			// Only the skeleton is left: no attachment chain, empty maps.
+			table := nftTable(t, tt.fam)
+			if strings.Contains(table, "dn-") || strings.Contains(table, "elements") {
+				t.Errorf("left after the last DEL:\n%s", table)
+			}
+		})
+	}
+}
+
+// TestNFTReAddReplaces: re-ADD with other ports and another IP drops the
+// old keys and rules; nothing is duplicated.
+func TestNFTReAddReplaces(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := nftBackend(t, plan.IPv4)
+	if err := b.Apply(mkPlan("net1", "c1", "192.0.2.2/24", 8080, 8081)); err != nil {
+		t.Fatal(err)
+	}
+	p2 := mkPlan("net1", "c1", "192.0.2.3/24", 9090)
+	if err := b.Apply(p2); err != nil {
+		t.Fatalf("re-ADD: %v", err)
+	}
+	table := nftTable(t, "ip")
+	for _, stale := range []string{"192.0.2.2", "8080", "8081"} {
+		if strings.Contains(table, stale) {
+			t.Errorf("stale %q survives re-ADD:\n%s", stale, table)
+		}
+	}
+	if n := strings.Count(table, "dnat to"); n != 1 {
+		t.Errorf("%d DNAT rules after re-ADD, want 1:\n%s", n, table)
+	}
+	if err := b.Check(p2); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	if err := b.Remove(mkPlan("net1", "c1", "192.0.2.3/24")); err != nil {
+		t.Fatalf("Remove without mappings: %v", err)
+	}
+	if table := nftTable(t, "ip"); strings.Contains(table, "dn-") || strings.Contains(table, "elements") {
+		t.Errorf("left after DEL without mappings:\n%s", table)
+	}
+}
+
+// TestNFTSamePortAndIP: ADD A and ADD B with the same port and IP; DEL A
+// leaves B's element and chain.
+func TestNFTSamePortAndIP(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := nftBackend(t, plan.IPv4)
+	a, bb := mkPlan("net1", "A", "192.0.2.9/24", 8080), mkPlan("net1", "B", "192.0.2.9/24", 8080)
+	for _, p := range []*plan.Plan{a, bb} {
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Check(a); err == nil {
+		t.Error("Check A after B took its port succeeded")
+	}
+	if err := b.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(bb); err != nil {
+		t.Errorf("B after DEL A: %v", err)
+	}
+	if table := nftTable(t, "ip"); strings.Contains(table, nftables.ChainName(a.Owner)) {
+		t.Errorf("A's chain survives:\n%s", table)
+	}
+}
+
+// TestNFTOneLookupPerConnection counts, with nft trace, the rules the first
+// packet of a new connection meets in our table, with 1 and with 1000
+// attachments installed: the count must not grow.
+func TestNFTOneLookupPerConnection(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := nftBackend(t, plan.IPv4)
+	probe := mkPlan("net1", "probe", "192.0.2.2/24", 8080)
+	if err := b.Apply(probe); err != nil {
+		t.Fatal(err)
+	}
+	nettest.Run(t, "nft", "-f", "-", "add table ip pmtrace\nadd chain ip pmtrace out { type filter hook output priority -400 ; }\nadd rule ip pmtrace out tcp dport 8080 meta nftrace set 1\n")
+	defer exec.Command("nft", "delete", "table", "ip", "pmtrace").Run()
+
+	at1 := traced(t)
+	for i := range 999 {
+		p := mkPlan("net1", fmt.Sprintf("o%d", i), fmt.Sprintf("192.0.2.%d/24", 3+i%250), 10000+i)
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at1000 := traced(t)
+	t.Logf("rules met by a new connection: %d with 1 attachment, %d with 1000", at1, at1000)
+	if at1 == 0 || at1000 != at1 {
+		t.Errorf("rules met: %d with 1 attachment, %d with 1000; want the same, non-zero", at1, at1000)
+	}
+}
+
+// traced opens one connection to 127.0.0.1:8080 and counts the trace events
+// of rules in our table.
+func traced(t *testing.T) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mon := exec.CommandContext(ctx, "nft", "monitor", "trace")
+	out, err := mon.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = mon.Wait() }()
+	time.Sleep(300 * time.Millisecond) // let the monitor subscribe
+	c, err := net.DialTimeout("tcp", "127.0.0.1:8080", 300*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	id, n := "", 0
+	deadline := time.After(2 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return n
+			}
+			f := strings.Fields(l)
+			if len(f) < 6 || f[0] != "trace" || f[3] != "ip" || f[4] != nftables.Table {
+				continue
+			}
+			if id == "" {
+				id = f[2] // the first packet's trace
+			}
+			if f[2] == id && f[6] == "rule" {
+				n++
+			}
+		case <-deadline:
+			return n
+		}
+	}
+}
