@@ -50,8 +50,8 @@ type Plugin struct {
 	NewBackend func(name string, f plan.Family) (Backend, error)
 	// DefaultBackend names the backend used when the config has none.
 	DefaultBackend func() string
-	Sysctl     Sysctl
-	Conntrack  Conntrack
+	Sysctl         Sysctl
+	Conntrack      Conntrack
 }
 
 // New returns the plugin wired to the real host.

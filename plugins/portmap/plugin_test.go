@@ -76,8 +76,8 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 			return fakeBackend{h, f}, nil
 		},
 		DefaultBackend: func() string { return BackendIPTables },
-		Sysctl:    h,
-		Conntrack: h,
+		Sysctl:         h,
+		Conntrack:      h,
 	}
 	return p, h, out
 }

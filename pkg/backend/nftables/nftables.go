@@ -262,7 +262,7 @@ func (b *Backend) holders() (map[string]string, error) {
 var (
 	tableHeaderRE = regexp.MustCompile(`^table \S+ (\S+) \{`)
 	mapHeaderRE   = regexp.MustCompile(`map (\S+) \{`)
-	elementRE   = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
+	elementRE     = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
 )
 
 // parseMaps reads the maps of our table from nft list output.

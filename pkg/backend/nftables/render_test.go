@@ -148,8 +148,8 @@ table ip kube-proxy {
 `
 	got := parseMaps(out)
 	want := map[string]string{
-		"hostports tcp . 8080":                      "dn-a-1",
-		"hostports udp . 53":                        "dn-b-2",
+		"hostports tcp . 8080":                       "dn-a-1",
+		"hostports udp . 53":                         "dn-b-2",
 		"hostip_hostports 198.51.100.1 . udp . 8053": "dn-a-1",
 	}
 	if len(got) != len(want) {
