@@ -2,13 +2,15 @@
 #   make build     bin/portmap
 #   make test      unit, kernel and end-to-end tests (root: they make their own netns)
 #   make demo      the main job end to end, in namespaces of its own (root)
+#   make bench     ours vs upstream, both backends, N = 0, 100, 1000 (root; minutes)
+#   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap
 
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 PLUGINS := github.com/containernetworking/plugins/plugins
 
-.PHONY: all build plugins deps test unit lint demo install clean
+.PHONY: all build plugins deps test unit lint demo bench bench-quick install clean
 
 all: build
 
@@ -39,6 +41,14 @@ test: deps lint plugins
 
 demo: deps plugins
 	./test/demo/demo.sh $(CNI_BIN)
+
+BENCH_OUT ?= test/bench/results
+
+bench: deps plugins
+	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100,1000 -samples 20 -conns 5000 -conn-n 1000 -out $(BENCH_OUT)
+
+bench-quick: deps plugins
+	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100 -samples 5 -conns 1000 -conn-n 100 -out $(CURDIR)/build/bench-quick
 
 install: build
 	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap

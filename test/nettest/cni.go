@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"testing"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -72,7 +71,7 @@ type Runtime struct {
 }
 
 // NewRuntime parses the conflist; plugins come from BinDir.
-func NewRuntime(tb testing.TB, n Net) *Runtime {
+func NewRuntime(tb TB, n Net) *Runtime {
 	tb.Helper()
 	if n.DataDir == "" {
 		n.DataDir = tb.TempDir()
@@ -89,7 +88,7 @@ func NewRuntime(tb testing.TB, n Net) *Runtime {
 
 // WithList returns a runtime that shares r's result cache but runs another
 // conflist of the same network (to switch plugins under a container).
-func (r *Runtime) WithList(tb testing.TB, n Net) *Runtime {
+func (r *Runtime) WithList(tb TB, n Net) *Runtime {
 	tb.Helper()
 	list, err := libcni.ConfListFromBytes(n.Conflist())
 	if err != nil {
@@ -117,7 +116,7 @@ func (c *Container) IP(family int) string {
 }
 
 // Add creates a namespace and runs ADD for it with the mappings.
-func (r *Runtime) Add(tb testing.TB, id string, mappings ...Mapping) (*Container, error) {
+func (r *Runtime) Add(tb TB, id string, mappings ...Mapping) (*Container, error) {
 	tb.Helper()
 	c := &Container{ID: id, NS: NewNS(tb)}
 	caps := map[string]any{}
@@ -136,7 +135,7 @@ func (r *Runtime) Add(tb testing.TB, id string, mappings ...Mapping) (*Container
 }
 
 // MustAdd is Add that fails the test on error and runs DEL at cleanup.
-func (r *Runtime) MustAdd(tb testing.TB, id string, mappings ...Mapping) *Container {
+func (r *Runtime) MustAdd(tb TB, id string, mappings ...Mapping) *Container {
 	tb.Helper()
 	c, err := r.Add(tb, id, mappings...)
 	if err != nil {
@@ -166,7 +165,7 @@ func Code(err error) uint {
 
 // Exec runs one plugin binary from BinDir with a raw configuration, as
 // cnitool does, and returns its stdout.
-func Exec(tb testing.TB, plugin, command, containerID, netns string, conf any) ([]byte, error) {
+func Exec(tb TB, plugin, command, containerID, netns string, conf any) ([]byte, error) {
 	tb.Helper()
 	b, err := json.Marshal(conf)
 	if err != nil {
@@ -178,7 +177,7 @@ func Exec(tb testing.TB, plugin, command, containerID, netns string, conf any) (
 // ExecPortmap runs the conflist's last plugin (portmap) alone for c, with
 // the prevResult and mappings a runtime would pass, and returns its stdout.
 // It is how a test re-runs one plugin without re-running IPAM.
-func (r *Runtime) ExecPortmap(tb testing.TB, c *Container, command string) ([]byte, error) {
+func (r *Runtime) ExecPortmap(tb TB, c *Container, command string) ([]byte, error) {
 	tb.Helper()
 	last := r.List.Plugins[len(r.List.Plugins)-1]
 	var conf map[string]any

@@ -140,3 +140,17 @@ func BuildPlugins(dir string) error {
 	}
 	return nil
 }
+
+// TB is the part of testing.TB the harness uses, so the benchmark (a plain
+// program) can use it too.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
+// SetupIsolated prepares the namespace Reexec made; Main calls it for
+// tests, programs call it themselves.
+func SetupIsolated() error { return setupIsolated() }

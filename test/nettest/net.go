@@ -6,7 +6,6 @@ import (
 	"net"
 	"os/exec"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -16,7 +15,7 @@ import (
 )
 
 // NewNS makes a network namespace that is removed when the test ends.
-func NewNS(tb testing.TB) ns.NetNS {
+func NewNS(tb TB) ns.NetNS {
 	tb.Helper()
 	n, err := testutils.NewNS()
 	if err != nil {
@@ -48,7 +47,7 @@ type ClientNet struct {
 }
 
 // NewClient makes the client namespace and its link.
-func NewClient(tb testing.TB, cn ClientNet) *Client {
+func NewClient(tb TB, cn ClientNet) *Client {
 	tb.Helper()
 	c := &Client{NS: NewNS(tb)}
 	peer := cn.HostIf + "p"
@@ -117,7 +116,7 @@ func configure(name string, addrs, gws []string) error {
 }
 
 // AddHostAddr adds another address to a host interface (for hostIP tests).
-func AddHostAddr(tb testing.TB, ifName, cidr string) {
+func AddHostAddr(tb TB, ifName, cidr string) {
 	tb.Helper()
 	link, err := netlink.LinkByName(ifName)
 	if err != nil {
@@ -143,7 +142,7 @@ type Server struct {
 
 // Serve starts a server on port in n (all addresses, both families). It
 // stops when the test ends.
-func Serve(tb testing.TB, n ns.NetNS, name string, port int) *Server {
+func Serve(tb TB, n ns.NetNS, name string, port int) *Server {
 	tb.Helper()
 	s := &Server{Name: name}
 	err := n.Do(func(ns.NetNS) error {
@@ -225,7 +224,7 @@ func Dial(n ns.NetNS, proto, addr string) (string, error) {
 
 // Save returns the nat table of family 4 or 6 as iptables-save prints it,
 // without comments and counters, for ruleset diffs.
-func Save(tb testing.TB, family int) string {
+func Save(tb TB, family int) string {
 	tb.Helper()
 	tool := "iptables-save"
 	if family == 6 {
@@ -251,7 +250,7 @@ func Save(tb testing.TB, family int) string {
 }
 
 // Run runs a command in the host namespace and fails the test on error.
-func Run(tb testing.TB, name string, args ...string) string {
+func Run(tb TB, name string, args ...string) string {
 	tb.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -262,7 +261,7 @@ func Run(tb testing.TB, name string, args ...string) string {
 
 // ResetNAT empties the nat tables of the isolated host namespace, for tests
 // that need a fresh node. It refuses to run outside the namespace Main made.
-func ResetNAT(tb testing.TB) {
+func ResetNAT(tb TB) {
 	tb.Helper()
 	if !Isolated() {
 		tb.Fatal("ResetNAT outside the isolated namespace")

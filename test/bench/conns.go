@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// connLimit bounds each connection-rate run.
+const connLimit = 10 * time.Second
+
+// measureConns wires a real container (ptp + host-local + the plugin under
+// test) with a server, maps host port 8080 to it with n other containers
+// mapped, and measures new TCP connections per second from a client
+// namespace through the host port and directly to the container.
+func measureConns(_ *benchTB, plugin, backend string, n, count int) connRate {
+	tb := newTB()
+	defer tb.cleanup()
+	resetHost()
+	fill(binary(plugin), backend, n)
+	cl := nettest.NewClient(tb, nettest.ClientNet{HostIf: "bcl0", V4: "198.51.100", V6: "2001:db8:2:"})
+	typ := "portmap"
+	if plugin == "upstream" {
+		typ = "portmap-upstream"
+	}
+	rt := nettest.NewRuntime(tb, nettest.Net{Name: "benchconn", V4: "192.0.2.0/24", Portmap: typ,
+		Extra: map[string]string{"backend": fmt.Sprintf("%q", backend)}})
+	c := rt.MustAdd(tb, "conn", nettest.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	nettest.Serve(tb, c.NS, "srv", 80)
+	return connRate{Plugin: plugin, Backend: backend, N: n,
+		HostPort: rate(cl.NS, "198.51.100.1:8080", count),
+		Direct:   rate(cl.NS, net.JoinHostPort(c.IP(4), "80"), count)}
+}
+
+// rate opens up to count connections one after another from namespace n
+// (each: connect, read the server's line, close) and returns completed
+// connections per second. It stops at connLimit.
+func rate(n ns.NetNS, addr string, count int) float64 {
+	var done int
+	var elapsed time.Duration
+	err := n.Do(func(ns.NetNS) error {
+		start := time.Now()
+		buf := make([]byte, 128)
+		for done < count && time.Since(start) < connLimit {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return err
+			}
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(buf); err != nil && err != io.EOF {
+				c.Close()
+				return err
+			}
+			c.Close()
+			done++
+		}
+		elapsed = time.Since(start)
+		return nil
+	})
+	if err != nil {
+		fatalf("connections to %s: %v", addr, err)
+	}
+	return float64(done) / elapsed.Seconds()
+}
+
+// benchTB gives the test harness what it needs outside of go test.
+type benchTB struct {
+	cleanups []func()
+}
+
+func newTB() *benchTB { return &benchTB{} }
+
+func (*benchTB) Helper()                           {}
+func (*benchTB) Fatal(args ...any)                 { fatalf("%s", fmt.Sprint(args...)) }
+func (*benchTB) Fatalf(format string, args ...any) { fatalf(format, args...) }
+func (t *benchTB) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
+func (t *benchTB) TempDir() string {
+	dir, err := os.MkdirTemp("", "bench-")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// cleanup runs the cleanups, last first, as testing does.
+func (t *benchTB) cleanup() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+	t.cleanups = nil
+}

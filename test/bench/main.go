@@ -1,0 +1,203 @@
+// Command bench measures this plugin and the upstream portmap plugin (built
+// from the plugins module version in go.mod) side by side, in one run, in a
+// network namespace of its own: ADD/CHECK/DEL latency with N containers
+// already mapped, processes spawned per verb, the no-op start (VERSION), and
+// new TCP connections per second through a host port versus directly to the
+// container. It prints a table and writes JSON, Markdown and an SVG plot.
+//
+//	go run ./test/bench -n 0,100,1000 -samples 20 -out test/bench/results
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+type options struct {
+	ns       []int
+	samples  int
+	conns    int
+	connN    int
+	out      string
+	backends []string
+}
+
+func main() {
+	var o options
+	nList := flag.String("n", "0,100,1000", "numbers of containers already mapped")
+	flag.IntVar(&o.samples, "samples", 20, "samples per verb and N")
+	flag.IntVar(&o.conns, "conns", 2000, "connections per connection-rate run (bounded by 10s)")
+	flag.IntVar(&o.connN, "conn-n", 1000, "mappings installed for the loaded connection-rate run")
+	flag.StringVar(&o.out, "out", "test/bench/results", "directory for results.json, results.md and latency.svg")
+	backends := flag.String("backends", "iptables,nftables", "backends to measure")
+	flag.Parse()
+	for _, s := range strings.Split(*nList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 {
+			fatalf("bad -n %q", *nList)
+		}
+		o.ns = append(o.ns, n)
+	}
+	o.backends = strings.Split(*backends, ",")
+
+	if !nettest.Isolated() {
+		if os.Geteuid() != 0 {
+			fatalf("the benchmark needs root: it makes its own network namespaces")
+		}
+		if os.Getenv(nettest.BinEnv) == "" {
+			dir, err := os.MkdirTemp("", "portmap-bench-bin-")
+			if err != nil {
+				fatalf("%v", err)
+			}
+			defer os.RemoveAll(dir)
+			fmt.Fprintln(os.Stderr, "bench: building our plugin, upstream portmap, ptp and host-local")
+			if err := nettest.BuildPlugins(dir); err != nil {
+				fatalf("%v", err)
+			}
+			os.Setenv(nettest.BinEnv, dir)
+		}
+		abs, err := filepath.Abs(o.out)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		args := append([]string{os.Args[0]}, os.Args[1:]...)
+		args = append(args, "-out", abs)
+		os.Exit(nettest.Reexec(args))
+	}
+	if err := nettest.SetupIsolated(); err != nil {
+		fatalf("%v", err)
+	}
+	tb := newTB()
+	defer tb.cleanup()
+	r := run(tb, o)
+	if err := r.write(o.out); err != nil {
+		fatalf("%v", err)
+	}
+	fmt.Print(r.text())
+}
+
+// report is everything one run measured.
+type report struct {
+	Date     string        `json:"date"`
+	Cores    int           `json:"cores"`
+	Kernel   string        `json:"kernel"`
+	Tools    string        `json:"tools"`
+	Upstream string        `json:"upstream"`
+	Samples  int           `json:"samples"`
+	Floor    []floor       `json:"floor"`
+	Latency  []latency     `json:"latency"`
+	Conns    []connRate    `json:"connections"`
+	Notes    []string      `json:"notes,omitempty"`
+	start    time.Time     `json:"-"`
+	elapsed  time.Duration `json:"-"`
+}
+
+type floor struct {
+	Plugin string  `json:"plugin"`
+	P50    float64 `json:"p50_ms"`
+}
+
+type latency struct {
+	Plugin  string  `json:"plugin"`
+	Backend string  `json:"backend"`
+	N       int     `json:"n"`
+	Verb    string  `json:"verb"`
+	P50     float64 `json:"p50_ms"`
+	P90     float64 `json:"p90_ms"`
+	Procs   int     `json:"processes"`
+}
+
+type connRate struct {
+	Plugin   string  `json:"plugin"`
+	Backend  string  `json:"backend"`
+	N        int     `json:"n"`
+	HostPort float64 `json:"hostport_per_s"`
+	Direct   float64 `json:"direct_per_s"`
+}
+
+var plugins = []string{"ours", "upstream"}
+
+// binary is the plugin's file in the binary directory.
+func binary(plugin string) string {
+	if plugin == "upstream" {
+		return filepath.Join(nettest.BinDir(), "portmap-upstream")
+	}
+	return filepath.Join(nettest.BinDir(), "portmap")
+}
+
+func run(tb *benchTB, o options) *report {
+	r := &report{
+		Date:     time.Now().UTC().Format("2006-01-02"),
+		Cores:    runtime.NumCPU(),
+		Kernel:   strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		Tools:    toolVersions(),
+		Upstream: upstreamVersion(),
+		Samples:  o.samples,
+		start:    time.Now(),
+	}
+	for _, p := range plugins {
+		r.Floor = append(r.Floor, floor{Plugin: p, P50: versionFloor(binary(p), o.samples)})
+	}
+	for _, be := range o.backends {
+		for _, p := range plugins {
+			for _, n := range o.ns {
+				progress("latency %s %s N=%d", p, be, n)
+				r.Latency = append(r.Latency, measureVerbs(tb, p, be, n, o.samples)...)
+			}
+		}
+	}
+	for _, be := range o.backends {
+		for _, p := range plugins {
+			for _, n := range []int{0, o.connN} {
+				progress("connections %s %s N=%d", p, be, n)
+				r.Conns = append(r.Conns, measureConns(tb, p, be, n, o.conns))
+			}
+		}
+	}
+	r.elapsed = time.Since(r.start)
+	return r
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+func readFile(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+func (r *report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"results.json": append(js, '\n'),
+		"results.md":   []byte(r.markdown()),
+		"latency.svg":  []byte(r.svg()),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

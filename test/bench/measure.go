@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"time"
+)
+
+// conf is the configuration a runtime would pass for container i of the
+// fill (or the probe): a TCP and a UDP mapping of one host port, and a
+// prevResult with one IPv4 address.
+func conf(backend, ip string, port int) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"bench","type":"portmap","backend":%q,
+"runtimeConfig":{"portMappings":[{"hostPort":%d,"containerPort":80,"protocol":"tcp"},{"hostPort":%d,"containerPort":80,"protocol":"udp"}]},
+"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/var/run/netns/bench"}],
+ "ips":[{"address":"%s/16","interface":0}]}}`, backend, port, port, ip))
+}
+
+// fillIP is the address of fill container i, in 10.244.0.0/16 (inside this
+// benchmark's own namespace, where no route leads there).
+func fillIP(i int) string { return fmt.Sprintf("10.244.%d.%d", 1+i/250, 1+i%250) }
+
+const probeIP, probePort = "10.244.0.2", 9999
+
+// invoke runs one verb of a plugin binary, as a runtime does, and returns
+// its duration.
+func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, error) {
+	cmd := exec.Command(bin)
+	cmd.Env = append(append(os.Environ(),
+		"CNI_COMMAND="+verb, "CNI_CONTAINERID="+id, "CNI_NETNS=/var/run/netns/bench",
+		"CNI_IFNAME=eth0", "CNI_PATH="+filepath.Dir(bin)), env...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		return d, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
+	}
+	return d, nil
+}
+
+// resetHost empties what either plugin keeps, so each run starts on a
+// fresh node.
+func resetHost() {
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		_ = exec.Command(tool, "-t", "nat", "-F").Run()
+		_ = exec.Command(tool, "-t", "nat", "-X").Run()
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		for _, table := range []string{"cni_portmap", "cni_hostport"} {
+			_ = exec.Command("nft", "delete", "table", fam, table).Run()
+		}
+	}
+}
+
+// fill maps n containers with the plugin under test.
+func fill(bin, backend string, n int) {
+	for i := range n {
+		if _, err := invoke(bin, "ADD", fmt.Sprintf("fill%d", i), conf(backend, fillIP(i), 10000+i)); err != nil {
+			fatalf("fill: %v", err)
+		}
+	}
+}
+
+// measureVerbs times ADD, CHECK and DEL of one more container with n
+// already mapped, then counts the processes each verb spawns.
+func measureVerbs(_ *benchTB, plugin, backend string, n, samples int) []latency {
+	resetHost()
+	bin := binary(plugin)
+	fill(bin, backend, n)
+	probe := conf(backend, probeIP, probePort)
+	times := map[string][]float64{}
+	for range samples {
+		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+			d, err := invoke(bin, verb, "probe", probe)
+			if err != nil {
+				fatalf("%v", err)
+			}
+			times[verb] = append(times[verb], ms(d))
+		}
+	}
+	var out []latency
+	for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+		out = append(out, latency{Plugin: plugin, Backend: backend, N: n, Verb: verb,
+			P50: percentile(times[verb], 50), P90: percentile(times[verb], 90),
+			Procs: countProcs(bin, verb, probe)})
+	}
+	// The probe was deleted last; leave the node as filled.
+	return out
+}
+
+// versionFloor is the plugin's own start: VERSION does no work.
+func versionFloor(bin string, samples int) float64 {
+	var t []float64
+	for range samples {
+		d, err := invoke(bin, "VERSION", "", nil)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		t = append(t, ms(d))
+	}
+	return percentile(t, 50)
+}
+
+// counted are the tools either plugin runs.
+var counted = []string{"iptables", "ip6tables", "iptables-restore", "ip6tables-restore",
+	"iptables-save", "ip6tables-save", "nft", "conntrack", "sysctl"}
+
+// countProcs runs verb once more with a PATH of shims that count every
+// tool process the plugin starts. For DEL the probe is added first, and for
+// ADD deleted after, so each verb is counted in its steady state.
+func countProcs(bin, verb string, probe []byte) int {
+	dir, err := os.MkdirTemp("", "bench-shims-")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer os.RemoveAll(dir)
+	log := filepath.Join(dir, "count")
+	for _, tool := range counted {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			continue
+		}
+		script := fmt.Sprintf("#!/bin/sh\necho %s >> %s\nexec %s \"$@\"\n", tool, log, real)
+		if err := os.WriteFile(filepath.Join(dir, tool), []byte(script), 0o755); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	path := "PATH=" + dir + ":" + os.Getenv("PATH")
+	if verb != "ADD" {
+		if _, err := invoke(bin, "ADD", "probe", probe); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	_ = os.Remove(log)
+	if _, err := invoke(bin, verb, "probe", probe, path); err != nil {
+		fatalf("%v", err)
+	}
+	n := strings.Count(readFile(log), "\n")
+	if verb != "DEL" {
+		if _, err := invoke(bin, "DEL", "probe", probe); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	return n
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// percentile is the nearest-rank percentile of v.
+func percentile(v []float64, p int) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := (p*len(s)+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func toolVersions() string {
+	var v []string
+	for _, tool := range []string{"iptables", "nft"} {
+		out, err := exec.Command(tool, "--version").Output()
+		if err == nil {
+			v = append(v, strings.TrimSpace(string(out)))
+		}
+	}
+	return strings.Join(v, "; ")
+}
+
+// upstreamVersion is the plugins module version this program was built
+// with, which is the one the upstream binary was built from.
+func upstreamVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/containernetworking/plugins" {
+				return d.Version
+			}
+		}
+	}
+	return "unknown"
+}

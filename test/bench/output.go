@@ -1,0 +1,236 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+func (r *report) header() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "portmap benchmark, %s: %d cores, kernel %s; %s; upstream portmap %s; %d samples per figure; run took %s\n",
+		r.Date, r.Cores, r.Kernel, r.Tools, r.Upstream, r.Samples, r.elapsed.Round(1e9))
+	var fl []string
+	for _, f := range r.Floor {
+		fl = append(fl, fmt.Sprintf("%s %.1f ms", f.Plugin, f.P50))
+	}
+	fmt.Fprintf(&b, "no-op start (VERSION, p50): %s\n", strings.Join(fl, ", "))
+	return b.String()
+}
+
+func (r *report) find(plugin, backend, verb string, n int) *latency {
+	for i := range r.Latency {
+		l := &r.Latency[i]
+		if l.Plugin == plugin && l.Backend == backend && l.Verb == verb && l.N == n {
+			return l
+		}
+	}
+	return nil
+}
+
+func (r *report) backends() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range r.Latency {
+		if !seen[l.Backend] {
+			seen[l.Backend] = true
+			out = append(out, l.Backend)
+		}
+	}
+	return out
+}
+
+func (r *report) ns() []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, l := range r.Latency {
+		if !seen[l.N] {
+			seen[l.N] = true
+			out = append(out, l.N)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// rows are the latency table: one row per backend, verb and N.
+func (r *report) rows() [][]string {
+	var rows [][]string
+	for _, be := range r.backends() {
+		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+			for _, n := range r.ns() {
+				o, u := r.find("ours", be, verb, n), r.find("upstream", be, verb, n)
+				if o == nil || u == nil {
+					continue
+				}
+				rows = append(rows, []string{be, verb, fmt.Sprint(n),
+					fmt.Sprintf("%.1f / %.1f", o.P50, o.P90), fmt.Sprintf("%.1f / %.1f", u.P50, u.P90),
+					fmt.Sprintf("%.2f", o.P50/u.P50), fmt.Sprintf("%d / %d", o.Procs, u.Procs)})
+			}
+		}
+	}
+	return rows
+}
+
+var latencyHead = []string{"backend", "verb", "N", "ours p50 / p90 ms", "upstream p50 / p90 ms", "ours ÷ upstream (p50)", "processes ours / upstream"}
+
+// growth is p50 at the largest N over p50 at N=0, per plugin.
+func (r *report) growth() [][]string {
+	ns := r.ns()
+	if len(ns) < 2 || ns[0] != 0 {
+		return nil
+	}
+	top := ns[len(ns)-1]
+	var rows [][]string
+	for _, be := range r.backends() {
+		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+			row := []string{be, verb}
+			for _, p := range plugins {
+				a, b := r.find(p, be, verb, 0), r.find(p, be, verb, top)
+				if a == nil || b == nil {
+					row = append(row, "-")
+					continue
+				}
+				row = append(row, fmt.Sprintf("%.2f", b.P50/a.P50))
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+func (r *report) growthHead() []string {
+	ns := r.ns()
+	g := fmt.Sprintf("N=%d ÷ N=0", ns[len(ns)-1])
+	return []string{"backend", "verb", "ours " + g, "upstream " + g}
+}
+
+func (r *report) connRows() [][]string {
+	var rows [][]string
+	for _, c := range r.Conns {
+		rows = append(rows, []string{c.Backend, c.Plugin, fmt.Sprint(c.N),
+			fmt.Sprintf("%.0f", c.HostPort), fmt.Sprintf("%.0f", c.Direct), fmt.Sprintf("%.2f", c.HostPort/c.Direct)})
+	}
+	return rows
+}
+
+var connHead = []string{"backend", "plugin", "mappings", "via host port /s", "direct /s", "host port ÷ direct"}
+
+func (r *report) text() string {
+	var b strings.Builder
+	b.WriteString(r.header())
+	b.WriteString("\nADD / CHECK / DEL of one more container (a TCP and a UDP mapping) with N containers mapped\n")
+	b.WriteString(textTable(latencyHead, r.rows()))
+	if g := r.growth(); g != nil {
+		b.WriteString("\nGrowth with N (p50)\n")
+		b.WriteString(textTable(r.growthHead(), g))
+	}
+	b.WriteString("\nNew TCP connections per second from a client namespace\n")
+	b.WriteString(textTable(connHead, r.connRows()))
+	return b.String()
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	b.WriteString("# Benchmark results\n\n")
+	b.WriteString(strings.ReplaceAll(r.header(), "\n", "\n\n"))
+	b.WriteString("### ADD / CHECK / DEL of one more container with N containers mapped\n\n")
+	b.WriteString(mdTable(latencyHead, r.rows()))
+	if g := r.growth(); g != nil {
+		b.WriteString("\n### Growth with N (p50)\n\n")
+		b.WriteString(mdTable(r.growthHead(), g))
+	}
+	b.WriteString("\n### New TCP connections per second\n\n")
+	b.WriteString(mdTable(connHead, r.connRows()))
+	b.WriteString("\n![latency against N](latency.svg)\n")
+	return b.String()
+}
+
+func textTable(head []string, rows [][]string) string {
+	w := make([]int, len(head))
+	for _, row := range append([][]string{head}, rows...) {
+		for i, c := range row {
+			w[i] = max(w[i], len([]rune(c)))
+		}
+	}
+	var b strings.Builder
+	for _, row := range append([][]string{head}, rows...) {
+		for i, c := range row {
+			fmt.Fprintf(&b, "%-*s  ", w[i], c)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func mdTable(head []string, rows [][]string) string {
+	var b strings.Builder
+	b.WriteString("| " + strings.Join(head, " | ") + " |\n|")
+	for range head {
+		b.WriteString(" --- |")
+	}
+	b.WriteString("\n")
+	for _, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	return b.String()
+}
+
+// svg plots p50 latency against N: one panel per verb, one line per plugin
+// and backend.
+func (r *report) svg() string {
+	const pw, ph, pad, top = 300, 220, 50, 40
+	verbs := []string{"ADD", "CHECK", "DEL"}
+	ns := r.ns()
+	type series struct{ plugin, backend, color, dash string }
+	var ss []series
+	colors := map[string]string{"iptables": "#1f77b4", "nftables": "#d62728"}
+	for _, be := range r.backends() {
+		ss = append(ss, series{"ours", be, colors[be], ""}, series{"upstream", be, colors[be], "6,4"})
+	}
+	maxY := 1.0
+	for _, l := range r.Latency {
+		maxY = max(maxY, l.P50)
+	}
+	maxY *= 1.1
+	width := len(verbs)*(pw+pad) + pad
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", width, ph+top+90)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/><text x="%d" y="20" font-size="14">p50 latency (ms) against containers already mapped (N) — %s, %d cores</text>`+"\n", pad, r.Date, r.Cores)
+	x := func(i int) float64 {
+		if len(ns) == 1 {
+			return pw / 2
+		}
+		return float64(i) * pw / float64(len(ns)-1)
+	}
+	y := func(v float64) float64 { return ph - v/maxY*ph }
+	for vi, verb := range verbs {
+		ox, oy := pad+vi*(pw+pad), top
+		fmt.Fprintf(&b, `<g transform="translate(%d,%d)"><text x="0" y="-6" font-weight="bold">%s</text>`, ox, oy, verb)
+		fmt.Fprintf(&b, `<line x1="0" y1="%d" x2="%d" y2="%d" stroke="black"/><line x1="0" y1="0" x2="0" y2="%d" stroke="black"/>`, ph, pw, ph, ph)
+		for i, n := range ns {
+			fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">%d</text>`, x(i), ph+14, n)
+		}
+		for k := 0; k <= 4; k++ {
+			v := maxY * float64(k) / 4
+			fmt.Fprintf(&b, `<text x="-4" y="%.0f" text-anchor="end">%.0f</text><line x1="0" y1="%.0f" x2="%d" y2="%.0f" stroke="#eee"/>`, y(v)+4, v, y(v), pw, y(v))
+		}
+		for _, s := range ss {
+			var pts []string
+			for i, n := range ns {
+				if l := r.find(s.plugin, s.backend, verb, n); l != nil {
+					pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(l.P50)))
+				}
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" stroke-dasharray="%s" points="%s"/>`, s.color, s.dash, strings.Join(pts, " "))
+		}
+		b.WriteString("</g>\n")
+	}
+	for i, s := range ss {
+		lx, ly := pad+i*180, ph+top+50
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2" stroke-dasharray="%s"/><text x="%d" y="%d">%s, %s</text>`+"\n",
+			lx, ly, lx+30, ly, s.color, s.dash, lx+36, ly+4, s.plugin, s.backend)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
