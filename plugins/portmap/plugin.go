@@ -28,6 +28,10 @@ type Backend interface {
 	Apply(*plan.Plan) error
 	Remove(*plan.Plan) error
 	Check(*plan.Plan) error
+	// GC removes network's attachments that are not in valid.
+	GC(network string, valid []plan.Owner) error
+	// Ready reports whether the backend can serve ADD.
+	Ready() error
 }
 
 // Sysctl is the host's route_localnet switch.
@@ -69,7 +73,7 @@ func New() *Plugin {
 
 // Funcs are the verbs for skel.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check}
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
 }
 
 func newBackend(name string, f plan.Family, log io.Writer) (Backend, error) {

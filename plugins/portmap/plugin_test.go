@@ -33,6 +33,15 @@ type fakeBackend struct {
 func (b fakeBackend) Apply(p *plan.Plan) error  { return b.h.record("apply", p, b.h.failApply[b.f]) }
 func (b fakeBackend) Remove(p *plan.Plan) error { return b.h.record("remove", p, nil) }
 func (b fakeBackend) Check(p *plan.Plan) error  { return b.h.record("check", p, nil) }
+func (b fakeBackend) GC(network string, valid []plan.Owner) error {
+	var v []string
+	for _, o := range valid {
+		v = append(v, o.Network+"/"+o.ContainerID+"/"+o.IfName)
+	}
+	b.h.calls = append(b.h.calls, fmt.Sprintf("gc %s %s [%s]", b.f, network, strings.Join(v, " ")))
+	return b.h.failAll
+}
+func (b fakeBackend) Ready() error { b.h.calls = append(b.h.calls, "ready "+b.f.String()); return b.h.failAll }
 
 func (h *fakeHost) record(op string, p *plan.Plan, err error) error {
 	var ms []string
@@ -261,5 +270,50 @@ func TestCheck(t *testing.T) {
 	}
 	if err := p.Check(args(t, withMappings(nil))); codeOf(err) != 7 {
 		t.Errorf("Check without prevResult: %v, want code 7", err)
+	}
+}
+
+func TestGCReadsValidAttachments(t *testing.T) {
+	tests := []struct{ name, key string }{
+		{"valid-attachments", "cni.dev/valid-attachments"},
+		{"older attachments key", "cni.dev/attachments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, h, out := newFake()
+			a := args(t, map[string]string{"cniVersion": `"1.1.0"`,
+				tt.key: `[{"containerID":"c1","ifname":"eth0"},{"containerID":"c2","ifname":"net1"}]`})
+			if err := p.GC(a); err != nil {
+				t.Fatalf("GC: %v", err)
+			}
+			want := "gc ipv4 net1 [net1/c1/eth0 net1/c2/net1]"
+			if got := strings.Join(h.calls, "\n"); !strings.Contains(got, want) || !strings.Contains(got, "gc ipv6 net1") {
+				t.Errorf("calls:\n%s\nwant %q in both families", got, want)
+			}
+			if out.Len() != 0 {
+				t.Errorf("GC printed %q", out)
+			}
+		})
+	}
+}
+
+func TestGCJoinsErrors(t *testing.T) {
+	p, h, _ := newFake()
+	h.failAll = errors.New("table busy")
+	err := p.GC(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
+	if err == nil || strings.Count(err.Error(), "table busy") != 2 {
+		t.Errorf("GC error %v, want both families' errors", err)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	p, h, _ := newFake()
+	if err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`})); err != nil {
+		t.Fatalf("Status: %v", err)
+	}
+	h.failAll = errors.New("permission denied")
+	err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
+	if codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "iptables backend cannot serve ADD: permission denied") {
+		t.Errorf("Status: %v, want code 50 naming the backend and reason", err)
 	}
 }

@@ -41,6 +41,9 @@ import (
 type Kernel interface {
 	// Restore feeds payload to (ip6)iptables-restore --noflush.
 	Restore(payload []byte) error
+	// Test feeds payload to (ip6)iptables-restore --test: parsed and
+	// checked by the kernel, not committed.
+	Test(payload []byte) error
 	// ListTable returns the nat table as iptables -S prints it: "-N chain"
 	// and "-A chain rule" lines.
 	ListTable() ([]string, error)
@@ -223,8 +226,12 @@ func newExecKernel(f plan.Family) (*execKernel, error) {
 	return &execKernel{restore: path, list: list, proto: proto}, nil
 }
 
-func (k *execKernel) Restore(payload []byte) error {
-	cmd := exec.Command(k.restore, "--noflush", "-w", "20")
+func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }
+
+func (k *execKernel) Test(payload []byte) error { return k.run(payload, "--test") }
+
+func (k *execKernel) run(payload []byte, extra ...string) error {
+	cmd := exec.Command(k.restore, append([]string{"--noflush", "-w", "20"}, extra...)...)
 	cmd.Stdin = bytes.NewReader(payload)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -48,6 +48,8 @@ import (
 type Kernel interface {
 	// Run feeds script to nft -f - and returns what it printed.
 	Run(script string) (string, error)
+	// Check runs script with nft --check: validated, not committed.
+	Check(script string) error
 }
 
 // Backend applies plans of one family.
@@ -95,9 +97,16 @@ func notFound(err error) bool {
 
 type execKernel struct{ path string }
 
-func (k execKernel) Run(script string) (string, error) {
+func (k execKernel) Run(script string) (string, error) { return k.run(script, "-a") }
+
+func (k execKernel) Check(script string) error {
+	_, err := k.run(script, "--check")
+	return err
+}
+
+func (k execKernel) run(script string, flag string) (string, error) {
 	// -a: listings carry rule handles (removeUpstream deletes by handle).
-	cmd := exec.Command(k.path, "-a", "-f", "-")
+	cmd := exec.Command(k.path, flag, "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr

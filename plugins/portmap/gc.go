@@ -1,0 +1,82 @@
+package portmap
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// GC (CNI 1.1) removes every mapping of this network that no valid
+// attachment owns, in both families. It keeps going after an error and
+// returns them all joined; it prints nothing.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	if err != nil {
+		return err
+	}
+	valid, err := validAttachments(args.StdinData, c.Network)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range plan.Families {
+		be, err := p.NewBackend(c.Backend, f)
+		if errors.Is(err, exec.ErrNotFound) {
+			continue // no tools for this family: nothing of it can exist
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := be.GC(c.Network, valid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return cniError(c, errors.Join(errs...))
+}
+
+// validAttachments reads cni.dev/valid-attachments, or the older
+// cni.dev/attachments when the first is absent.
+func validAttachments(stdin []byte, network string) ([]plan.Owner, error) {
+	var raw struct {
+		Valid *[]types.GCAttachment `json:"cni.dev/valid-attachments"`
+		Old   *[]types.GCAttachment `json:"cni.dev/attachments"`
+	}
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode valid attachments: %v", err), "")
+	}
+	list := raw.Valid
+	if list == nil {
+		list = raw.Old
+	}
+	var out []plan.Owner
+	if list != nil {
+		for _, a := range *list {
+			out = append(out, plan.Owner{Network: network, ContainerID: a.ContainerID, IfName: a.IfName})
+		}
+	}
+	return out, nil
+}
+
+// Status (CNI 1.1) succeeds when the selected backend can serve ADD, and
+// otherwise answers code 50 with the reason.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	if err != nil {
+		return err
+	}
+	be, err := p.NewBackend(c.Backend, plan.IPv4)
+	if err == nil {
+		err = be.Ready()
+	}
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")
+	}
+	return nil
+}

@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// TestGC: three containers on network A and one on network B (with the
+// container ID of one of A's); GC of A with one valid attachment removes
+// exactly A's two others, and everything else still forwards.
+func TestGC(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		cl := client(t)
+		netA := nettest.NewRuntime(t, nettest.Net{Name: "gca", CNIVersion: "1.1.0", V4: "192.0.2.0/27", Extra: extra})
+		netB := nettest.NewRuntime(t, nettest.Net{Name: "gcb", CNIVersion: "1.1.0", V4: "192.0.2.32/27", Extra: extra})
+		ports := map[string]int{"a1": 7501, "a2": 7502, "a3": 7503}
+		for id, port := range ports {
+			c := netA.MustAdd(t, id, nettest.Mapping{HostPort: port, ContainerPort: srvPort})
+			nettest.Serve(t, c.NS, "A-"+id, srvPort)
+		}
+		cb := netB.MustAdd(t, "a2", nettest.Mapping{HostPort: 7504, ContainerPort: srvPort})
+		nettest.Serve(t, cb.NS, "B-a2", srvPort)
+		for id, port := range ports {
+			expectReply(t, cl, "tcp", addr(nodeIP, port), "A-"+id, clientIP)
+		}
+
+		err := netA.CNI.GCNetworkList(t.Context(), netA.List, &libcni.GCArgs{
+			ValidAttachments: []types.GCAttachment{{ContainerID: "a1", IfName: "eth0"}}})
+		if err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		expectReply(t, cl, "tcp", addr(nodeIP, 7501), "A-a1", clientIP)
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 7502))
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 7503))
+		expectReply(t, cl, "tcp", addr(nodeIP, 7504), "B-a2", clientIP)
+		rules := b.ruleset(t)
+		for _, gone := range []plan.Owner{{Network: "gca", ContainerID: "a2", IfName: "eth0"}, {Network: "gca", ContainerID: "a3", IfName: "eth0"}} {
+			if strings.Contains(rules, b.chain(gone)) {
+				t.Errorf("GC left %s's chain %s", gone.ContainerID, b.chain(gone))
+			}
+		}
+		for _, kept := range []plan.Owner{{Network: "gca", ContainerID: "a1", IfName: "eth0"}, {Network: "gcb", ContainerID: "a2", IfName: "eth0"}} {
+			if !strings.Contains(rules, b.chain(kept)) {
+				t.Errorf("GC removed %s/%s's chain", kept.Network, kept.ContainerID)
+			}
+		}
+	})
+}
+
+// TestStatus: STATUS succeeds with a working backend, and answers code 50
+// when the backend's tool is not on PATH.
+func TestStatus(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "status", CNIVersion: "1.1.0", V4: "192.0.2.64/27", Extra: extra})
+		if err := rt.CNI.GetStatusNetworkList(t.Context(), rt.List); err != nil {
+			t.Errorf("STATUS: %v", err)
+		}
+		conf := map[string]any{"cniVersion": "1.1.0", "name": "status", "type": "portmap", "backend": b.name}
+		stdin, _ := json.Marshal(conf)
+		cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap"))
+		empty := t.TempDir()
+		cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+nettest.BinDir(), "PATH="+empty)
+		cmd.Stdin = bytes.NewReader(stdin)
+		out, err := cmd.Output()
+		if err == nil {
+			t.Fatalf("STATUS with an empty PATH succeeded: %s", out)
+		}
+		var e types.Error
+		if jerr := json.Unmarshal(out, &e); jerr != nil || e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Msg, b.name+" backend cannot serve ADD") {
+			t.Errorf("STATUS with an empty PATH: %s, want code 50 naming the backend", out)
+		}
+	})
+}
