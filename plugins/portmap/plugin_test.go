@@ -41,7 +41,10 @@ func (b fakeBackend) GC(network string, valid []plan.Owner) error {
 	b.h.calls = append(b.h.calls, fmt.Sprintf("gc %s %s [%s]", b.f, network, strings.Join(v, " ")))
 	return b.h.failAll
 }
-func (b fakeBackend) Ready() error { b.h.calls = append(b.h.calls, "ready "+b.f.String()); return b.h.failAll }
+func (b fakeBackend) Ready() error {
+	b.h.calls = append(b.h.calls, "ready "+b.f.String())
+	return b.h.failAll
+}
 
 func (h *fakeHost) record(op string, p *plan.Plan, err error) error {
 	var ms []string
