@@ -155,6 +155,19 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 // Empty reports whether the plan forwards nothing.
 func (p *Plan) Empty() bool { return len(p.Mappings) == 0 }
 
+// HairpinSource is the source the hairpin mark rules match: the
+// container's subnet, or every address with masqAll.
+func (p *Plan) HairpinSource() string {
+	if p.Masquerade.All {
+		if p.Family == IPv6 {
+			return "::/0"
+		}
+		return "0.0.0.0/0"
+	}
+	n := net.IPNet{IP: p.ContainerNet.IP.Mask(p.ContainerNet.Mask), Mask: p.ContainerNet.Mask}
+	return n.String()
+}
+
 // PortsByProtocol returns the distinct host ports per protocol, in mapping
 // order, for the entry rules.
 func (p *Plan) PortsByProtocol() map[Protocol][]int {

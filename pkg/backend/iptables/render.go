@@ -123,7 +123,7 @@ func ChainRules(p *plan.Plan) []Rule {
 			base = append(base, "-d", m.HostIP.String())
 		}
 		if p.Masquerade.Enabled {
-			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", hairpinSource(p), "-j", setMark)})
+			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", p.HairpinSource(), "-j", setMark)})
 			if p.Family == plan.IPv4 && !p.Masquerade.All {
 				rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", "127.0.0.1", "-j", setMark)})
 			}
@@ -139,18 +139,6 @@ func ownMasq(p *plan.Plan) bool {
 
 func markSpec(m plan.Masquerade) string {
 	return fmt.Sprintf("%#x/%#x", m.Mark(), m.Mark())
-}
-
-// hairpinSource is the container's subnet, or everything with masqAll.
-func hairpinSource(p *plan.Plan) string {
-	if p.Masquerade.All {
-		if p.Family == plan.IPv6 {
-			return "::/0"
-		}
-		return "0.0.0.0/0"
-	}
-	n := net.IPNet{IP: p.ContainerNet.IP.Mask(p.ContainerNet.Mask), Mask: p.ContainerNet.Mask}
-	return n.String()
 }
 
 func hostPort(ip net.IP, port int) string {

@@ -237,7 +237,7 @@ func chainRules(p *plan.Plan) []*knftables.Rule {
 		}
 		if p.Masquerade.Enabled {
 			mark := fmt.Sprintf("%#x", p.Masquerade.Mark())
-			src := hairpinSource(p)
+			src := p.HairpinSource()
 			rules = append(rules, &knftables.Rule{Chain: chain,
 				Rule:    knftables.Concat(match, ip, "saddr", src, "meta mark set meta mark |", mark),
 				Comment: knftables.PtrTo(hairpinComment + k.String())})
@@ -252,17 +252,6 @@ func chainRules(p *plan.Plan) []*knftables.Rule {
 			Comment: knftables.PtrTo(keyComment + k.String())})
 	}
 	return rules
-}
-
-func hairpinSource(p *plan.Plan) string {
-	if p.Masquerade.All {
-		if p.Family == plan.IPv6 {
-			return "::/0"
-		}
-		return "0.0.0.0/0"
-	}
-	n := net.IPNet{IP: p.ContainerNet.IP.Mask(p.ContainerNet.Mask), Mask: p.ContainerNet.Mask}
-	return n.String()
 }
 
 func dnatTarget(ip net.IP, port int) string {
