@@ -3,39 +3,67 @@ package nftables
 import (
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Check verifies that everything ADD made is there, in one nft process.
-// It lists the whole table: nft 1.0.6 mis-answers scripts that list
-// several objects ("No such file or directory" for the first), and every
-// nft invocation fetches the table's chains anyway.
+// Check verifies that everything ADD made is there, reading only the
+// shared chains and the attachment's own chain and keys. nft 1.0.6
+// mis-answers a script that lists several objects ("No such file or
+// directory" for the first) and takes long to print a whole table of a
+// thousand attachments, so each object is listed by its own nft process;
+// they run at once.
 func (b *Backend) Check(p *plan.Plan) error {
 	fam := nftFamily(b.Family)
-	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, Table))
-	if notFound(err) {
-		return fmt.Errorf("%s: missing table %s %s", b.Family, fam, Table)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: check: %w", b.Family, err)
-	}
-	chains := splitChains(out)
 	skel := skeletonRules(p)
-	for _, c := range sortedKeys(skel) {
-		text, ok := chains[c]
-		if !ok {
-			return fmt.Errorf("%s: missing chain %s in table %s %s", b.Family, c, fam, Table)
+	own := ChainName(p.Owner)
+	type read struct {
+		what, cmd string
+		out       string
+		err       error
+	}
+	var reads []*read
+	for _, c := range append(sortedKeys(skel), own) {
+		reads = append(reads, &read{what: "chain " + c, cmd: fmt.Sprintf("list chain %s %s %s\n", fam, Table, c)})
+	}
+	byMap := map[string][]string{}
+	for _, k := range Keys(p) {
+		byMap[k.Map()] = append(byMap[k.Map()], k.String())
+	}
+	for _, m := range []string{HostPortsMap, HostIPPortsMap} {
+		if len(byMap[m]) > 0 {
+			reads = append(reads, &read{what: "elements " + strings.Join(byMap[m], ", ") + " of map " + m,
+				cmd: fmt.Sprintf("get element %s %s %s { %s }\n", fam, Table, m, strings.Join(byMap[m], ", "))})
 		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range reads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.out, r.err = b.Kernel.Run(r.cmd)
+		}()
+	}
+	wg.Wait()
+	var all strings.Builder
+	for _, r := range reads {
+		if notFound(r.err) {
+			return fmt.Errorf("%s: missing %s in table %s %s", b.Family, r.what, fam, Table)
+		}
+		if r.err != nil {
+			return fmt.Errorf("%s: check %s: %w", b.Family, r.what, r.err)
+		}
+		all.WriteString(r.out)
+	}
+	out := all.String()
+	chains := splitChains(out)
+	for _, c := range sortedKeys(skel) {
 		for _, r := range skel[c] {
-			if !strings.Contains(text, signature(r)) {
+			if !strings.Contains(chains[c], signature(r)) {
 				return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, r, c)
 			}
 		}
-	}
-	own := ChainName(p.Owner)
-	if _, ok := chains[own]; !ok {
-		return fmt.Errorf("%s: missing chain %s (the attachment's own) in table %s %s", b.Family, own, fam, Table)
 	}
 	for _, r := range chainRules(p) {
 		if !strings.Contains(chains[own], `comment "`+*r.Comment+`"`) {
