@@ -94,6 +94,8 @@ func signature(rule string) string {
 		return rule[strings.Index(rule, "vmap"):]
 	case strings.HasSuffix(rule, "masquerade"):
 		return "masquerade"
+	case strings.HasPrefix(rule, "meta mark set"):
+		return "meta mark set"
 	}
 	return rule
 }

@@ -10,9 +10,10 @@
 //	  chain dispatch   { ip daddr . meta l4proto . th dport vmap @hostip_hostports
 //	                     meta l4proto . th dport vmap @hostports }
 //	  chain dn-<hash(net)>-<hash(if:cid)> {                         one per attachment
-//	    [conditions] meta l4proto tcp th dport 8080 ip saddr <subnet> meta mark set meta mark | 0x2000  (hairpin)
-//	    [conditions] meta l4proto tcp th dport 8080 ip saddr 127.0.0.1 meta mark set ...                (localhost)
+//	    [conditions] meta l4proto tcp th dport 8080 ip saddr <subnet> jump mark-bit13     (hairpin)
+//	    [conditions] meta l4proto tcp th dport 8080 ip saddr 127.0.0.1 jump mark-bit13    (localhost)
 //	    [conditions] meta l4proto tcp th dport 8080 dnat to 192.0.2.2:80 comment "hostport tcp . 8080" }
+//	  chain mark-bit13 { meta mark set meta mark | 0x2000 }
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
 //
@@ -127,8 +128,11 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return fmt.Errorf("%s: no container address to forward to", b.Family)
 	}
+	// Fast path: the skeleton is left alone (rewriting the base chains
+	// costs the kernel more than everything else); the elements fail while
+	// the maps are missing, and the jumps to mark-bitN while that bit's
+	// skeleton is, which sends the first ADD on a node to the slow path.
 	tx := newTx(b.Family)
-	addSkeleton(tx, p)
 	chain := &knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))}
 	tx.Create(chain)
 	for _, r := range chainRules(p) {

@@ -69,6 +69,11 @@ func ChainName(o plan.Owner) string {
 // markMasqBit settings do not undo each other.
 func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
 
+// MarkChain sets the masquerade mark bit; attachments jump to it, which
+// also makes their fast-path ADD fail (and the slow path write the
+// skeleton) while the skeleton for that bit is missing.
+func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
+
 // Key is a map key an attachment claims: (host IP,) protocol, host port.
 type Key struct {
 	HostIP   net.IP // nil: the wildcard map
@@ -161,6 +166,7 @@ func skeletonRules(p *plan.Plan) map[string][]string {
 	if ownMasq(p) {
 		mark := fmt.Sprintf("%#x", p.Masquerade.Mark())
 		rules[MasqChain(p.Masquerade.MarkBit)] = []string{"meta mark & " + mark + " == " + mark + " masquerade"}
+		rules[MarkChain(p.Masquerade.MarkBit)] = []string{"meta mark set meta mark | " + mark}
 	}
 	return rules
 }
@@ -180,6 +186,9 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 	tx.Add(&knftables.Map{Name: HostIPPortsMap, Type: addrType + " . inet_proto . inet_service : verdict"})
 	rules := skeletonRules(p)
 	tx.Add(&knftables.Chain{Name: DispatchChain})
+	if ownMasq(p) {
+		tx.Add(&knftables.Chain{Name: MarkChain(p.Masquerade.MarkBit)})
+	}
 	for _, bc := range baseChains {
 		tx.Add(&knftables.Chain{Name: bc.name, Type: knftables.PtrTo(knftables.NATType),
 			Hook: knftables.PtrTo(bc.hook), Priority: knftables.PtrTo(bc.priority)})
@@ -205,6 +214,11 @@ func sortedKeys(m map[string][]string) []string {
 	}
 	for k := range m {
 		if strings.HasPrefix(k, "masquerade-") {
+			out = append(out, k)
+		}
+	}
+	for k := range m {
+		if strings.HasPrefix(k, "mark-") {
 			out = append(out, k)
 		}
 	}
@@ -236,14 +250,13 @@ func chainRules(p *plan.Plan) []*knftables.Rule {
 			match = knftables.Concat(match, ip, "daddr", m.HostIP)
 		}
 		if p.Masquerade.Enabled {
-			mark := fmt.Sprintf("%#x", p.Masquerade.Mark())
-			src := p.HairpinSource()
+			setMark := "jump " + MarkChain(p.Masquerade.MarkBit)
 			rules = append(rules, &knftables.Rule{Chain: chain,
-				Rule:    knftables.Concat(match, ip, "saddr", src, "meta mark set meta mark |", mark),
+				Rule:    knftables.Concat(match, ip, "saddr", p.HairpinSource(), setMark),
 				Comment: knftables.PtrTo(hairpinComment + k.String())})
 			if p.Family == plan.IPv4 && !p.Masquerade.All {
 				rules = append(rules, &knftables.Rule{Chain: chain,
-					Rule:    knftables.Concat(match, ip, "saddr 127.0.0.1 meta mark set meta mark |", mark),
+					Rule:    knftables.Concat(match, ip, "saddr 127.0.0.1", setMark),
 					Comment: knftables.PtrTo(localhostComment + k.String())})
 			}
 		}

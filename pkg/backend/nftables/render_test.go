@@ -46,10 +46,16 @@ func build(f plan.Family, mod func(*plan.Request)) *plan.Plan {
 	return plan.Build(req, f, n)
 }
 
+// skeletonTx is what the slow path writes before an attachment.
+func skeletonTx(p *plan.Plan) string {
+	tx := newTx(p.Family)
+	addSkeleton(tx, p)
+	return tx.String()
+}
+
 // addTx is the fast-path ADD transaction, as Apply builds it.
 func addTx(p *plan.Plan) string {
 	tx := newTx(p.Family)
-	addSkeleton(tx, p)
 	tx.Create(&knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))})
 	for _, r := range chainRules(p) {
 		tx.Add(r)
@@ -72,6 +78,8 @@ func delTx(p *plan.Plan) string {
 
 func TestGoldenTransactions(t *testing.T) {
 	tests := []struct{ name, got string }{
+		{"skeleton-v4", skeletonTx(build(plan.IPv4, nil))},
+		{"skeleton-v6-snat-off", skeletonTx(build(plan.IPv6, func(r *plan.Request) { r.Masquerade.Enabled = false }))},
 		{"add-v4", addTx(build(plan.IPv4, nil))},
 		{"add-v6", addTx(build(plan.IPv6, nil))},
 		{"add-snat-off", addTx(build(plan.IPv4, func(r *plan.Request) { r.Masquerade.Enabled = false }))},
