@@ -1,0 +1,68 @@
+package inventory
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Read returns the host-port table of this host: both backends, both
+// families. A backend whose tool is not installed contributes nothing.
+func Read() ([]Entry, error) {
+	var all []Entry
+	var errs []error
+	for _, f := range plan.Families {
+		ipt, err := ReadIPTables(f)
+		errs = append(errs, err)
+		nft, err := ReadNFTables(f)
+		errs = append(errs, err)
+		all = append(append(all, ipt...), nft...)
+	}
+	Sort(all)
+	return all, errors.Join(errs...)
+}
+
+// ReadIPTables lists the nat table of family f.
+func ReadIPTables(f plan.Family) ([]Entry, error) {
+	b, err := iptables.New(f)
+	if errors.Is(err, exec.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	lines, err := b.Kernel.ListTable()
+	if err != nil {
+		return nil, fmt.Errorf("iptables %s: %w", f, err)
+	}
+	return ParseIPTables(lines), nil
+}
+
+// ReadNFTables lists our nftables table of family f.
+func ReadNFTables(f plan.Family) ([]Entry, error) {
+	b, err := nftables.New(f, io.Discard)
+	if errors.Is(err, exec.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	fam := "ip"
+	if f == plan.IPv6 {
+		fam = "ip6"
+	}
+	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, nftables.Table))
+	if err != nil {
+		if strings.Contains(err.Error(), "No such file or directory") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("nftables %s: %w", f, err)
+	}
+	return ParseNFTables(out), nil
+}

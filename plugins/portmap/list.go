@@ -1,0 +1,51 @@
+package portmap
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/portmap-dev/portmap/pkg/inventory"
+)
+
+// List is `portmap list [--json]`, run by a person: the host-port table of
+// this host from the kernel state of both backends and both families,
+// including what the upstream plugin made (same iptables layout).
+func List(w io.Writer, args []string) error {
+	asJSON := false
+	for _, a := range args {
+		switch a {
+		case "--json", "-json":
+			asJSON = true
+		default:
+			return fmt.Errorf("usage: portmap list [--json] (unknown argument %q)", a)
+		}
+	}
+	entries, err := inventory.Read()
+	if entries == nil {
+		entries = []inventory.Entry{}
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if e := enc.Encode(entries); e != nil {
+			return e
+		}
+	} else if e := WriteTable(w, entries); e != nil {
+		return e
+	}
+	return err
+}
+
+// WriteTable prints entries as aligned columns.
+func WriteTable(w io.Writer, entries []inventory.Entry) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST IP\tHOST PORT\tPROTO\tCONTAINER IP\tCONTAINER PORT\tNETWORK\tCONTAINER ID\tBACKEND")
+	for _, e := range entries {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.HostIP, e.HostPort, e.Protocol, e.ContainerIP,
+			strconv.Itoa(e.ContainerPort), e.Network, e.ContainerID, e.Backend)
+	}
+	return tw.Flush()
+}
