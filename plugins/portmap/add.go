@@ -49,15 +49,21 @@ func (p *Plugin) add(c *Config) error {
 		}
 		return cause
 	}
+	var plans []*plan.Plan
 	for _, f := range plan.Families {
-		n := c.ContainerNets[f]
-		if n == nil {
-			continue
+		if n := c.ContainerNets[f]; n != nil {
+			if pl := plan.Build(c.Request, f, n); !pl.Empty() {
+				plans = append(plans, pl)
+			}
 		}
-		pl := plan.Build(c.Request, f, n)
-		if pl.Empty() {
-			continue
+	}
+	if c.Conflict == ConflictReject {
+		if err := p.rejectConflicts(c, plans); err != nil {
+			return err
 		}
+	}
+	for _, pl := range plans {
+		f := pl.Family
 		be, err := p.NewBackend(c.Backend, f)
 		if err != nil {
 			return undo(err)

@@ -22,6 +22,12 @@ const (
 	BackendNFTables = "nftables"
 )
 
+// Host-port conflict policies (the "hostPortConflict" key).
+const (
+	ConflictReplace = "replace"
+	ConflictReject  = "reject"
+)
+
 // DefaultMarkBit is the mark bit used for masquerading when markMasqBit is
 // not set. Kubernetes uses 14 and 15, Calico 20-31.
 const DefaultMarkBit = 13
@@ -37,6 +43,9 @@ type Config struct {
 	// HasMappings is false when runtimeConfig.portMappings is absent or
 	// empty.
 	HasMappings bool
+	// Conflict is the host-port conflict policy: "replace" (the newest ADD
+	// wins) or "reject".
+	Conflict string
 	// PrevResult is the previous plugin's result, nil when absent.
 	PrevResult types.Result
 	// ContainerNets holds the container's first address of each family on
@@ -56,6 +65,7 @@ type netConf struct {
 	ConditionsV4         *[]string `json:"conditionsV4"`
 	ConditionsV6         *[]string `json:"conditionsV6"`
 	MasqAll              bool      `json:"masqAll"`
+	HostPortConflict     *string   `json:"hostPortConflict"`
 	RuntimeConfig        struct {
 		PortMappings []json.RawMessage `json:"portMappings"`
 	} `json:"runtimeConfig"`
@@ -103,6 +113,15 @@ func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
 		ContainerNets: map[plan.Family]*net.IPNet{},
 	}
 
+	c.Conflict = ConflictReplace
+	if nc.HostPortConflict != nil {
+		switch *nc.HostPortConflict {
+		case ConflictReplace, ConflictReject:
+			c.Conflict = *nc.HostPortConflict
+		default:
+			return nil, invalid("hostPortConflict", *nc.HostPortConflict, `must be "replace" or "reject"`)
+		}
+	}
 	c.Backend = defaultBackend
 	if nc.Backend != nil {
 		switch *nc.Backend {

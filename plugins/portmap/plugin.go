@@ -56,6 +56,9 @@ type Plugin struct {
 	DefaultBackend func() string
 	Sysctl         Sysctl
 	Conntrack      Conntrack
+	// Inventory reads the host's mappings and sockets for the "reject"
+	// conflict policy.
+	Inventory Inventory
 }
 
 // New returns the plugin wired to the real host.
@@ -66,6 +69,7 @@ func New() *Plugin {
 		DefaultBackend: defaultBackend,
 		Sysctl:         sysctl.Host{},
 		Conntrack:      conntrack.Host{},
+		Inventory:      hostInventory{},
 	}
 	p.NewBackend = func(name string, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
 	return p

@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -318,5 +319,76 @@ func TestStatus(t *testing.T) {
 	err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
 	if codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "iptables backend cannot serve ADD: permission denied") {
 		t.Errorf("Status: %v, want code 50 naming the backend and reason", err)
+	}
+}
+
+type fakeInventory struct {
+	entries  []inventory.Entry
+	listener string
+}
+
+func (f fakeInventory) Mappings(plan.Family) ([]inventory.Entry, error) { return f.entries, nil }
+func (f fakeInventory) Listener(proto, hostIP string, port int) (string, error) {
+	if proto == "tcp" && port == 8080 {
+		return f.listener, nil
+	}
+	return "", nil
+}
+
+func TestConflictPolicy(t *testing.T) {
+	other := inventory.Entry{HostIP: "*", HostPort: 8080, Protocol: "tcp", ContainerIP: "192.0.2.9", ContainerPort: 80, Network: "net1", ContainerID: "old", Backend: "iptables"}
+	mine := other
+	mine.ContainerID = "c1"
+	udp := other
+	udp.Protocol = "udp"
+	elsewhere := other
+	elsewhere.HostIP = "198.51.100.7"
+	tests := []struct {
+		name     string
+		policy   string
+		inv      fakeInventory
+		hostIP   string
+		wantCode uint
+		wantMsg  string
+	}{
+		{"replace ignores", `"replace"`, fakeInventory{entries: []inventory.Entry{other}, listener: "0.0.0.0:8080"}, "", 0, ""},
+		{"reject another attachment", `"reject"`, fakeInventory{entries: []inventory.Entry{other}}, "", ErrHostPortInUse,
+			`host port *:8080/tcp is already mapped by network "net1" container "old" (iptables backend, to 192.0.2.9:80)`},
+		{"reject wildcard over specific", `"reject"`, fakeInventory{entries: []inventory.Entry{elsewhere}}, "", ErrHostPortInUse, `container "old"`},
+		{"own mapping is no conflict", `"reject"`, fakeInventory{entries: []inventory.Entry{mine}}, "", 0, ""},
+		{"other protocol is no conflict", `"reject"`, fakeInventory{entries: []inventory.Entry{udp}}, "", 0, ""},
+		{"other specific IP is no conflict", `"reject"`, fakeInventory{entries: []inventory.Entry{elsewhere}}, "198.51.100.1", 0, ""},
+		{"host listener", `"reject"`, fakeInventory{listener: "0.0.0.0:8080"}, "", ErrHostPortInUse,
+			`a process on the host listens on 0.0.0.0:8080`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, h, _ := newFake()
+			p.Inventory = tt.inv
+			m := `{"hostPort":8080,"containerPort":80}`
+			if tt.hostIP != "" {
+				m = `{"hostPort":8080,"containerPort":80,"hostIP":"` + tt.hostIP + `"}`
+			}
+			a := args(t, map[string]string{"prevResult": prevDual, "hostPortConflict": tt.policy, "runtimeConfig": `{"portMappings":[` + m + `]}`})
+			err := p.Add(a)
+			if tt.wantCode == 0 {
+				if err != nil {
+					t.Fatalf("Add: %v", err)
+				}
+				return
+			}
+			if codeOf(err) != tt.wantCode || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Fatalf("Add: %v, want code %d with %q", err, tt.wantCode, tt.wantMsg)
+			}
+			for _, c := range h.calls {
+				if strings.HasPrefix(c, "apply") {
+					t.Errorf("a rejected ADD applied: %v", h.calls)
+				}
+			}
+		})
+	}
+	if _, err := ParseConfig(conf(t, map[string]string{"hostPortConflict": `"first"`}), "eth0", BackendIPTables); codeOf(err) != 7 ||
+		!strings.Contains(err.Error(), `invalid hostPortConflict "first": must be "replace" or "reject"`) {
+		t.Errorf("hostPortConflict \"first\": %v", err)
 	}
 }

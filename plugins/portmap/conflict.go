@@ -1,0 +1,76 @@
+package portmap
+
+import (
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/inventory"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// ErrHostPortInUse is the error code of a host port another attachment or
+// a host process already has, under hostPortConflict "reject".
+const ErrHostPortInUse uint = 101
+
+// Inventory is what the "reject" policy reads of the host.
+type Inventory interface {
+	// Mappings returns the host ports mapped in family f, by both backends.
+	Mappings(f plan.Family) ([]inventory.Entry, error)
+	// Listener names a host socket that would receive (hostIP, port), or "".
+	Listener(proto, hostIP string, port int) (string, error)
+}
+
+type hostInventory struct{}
+
+func (hostInventory) Mappings(f plan.Family) ([]inventory.Entry, error) {
+	ipt, err := inventory.ReadIPTables(f)
+	if err != nil {
+		return nil, err
+	}
+	nft, err := inventory.ReadNFTables(f)
+	return append(ipt, nft...), err
+}
+
+func (hostInventory) Listener(proto, hostIP string, port int) (string, error) {
+	return inventory.Listener(proto, hostIP, port)
+}
+
+// rejectConflicts returns a code-101 error naming the first mapping of the
+// plans that another attachment or a host process already holds. The same
+// port with another protocol, or another specific host IP, is no conflict;
+// a wildcard and a specific host IP on one port are. It reads the host's
+// whole host-port table: the price of the opt-in policy.
+func (p *Plugin) rejectConflicts(c *Config, plans []*plan.Plan) error {
+	for _, pl := range plans {
+		entries, err := p.Inventory.Mappings(pl.Family)
+		if err != nil {
+			return fmt.Errorf("read host ports: %w", err)
+		}
+		for _, m := range pl.Mappings {
+			host := "*"
+			if m.HostIP != nil {
+				host = m.HostIP.String()
+			}
+			proto := string(m.Protocol)
+			for _, e := range entries {
+				if !e.Overlaps(host, m.HostPort, proto) || (e.Network == c.Network && e.ContainerID == pl.Owner.ContainerID) {
+					continue
+				}
+				return types.NewError(ErrHostPortInUse, fmt.Sprintf(
+					"host port %s:%d/%s is already mapped by network %q container %q (%s backend, to %s:%d); hostPortConflict is \"reject\"",
+					host, m.HostPort, proto, e.Network, e.ContainerID, e.Backend, e.ContainerIP, e.ContainerPort), "")
+			}
+			by, err := p.Inventory.Listener(proto, host, m.HostPort)
+			if err != nil {
+				return err
+			}
+			if by != "" {
+				return types.NewError(ErrHostPortInUse, fmt.Sprintf(
+					"host port %s:%d/%s is already in use: a process on the host listens on %s; hostPortConflict is \"reject\"",
+					host, m.HostPort, proto, by), "")
+			}
+		}
+	}
+	return nil
+}
