@@ -23,7 +23,10 @@ func (c *counting) ListTable() ([]string, error) {
 	c.lists++
 	return c.Kernel.ListTable()
 }
-func (c *counting) EnsureChain(ch string) error { c.ensures++; return c.Kernel.EnsureChain(ch) }
+func (c *counting) EnsureChain(ch iptables.Chain) error {
+	c.ensures++
+	return c.Kernel.EnsureChain(ch)
+}
 func (c *counting) EnsureRule(r iptables.Rule) error {
 	c.ensures++
 	return c.Kernel.EnsureRule(r)

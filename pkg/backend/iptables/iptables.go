@@ -47,8 +47,8 @@ type Kernel interface {
 	// ListTable returns the nat table as iptables -S prints it: "-N chain"
 	// and "-A chain rule" lines.
 	ListTable() ([]string, error)
-	// EnsureChain creates chain if it is missing.
-	EnsureChain(chain string) error
+	// EnsureChain creates the chain if it is missing.
+	EnsureChain(c Chain) error
 	// EnsureRule adds r if no identical rule exists.
 	EnsureRule(r Rule) error
 }
@@ -93,10 +93,10 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	defer release()
 	for _, c := range SharedChains(p) {
 		if err := b.Kernel.EnsureChain(c); err != nil {
-			return fmt.Errorf("%s: create chain %q: %w", b.Family, c, err)
+			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
 		}
 	}
-	for _, r := range SharedRules(p) {
+	for _, r := range append(GuardRules(p), SharedRules(p)...) {
 		if err := b.Kernel.EnsureRule(r); err != nil {
 			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
 		}
@@ -265,21 +265,21 @@ func (k *execKernel) ListTable() ([]string, error) {
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
-func (k *execKernel) EnsureChain(chain string) error {
+func (k *execKernel) EnsureChain(c Chain) error {
 	ipt, err := k.handle()
 	if err != nil {
 		return err
 	}
-	exists, err := ipt.ChainExists(Table, chain)
+	exists, err := ipt.ChainExists(c.Table, c.Name)
 	if err != nil || exists {
 		return err
 	}
-	err = ipt.NewChain(Table, chain)
+	err = ipt.NewChain(c.Table, c.Name)
 	var ie *goiptables.Error
 	if errors.As(err, &ie) && ie.ExitStatus() == 1 {
 		// Created meanwhile by a process outside our lock (the upstream
 		// plugin): fine if it exists now.
-		if ok, _ := ipt.ChainExists(Table, chain); ok {
+		if ok, _ := ipt.ChainExists(c.Table, c.Name); ok {
 			return nil
 		}
 	}
@@ -291,12 +291,13 @@ func (k *execKernel) EnsureRule(r Rule) error {
 	if err != nil {
 		return err
 	}
-	exists, err := ipt.Exists(Table, r.Chain, r.Args...)
+	t := tableOf(r)
+	exists, err := ipt.Exists(t, r.Chain, r.Args...)
 	if err != nil || exists {
 		return err
 	}
 	if r.Insert {
-		return ipt.Insert(Table, r.Chain, 1, r.Args...)
+		return ipt.Insert(t, r.Chain, 1, r.Args...)
 	}
-	return ipt.Append(Table, r.Chain, r.Args...)
+	return ipt.Append(t, r.Chain, r.Args...)
 }

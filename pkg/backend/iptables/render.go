@@ -19,6 +19,12 @@ const (
 	TopLevelDNATChain = "CNI-HOSTPORT-DNAT"
 	SetMarkChain      = "CNI-HOSTPORT-SETMARK"
 	MasqChain         = "CNI-HOSTPORT-MASQ"
+	// GuardChain (filter table, IPv4) drops connections to 127.0.0.0/8
+	// that arrive from outside: route_localnet, which localhost host ports
+	// need, would otherwise let a container or a neighbour reach services
+	// the host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
+	GuardChain        = "CNI-HOSTPORT-GUARD"
+	guardComment      = "CNI portmap: no 127.0.0.0/8 from outside"
 	setMarkComment    = "CNI portfwd masquerade mark"
 	masqEntryComment  = "CNI portfwd requiring masquerade"
 	dnChainPrefix     = "DN-"
@@ -44,22 +50,49 @@ func EntryComment(o plan.Owner) string {
 	return c
 }
 
-// Rule is one rule of the nat table: its chain and its match/target tokens.
+// Rule is one rule: its table (nat when empty), chain and match/target
+// tokens.
 type Rule struct {
+	Table string
 	Chain string
 	Args  []string
 	// Insert puts the rule at the top of its chain instead of the end.
 	Insert bool
 }
 
+// Chain is a table's chain.
+type Chain struct{ Table, Name string }
+
 // SharedChains are the chains every attachment of the plan's kind relies on,
 // in creation order.
-func SharedChains(p *plan.Plan) []string {
-	chains := []string{TopLevelDNATChain}
+func SharedChains(p *plan.Plan) []Chain {
+	chains := []Chain{{Table, TopLevelDNATChain}}
 	if ownMasq(p) {
-		chains = append(chains, SetMarkChain, MasqChain)
+		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, MasqChain})
+	}
+	if guarded(p) {
+		chains = append(chains, Chain{"filter", GuardChain})
 	}
 	return chains
+}
+
+// guarded reports whether ADD turns route_localnet on, so the localhost
+// guard must stand: IPv4 with masquerading.
+func guarded(p *plan.Plan) bool { return p.Family == plan.IPv4 && p.Masquerade.Enabled }
+
+// GuardRules are the filter-table rules of the localhost guard: at the top
+// of INPUT, drop what comes to 127.0.0.0/8 on another interface than lo
+// unless conntrack knows it (replies) or we DNATed it.
+func GuardRules(p *plan.Plan) []Rule {
+	if !guarded(p) {
+		return nil
+	}
+	return []Rule{
+		{Table: "filter", Chain: "INPUT", Args: []string{"-j", GuardChain}, Insert: true},
+		{Table: "filter", Chain: GuardChain, Args: []string{"-d", "127.0.0.0/8", "!", "-i", "lo",
+			"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT",
+			"-m", "comment", "--comment", guardComment, "-j", "DROP"}},
+	}
 }
 
 // SharedRules are the rules outside the attachment's chain that ADD ensures

@@ -140,9 +140,10 @@ func TestExplain(t *testing.T) {
 	pl := checkPayload(build(plan.IPv4, nil))
 	pl.bytes()
 	tests := []struct{ out, want string }{
-		{"iptables-restore: line 3 failed: Bad rule (does a matching rule exist in that chain?).", `rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"`},
+		{"iptables-restore: line 7 failed: Bad rule (does a matching rule exist in that chain?).", `rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"`},
+		{"iptables-restore: line 2 failed: Bad rule (does a matching rule exist in that chain?).", `rule "-A INPUT -j CNI-HOSTPORT-GUARD" (table filter)`},
 		{"iptables-restore v1.8.9 (nf_tables): Chain 'X' does not exist\nError occurred at line: 9\n", "chain X"},
-		{"Error occurred at line: 1\n", "table nat"},
+		{"Error occurred at line: 5\n", "table nat"},
 		{"something else", ""},
 		{"line 999 failed", ""},
 	}

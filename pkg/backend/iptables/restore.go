@@ -21,6 +21,24 @@ func newPayload() *payload {
 	return p
 }
 
+// guardPayload starts a payload with a filter section that checks the
+// localhost guard; iptables-restore stops at its first failing line, so a
+// missing guard keeps the nat section from being applied.
+func guardPayload(p *plan.Plan) *payload {
+	rules := GuardRules(p)
+	if len(rules) == 0 {
+		return newPayload()
+	}
+	pl := &payload{}
+	pl.line("*filter", "table filter")
+	for _, r := range rules {
+		pl.rule("-C", r)
+	}
+	pl.line("COMMIT", "commit filter")
+	pl.line("*"+Table, "table "+Table)
+	return pl
+}
+
 func (p *payload) line(s, what string) {
 	p.b.WriteString(s)
 	p.b.WriteByte('\n')
@@ -36,6 +54,13 @@ func (p *payload) rule(cmd string, r Rule) {
 	p.line(head+" "+quoteArgs(r.Args), "rule "+describe(r))
 }
 
+func tableOf(r Rule) string {
+	if r.Table == "" {
+		return Table
+	}
+	return r.Table
+}
+
 func (p *payload) bytes() []byte {
 	p.line("COMMIT", "commit")
 	return []byte(p.b.String())
@@ -44,7 +69,11 @@ func (p *payload) bytes() []byte {
 // describe names a rule for a person: chain and tokens as iptables -S shows
 // them.
 func describe(r Rule) string {
-	return strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args, " "))
+	d := strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args, " "))
+	if r.Table != "" && r.Table != Table {
+		d += " (table " + r.Table + ")"
+	}
+	return d
 }
 
 // failedLine matches iptables-restore's diagnostics that name a line: "line
@@ -98,7 +127,7 @@ func quoteArg(a string) string {
 // (failing if it exists), fills it and inserts the entry rules. It succeeds
 // or changes nothing; on failure the caller takes the slow path.
 func addPayload(p *plan.Plan) *payload {
-	pl := newPayload()
+	pl := guardPayload(p)
 	for _, r := range SharedRules(p) {
 		pl.rule("-C", r)
 	}
@@ -159,7 +188,7 @@ func deleteRefs(pl *payload, refs []string) {
 
 // checkPayload asserts every rule of the plan exists; it changes nothing.
 func checkPayload(p *plan.Plan) *payload {
-	pl := newPayload()
+	pl := guardPayload(p)
 	for _, r := range SharedRules(p) {
 		pl.rule("-C", r)
 	}

@@ -96,6 +96,8 @@ func signature(rule string) string {
 		return "masquerade"
 	case strings.HasPrefix(rule, "meta mark set"):
 		return "meta mark set"
+	case rule == guardRule:
+		return "ip daddr 127.0.0.0/8"
 	}
 	return rule
 }

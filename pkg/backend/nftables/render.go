@@ -69,6 +69,16 @@ func ChainName(o plan.Owner) string {
 // markMasqBit settings do not undo each other.
 func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
 
+// GuardChain (IPv4, filter input hook) drops connections to 127.0.0.0/8
+// that arrive from outside: route_localnet, which localhost host ports
+// need, would otherwise let a container or a neighbour reach services the
+// host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
+const GuardChain = "guard"
+
+const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0 drop`
+
+func guarded(p *plan.Plan) bool { return p.Family == plan.IPv4 && p.Masquerade.Enabled }
+
 // MarkChain sets the masquerade mark bit; attachments jump to it, which
 // also makes their fast-path ADD fail (and the slow path write the
 // skeleton) while the skeleton for that bit is missing.
@@ -168,6 +178,9 @@ func skeletonRules(p *plan.Plan) map[string][]string {
 		rules[MasqChain(p.Masquerade.MarkBit)] = []string{"meta mark & " + mark + " == " + mark + " masquerade"}
 		rules[MarkChain(p.Masquerade.MarkBit)] = []string{"meta mark set meta mark | " + mark}
 	}
+	if guarded(p) {
+		rules[GuardChain] = []string{guardRule}
+	}
 	return rules
 }
 
@@ -197,6 +210,10 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 		tx.Add(&knftables.Chain{Name: MasqChain(p.Masquerade.MarkBit), Type: knftables.PtrTo(knftables.NATType),
 			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
 	}
+	if guarded(p) {
+		tx.Add(&knftables.Chain{Name: GuardChain, Type: knftables.PtrTo(knftables.FilterType),
+			Hook: knftables.PtrTo(knftables.InputHook), Priority: knftables.PtrTo(knftables.FilterPriority)})
+	}
 	for _, name := range sortedKeys(rules) {
 		tx.Flush(&knftables.Chain{Name: name})
 		for _, r := range rules[name] {
@@ -207,7 +224,7 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 
 func sortedKeys(m map[string][]string) []string {
 	out := make([]string, 0, len(m))
-	for _, k := range []string{"prerouting", "output", DispatchChain} {
+	for _, k := range []string{"prerouting", "output", DispatchChain, GuardChain} {
 		if _, ok := m[k]; ok {
 			out = append(out, k)
 		}
