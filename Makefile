@@ -10,7 +10,7 @@ GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 PLUGINS := github.com/containernetworking/plugins/plugins
 
-.PHONY: all build plugins deps test unit lint demo bench bench-quick install clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick install clean
 
 all: build
 
@@ -38,6 +38,13 @@ unit:
 
 test: deps lint plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 ./...
+	$(MAKE) fuzz FUZZTIME=10s
+
+# Short fuzz runs of config parsing and rule rendering (FUZZTIME each).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./plugins/portmap
+	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./plugins/portmap
 
 demo: deps plugins
 	./test/demo/demo.sh $(CNI_BIN)

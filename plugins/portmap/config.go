@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -106,6 +107,11 @@ func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
 			return nil, invalid(te.Field, rawValue(stdin, te.Field, te.Value), "must be of type "+jsonType(te.Type.Kind().String()))
 		}
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	}
+	// skel checked the name already; names end up in rule comments, so
+	// check again where the rendering relies on it.
+	if err := utils.ValidateNetworkName(nc.Name); err != nil {
+		return nil, invalid("name", nc.Name, "may hold only letters, digits, '_', '.' and '-', starting with a letter or digit")
 	}
 	c := &Config{
 		CNIVersion:    nc.CNIVersion,

@@ -164,6 +164,8 @@ func TestParseConfigRejects(t *testing.T) {
 		{"nft condition statement", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4 drop"]`}, 7, `invalid conditionsV4[0] "ip saddr 1.2.3.4 drop": holds the statement "drop"`},
 		{"nft condition semicolon", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4", "; flush ruleset"]`}, 7, `invalid conditionsV4[1]`},
 		{"nft condition newline", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr 1.2.3.4\nadd rule ip t c drop"]`}, 7, `must not contain control characters`},
+		{"network name with a newline", map[string]string{"name": `"net\n-A INPUT -j ACCEPT"`}, 7, `invalid name "net\n-A INPUT -j ACCEPT": may hold only`},
+		{"network name with a quote", map[string]string{"name": `"a\"b"`}, 7, `invalid name "a\"b"`},
 		{"backend bogus", map[string]string{"backend": `"bogus"`}, 7, `invalid backend "bogus": must be "iptables" or "nftables"`},
 		{"nftables with iptables options", map[string]string{"backend": `"nftables"`, "externalSetMarkChain": `"KUBE-MARK-MASQ"`}, 7, `invalid externalSetMarkChain: the nftables backend is selected but these are iptables options`},
 		{"prevResult bad", map[string]string{"prevResult": `{"ips":[{"address":"bogus"}]}`}, 6, `decode prevResult`},

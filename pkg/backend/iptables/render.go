@@ -43,11 +43,22 @@ func ChainName(o plan.Owner) string {
 // EntryComment is the comment on the attachment's entry rules, upstream's
 // format; GC and `list` read the owner back from it.
 func EntryComment(o plan.Owner) string {
-	c := fmt.Sprintf(`dnat name: "%s" id: "%s"`, o.Network, o.ContainerID)
+	// skel allows only [A-Za-z0-9_.-] in both; anything else (which could
+	// end the payload's line) is replaced, never written.
+	c := fmt.Sprintf(`dnat name: "%s" id: "%s"`, printable(o.Network), printable(o.ContainerID))
 	if len(c) > maxComment {
 		c = c[:maxComment-3] + "..." // upstream cuts at 253+3, one past the limit
 	}
 	return c
+}
+
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == '"' || r == '\\' {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 // Rule is one rule: its table (nat when empty), chain and match/target

@@ -200,3 +200,7 @@ func checkPayload(p *plan.Plan) *payload {
 	}
 	return pl
 }
+
+// AddScript is the iptables-restore input of ADD's fast path for p (for
+// tests and fuzzing of the rendering).
+func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }

@@ -289,3 +289,17 @@ func dnatTarget(ip net.IP, port int) string {
 }
 
 func verdict(o plan.Owner) []string { return []string{"goto " + ChainName(o)} }
+
+// AddScript is the nft script of ADD's fast path for p, and the number of
+// commands it must hold (for tests and fuzzing of the rendering).
+func AddScript(p *plan.Plan) (script string, commands int) {
+	tx := newTx(p.Family)
+	tx.Create(&knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))})
+	for _, r := range chainRules(p) {
+		tx.Add(r)
+	}
+	for _, k := range Keys(p) {
+		tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)})
+	}
+	return tx.String(), tx.NumOperations()
+}
