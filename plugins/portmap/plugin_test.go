@@ -392,3 +392,21 @@ func TestConflictPolicy(t *testing.T) {
 		t.Errorf("hostPortConflict \"first\": %v", err)
 	}
 }
+
+func TestAddOtherFamilyOnlyIsNoOp(t *testing.T) {
+	p, h, out := newFake()
+	prev4 := `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"address":"192.0.2.2/24","interface":0}]}`
+	err := p.Add(args(t, map[string]string{"prevResult": prev4,
+		"runtimeConfig": `{"portMappings":[{"hostPort":80,"containerPort":80,"hostIP":"::1"}]}`}))
+	if err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	for _, c := range h.calls {
+		if strings.HasPrefix(c, "apply") {
+			t.Errorf("an IPv6-only mapping was applied to an IPv4-only container: %v", h.calls)
+		}
+	}
+	if !strings.Contains(out.String(), "192.0.2.2/24") {
+		t.Errorf("prevResult not passed through: %s", out)
+	}
+}

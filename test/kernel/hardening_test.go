@@ -220,3 +220,47 @@ func TestLongNames(t *testing.T) {
 		})
 	}
 }
+
+// TestBadInputChangesNothing runs the real binary with bad input on a node
+// with state, and compares the state before and after.
+func TestBadInputChangesNothing(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be, func(t *testing.T) {
+			nettest.ResetNAT(t)
+			if out, err := nettest.Exec(t, "portmap", "ADD", "good", "/x", pluginConf(be, "bad", 1, 21200)); err != nil {
+				t.Fatalf("ADD good: %v %s", err, out)
+			}
+			before := state(t)
+			cases := map[string]func(map[string]any){
+				"hostPort 70000": func(c map[string]any) {
+					c["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{{"hostPort": 70000, "containerPort": 80}}}
+				},
+				"protocol icmp": func(c map[string]any) {
+					c["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}}}
+				},
+				"hostIP garbage": func(c map[string]any) {
+					c["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{{"hostPort": 80, "containerPort": 80, "hostIP": "not-an-ip"}}}
+				},
+				"condition injection": func(c map[string]any) {
+					if be == "iptables" {
+						c["conditionsV4"] = []string{"-d", "1.2.3.4\n-A INPUT -j ACCEPT"}
+					} else {
+						c["conditionsV4"] = []string{"ip saddr 1.2.3.4; flush ruleset"}
+					}
+				},
+				"markMasqBit 40": func(c map[string]any) { c["markMasqBit"] = 40 },
+			}
+			for name, mod := range cases {
+				conf := pluginConf(be, "bad", 2, 21201)
+				mod(conf)
+				out, err := nettest.Exec(t, "portmap", "ADD", "victim", "/x", conf)
+				if err == nil || !strings.Contains(string(out), `"code": 7`) {
+					t.Errorf("%s: ADD answered %v %s, want code 7", name, err, out)
+				}
+			}
+			if after := state(t); after != before {
+				t.Errorf("bad input changed the node:\n--- before\n%s\n--- after\n%s", before, after)
+			}
+		})
+	}
+}
