@@ -329,9 +329,13 @@ func (c *Config) parseConditions(nc netConf) error {
 		if c.Backend == BackendNFTables {
 			other = BackendIPTables
 		}
+		hint := ""
+		if strings.Contains(strings.Join(wrong, ","), "conditions") {
+			hint = " (iptables conditions start with '-' or '!')"
+		}
 		return types.NewError(types.ErrInvalidNetworkConfig,
-			fmt.Sprintf("invalid %s: the %s backend is selected but these are %s options (iptables conditions start with '-' or '!')",
-				strings.Join(wrong, ", "), c.Backend, other), "")
+			fmt.Sprintf("invalid %s: the %s backend is selected but these are %s options%s",
+				strings.Join(wrong, ", "), c.Backend, other, hint), "")
 	}
 	return nil
 }
