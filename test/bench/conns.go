@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/portmap-dev/portmap/test/nettest"
 )
@@ -33,22 +34,36 @@ func measureConns(_ *benchTB, plugin, backend string, n, count int) connRate {
 		Extra: map[string]string{"backend": fmt.Sprintf("%q", backend)}})
 	c := rt.MustAdd(tb, "conn", nettest.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	nettest.Serve(tb, c.NS, "srv", 80)
+	// The two runs dial from different client addresses: a reused
+	// ephemeral port must not meet the other run's conntrack entry, whose
+	// reply tuple (container:80 -> client:port) would be the new SYN's.
+	if err := cl.NS.Do(func(ns.NetNS) error {
+		link, err := netlink.LinkByName("bcl0p")
+		if err != nil {
+			return err
+		}
+		a, _ := netlink.ParseAddr("198.51.100.3/24")
+		return netlink.AddrAdd(link, a)
+	}); err != nil {
+		fatalf("second client address: %v", err)
+	}
 	return connRate{Plugin: plugin, Backend: backend, N: n,
-		HostPort: rate(cl.NS, "198.51.100.1:8080", count),
-		Direct:   rate(cl.NS, net.JoinHostPort(c.IP(4), "80"), count)}
+		HostPort: rate(cl.NS, "198.51.100.2", "198.51.100.1:8080", count),
+		Direct:   rate(cl.NS, "198.51.100.3", net.JoinHostPort(c.IP(4), "80"), count)}
 }
 
 // rate opens up to count connections one after another from namespace n
 // (each: connect, read the server's line, close) and returns completed
 // connections per second. It stops at connLimit.
-func rate(n ns.NetNS, addr string, count int) float64 {
+func rate(n ns.NetNS, from, addr string, count int) float64 {
 	var done int
 	var elapsed time.Duration
 	err := n.Do(func(ns.NetNS) error {
 		start := time.Now()
 		buf := make([]byte, 128)
+		d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 		for done < count && time.Since(start) < connLimit {
-			c, err := net.DialTimeout("tcp", addr, time.Second)
+			c, err := d.Dial("tcp", addr)
 			if err != nil {
 				return err
 			}
