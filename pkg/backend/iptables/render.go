@@ -23,11 +23,11 @@ const (
 	// that arrive from outside: route_localnet, which localhost host ports
 	// need, would otherwise let a container or a neighbour reach services
 	// the host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
-	GuardChain        = "CNI-HOSTPORT-GUARD"
-	guardComment      = "CNI portmap: no 127.0.0.0/8 from outside"
-	setMarkComment    = "CNI portfwd masquerade mark"
-	masqEntryComment  = "CNI portfwd requiring masquerade"
-	dnChainPrefix     = "DN-"
+	GuardChain       = "CNI-HOSTPORT-GUARD"
+	guardComment     = "CNI portmap: no 127.0.0.0/8 from outside"
+	setMarkComment   = "CNI portfwd masquerade mark"
+	masqEntryComment = "CNI portfwd requiring masquerade"
+	dnChainPrefix    = "DN-"
 	// maxMultiport is the most ports one multiport match takes.
 	maxMultiport = 15
 	// maxComment is the xt_comment limit (256 with the NUL).
