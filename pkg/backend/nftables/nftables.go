@@ -132,16 +132,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	// costs the kernel more than everything else); the elements fail while
 	// the maps are missing, and the jumps to mark-bitN while that bit's
 	// skeleton is, which sends the first ADD on a node to the slow path.
-	tx := newTx(b.Family)
-	chain := &knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))}
-	tx.Create(chain)
-	for _, r := range chainRules(p) {
-		tx.Add(r)
-	}
-	for _, k := range Keys(p) {
-		tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)})
-	}
-	if err := b.run(tx); err == nil {
+	if err := b.run(fastAddTx(p)); err == nil {
 		return nil
 	}
 
@@ -150,6 +141,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
+	chain := ownChain(p)
 	prev, _, err := b.ownKeys(p)
 	if err != nil {
 		return err
@@ -158,7 +150,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	tx = newTx(b.Family)
+	tx := newTx(b.Family)
 	addSkeleton(tx, p)
 	tx.Add(chain)
 	tx.Flush(chain)

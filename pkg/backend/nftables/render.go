@@ -290,16 +290,28 @@ func dnatTarget(ip net.IP, port int) string {
 
 func verdict(o plan.Owner) []string { return []string{"goto " + ChainName(o)} }
 
-// AddScript is the nft script of ADD's fast path for p, and the number of
-// commands it must hold (for tests and fuzzing of the rendering).
-func AddScript(p *plan.Plan) (script string, commands int) {
+func ownChain(p *plan.Plan) *knftables.Chain {
+	return &knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))}
+}
+
+// fastAddTx is ADD's fast path: create the attachment's chain (failing if
+// it exists), fill it, and add its map elements (failing if another
+// attachment holds a key, or the maps are missing).
+func fastAddTx(p *plan.Plan) *knftables.Transaction {
 	tx := newTx(p.Family)
-	tx.Create(&knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))})
+	tx.Create(ownChain(p))
 	for _, r := range chainRules(p) {
 		tx.Add(r)
 	}
 	for _, k := range Keys(p) {
 		tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)})
 	}
+	return tx
+}
+
+// AddScript is the nft script of ADD's fast path for p, and the number of
+// commands it must hold (for tests and fuzzing of the rendering).
+func AddScript(p *plan.Plan) (script string, commands int) {
+	tx := fastAddTx(p)
 	return tx.String(), tx.NumOperations()
 }

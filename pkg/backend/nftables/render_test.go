@@ -53,18 +53,8 @@ func skeletonTx(p *plan.Plan) string {
 	return tx.String()
 }
 
-// addTx is the fast-path ADD transaction, as Apply builds it.
-func addTx(p *plan.Plan) string {
-	tx := newTx(p.Family)
-	tx.Create(&knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))})
-	for _, r := range chainRules(p) {
-		tx.Add(r)
-	}
-	for _, k := range Keys(p) {
-		tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)})
-	}
-	return tx.String()
-}
+// addTx is the fast-path ADD transaction, as Apply sends it.
+func addTx(p *plan.Plan) string { return fastAddTx(p).String() }
 
 func delTx(p *plan.Plan) string {
 	tx := newTx(p.Family)
