@@ -1,7 +1,9 @@
 // Command portmap is the CNI chained plugin that forwards host ports to
 // containers, a drop-in replacement for the upstream portmap plugin. Run
-// by a person as `portmap list [--json]`, it prints this host's host-port
-// table.
+// by a person (CNI_COMMAND unset) it has commands of its own:
+//
+//	portmap list [--json]    this host's host-port table
+//	portmap sync [flags]     bring the host ports to what libcni's cache holds
 package main
 
 import (
@@ -16,12 +18,17 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "list" && os.Getenv("CNI_COMMAND") == "" {
-		if err := portmap.List(os.Stdout, os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "portmap:", err)
-			os.Exit(1)
+	if len(os.Args) > 1 && os.Getenv("CNI_COMMAND") == "" {
+		switch os.Args[1] {
+		case "list":
+			if err := portmap.List(os.Stdout, os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "portmap:", err)
+				os.Exit(1)
+			}
+			return
+		case "sync":
+			os.Exit(portmap.SyncMain(portmap.New(), os.Args[2:]))
 		}
-		return
 	}
 	skel.PluginMainFuncs(portmap.New().Funcs(), version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), bv.BuildString("portmap"))
 }

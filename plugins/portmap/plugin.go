@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -59,7 +60,12 @@ type Plugin struct {
 	// Inventory reads the host's mappings and sockets for the "reject"
 	// conflict policy.
 	Inventory Inventory
+	// Lock takes the host-wide lock (`portmap sync` holds it for a pass).
+	Lock func() (release func(), err error)
 }
+
+// LockTimeout bounds the wait for the host-wide lock.
+const LockTimeout = 30 * time.Second
 
 // New returns the plugin wired to the real host.
 func New() *Plugin {
@@ -70,6 +76,7 @@ func New() *Plugin {
 		Sysctl:         sysctl.Host{},
 		Conntrack:      conntrack.Host{},
 		Inventory:      hostInventory{},
+		Lock:           func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
 	}
 	p.NewBackend = func(name string, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
 	return p

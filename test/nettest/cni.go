@@ -68,10 +68,20 @@ type Mapping struct {
 type Runtime struct {
 	CNI  *libcni.CNIConfig
 	List *libcni.NetworkConfigList
+	// CacheDir is libcni's cache directory (results/ holds what ADD
+	// cached).
+	CacheDir string
 }
 
 // NewRuntime parses the conflist; plugins come from BinDir.
 func NewRuntime(tb TB, n Net) *Runtime {
+	tb.Helper()
+	return NewRuntimeWithCache(tb, n, tb.TempDir())
+}
+
+// NewRuntimeWithCache is NewRuntime with libcni's cache in cacheDir, which
+// runtimes of several networks on one node share.
+func NewRuntimeWithCache(tb TB, n Net, cacheDir string) *Runtime {
 	tb.Helper()
 	if n.DataDir == "" {
 		n.DataDir = tb.TempDir()
@@ -81,8 +91,9 @@ func NewRuntime(tb TB, n Net) *Runtime {
 		tb.Fatalf("conflist: %v\n%s", err, n.Conflist())
 	}
 	return &Runtime{
-		CNI:  libcni.NewCNIConfigWithCacheDir([]string{BinDir()}, tb.TempDir(), nil),
-		List: list,
+		CNI:      libcni.NewCNIConfigWithCacheDir([]string{BinDir()}, cacheDir, nil),
+		List:     list,
+		CacheDir: cacheDir,
 	}
 }
 
@@ -94,7 +105,7 @@ func (r *Runtime) WithList(tb TB, n Net) *Runtime {
 	if err != nil {
 		tb.Fatalf("conflist: %v", err)
 	}
-	return &Runtime{CNI: r.CNI, List: list}
+	return &Runtime{CNI: r.CNI, List: list, CacheDir: r.CacheDir}
 }
 
 // Container is one attachment made by a Runtime.

@@ -1,0 +1,480 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Sync brings this family's nat table to the wanted plans (oldest first)
+// for `portmap sync`: one listing of the table and one iptables-restore of
+// -C lines judge every attachment; one iptables-restore re-applies the
+// ones missing or wrong and, with Prune, removes the orphans — chains
+// CNI-DN-* that no wanted plan names (ours or the upstream plugin's: the
+// layout is the same). Attachments that are right are not touched, so a
+// pass after a pass writes nothing. Missing shared chains and jumps are
+// ensured as ADD's slow path does. The caller holds the host-wide lock.
+func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	rep := converge.NewReport(len(want))
+	lines, err := b.Kernel.ListTable()
+	if err != nil {
+		return nil, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
+	}
+	lt := parseListing(lines)
+	broken := map[int]bool{}
+	for i, p := range want {
+		if why := lt.judge(p); why != "" {
+			broken[i] = true
+			rep.Results[i] = converge.Result{State: converge.Repaired, What: why}
+		}
+	}
+	sharedBroken, err := b.exactCheck(want, broken, rep)
+	if err != nil {
+		return nil, err
+	}
+	cascade(want, broken, rep)
+
+	wanted := map[string]bool{}
+	for _, p := range want {
+		wanted[ChainName(p.Owner)] = true
+	}
+	orphans := lt.orphans(wanted, o)
+	rep.Orphans = orphans
+	if sharedBroken != "" {
+		rep.Shared = append(rep.Shared, sharedBroken)
+	}
+	prune := o.Prune && len(orphans) > 0
+	if o.DryRun || (len(broken) == 0 && sharedBroken == "" && !prune) {
+		return rep, nil
+	}
+
+	if sharedBroken != "" || len(broken) > 0 {
+		if err := b.ensureShared(want); err != nil {
+			fail(rep, broken, err)
+			return rep, nil
+		}
+		rep.Wrote = true
+	}
+	pl := newPayload()
+	for i, p := range want {
+		if !broken[i] {
+			continue
+		}
+		chain := ChainName(p.Owner)
+		deleteRefs(pl, lt.refs[chain])
+		pl.line(":"+chain+" - [0:0]", "chain "+chain)
+		fillChain(pl, p)
+	}
+	if prune {
+		for _, or := range orphans {
+			chain := strings.TrimPrefix(or.Object, "chain ")
+			deleteRefs(pl, lt.refs[chain])
+			pl.line(":"+chain+" - [0:0]", "chain "+chain)
+			pl.line("-X "+chain, "delete chain "+chain)
+		}
+	}
+	if len(pl.what) == 1 { // only the table line: shared objects alone were repaired
+		return rep, nil
+	}
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		err = b.restoreError("sync", pl, err)
+		fail(rep, broken, err)
+		for i := range rep.Orphans {
+			rep.Orphans[i].Err = err.Error()
+		}
+		return rep, nil
+	}
+	rep.Wrote = true
+	if prune {
+		for i := range rep.Orphans {
+			rep.Orphans[i].Pruned = true
+		}
+	}
+	return rep, nil
+}
+
+func fail(rep *converge.Report, broken map[int]bool, err error) {
+	for i := range broken {
+		rep.Results[i] = converge.Result{State: converge.Error, What: rep.Results[i].What + ": " + err.Error()}
+	}
+}
+
+// ensureShared creates the shared chains and jumps every wanted plan needs
+// (check, then insert: concurrent ADDs never duplicate them).
+func (b *Backend) ensureShared(want []*plan.Plan) error {
+	seenC, seenR := map[Chain]bool{}, map[string]bool{}
+	for _, p := range want {
+		for _, c := range SharedChains(p) {
+			if seenC[c] {
+				continue
+			}
+			seenC[c] = true
+			if err := b.Kernel.EnsureChain(c); err != nil {
+				return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+			}
+		}
+		for _, r := range append(GuardRules(p), SharedRules(p)...) {
+			if d := describe(r); !seenR[d] {
+				seenR[d] = true
+				if err := b.Kernel.EnsureRule(r); err != nil {
+					return fmt.Errorf("%s: ensure rule %s: %w", b.Family, d, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// exactCheck runs what the listing cannot judge through iptables' own
+// comparison (-C): the shared rules and guard, and the entry rules of
+// attachments with conditions (iptables prints conditions in its own
+// spelling). iptables-restore stops at the first failing line, so each
+// failure is recorded and the rest checked again. It returns what of the
+// shared objects is missing, or "".
+func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *converge.Report) (string, error) {
+	type item struct {
+		owner int // -1: shared
+		rule  Rule
+	}
+	var items []item
+	seen := map[string]bool{}
+	for _, p := range want {
+		for _, r := range append(GuardRules(p), SharedRules(p)...) {
+			if d := describe(r); !seen[d] {
+				seen[d] = true
+				items = append(items, item{-1, r})
+			}
+		}
+	}
+	for i, p := range want {
+		if broken[i] || len(p.Conditions) == 0 {
+			continue
+		}
+		for _, r := range EntryRules(p) {
+			items = append(items, item{i, r})
+		}
+	}
+	shared := ""
+	for len(items) > 0 {
+		pl, owners := &payload{}, []int{}
+		add := func(s, what string, owner int) { pl.line(s, what); owners = append(owners, owner) }
+		for _, table := range []string{"filter", Table} {
+			add("*"+table, "table "+table, -2)
+			for _, it := range items {
+				if tableOf(it.rule) == table {
+					pl.rule("-C", it.rule)
+					owners = append(owners, it.owner)
+				}
+			}
+			if table == "filter" {
+				add("COMMIT", "commit filter", -2)
+			}
+		}
+		err := b.Kernel.Restore(pl.bytes())
+		if err == nil {
+			break
+		}
+		var re *RestoreError
+		n := 0
+		if errors.As(err, &re) {
+			n = pl.failedLineNumber(re.Output)
+		}
+		if n < 1 || n > len(owners) || owners[n-1] == -2 {
+			// A jump to a missing chain fails at COMMIT in iptables-nft,
+			// naming the chain, not the line: the shared objects if they
+			// are still unjudged, else everything left.
+			if !missingChain.MatchString(errorOutput(err)) {
+				return "", fmt.Errorf("%s: check: %w", b.Family, err)
+			}
+			what := pl.explain(errorOutput(err)) + " missing"
+			if slices.ContainsFunc(items, func(it item) bool { return it.owner == -1 }) {
+				shared = what
+				items = slices.DeleteFunc(items, func(it item) bool { return it.owner == -1 })
+				continue
+			}
+			for _, it := range items {
+				broken[it.owner] = true
+				rep.Results[it.owner] = converge.Result{State: converge.Repaired, What: what}
+			}
+			break
+		}
+		owner := owners[n-1]
+		what := pl.what[n-1] + " missing"
+		if owner == -1 {
+			if shared == "" {
+				shared = what
+			}
+		} else {
+			broken[owner] = true
+			rep.Results[owner] = converge.Result{State: converge.Repaired, What: what}
+		}
+		items = slices.DeleteFunc(items, func(it item) bool { return it.owner == owner })
+	}
+	return shared, nil
+}
+
+func errorOutput(err error) string {
+	var re *RestoreError
+	if errors.As(err, &re) {
+		return re.Output
+	}
+	return err.Error()
+}
+
+// failedLineNumber is the payload line iptables-restore names in out, or 0.
+func (p *payload) failedLineNumber(out string) int {
+	m := failedLine.FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// cascade keeps "the newest ADD wins" through a repair: a repaired plan's
+// entry rules go to the top of CNI-HOSTPORT-DNAT, above a newer plan of
+// the same host port that was right, so that newer plan is re-applied too
+// (after it, on top).
+func cascade(want []*plan.Plan, broken map[int]bool, rep *converge.Report) {
+	for i := range want {
+		if !broken[i] {
+			continue
+		}
+		for j := i + 1; j < len(want); j++ {
+			if !broken[j] && overlap(want[i], want[j]) {
+				broken[j] = true
+				rep.Results[j] = converge.Result{State: converge.Repaired,
+					What: "entry rules moved above an older attachment's repaired ones of the same host port"}
+			}
+		}
+	}
+}
+
+func overlap(a, b *plan.Plan) bool {
+	for _, m := range a.Mappings {
+		for _, n := range b.Mappings {
+			if m.Protocol == n.Protocol && m.HostPort == n.HostPort &&
+				(m.HostIP == nil || n.HostIP == nil || m.HostIP.Equal(n.HostIP)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// listing is the nat table as iptables -S prints it, by chain.
+type listing struct {
+	chains map[string]bool
+	rules  map[string][]string // chain -> its "-A" lines
+	// refs are the rules of CNI-HOSTPORT-DNAT by the CNI-DN chain they
+	// jump to.
+	refs map[string][]string
+}
+
+func parseListing(lines []string) *listing {
+	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}}
+	for _, l := range lines {
+		if name, ok := strings.CutPrefix(l, "-N "); ok {
+			lt.chains[name] = true
+			continue
+		}
+		rest, ok := strings.CutPrefix(l, "-A ")
+		if !ok {
+			continue
+		}
+		chain, _, _ := strings.Cut(rest, " ")
+		lt.rules[chain] = append(lt.rules[chain], l)
+		if chain == TopLevelDNATChain {
+			if i := strings.LastIndex(l, " -j "); i > 0 {
+				lt.refs[l[i+4:]] = append(lt.refs[l[i+4:]], l)
+			}
+		}
+	}
+	return lt
+}
+
+// judge says what of p's own rules the listing shows missing or wrong, or
+// "" when they are all there. The attachment's chain must hold exactly
+// its rules; its entry rules are compared without conditions, which
+// exactCheck judges.
+func (lt *listing) judge(p *plan.Plan) string {
+	chain := ChainName(p.Owner)
+	if !lt.chains[chain] {
+		return "chain " + chain + " missing"
+	}
+	var want, have []string
+	for _, r := range ChainRules(p) {
+		want = append(want, ruleKey(r.Args))
+	}
+	for _, l := range lt.rules[chain] {
+		have = append(have, ruleKey(splitRule(l)))
+	}
+	if d := diff(want, have); d != "" {
+		return "chain " + chain + ": " + d
+	}
+	want, have = nil, nil
+	for _, r := range EntryRules(p) {
+		want = append(want, entryKey(r.Args))
+	}
+	for _, l := range lt.refs[chain] {
+		have = append(have, entryKey(splitRule(l)))
+	}
+	if d := diff(want, have); d != "" {
+		return "entry rules in " + TopLevelDNATChain + ": " + d
+	}
+	return ""
+}
+
+// diff compares two multisets of rule keys.
+func diff(want, have []string) string {
+	count := map[string]int{}
+	for _, k := range have {
+		count[k]++
+	}
+	var missing []string
+	for _, k := range want {
+		if count[k] > 0 {
+			count[k]--
+			continue
+		}
+		missing = append(missing, k)
+	}
+	extra := 0
+	for _, n := range count {
+		extra += n
+	}
+	switch {
+	case len(missing) > 0:
+		return fmt.Sprintf("%d of %d rules missing or wrong (first: %s)", len(missing), len(want), missing[0])
+	case extra > 0:
+		return fmt.Sprintf("%d unexpected rules", extra)
+	}
+	return ""
+}
+
+// ruleKey is what identifies a rule of an attachment's chain, in the same
+// spelling for our tokens and for iptables -S output: addresses with
+// their prefix length, the protocol, port, target and DNAT destination.
+func ruleKey(tokens []string) string {
+	f := fields(tokens)
+	return fmt.Sprintf("%s-s %s -d %s -p %s --dport %s -j %s %s",
+		f["!"], f["-s"], f["-d"], f["-p"], f["--dport"], f["-j"], f["--to-destination"])
+}
+
+// entryKey identifies an entry rule without its conditions.
+func entryKey(tokens []string) string {
+	f := fields(tokens)
+	return fmt.Sprintf("-p %s --dports %s --comment %q -j %s", f["-p"], f["--dports"], f["--comment"], f["-j"])
+}
+
+// fields reads the options ruleKey and entryKey use; "!" records whether
+// any negation appears.
+func fields(tokens []string) map[string]string {
+	f := map[string]string{}
+	for i := 0; i < len(tokens); i++ {
+		t := tokens[i]
+		switch t {
+		case "!":
+			f["!"] = "! "
+		case "-s", "-d":
+			if i+1 < len(tokens) {
+				f[t] = withPrefix(tokens[i+1])
+				i++
+			}
+		case "-p", "--dport", "-j", "--to-destination", "--comment":
+			if i+1 < len(tokens) {
+				f[t] = tokens[i+1]
+				i++
+			}
+		case "--dports", "--destination-ports":
+			if i+1 < len(tokens) {
+				f["--dports"] = tokens[i+1]
+				i++
+			}
+		}
+	}
+	return f
+}
+
+func withPrefix(addr string) string {
+	if strings.Contains(addr, "/") {
+		return addr
+	}
+	if ip := net.ParseIP(addr); ip != nil && ip.To4() == nil {
+		return addr + "/128"
+	}
+	return addr + "/32"
+}
+
+// splitRule splits an iptables -S line into tokens, undoing its quoting
+// (double quotes, with backslash escapes inside).
+func splitRule(line string) []string {
+	var out []string
+	var cur strings.Builder
+	inTok, quoted := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quoted && c == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case c == '"':
+			quoted, inTok = !quoted, true
+		case !quoted && (c == ' ' || c == '\t'):
+			if inTok {
+				out = append(out, cur.String())
+				cur.Reset()
+				inTok = false
+			}
+		default:
+			cur.WriteByte(c)
+			inTok = true
+		}
+	}
+	if inTok {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// orphans are the CNI-DN chains no wanted plan names, in scope, and not
+// of an attachment whose cache entry appeared meanwhile. Their owner is
+// read from their entry rules' comment.
+func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converge.Orphan {
+	var names []string
+	for c := range lt.chains {
+		if strings.HasPrefix(c, "CNI-DN-") && !wanted[c] {
+			names = append(names, c)
+		}
+	}
+	sort.Strings(names)
+	var out []converge.Orphan
+	for _, c := range names {
+		network, id := "?", "?"
+		for _, ref := range lt.refs[c] {
+			if m := entryOwnerRE.FindStringSubmatch(ref); m != nil && m[3] == c {
+				network, id = m[1], m[2]
+				break
+			}
+		}
+		scopeNet := network
+		if network == "?" {
+			scopeNet = ""
+		}
+		if o.InScope != nil && !o.InScope(scopeNet) {
+			continue
+		}
+		if o.Fresh != nil && id != "?" && o.Fresh(network, id) {
+			continue
+		}
+		out = append(out, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + c})
+	}
+	return out
+}

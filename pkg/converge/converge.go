@@ -1,0 +1,88 @@
+// Package converge holds what `portmap sync` asks of a backend and what a
+// backend answers: the options of one pass, and per attachment and orphan
+// what the pass found and did. Each backend brings one IP family of its
+// kernel state to the wanted plans with one listing and at most one write;
+// the plugin merges the families and backends into one report.
+package converge
+
+import "github.com/portmap-dev/portmap/pkg/plan"
+
+// Options steer one pass.
+type Options struct {
+	// InScope reports whether objects of network may be reported and
+	// pruned as orphans; network is "" when the owner is unknown (an
+	// iptables chain without entry rule, upstream's nftables rules, which
+	// name only the container).
+	InScope func(network string) bool
+	// Fresh reports whether a cache entry of the owner appeared after the
+	// wanted plans were read (network "" matches any network): an ADD that
+	// finished meanwhile, whose objects must not be pruned.
+	Fresh func(network, containerID string) bool
+	// Prune removes orphans; without it they are only reported.
+	Prune bool
+	// DryRun writes nothing and reports what a pass would do.
+	DryRun bool
+}
+
+// State is what a pass found of one wanted attachment.
+type State string
+
+const (
+	OK       State = "ok"
+	Repaired State = "repaired"
+	Error    State = "error"
+)
+
+// Result is one wanted plan's outcome, in the order of the wanted plans.
+type Result struct {
+	State State
+	// What says what was missing or wrong (Repaired), or why it failed.
+	What string
+}
+
+// Orphan is an attachment's state that no wanted plan owns.
+type Orphan struct {
+	// Network and ContainerID name the owner as the kernel state records
+	// it; "?" when it records none.
+	Network, ContainerID string
+	// Object names the kernel object, e.g. "iptables ipv4 chain CNI-DN-…".
+	Object string
+	// Pruned is true when the pass removed it.
+	Pruned bool
+	// Err is why pruning it failed.
+	Err string
+}
+
+// Report is one backend's pass over one family.
+type Report struct {
+	Results []Result
+	Orphans []Orphan
+	// Shared names shared objects (base chains, jumps, maps) the pass
+	// found missing or wrong; they were repaired unless DryRun.
+	Shared []string
+	// Wrote is true when the pass changed the kernel.
+	Wrote bool
+}
+
+// NewReport starts a report of n wanted plans, all ok.
+func NewReport(n int) *Report {
+	r := &Report{Results: make([]Result, n)}
+	for i := range r.Results {
+		r.Results[i].State = OK
+	}
+	return r
+}
+
+// Winners returns, for each wanted plan, whether it is the newest claimant
+// of each of its host-port keys (plans are given oldest first): under the
+// "replace" policy the newest ADD of a host port wins, and a pass must
+// keep it so. key names a plan's keys.
+func Winners(want []*plan.Plan, keys func(*plan.Plan) []string) map[string]int {
+	w := map[string]int{}
+	for i, p := range want {
+		for _, k := range keys(p) {
+			w[k] = i
+		}
+	}
+	return w
+}

@@ -1,0 +1,403 @@
+package portmap
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// SyncOptions are the flags of `portmap sync`.
+type SyncOptions struct {
+	// CacheDir is libcni's cache directory (its results/ holds the
+	// attachments).
+	CacheDir string
+	// Networks limits the pass to these networks; empty: all.
+	Networks []string
+	Prune    bool
+	DryRun   bool
+	JSON     bool
+}
+
+// SyncReport is what one pass found and did; its JSON form is what
+// `portmap sync --json` prints.
+type SyncReport struct {
+	DryRun      bool             `json:"dryRun"`
+	Attachments []SyncAttachment `json:"attachments"`
+	Orphans     []SyncOrphan     `json:"orphans"`
+	Shared      []SyncShared     `json:"shared"`
+	Skipped     []SyncSkipped    `json:"skipped"`
+	Summary     SyncSummary      `json:"summary"`
+}
+
+// SyncAttachment is one cached attachment with port mappings.
+type SyncAttachment struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Backend     string `json:"backend"`
+	// State is "ok", "repaired" (or "would repair" with --dry-run) or
+	// "error".
+	State string `json:"state"`
+	What  string `json:"what,omitempty"`
+	File  string `json:"file"`
+}
+
+// SyncOrphan is kernel state of an owner without a cache entry.
+type SyncOrphan struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	Backend     string `json:"backend"`
+	Family      string `json:"family"`
+	Object      string `json:"object"`
+	// State is "orphan", "pruned" or "error".
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+// SyncShared is a shared object (base chain, jump, map) found missing.
+type SyncShared struct {
+	Backend string `json:"backend"`
+	Family  string `json:"family"`
+	What    string `json:"what"`
+}
+
+// SyncSkipped is a cache file that was not synced.
+type SyncSkipped struct {
+	File string `json:"file"`
+	Why  string `json:"why"`
+	// Error is true for a file that should have been usable (corrupt, or
+	// an invalid portmap configuration); false for a network without
+	// portmap.
+	Error bool `json:"error"`
+}
+
+// SyncSummary counts the report.
+type SyncSummary struct {
+	Attachments int `json:"attachments"`
+	OK          int `json:"ok"`
+	Repaired    int `json:"repaired"`
+	Errors      int `json:"errors"`
+	Orphans     int `json:"orphans"`
+	Pruned      int `json:"pruned"`
+	Skipped     int `json:"skipped"`
+	// NoMappings counts cached attachments of portmap networks without
+	// port mappings (nothing to keep).
+	NoMappings int `json:"noMappings"`
+}
+
+// Failed reports whether anything could not be brought to its state.
+func (r *SyncReport) Failed() bool {
+	if r.Summary.Errors > 0 {
+		return true
+	}
+	for _, o := range r.Orphans {
+		if o.State == "error" {
+			return true
+		}
+	}
+	for _, s := range r.Skipped {
+		if s.Error {
+			return true
+		}
+	}
+	return false
+}
+
+// Changed reports whether the pass wrote anything (or would have).
+func (r *SyncReport) Changed() bool {
+	return r.Summary.Repaired > 0 || r.Summary.Pruned > 0 || len(r.Shared) > 0
+}
+
+// Syncer is the part of a backend `portmap sync` uses.
+type Syncer interface {
+	// Sync brings the family's state to want (oldest first); the caller
+	// holds the host-wide lock.
+	Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error)
+}
+
+// wanted is one cached attachment's plans.
+type wanted struct {
+	att   cnicache.Attachment
+	c     *Config
+	plans []*plan.Plan
+}
+
+// Sync is one pass of `portmap sync`: it rebuilds every cached
+// attachment's request as the runtime made it and brings both backends'
+// kernel state to it, one listing and at most one write per backend and
+// family.
+func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
+	atts, skipped, err := cnicache.Read(o.CacheDir, "portmap")
+	if err != nil {
+		return nil, err
+	}
+	initial := map[string]bool{}
+	rep := &SyncReport{DryRun: o.DryRun, Attachments: []SyncAttachment{}, Orphans: []SyncOrphan{},
+		Shared: []SyncShared{}, Skipped: []SyncSkipped{}}
+	inScope := func(network string) bool {
+		return len(o.Networks) == 0 || (network != "" && slices.Contains(o.Networks, network))
+	}
+	for _, s := range skipped {
+		initial[filepath.Base(s.File)] = true
+		rep.Skipped = append(rep.Skipped, SyncSkipped{File: s.File, Why: s.Why, Error: s.Corrupt})
+	}
+	var ws []*wanted
+	for _, a := range atts {
+		initial[filepath.Base(a.File)] = true
+		if !inScope(a.Network) {
+			continue
+		}
+		c, err := ParseConfig(a.Stdin, a.IfName, p.DefaultBackend())
+		if err != nil {
+			rep.Skipped = append(rep.Skipped, SyncSkipped{File: a.File, Why: "invalid portmap configuration: " + err.Error(), Error: true})
+			continue
+		}
+		if !c.HasMappings {
+			rep.Summary.NoMappings++
+			continue
+		}
+		if c.PrevResult == nil {
+			rep.Skipped = append(rep.Skipped, SyncSkipped{File: a.File, Why: "cache entry without a result", Error: true})
+			continue
+		}
+		c.Request.Owner = plan.Owner{Network: c.Network, ContainerID: a.ContainerID, IfName: a.IfName}
+		w := &wanted{att: a, c: c}
+		for _, f := range plan.Families {
+			if n := c.ContainerNets[f]; n != nil {
+				if pl := plan.Build(c.Request, f, n); !pl.Empty() {
+					w.plans = append(w.plans, pl)
+				}
+			}
+		}
+		ws = append(ws, w)
+	}
+	// An ADD that finished after the cache was read has a cache file the
+	// first read did not see: its objects are not orphans.
+	fresh := func(network, id string) bool {
+		des, err := os.ReadDir(filepath.Join(o.CacheDir, "results"))
+		if err != nil {
+			return false
+		}
+		for _, de := range des {
+			n := de.Name()
+			if initial[n] {
+				continue
+			}
+			if (network == "" && strings.Contains(n, "-"+id+"-")) || strings.HasPrefix(n, network+"-"+id+"-") {
+				return true
+			}
+		}
+		return false
+	}
+	copts := converge.Options{InScope: inScope, Fresh: fresh, Prune: o.Prune, DryRun: o.DryRun}
+
+	if !o.DryRun {
+		release, err := p.Lock()
+		if err != nil {
+			return nil, fmt.Errorf("take the host-wide lock: %w", err)
+		}
+		defer release()
+	}
+
+	results := make([][]string, len(ws)) // per attachment: what was repaired
+	failures := make([][]string, len(ws))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs []error
+	for _, name := range []string{BackendIPTables, BackendNFTables} {
+		for _, f := range plan.Families {
+			var want []*plan.Plan
+			var idx []int
+			for i, w := range ws {
+				if w.c.Backend != name {
+					continue
+				}
+				for _, pl := range w.plans {
+					if pl.Family == f {
+						want = append(want, pl)
+						idx = append(idx, i)
+					}
+				}
+			}
+			be, err := p.NewBackend(name, f)
+			if errors.Is(err, exec.ErrNotFound) && len(want) == 0 {
+				continue // no tools: nothing of this backend can exist
+			}
+			if err == nil {
+				if _, ok := be.(Syncer); !ok {
+					err = fmt.Errorf("%s backend cannot sync", name)
+				}
+			}
+			if err != nil {
+				for _, i := range idx {
+					failures[i] = append(failures[i], fmt.Sprintf("%s: %v", f, err))
+				}
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := be.(Syncer).Sync(want, copts)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s backend: %w", name, err))
+					for _, i := range idx {
+						failures[i] = append(failures[i], err.Error())
+					}
+					return
+				}
+				for _, s := range r.Shared {
+					rep.Shared = append(rep.Shared, SyncShared{Backend: name, Family: f.String(), What: s})
+				}
+				for j, res := range r.Results {
+					i := idx[j]
+					switch res.State {
+					case converge.Repaired:
+						results[i] = append(results[i], fmt.Sprintf("%s: %s", f, res.What))
+					case converge.Error:
+						failures[i] = append(failures[i], fmt.Sprintf("%s: %s", f, res.What))
+					}
+				}
+				for _, or := range r.Orphans {
+					so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: name,
+						Family: f.String(), Object: or.Object, State: "orphan"}
+					switch {
+					case or.Err != "":
+						so.State, so.Error = "error", or.Err
+					case or.Pruned:
+						so.State = "pruned"
+					}
+					rep.Orphans = append(rep.Orphans, so)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+
+	for i, w := range ws {
+		if len(failures[i]) > 0 {
+			continue
+		}
+		// route_localnet, as ADD sets it; a firewall reload leaves it, a
+		// recreated interface does not.
+		for _, pl := range w.plans {
+			if pl.Family != plan.IPv4 || !pl.Masquerade.Enabled {
+				continue
+			}
+			ifName, err := p.Sysctl.HostInterface(pl.ContainerNet.IP)
+			if err != nil || ifName == "" {
+				continue
+			}
+			on, err := p.Sysctl.RouteLocalnet(ifName)
+			if err == nil && !on {
+				results[i] = append(results[i], "route_localnet off on "+ifName)
+				if !o.DryRun {
+					err = p.Sysctl.EnableRouteLocalnet(ifName)
+				}
+			}
+			if err != nil {
+				failures[i] = append(failures[i], err.Error())
+			}
+		}
+		// A UDP flow that met no DNAT while the rules were missing must
+		// meet them now.
+		if len(results[i]) > 0 && !o.DryRun {
+			for _, pl := range w.plans {
+				p.flush(pl)
+			}
+		}
+	}
+
+	for i, w := range ws {
+		a := SyncAttachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
+			Backend: w.c.Backend, State: string(converge.OK), File: w.att.File}
+		switch {
+		case len(failures[i]) > 0:
+			a.State, a.What = string(converge.Error), strings.Join(append(failures[i], results[i]...), "; ")
+			rep.Summary.Errors++
+		case len(results[i]) > 0:
+			a.State, a.What = string(converge.Repaired), strings.Join(results[i], "; ")
+			if o.DryRun {
+				a.State = "would repair"
+			}
+			rep.Summary.Repaired++
+		default:
+			rep.Summary.OK++
+		}
+		rep.Attachments = append(rep.Attachments, a)
+	}
+	slices.SortStableFunc(rep.Orphans, func(a, b SyncOrphan) int {
+		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
+	})
+	rep.Summary.Attachments = len(rep.Attachments)
+	rep.Summary.Orphans = len(rep.Orphans)
+	for _, or := range rep.Orphans {
+		if or.State == "pruned" {
+			rep.Summary.Pruned++
+		}
+	}
+	rep.Summary.Skipped = len(rep.Skipped)
+	return rep, errors.Join(errs...)
+}
+
+// WriteSync prints the report: one line per attachment, orphan, shared
+// repair and skipped cache file, then a summary (or the JSON form).
+func WriteSync(w io.Writer, r *SyncReport, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	for _, a := range r.Attachments {
+		line := fmt.Sprintf("%s %s %s: %s", a.Network, a.ContainerID, a.IfName, a.State)
+		if a.What != "" {
+			line += ": " + a.What
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, s := range r.Shared {
+		verb := "repaired"
+		if r.DryRun {
+			verb = "would repair"
+		}
+		fmt.Fprintf(w, "shared %s %s: %s: %s\n", s.Backend, s.Family, verb, s.What)
+	}
+	for _, o := range r.Orphans {
+		state := o.State
+		if state == "orphan" && r.DryRun {
+			state = "orphan (a pass with --prune would remove it)"
+		}
+		line := fmt.Sprintf("%s %s -: %s: %s %s %s", o.Network, o.ContainerID, state, o.Backend, o.Family, o.Object)
+		if o.Error != "" {
+			line += ": " + o.Error
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, s := range r.Skipped {
+		state := "skipped"
+		if s.Error {
+			state = "error"
+		}
+		fmt.Fprintf(w, "%s: %s: %s\n", s.File, state, s.Why)
+	}
+	sm := r.Summary
+	dry := ""
+	if r.DryRun {
+		dry = " (dry run: nothing changed)"
+	}
+	_, err := fmt.Fprintf(w, "sync: %d attachments: %d ok, %d repaired, %d errors; %d orphans, %d pruned; %d cache entries skipped, %d without port mappings%s\n",
+		sm.Attachments, sm.OK, sm.Repaired, sm.Errors, sm.Orphans, sm.Pruned, sm.Skipped, sm.NoMappings, dry)
+	return err
+}
