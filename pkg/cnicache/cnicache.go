@@ -178,3 +178,27 @@ func PluginConfig(conflist []byte, pluginType string, capArgs map[string]any, re
 	}
 	return nil, errNoPlugin
 }
+
+// Entry is what Write caches, in libcni's format: the network
+// configuration list, the capability arguments and the final result.
+type Entry struct {
+	Network, ContainerID, IfName string
+	Conflist                     []byte
+	CapabilityArgs               map[string]any
+	Result                       map[string]any
+}
+
+// Write caches e under dir as libcni does after ADD (for tests and the
+// benchmark, which make attachments without a runtime).
+func Write(dir string, e Entry) error {
+	data, err := json.Marshal(entry{Kind: kindV1, ContainerID: e.ContainerID, Config: e.Conflist, IfName: e.IfName,
+		NetworkName: e.Network, CapabilityArgs: e.CapabilityArgs, RawResult: e.Result})
+	if err != nil {
+		return err
+	}
+	results := filepath.Join(dir, "results")
+	if err := os.MkdirAll(results, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(results, e.Network+"-"+e.ContainerID+"-"+e.IfName), data, 0o600)
+}

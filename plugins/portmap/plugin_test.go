@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -19,16 +21,37 @@ import (
 
 // fakeHost records every call the verbs make outside the process.
 type fakeHost struct {
-	calls     []string
+	calls []string
+	// sync answers a backend's Sync; nil: everything ok, nothing else.
+	sync      func(backend string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report
 	failApply map[plan.Family]error
 	failAll   error // returned by every backend call
 	localnet  map[string]bool
 	failSysct error
+	mu        sync.Mutex
 }
 
 type fakeBackend struct {
-	h *fakeHost
-	f plan.Family
+	h    *fakeHost
+	f    plan.Family
+	name string
+}
+
+func (b fakeBackend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	var ids []string
+	for _, p := range want {
+		ids = append(ids, p.Owner.ContainerID)
+	}
+	b.h.mu.Lock()
+	defer b.h.mu.Unlock()
+	b.h.calls = append(b.h.calls, fmt.Sprintf("sync %s %s [%s] prune=%v dry=%v", b.name, b.f, strings.Join(ids, " "), o.Prune, o.DryRun))
+	if b.h.failAll != nil {
+		return nil, b.h.failAll
+	}
+	if b.h.sync != nil {
+		return b.h.sync(b.name, b.f, want, o), nil
+	}
+	return converge.NewReport(len(want)), nil
 }
 
 func (b fakeBackend) Apply(p *plan.Plan) error  { return b.h.record("apply", p, b.h.failApply[b.f]) }
@@ -85,12 +108,18 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 		Stdout: out,
 		Stderr: &bytes.Buffer{},
 		NewBackend: func(name string, f plan.Family) (Backend, error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
 			h.calls = append(h.calls, "backend "+name+" "+f.String())
-			return fakeBackend{h, f}, nil
+			return fakeBackend{h, f, name}, nil
 		},
 		DefaultBackend: func() string { return BackendIPTables },
 		Sysctl:         h,
 		Conntrack:      h,
+		Lock: func() (func(), error) {
+			h.calls = append(h.calls, "lock")
+			return func() {}, nil
+		},
 	}
 	return p, h, out
 }

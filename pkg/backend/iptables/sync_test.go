@@ -1,0 +1,255 @@
+package iptables
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// fakeKernel answers a canned listing and records what is written. A
+// restore whose payload holds failOn fails naming that line, as
+// iptables-restore does.
+type fakeKernel struct {
+	lines    []string
+	restores []string
+	ensures  []string
+	failOn   string
+}
+
+func (k *fakeKernel) Restore(p []byte) error {
+	k.restores = append(k.restores, string(p))
+	if k.failOn == "" {
+		return nil
+	}
+	for i, l := range strings.Split(string(p), "\n") {
+		if strings.Contains(l, k.failOn) {
+			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1")}
+		}
+	}
+	return nil
+}
+func (k *fakeKernel) Test([]byte) error            { return nil }
+func (k *fakeKernel) ListTable() ([]string, error) { return k.lines, nil }
+func (k *fakeKernel) EnsureChain(c Chain) error {
+	k.ensures = append(k.ensures, "chain "+c.Name)
+	return nil
+}
+func (k *fakeKernel) EnsureRule(r Rule) error {
+	k.ensures = append(k.ensures, describe(r))
+	return nil
+}
+
+// The listing (testdata/sync-listing-v4.txt) is what iptables -t nat -S
+// printed after this backend applied syncPlans(): a (8080/tcp and
+// 198.51.100.1:8053/udp to 192.0.2.2), b (9090/tcp to 192.0.2.3, with the
+// condition "! -d 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on
+// network "old".
+func syncPlans(aIP string) (a, b, o *plan.Plan) {
+	m := plan.Masquerade{Enabled: true, MarkBit: 13}
+	ra := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "a", IfName: "eth0"}, Masquerade: m,
+		Mappings: []plan.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
+			{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("198.51.100.1").To4()}}}
+	rb := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "b", IfName: "eth0"}, Masquerade: m,
+		Mappings:     []plan.Mapping{{HostPort: 9090, ContainerPort: 90, Protocol: plan.TCP}},
+		ConditionsV4: []string{"!", "-d", "10.1.0.0/16"}}
+	ro := plan.Request{Owner: plan.Owner{Network: "old", ContainerID: "o", IfName: "eth0"}, Masquerade: m,
+		Mappings: []plan.Mapping{{HostPort: 7070, ContainerPort: 70, Protocol: plan.TCP}}}
+	return plan.Build(ra, plan.IPv4, mustCIDR(aIP+"/24")), plan.Build(rb, plan.IPv4, mustCIDR("192.0.2.3/24")),
+		plan.Build(ro, plan.IPv4, mustCIDR("192.0.2.4/24"))
+}
+
+func syncBackend(t *testing.T, failOn string) (*Backend, *fakeKernel) {
+	t.Helper()
+	data, err := os.ReadFile("testdata/sync-listing-v4.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &fakeKernel{lines: strings.Split(strings.TrimSpace(string(data)), "\n"), failOn: failOn}
+	return &Backend{Family: plan.IPv4, Kernel: k}, k
+}
+
+func TestSyncNothingToRepair(t *testing.T) {
+	b, k := syncBackend(t, "")
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rep.Results {
+		if r.State != converge.OK {
+			t.Errorf("plan %d: %+v, want ok", i, r)
+		}
+	}
+	if rep.Wrote || len(k.restores) != 1 || !strings.Contains(k.restores[0], "-C CNI-HOSTPORT-DNAT") || len(k.ensures) != 0 {
+		t.Errorf("nothing to repair wrote %v, restores %q, ensures %v; want one -C restore", rep.Wrote, k.restores, k.ensures)
+	}
+	if len(rep.Orphans) != 1 || rep.Orphans[0].Network != "old" || rep.Orphans[0].ContainerID != "o" ||
+		rep.Orphans[0].Object != "chain CNI-DN-7d93c336ec738ae49049a" || rep.Orphans[0].Pruned {
+		t.Errorf("orphans %+v, want old/o's chain, not pruned", rep.Orphans)
+	}
+}
+
+func TestSyncPrune(t *testing.T) {
+	b, k := syncBackend(t, "")
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{Prune: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k.restores) != 2 || !rep.Orphans[0].Pruned {
+		t.Fatalf("restores %q, orphans %+v", k.restores, rep.Orphans)
+	}
+	want := []string{
+		`-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"old\" id: \"o\"" -m multiport --dports 7070 -j CNI-DN-7d93c336ec738ae49049a`,
+		":CNI-DN-7d93c336ec738ae49049a - [0:0]",
+		"-X CNI-DN-7d93c336ec738ae49049a",
+	}
+	for _, w := range want {
+		if !strings.Contains(k.restores[1], w+"\n") {
+			t.Errorf("prune payload lacks %q:\n%s", w, k.restores[1])
+		}
+	}
+	if strings.Contains(k.restores[1], "CNI-DN-08dd") {
+		t.Errorf("prune payload touches a wanted chain:\n%s", k.restores[1])
+	}
+
+	// Out of scope, or cached meanwhile: not an orphan.
+	for _, o := range []converge.Options{
+		{Prune: true, InScope: func(n string) bool { return n == "net1" }},
+		{Prune: true, Fresh: func(n, id string) bool { return n == "old" && id == "o" }},
+	} {
+		b, k := syncBackend(t, "")
+		rep, _ := b.Sync([]*plan.Plan{a, bb}, o)
+		if len(rep.Orphans) != 0 || len(k.restores) != 1 {
+			t.Errorf("orphans %+v, restores %d; want none pruned", rep.Orphans, len(k.restores))
+		}
+	}
+}
+
+func TestSyncRepairsWrongTarget(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		b, k := syncBackend(t, "")
+		a, bb, o := syncPlans("192.0.2.9") // a now at .9: its DNAT rules are wrong
+		rep, err := b.Sync([]*plan.Plan{o, a, bb}, converge.Options{DryRun: dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Results[1].State != converge.Repaired || !strings.Contains(rep.Results[1].What, "rules missing or wrong") {
+			t.Errorf("a: %+v, want repaired", rep.Results[1])
+		}
+		if rep.Results[0].State != converge.OK || rep.Results[2].State != converge.OK {
+			t.Errorf("o, b: %+v, want ok", rep.Results)
+		}
+		if dry {
+			if len(k.restores) != 1 || rep.Wrote {
+				t.Errorf("dry run wrote: %q", k.restores)
+			}
+			continue
+		}
+		if len(k.restores) != 2 {
+			t.Fatalf("restores %q, want check and repair", k.restores)
+		}
+		p := k.restores[1]
+		for _, w := range []string{
+			`-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j CNI-DN-08ddbbf98c215b9f2bafc`,
+			":CNI-DN-08ddbbf98c215b9f2bafc - [0:0]",
+			"-A CNI-DN-08ddbbf98c215b9f2bafc -p tcp --dport 8080 -j DNAT --to-destination 192.0.2.9:80",
+			"-I CNI-HOSTPORT-DNAT 1 -m comment",
+		} {
+			if !strings.Contains(p, w) {
+				t.Errorf("repair payload lacks %q:\n%s", w, p)
+			}
+		}
+		if strings.Contains(p, "CNI-DN-fbe3") || strings.Contains(p, "CNI-DN-7d93") {
+			t.Errorf("repair touches attachments that are right:\n%s", p)
+		}
+	}
+}
+
+func TestSyncConditionsCheckedExactly(t *testing.T) {
+	// iptables prints b's condition in its own spelling; -C judges it. Here
+	// the kernel refuses b's -C line: b's entry rule differs.
+	b, k := syncBackend(t, `-C CNI-HOSTPORT-DNAT -m comment --comment "dnat name: \"net1\" id: \"b\""`)
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Results[0].State != converge.OK || rep.Results[1].State != converge.Repaired {
+		t.Errorf("results %+v, want a ok, b repaired", rep.Results)
+	}
+	if len(k.restores) < 3 {
+		t.Errorf("restores %q, want the failed check, the check without b, and b's repair", k.restores)
+	}
+}
+
+func TestSyncSharedMissing(t *testing.T) {
+	b, k := syncBackend(t, "-C PREROUTING -m addrtype")
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Shared) != 1 || !strings.Contains(rep.Shared[0], "PREROUTING") {
+		t.Errorf("shared %q, want the PREROUTING jump", rep.Shared)
+	}
+	if len(k.ensures) == 0 || !rep.Wrote {
+		t.Errorf("shared objects not ensured: %v", k.ensures)
+	}
+	for _, r := range rep.Results {
+		if r.State != converge.OK {
+			t.Errorf("attachment %+v, want ok (only the shared jump was missing)", r)
+		}
+	}
+}
+
+func TestSyncChainMissing(t *testing.T) {
+	b, k := syncBackend(t, "")
+	k.lines = k.lines[:4] // a flushed and deleted table: only policies
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.State != converge.Repaired || !strings.HasSuffix(r.What, " missing") {
+			t.Errorf("%+v, want repaired: chain missing", r)
+		}
+	}
+	if len(k.ensures) == 0 {
+		t.Error("shared chains not ensured")
+	}
+	last := k.restores[len(k.restores)-1]
+	if strings.Count(last, "-N ") != 0 || strings.Count(last, ":CNI-DN-") != 2 {
+		t.Errorf("repair payload:\n%s", last)
+	}
+}
+
+func TestCascadeKeepsNewestOnTop(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	newer, _, _ := syncPlans("192.0.2.7")
+	newer.Owner.ContainerID = "newer"
+	other, _, _ := syncPlans("192.0.2.8")
+	other.Owner.ContainerID = "other"
+	other.Mappings = []plan.Mapping{{HostPort: 1, ContainerPort: 1, Protocol: plan.TCP}}
+	broken := map[int]bool{0: true}
+	rep := converge.NewReport(3)
+	cascade([]*plan.Plan{a, newer, other}, broken, rep)
+	if !broken[1] || broken[2] {
+		t.Errorf("broken %v: want the newer plan of the same port re-applied, the other left alone", broken)
+	}
+}
+
+func TestSplitRule(t *testing.T) {
+	got := splitRule(`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j X`)
+	want := []string{"-A", "CNI-HOSTPORT-DNAT", "-p", "tcp", "-m", "comment", "--comment", `dnat name: "net1" id: "a"`,
+		"-m", "multiport", "--dports", "8080", "-j", "X"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("splitRule:\n got %q\nwant %q", got, want)
+	}
+}

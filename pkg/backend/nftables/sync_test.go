@@ -1,0 +1,203 @@
+package nftables
+
+import (
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// fakeKernel answers listings from canned text (a table absent from it
+// is "No such file or directory", as nft says) and records every other
+// script.
+type fakeKernel struct {
+	tables  map[string]string // "ip cni_portmap" -> nft -a list output
+	scripts []string
+}
+
+func (k *fakeKernel) Run(script string) (string, error) {
+	if rest, ok := strings.CutPrefix(script, "list table "); ok {
+		if out, ok := k.tables[strings.TrimSpace(rest)]; ok {
+			return out, nil
+		}
+		return "", &Error{Output: "Error: No such file or directory", Err: errors.New("exit status 1")}
+	}
+	k.scripts = append(k.scripts, script)
+	return "", nil
+}
+
+func (k *fakeKernel) Check(string) error { return nil }
+
+func cidr(s string) *net.IPNet {
+	ip, n, _ := net.ParseCIDR(s)
+	n.IP = ip.To4()
+	return n
+}
+
+// The listing (testdata/sync-listing-v4.txt) is what nft -a printed after
+// this backend applied syncPlans(): a (8080/tcp and 198.51.100.1:8053/udp
+// to 192.0.2.2), b (9090/tcp to 192.0.2.3, condition "ip daddr !=
+// 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on network "old".
+func syncPlans(aIP string) (a, b, o *plan.Plan) {
+	m := plan.Masquerade{Enabled: true, MarkBit: 13}
+	ra := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "a", IfName: "eth0"}, Masquerade: m,
+		Mappings: []plan.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
+			{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("198.51.100.1").To4()}}}
+	rb := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "b", IfName: "eth0"}, Masquerade: m,
+		Mappings:     []plan.Mapping{{HostPort: 9090, ContainerPort: 90, Protocol: plan.TCP}},
+		ConditionsV4: []string{"ip daddr != 10.1.0.0/16"}}
+	ro := plan.Request{Owner: plan.Owner{Network: "old", ContainerID: "o", IfName: "eth0"}, Masquerade: m,
+		Mappings: []plan.Mapping{{HostPort: 7070, ContainerPort: 70, Protocol: plan.TCP}}}
+	return plan.Build(ra, plan.IPv4, cidr(aIP+"/24")), plan.Build(rb, plan.IPv4, cidr("192.0.2.3/24")),
+		plan.Build(ro, plan.IPv4, cidr("192.0.2.4/24"))
+}
+
+func syncBackend(t *testing.T, listed bool) (*Backend, *fakeKernel) {
+	t.Helper()
+	k := &fakeKernel{tables: map[string]string{}}
+	if listed {
+		data, err := os.ReadFile("testdata/sync-listing-v4.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.tables["ip "+Table] = string(data)
+	}
+	return &Backend{Family: plan.IPv4, Kernel: k}, k
+}
+
+func TestSyncNothingToRepair(t *testing.T) {
+	b, k := syncBackend(t, true)
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rep.Results {
+		if r.State != converge.OK {
+			t.Errorf("plan %d: %+v, want ok", i, r)
+		}
+	}
+	if len(rep.Shared) != 0 || len(k.scripts) != 0 || rep.Wrote {
+		t.Errorf("shared %q, scripts %q: want nothing written", rep.Shared, k.scripts)
+	}
+	if len(rep.Orphans) != 1 || rep.Orphans[0].Network != "old" || rep.Orphans[0].ContainerID != "o" || rep.Orphans[0].Pruned {
+		t.Errorf("orphans %+v, want old/o, not pruned", rep.Orphans)
+	}
+}
+
+func TestSyncPrune(t *testing.T) {
+	b, k := syncBackend(t, true)
+	k.tables["ip "+UpstreamTable] = "table ip cni_hostport { # handle 9\n\tchain hostports { # handle 1\n" +
+		"\t\ttcp dport 6104 dnat to 192.0.2.66:80 comment \"upc\" # handle 4\n" +
+		"\t\ttcp dport 6105 dnat to 192.0.2.67:80 comment \"a\" # handle 5\n\t}\n}\n"
+	a, bb, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{Prune: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k.scripts) != 1 || len(rep.Orphans) != 2 {
+		t.Fatalf("scripts %q, orphans %+v", k.scripts, rep.Orphans)
+	}
+	s := k.scripts[0]
+	for _, w := range []string{
+		"delete element ip cni_portmap hostports { tcp . 7070 }",
+		"delete chain ip cni_portmap dn-cba06b5736faf67e-8dad2c8e4ab28af5",
+		"delete rule ip cni_hostport hostports handle 4",
+	} {
+		if !strings.Contains(s, w) {
+			t.Errorf("prune script lacks %q:\n%s", w, s)
+		}
+	}
+	if strings.Contains(s, "handle 5") || strings.Contains(s, "8080") {
+		t.Errorf("prune script touches what is wanted (a's ID, a's port):\n%s", s)
+	}
+	for _, o := range rep.Orphans {
+		if !o.Pruned {
+			t.Errorf("orphan %+v not pruned", o)
+		}
+	}
+}
+
+func TestSyncRepairsWrongTarget(t *testing.T) {
+	b, k := syncBackend(t, true)
+	a, bb, o := syncPlans("192.0.2.9")
+	rep, err := b.Sync([]*plan.Plan{o, a, bb}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Results[1].State != converge.Repaired || !strings.Contains(rep.Results[1].What, "dnat to 192.0.2.9:80") {
+		t.Errorf("a: %+v, want repaired naming the target", rep.Results[1])
+	}
+	if rep.Results[0].State != converge.OK || rep.Results[2].State != converge.OK {
+		t.Errorf("o, b: %+v, want ok", rep.Results)
+	}
+	if len(k.scripts) != 1 {
+		t.Fatalf("scripts %q", k.scripts)
+	}
+	s := k.scripts[0]
+	if !strings.Contains(s, "flush chain ip cni_portmap dn-6c270ef2f251d571-a23508c67eab7c80") ||
+		!strings.Contains(s, "dnat to 192.0.2.9:80") {
+		t.Errorf("repair script:\n%s", s)
+	}
+	if strings.Contains(s, "element") || strings.Contains(s, "dispatch") || strings.Contains(s, "c5446b7f5df41560") {
+		t.Errorf("repair rewrites what is right (elements, skeleton, b):\n%s", s)
+	}
+}
+
+func TestSyncNewestWins(t *testing.T) {
+	b, k := syncBackend(t, true)
+	a, _, _ := syncPlans("192.0.2.2")
+	c, _, _ := syncPlans("192.0.2.5") // newer, same keys, not applied yet
+	c.Owner.ContainerID = "c"
+	rep, err := b.Sync([]*plan.Plan{a, c}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Results[0].State != converge.OK || rep.Results[1].State != converge.Repaired {
+		t.Fatalf("results %+v: want a ok (its keys are c's now), c repaired", rep.Results)
+	}
+	s := k.scripts[0]
+	own := ChainName(c.Owner)
+	for _, w := range []string{
+		"delete element ip cni_portmap hostports { tcp . 8080 }",
+		"add element ip cni_portmap hostports { tcp . 8080 : goto " + own + " }",
+		"add element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 : goto " + own + " }",
+	} {
+		if !strings.Contains(s, w) {
+			t.Errorf("script lacks %q:\n%s", w, s)
+		}
+	}
+}
+
+func TestSyncEmptyTable(t *testing.T) {
+	b, k := syncBackend(t, false)
+	a, _, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Shared) == 0 || rep.Results[0].State != converge.Repaired {
+		t.Fatalf("shared %q, results %+v", rep.Shared, rep.Results)
+	}
+	s := k.scripts[0]
+	if !strings.Contains(s, "add table ip cni_portmap") || !strings.Contains(s, "add rule ip cni_portmap dispatch") ||
+		strings.Contains(s, "delete element") || !strings.Contains(s, "add element ip cni_portmap hostports { tcp . 8080") {
+		t.Errorf("script:\n%s", s)
+	}
+}
+
+func TestSyncDryRunWritesNothing(t *testing.T) {
+	b, k := syncBackend(t, false)
+	a, _, _ := syncPlans("192.0.2.2")
+	rep, err := b.Sync([]*plan.Plan{a}, converge.Options{DryRun: true, Prune: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k.scripts) != 0 || rep.Wrote || rep.Results[0].State != converge.Repaired {
+		t.Errorf("dry run: scripts %q, results %+v", k.scripts, rep.Results)
+	}
+}

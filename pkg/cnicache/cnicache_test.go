@@ -1,0 +1,101 @@
+package cnicache
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const conflist = `{"cniVersion":"1.0.0","name":"net1","plugins":[
+ {"type":"ptp","ipam":{"type":"host-local"}},
+ {"type":"portmap","capabilities":{"portMappings":true,"bandwidth":false},"snat":false}]}`
+
+var result = map[string]any{"cniVersion": "1.0.0", "ips": []any{map[string]any{"address": "192.0.2.2/24"}}}
+
+func TestPluginConfigAsLibcniBuildsIt(t *testing.T) {
+	caps := map[string]any{
+		"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}},
+		"bandwidth":    map[string]any{"ingressRate": 1},
+		"ips":          []any{"192.0.2.9"},
+	}
+	stdin, err := PluginConfig([]byte(conflist), "portmap", caps, result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(stdin, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["name"] != "net1" || got["cniVersion"] != "1.0.0" || got["type"] != "portmap" || got["snat"] != false {
+		t.Errorf("plugin keys: %v", got)
+	}
+	rc, _ := got["runtimeConfig"].(map[string]any)
+	if len(rc) != 1 || rc["portMappings"] == nil {
+		t.Errorf("runtimeConfig %v: want only the declared, enabled capability", rc)
+	}
+	if pr, _ := got["prevResult"].(map[string]any); pr["cniVersion"] != "1.0.0" {
+		t.Errorf("prevResult %v", got["prevResult"])
+	}
+
+	// A plugin without the capability gets no runtimeConfig.
+	stdin, _ = PluginConfig([]byte(strings.Replace(conflist, `"portMappings":true`, `"portMappings":false`, 1)), "portmap", caps, result)
+	if strings.Contains(string(stdin), "runtimeConfig") {
+		t.Errorf("undeclared capability passed: %s", stdin)
+	}
+	// A single-plugin configuration, as AddNetwork caches it.
+	stdin, err = PluginConfig([]byte(`{"cniVersion":"0.4.0","name":"one","type":"portmap","capabilities":{"portMappings":true}}`), "portmap", caps, nil)
+	if err != nil || !strings.Contains(string(stdin), `"name":"one"`) || strings.Contains(string(stdin), "prevResult") {
+		t.Errorf("single config: %s, %v", stdin, err)
+	}
+}
+
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	write := func(id string, age time.Duration, conf string) {
+		t.Helper()
+		if err := Write(dir, Entry{Network: "net1", ContainerID: id, IfName: "eth0", Conflist: []byte(conf), Result: result}); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "results", "net1-"+id+"-eth0")
+		ts := time.Now().Add(-age)
+		if err := os.Chtimes(f, ts, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("new", time.Minute, conflist)
+	write("old", time.Hour, conflist)
+	write("plain", time.Hour, `{"cniVersion":"1.0.0","name":"net1","plugins":[{"type":"ptp"}]}`)
+	results := filepath.Join(dir, "results")
+	for name, content := range map[string]string{
+		"net1-trunc-eth0": `{"kind":"cniCacheV1","containerId":`,
+		"net1-kind-eth0":  `{"kind":"cniCacheV2","containerId":"x","ifName":"eth0","networkName":"net1"}`,
+		"net1-noid-eth0":  `{"kind":"cniCacheV1","ifName":"eth0","networkName":"net1"}`,
+	} {
+		if err := os.WriteFile(filepath.Join(results, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atts, skipped, err := Read(dir, "portmap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(atts) != 2 || atts[0].ContainerID != "old" || atts[1].ContainerID != "new" {
+		t.Errorf("attachments %+v: want old, then new", atts)
+	}
+	why := map[string]Skipped{}
+	for _, s := range skipped {
+		why[filepath.Base(s.File)] = s
+	}
+	for name, corrupt := range map[string]bool{"net1-trunc-eth0": true, "net1-kind-eth0": true, "net1-noid-eth0": true, "net1-plain-eth0": false} {
+		s, ok := why[name]
+		if !ok || s.Corrupt != corrupt || s.Why == "" {
+			t.Errorf("%s: skipped %v %+v, want corrupt=%v with a reason", name, ok, s, corrupt)
+		}
+	}
+	if atts, skipped, err := Read(filepath.Join(dir, "missing"), "portmap"); err != nil || atts != nil || skipped != nil {
+		t.Errorf("a missing cache: %v %v %v, want empty", atts, skipped, err)
+	}
+}

@@ -1,0 +1,174 @@
+package portmap
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// cacheEntry caches an attachment of network with portmap keys extra and
+// the mappings, age old, as libcni would after ADD.
+func cacheEntry(t *testing.T, dir, network, id, extra, mappings string, age time.Duration) {
+	t.Helper()
+	conflist := `{"cniVersion":"1.0.0","name":"` + network + `","plugins":[{"type":"ptp"},
+	  {"type":"portmap","capabilities":{"portMappings":true}` + extra + `}]}`
+	e := cnicache.Entry{Network: network, ContainerID: id, IfName: "eth0", Conflist: []byte(conflist),
+		Result: map[string]any{"cniVersion": "1.0.0",
+			"interfaces": []any{map[string]any{"name": "eth0", "sandbox": "/run/netns/" + id}},
+			"ips":        []any{map[string]any{"address": "192.0.2.2/24", "interface": 0}}}}
+	if mappings != "" {
+		e.CapabilityArgs = map[string]any{"portMappings": jsonValue(t, mappings)}
+	}
+	if err := cnicache.Write(dir, e); err != nil {
+		t.Fatal(err)
+	}
+	ts := time.Now().Add(-age)
+	if err := os.Chtimes(filepath.Join(dir, "results", network+"-"+id+"-eth0"), ts, ts); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func jsonValue(t *testing.T, s string) any {
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
+	p, h, _ := newFake()
+	dir := t.TempDir()
+	tcp := `[{"hostPort":8080,"containerPort":80}]`
+	udp := `[{"hostPort":53,"containerPort":53,"protocol":"udp"}]`
+	cacheEntry(t, dir, "net1", "young", "", tcp, time.Minute)
+	cacheEntry(t, dir, "net1", "old", "", tcp, time.Hour)
+	cacheEntry(t, dir, "net2", "nft", `,"backend":"nftables"`, udp, time.Hour)
+	cacheEntry(t, dir, "net2", "none", "", "", time.Hour) // no mappings: nothing to keep
+	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		r := converge.NewReport(len(want))
+		for i, pl := range want {
+			if pl.Owner.ContainerID == "nft" {
+				r.Results[i] = converge.Result{State: converge.Repaired, What: "chain missing"}
+			}
+		}
+		if be == BackendIPTables {
+			r.Orphans = []converge.Orphan{{Network: "gone", ContainerID: "x", Object: "chain CNI-DN-1"}}
+		}
+		return r
+	}
+	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"sync iptables ipv4 [old young] prune=false dry=false",
+		"sync nftables ipv4 [nft] prune=false dry=false",
+		"sync iptables ipv6 [] prune=false dry=false",
+		"sync nftables ipv6 [] prune=false dry=false",
+		"route_localnet veth-192.0.2.2",
+		"flush ipv4 udp 53",
+	} {
+		if !slices.Contains(h.calls, want) {
+			t.Errorf("no call %q in %q", want, h.calls)
+		}
+	}
+	if h.calls[0] != "lock" {
+		t.Errorf("the pass does not start with the lock: %q", h.calls)
+	}
+	got := map[string]string{}
+	for _, a := range rep.Attachments {
+		got[a.ContainerID] = a.State + " " + a.What
+	}
+	// route_localnet was off on the (one, shared) host interface: the
+	// oldest attachment's pass turns it on.
+	if got["nft"] != "repaired ipv4: chain missing" || got["old"] != "repaired route_localnet off on veth-192.0.2.2" ||
+		got["young"] != "ok " {
+		t.Errorf("attachments %q", got)
+	}
+	if rep.Summary.NoMappings != 1 || rep.Summary.Orphans != 2 || rep.Failed() {
+		t.Errorf("summary %+v", rep.Summary)
+	}
+	var out bytes.Buffer
+	if err := WriteSync(&out, rep, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"net2 nft eth0: repaired: ipv4: chain missing",
+		"gone x -: orphan: iptables ipv4 chain CNI-DN-1",
+		"sync: 3 attachments: 1 ok, 2 repaired, 0 errors; 2 orphans, 0 pruned; 0 cache entries skipped, 1 without port mappings",
+	} {
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestSyncDryRunAndScope(t *testing.T) {
+	p, h, _ := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	cacheEntry(t, dir, "net2", "b", "", `[{"hostPort":8081,"containerPort":80}]`, time.Hour)
+	var scope func(string) bool
+	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		scope = o.InScope
+		return converge.NewReport(len(want))
+	}
+	rep, err := p.Sync(SyncOptions{CacheDir: dir, DryRun: true, Networks: []string{"net2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(h.calls, "lock") || slices.ContainsFunc(h.calls, func(c string) bool { return strings.HasPrefix(c, "route_localnet ") }) {
+		t.Errorf("dry run locked or changed route_localnet: %q", h.calls)
+	}
+	if !slices.Contains(h.calls, "sync iptables ipv4 [b] prune=false dry=true") || len(rep.Attachments) != 1 ||
+		rep.Attachments[0].State != "would repair" {
+		t.Errorf("calls %q, attachments %+v", h.calls, rep.Attachments)
+	}
+	if scope("net1") || !scope("net2") || scope("") {
+		t.Error("--network net2: orphans of net1 or of unknown owners are in scope")
+	}
+}
+
+func TestSyncReportsBadEntries(t *testing.T) {
+	p, _, _ := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "bad", `,"markMasqBit":40`, `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	if err := os.WriteFile(filepath.Join(dir, "results", "x-y-eth0"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Skipped) != 2 || !rep.Failed() {
+		t.Errorf("skipped %+v: want both, and a failed pass", rep.Skipped)
+	}
+	for _, s := range rep.Skipped {
+		if filepath.Base(s.File) == "net1-bad-eth0" && !strings.Contains(s.Why, "markMasqBit 40") {
+			t.Errorf("invalid config reported as %q", s.Why)
+		}
+	}
+}
+
+func TestSyncMainUsage(t *testing.T) {
+	p, _, _ := newFake()
+	if got := SyncMain(p, []string{"--bogus"}); got != 2 {
+		t.Errorf("bad flag: exit %d, want 2", got)
+	}
+	if got := SyncMain(p, []string{"extra"}); got != 2 {
+		t.Errorf("extra argument: exit %d, want 2", got)
+	}
+	if got := SyncMain(p, []string{"--cache-dir", t.TempDir(), "--json"}); got != 0 {
+		t.Errorf("empty cache: exit %d, want 0", got)
+	}
+}
