@@ -27,6 +27,9 @@ type SyncOptions struct {
 	Prune    bool
 	DryRun   bool
 	JSON     bool
+	// protect, when set, is asked of each orphan before it is pruned
+	// (watch mode: only orphans seen twice go); true keeps it.
+	protect func(network, containerID string) bool
 }
 
 // SyncReport is what one pass found and did; its JSON form is what
@@ -200,7 +203,11 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 		}
 		return false
 	}
-	copts := converge.Options{InScope: inScope, Fresh: fresh, Prune: o.Prune, DryRun: o.DryRun}
+	keep := fresh
+	if o.protect != nil {
+		keep = func(network, id string) bool { return o.protect(network, id) || fresh(network, id) }
+	}
+	copts := converge.Options{InScope: inScope, Fresh: keep, Prune: o.Prune, DryRun: o.DryRun}
 
 	if !o.DryRun {
 		release, err := p.Lock()

@@ -1,11 +1,16 @@
 package portmap
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/nfevents"
 )
 
 // networks is the repeatable --network flag.
@@ -27,8 +32,12 @@ func SyncMain(p *Plugin, args []string) int {
 	fs.BoolVar(&o.Prune, "prune", false, "remove host-port mappings whose owner has no cache entry")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "change nothing; report what a pass would do")
 	fs.BoolVar(&o.JSON, "json", false, "print the report as JSON")
+	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
+	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
+	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
 	fs.Usage = func() {
 		fmt.Fprintln(p.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--dry-run] [--json]")
+		fmt.Fprintln(p.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -39,6 +48,17 @@ func SyncMain(p *Plugin, args []string) int {
 		return 2
 	}
 	o.Networks = nets
+	if *watch {
+		if o.DryRun || o.JSON {
+			fmt.Fprintln(p.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")
+			return 2
+		}
+		if *interval <= 0 || *debounce < 0 {
+			fmt.Fprintln(p.Stderr, "portmap sync: --interval must be positive and --debounce not negative")
+			return 2
+		}
+		return watchMain(p, WatchOptions{SyncOptions: o, Interval: *interval, Debounce: *debounce})
+	}
 	rep, err := p.Sync(o)
 	if rep != nil {
 		if werr := WriteSync(p.Stdout, rep, o.JSON); werr != nil {
@@ -51,6 +71,27 @@ func SyncMain(p *Plugin, args []string) int {
 		return 1
 	}
 	if rep.Failed() {
+		return 1
+	}
+	return 0
+}
+
+// watchMain runs Watch until SIGTERM or SIGINT, logging to p.Stdout.
+func watchMain(p *Plugin, o WatchOptions) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var events <-chan struct{}
+	var drain func()
+	sub, err := nfevents.Subscribe()
+	if err != nil {
+		// iptables-legacy hosts may lack nf_tables: the timer still works.
+		fmt.Fprintf(p.Stderr, "portmap sync --watch: %v; passes every %s only\n", err, o.Interval)
+	} else {
+		defer sub.Close()
+		events, drain = sub.C, sub.Drain
+	}
+	if err := p.Watch(ctx, o, events, drain, p.Stdout); err != nil {
+		fmt.Fprintln(p.Stderr, "portmap sync --watch:", err)
 		return 1
 	}
 	return 0

@@ -351,6 +351,8 @@ func diff(want, have []string) string {
 		extra += n
 	}
 	switch {
+	case len(have) == 0:
+		return fmt.Sprintf("all %d rules missing", len(want))
 	case len(missing) > 0:
 		return fmt.Sprintf("%d of %d rules missing or wrong (first: %s)", len(missing), len(want), missing[0])
 	case extra > 0:
@@ -363,15 +365,30 @@ func diff(want, have []string) string {
 // spelling for our tokens and for iptables -S output: addresses with
 // their prefix length, the protocol, port, target and DNAT destination.
 func ruleKey(tokens []string) string {
-	f := fields(tokens)
-	return fmt.Sprintf("%s-s %s -d %s -p %s --dport %s -j %s %s",
-		f["!"], f["-s"], f["-d"], f["-p"], f["--dport"], f["-j"], f["--to-destination"])
+	return keyOf(fields(tokens), "!", "-s", "-d", "-p", "--dport", "-j", "--to-destination")
 }
 
 // entryKey identifies an entry rule without its conditions.
 func entryKey(tokens []string) string {
-	f := fields(tokens)
-	return fmt.Sprintf("-p %s --dports %s --comment %q -j %s", f["-p"], f["--dports"], f["--comment"], f["-j"])
+	return keyOf(fields(tokens), "-p", "--dports", "--comment", "-j")
+}
+
+// keyOf spells the given options of f, as iptables would, leaving out
+// those that are absent.
+func keyOf(f map[string]string, opts ...string) string {
+	var parts []string
+	for _, o := range opts {
+		switch v, ok := f[o]; {
+		case !ok:
+		case o == "!":
+			parts = append(parts, "!")
+		case o == "--comment":
+			parts = append(parts, o, strconv.Quote(v))
+		default:
+			parts = append(parts, o, v)
+		}
+	}
+	return strings.Join(parts, " ")
 }
 
 // fields reads the options ruleKey and entryKey use; "!" records whether
@@ -382,7 +399,7 @@ func fields(tokens []string) map[string]string {
 		t := tokens[i]
 		switch t {
 		case "!":
-			f["!"] = "! "
+			f["!"] = ""
 		case "-s", "-d":
 			if i+1 < len(tokens) {
 				f[t] = withPrefix(tokens[i+1])
@@ -471,7 +488,7 @@ func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converg
 		if o.InScope != nil && !o.InScope(scopeNet) {
 			continue
 		}
-		if o.Fresh != nil && id != "?" && o.Fresh(network, id) {
+		if o.Fresh != nil && o.Fresh(network, id) {
 			continue
 		}
 		out = append(out, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + c})

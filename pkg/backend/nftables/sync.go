@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -65,17 +66,30 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	for _, p := range want {
 		kinds[fmt.Sprintf("%v/%d/%v", ownMasq(p), p.Masquerade.MarkBit, guarded(p))] = p
 	}
-	for _, m := range []string{HostPortsMap, HostIPPortsMap} {
-		if len(want) > 0 && !strings.Contains(out, "map "+m+" {") {
-			shared = append(shared, "map "+m+" missing")
+	switch {
+	case len(want) == 0:
+	case out == "":
+		shared = append(shared, fmt.Sprintf("table %s %s missing", fam, Table))
+	default:
+		for _, m := range []string{HostPortsMap, HostIPPortsMap} {
+			if !strings.Contains(out, "map "+m+" {") {
+				shared = append(shared, "map "+m+" missing")
+			}
 		}
-	}
-	for _, k := range sortedKinds(kinds) {
-		skel := skeletonRules(kinds[k])
-		for _, c := range sortedKeys(skel) {
-			for _, r := range skel[c] {
-				if !strings.Contains(chains[c], signature(r)) && !contains(shared, "chain "+c) {
-					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r))
+		for _, k := range sortedKinds(kinds) {
+			skel := skeletonRules(kinds[k])
+			for _, c := range sortedKeys(skel) {
+				text, ok := chains[c]
+				if !ok {
+					if !slices.Contains(shared, "chain "+c+" missing") {
+						shared = append(shared, "chain "+c+" missing")
+					}
+					continue
+				}
+				for _, r := range skel[c] {
+					if !strings.Contains(text, signature(r)) && !contains(shared, "chain "+c) {
+						shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r))
+					}
 				}
 			}
 		}
@@ -108,7 +122,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		if network == "?" {
 			scope = ""
 		}
-		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && id != "?" && o.Fresh(network, id)) {
+		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && o.Fresh(network, id)) {
 			continue
 		}
 		orphanChains = append(orphanChains, name)

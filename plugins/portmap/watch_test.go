@@ -1,0 +1,93 @@
+package portmap
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// watchFake runs Watch over a fake whose first `writes` passes repair
+// something, and returns a function that stops it and counts the passes
+// (one Sync of iptables ipv4 each).
+func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (passes int, log string)) {
+	t.Helper()
+	p, h, _ := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	h.localnet["veth-192.0.2.2"] = true
+	var mu sync.Mutex
+	passes := 0
+	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		r := converge.NewReport(len(want))
+		if be != BackendIPTables || f != plan.IPv4 {
+			return r
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		passes++
+		if passes <= writes {
+			r.Results[0] = converge.Result{State: converge.Repaired, What: "chain missing"}
+		}
+		return r
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var log bytes.Buffer
+	done := make(chan error)
+	go func() {
+		done <- p.Watch(ctx, WatchOptions{SyncOptions: SyncOptions{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond},
+			events, nil, &log)
+	}()
+	return func() (int, string) {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Watch: %v", err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("Watch did not return after its context ended")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return passes, log.String()
+	}
+}
+
+func TestWatchDebouncesEvents(t *testing.T) {
+	events := make(chan struct{}, 1)
+	stop := watchFake(t, 0, events)
+	time.Sleep(20 * time.Millisecond)
+	for range 5 { // a reload: many commits in a row
+		select {
+		case events <- struct{}{}:
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	passes, log := stop()
+	if passes != 2 {
+		t.Errorf("%d passes, want 2: the start and one for the burst of events", passes)
+	}
+	if strings.Contains(log, "repaired") {
+		t.Errorf("log of passes that found nothing:\n%s", log)
+	}
+}
+
+func TestWatchFollowsAWritingPassOnce(t *testing.T) {
+	stop := watchFake(t, 1, nil)
+	time.Sleep(400 * time.Millisecond) // 8 debounce periods
+	passes, log := stop()
+	if passes != 2 {
+		t.Errorf("%d passes, want 2: a pass that wrote, one to confirm, then quiet", passes)
+	}
+	if !strings.Contains(log, "net1 a eth0: repaired: ipv4: chain missing") || !strings.Contains(log, "stopping") {
+		t.Errorf("log:\n%s", log)
+	}
+}
