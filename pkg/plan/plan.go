@@ -103,6 +103,9 @@ type Plan struct {
 	// Conditions are extra match tokens for the entry rules, already
 	// validated for the backend.
 	Conditions []string
+	// ForwardAccept lets the attachment's DNAT'd connections through a
+	// DROP policy of iptables' filter FORWARD chain (forwardAccept).
+	ForwardAccept bool
 }
 
 // Request is the family-independent input of Build.
@@ -112,6 +115,7 @@ type Request struct {
 	Masquerade Masquerade
 	ConditionsV4,
 	ConditionsV6 []string
+	ForwardAccept bool
 }
 
 // Build makes the plan of family f for containerNet (which may be nil on DEL
@@ -120,10 +124,11 @@ type Request struct {
 // IPs (0.0.0.0, ::) become "any".
 func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 	p := &Plan{
-		Family:     f,
-		Owner:      req.Owner,
-		Masquerade: req.Masquerade,
-		Conditions: req.ConditionsV4,
+		Family:        f,
+		Owner:         req.Owner,
+		Masquerade:    req.Masquerade,
+		Conditions:    req.ConditionsV4,
+		ForwardAccept: req.ForwardAccept,
 	}
 	if f == IPv6 {
 		p.Conditions = req.ConditionsV6

@@ -35,8 +35,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 }
 
 type applied struct {
-	be Backend
+	be interface{ Remove(*plan.Plan) error }
 	pl *plan.Plan
+	// forward marks the forwardAccept rules (no sysctl, no flush).
+	forward bool
 }
 
 func (p *Plugin) add(c *Config) error {
@@ -71,10 +73,22 @@ func (p *Plugin) add(c *Config) error {
 		if err := be.Apply(pl); err != nil {
 			return undo(err)
 		}
-		done = append(done, applied{be, pl})
+		done = append(done, applied{be, pl, false})
+		if pl.ForwardAccept {
+			fw, err := p.forwarder(f)
+			if err != nil {
+				return undo(err)
+			}
+			if fw != nil {
+				if err := fw.Apply(pl); err != nil {
+					return undo(err)
+				}
+				done = append(done, applied{fw, pl, true})
+			}
+		}
 	}
 	for _, a := range done {
-		if a.pl.Family != plan.IPv4 || !a.pl.Masquerade.Enabled {
+		if a.forward || a.pl.Family != plan.IPv4 || !a.pl.Masquerade.Enabled {
 			continue
 		}
 		ifName, err := p.Sysctl.HostInterface(a.pl.ContainerNet.IP)
@@ -90,7 +104,9 @@ func (p *Plugin) add(c *Config) error {
 	}
 	// After the rules: new packets must meet the new translation.
 	for _, a := range done {
-		p.flush(a.pl)
+		if !a.forward {
+			p.flush(a.pl)
+		}
 	}
 	return nil
 }

@@ -43,6 +43,17 @@ func (p *Plugin) check(c *Config) error {
 		if err := be.Check(pl); err != nil {
 			return err
 		}
+		if pl.ForwardAccept {
+			fw, err := p.forwarder(f)
+			if err != nil {
+				return err
+			}
+			if fw != nil {
+				if err := fw.Check(pl); err != nil {
+					return err
+				}
+			}
+		}
 		if f != plan.IPv4 || !pl.Masquerade.Enabled {
 			continue
 		}

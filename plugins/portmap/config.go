@@ -67,6 +67,7 @@ type netConf struct {
 	ConditionsV6         *[]string `json:"conditionsV6"`
 	MasqAll              bool      `json:"masqAll"`
 	HostPortConflict     *string   `json:"hostPortConflict"`
+	ForwardAccept        bool      `json:"forwardAccept"`
 	RuntimeConfig        struct {
 		PortMappings []json.RawMessage `json:"portMappings"`
 	} `json:"runtimeConfig"`
@@ -156,6 +157,7 @@ func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
 		m.ExternalSetMarkChain = *nc.ExternalSetMarkChain
 	}
 	c.Request.Masquerade = m
+	c.Request.ForwardAccept = nc.ForwardAccept
 
 	if err := c.parseConditions(nc); err != nil {
 		return nil, err

@@ -31,6 +31,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		usable++
 		pl := plan.Build(c.Request, f, c.ContainerNets[f])
+		if pl.ForwardAccept {
+			if fw, err := p.forwarder(f); err != nil {
+				errs = append(errs, err)
+			} else if fw != nil {
+				errs = append(errs, fw.Remove(pl))
+			}
+		}
 		if err := be.Remove(pl); err != nil {
 			errs = append(errs, err)
 			continue

@@ -37,6 +37,13 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		if err := be.GC(c.Network, valid); err != nil {
 			errs = append(errs, err)
 		}
+		if c.Request.ForwardAccept {
+			if fw, err := p.forwarder(f); err != nil {
+				errs = append(errs, err)
+			} else if fw != nil {
+				errs = append(errs, fw.GC(c.Network, valid))
+			}
+		}
 	}
 	return cniError(c, errors.Join(errs...))
 }

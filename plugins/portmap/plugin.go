@@ -35,6 +35,16 @@ type Backend interface {
 	Ready() error
 }
 
+// Forwarder keeps the forwardAccept rules of one family (in iptables'
+// filter FORWARD, whichever backend maps the ports).
+type Forwarder interface {
+	Apply(*plan.Plan) error
+	Remove(*plan.Plan) error
+	Check(*plan.Plan) error
+	GC(network string, valid []plan.Owner) error
+	Syncer
+}
+
 // Sysctl is the host's route_localnet switch.
 type Sysctl interface {
 	HostInterface(ip net.IP) (string, error)
@@ -53,6 +63,10 @@ type Plugin struct {
 	Stderr io.Writer
 	// NewBackend returns the backend called name for family f.
 	NewBackend func(name string, f plan.Family) (Backend, error)
+	// NewForward returns the forwardAccept rules of family f; an error
+	// wrapping exec.ErrNotFound means the host has no iptables, so no
+	// FORWARD chain of it can drop anything.
+	NewForward func(f plan.Family) (Forwarder, error)
 	// DefaultBackend names the backend used when the config has none.
 	DefaultBackend func() string
 	Sysctl         Sysctl
@@ -79,6 +93,13 @@ func New() *Plugin {
 		Lock:           func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
 	}
 	p.NewBackend = func(name string, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
+	p.NewForward = func(f plan.Family) (Forwarder, error) {
+		fw, err := iptables.NewForward(f)
+		if err != nil {
+			return nil, err
+		}
+		return fw, nil
+	}
 	return p
 }
 
@@ -137,6 +158,16 @@ func cniError(c *Config, err error) error {
 		return types.NewError(types.ErrTryAgainLater, msg, "")
 	}
 	return errors.New(msg)
+}
+
+// forwarder returns family f's forwardAccept rules, or nil when the host
+// has no iptables (then nothing of iptables can drop forwarded traffic).
+func (p *Plugin) forwarder(f plan.Family) (Forwarder, error) {
+	fw, err := p.NewForward(f)
+	if errors.Is(err, exec.ErrNotFound) {
+		return nil, nil
+	}
+	return fw, err
 }
 
 // flush removes stale UDP/SCTP conntrack entries of the plan's host ports.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +113,12 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 			defer h.mu.Unlock()
 			h.calls = append(h.calls, "backend "+name+" "+f.String())
 			return fakeBackend{h, f, name}, nil
+		},
+		NewForward: func(f plan.Family) (Forwarder, error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.calls = append(h.calls, "forward "+f.String())
+			return fakeBackend{h, f, "forward"}, nil
 		},
 		DefaultBackend: func() string { return BackendIPTables },
 		Sysctl:         h,
@@ -438,4 +445,67 @@ func TestAddOtherFamilyOnlyIsNoOp(t *testing.T) {
 	if !strings.Contains(out.String(), "192.0.2.2/24") {
 		t.Errorf("prevResult not passed through: %s", out)
 	}
+}
+
+func TestForwardAcceptVerbs(t *testing.T) {
+	fa := func(extra map[string]string) map[string]string {
+		extra["forwardAccept"] = "true"
+		return extra
+	}
+	t.Run("add, check, del, gc", func(t *testing.T) {
+		p, h, _ := newFake()
+		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Check(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Del(args(t, fa(map[string]string{}))); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(h.calls, "\n")
+		for _, want := range []string{
+			"forward ipv4\napply ipv4 net1/c1/eth0 192.0.2.2",
+			"forward ipv6\napply ipv6 net1/c1/eth0 2001:db8::2",
+			"forward ipv4\ncheck ipv4",
+			"forward ipv4\nremove ipv4 net1/c1/eth0 -",
+			"forward ipv6\nremove ipv6 net1/c1/eth0 -",
+		} {
+			if !strings.Contains(got, want) {
+				t.Errorf("calls lack %q:\n%s", want, got)
+			}
+		}
+	})
+	t.Run("off by default", func(t *testing.T) {
+		p, h, _ := newFake()
+		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Del(args(t, map[string]string{})); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(h.calls, "\n"); strings.Contains(got, "forward") {
+			t.Errorf("forwardAccept rules touched without the key:\n%s", got)
+		}
+	})
+	t.Run("no iptables: nothing to open", func(t *testing.T) {
+		p, h, _ := newFake()
+		p.NewForward = func(plan.Family) (Forwarder, error) { return nil, fmt.Errorf("ipv4: %w", exec.ErrNotFound) }
+		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual, "backend": `"nftables"`})))); err != nil {
+			t.Fatalf("ADD on a host without iptables: %v", err)
+		}
+		if n := strings.Count(strings.Join(h.calls, "\n"), "apply"); n != 2 {
+			t.Errorf("calls %v: want the two families' mappings only", h.calls)
+		}
+	})
+	t.Run("a failing accept undoes the ADD", func(t *testing.T) {
+		p, h, _ := newFake()
+		p.NewForward = func(plan.Family) (Forwarder, error) { return nil, errors.New("filter table is read-only") }
+		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err == nil {
+			t.Fatal("ADD succeeded")
+		}
+		if last := h.calls[len(h.calls)-1]; !strings.HasPrefix(last, "remove ipv4") {
+			t.Errorf("calls %v: want the ipv4 mappings removed", h.calls)
+		}
+	})
 }

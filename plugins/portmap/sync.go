@@ -222,74 +222,96 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var errs []error
+	// One unit per backend and family, and the forwardAccept rules of
+	// each family (iptables' filter table, whichever backend maps).
+	type unit struct {
+		name   string
+		f      plan.Family
+		want   func(*wanted, *plan.Plan) bool
+		syncer func() (Syncer, error)
+	}
+	var units []unit
 	for _, name := range []string{BackendIPTables, BackendNFTables} {
 		for _, f := range plan.Families {
-			var want []*plan.Plan
-			var idx []int
-			for i, w := range ws {
-				if w.c.Backend != name {
-					continue
-				}
-				for _, pl := range w.plans {
-					if pl.Family == f {
-						want = append(want, pl)
-						idx = append(idx, i)
+			units = append(units, unit{name, f,
+				func(w *wanted, _ *plan.Plan) bool { return w.c.Backend == name },
+				func() (Syncer, error) {
+					be, err := p.NewBackend(name, f)
+					if err != nil {
+						return nil, err
 					}
-				}
-			}
-			be, err := p.NewBackend(name, f)
-			if errors.Is(err, exec.ErrNotFound) && len(want) == 0 {
-				continue // no tools: nothing of this backend can exist
-			}
-			if err == nil {
-				if _, ok := be.(Syncer); !ok {
-					err = fmt.Errorf("%s backend cannot sync", name)
-				}
-			}
-			if err != nil {
-				for _, i := range idx {
-					failures[i] = append(failures[i], fmt.Sprintf("%s: %v", f, err))
-				}
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r, err := be.(Syncer).Sync(want, copts)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					errs = append(errs, fmt.Errorf("%s backend: %w", name, err))
-					for _, i := range idx {
-						failures[i] = append(failures[i], err.Error())
+					s, ok := be.(Syncer)
+					if !ok {
+						return nil, fmt.Errorf("%s backend cannot sync", name)
 					}
-					return
-				}
-				for _, s := range r.Shared {
-					rep.Shared = append(rep.Shared, SyncShared{Backend: name, Family: f.String(), What: s})
-				}
-				for j, res := range r.Results {
-					i := idx[j]
-					switch res.State {
-					case converge.Repaired:
-						results[i] = append(results[i], fmt.Sprintf("%s: %s", f, res.What))
-					case converge.Error:
-						failures[i] = append(failures[i], fmt.Sprintf("%s: %s", f, res.What))
-					}
-				}
-				for _, or := range r.Orphans {
-					so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: name,
-						Family: f.String(), Object: or.Object, State: "orphan"}
-					switch {
-					case or.Err != "":
-						so.State, so.Error = "error", or.Err
-					case or.Pruned:
-						so.State = "pruned"
-					}
-					rep.Orphans = append(rep.Orphans, so)
-				}
-			}()
+					return s, nil
+				}})
 		}
+	}
+	for _, f := range plan.Families {
+		units = append(units, unit{BackendIPTables, f,
+			func(_ *wanted, pl *plan.Plan) bool { return pl.ForwardAccept },
+			func() (Syncer, error) { return p.NewForward(f) }})
+	}
+	for _, u := range units {
+		name, f := u.name, u.f
+		var want []*plan.Plan
+		var idx []int
+		for i, w := range ws {
+			for _, pl := range w.plans {
+				if pl.Family == f && u.want(w, pl) {
+					want = append(want, pl)
+					idx = append(idx, i)
+				}
+			}
+		}
+		syncer, err := u.syncer()
+		if errors.Is(err, exec.ErrNotFound) && len(want) == 0 {
+			continue // no tools: nothing of this backend can exist
+		}
+		if err != nil {
+			for _, i := range idx {
+				failures[i] = append(failures[i], fmt.Sprintf("%s: %v", f, err))
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := syncer.Sync(want, copts)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s backend: %w", name, err))
+				for _, i := range idx {
+					failures[i] = append(failures[i], err.Error())
+				}
+				return
+			}
+			for _, s := range r.Shared {
+				rep.Shared = append(rep.Shared, SyncShared{Backend: name, Family: f.String(), What: s})
+			}
+			for j, res := range r.Results {
+				i := idx[j]
+				switch res.State {
+				case converge.Repaired:
+					results[i] = append(results[i], fmt.Sprintf("%s: %s", f, res.What))
+				case converge.Error:
+					failures[i] = append(failures[i], fmt.Sprintf("%s: %s", f, res.What))
+				}
+			}
+			for _, or := range r.Orphans {
+				so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: name,
+					Family: f.String(), Object: or.Object, State: "orphan"}
+				switch {
+				case or.Err != "":
+					so.State, so.Error = "error", or.Err
+				case or.Pruned:
+					so.State = "pruned"
+				}
+				rep.Orphans = append(rep.Orphans, so)
+			}
+		}()
 	}
 	wg.Wait()
 

@@ -44,8 +44,9 @@ type Kernel interface {
 	// Test feeds payload to (ip6)iptables-restore --test: parsed and
 	// checked by the kernel, not committed.
 	Test(payload []byte) error
-	// ListTable returns the nat table as iptables -S prints it: "-N chain"
-	// and "-A chain rule" lines.
+	// ListTable returns the kernel's table (nat for the backend, filter
+	// for Forward) as iptables -S prints it: "-N chain" and "-A chain
+	// rule" lines.
 	ListTable() ([]string, error)
 	// EnsureChain creates the chain if it is missing.
 	EnsureChain(c Chain) error
@@ -67,7 +68,7 @@ const LockTimeout = 30 * time.Second
 // New returns the backend of family f on the real kernel. It fails when the
 // family's iptables-restore is not on PATH.
 func New(f plan.Family) (*Backend, error) {
-	k, err := newExecKernel(f)
+	k, err := newExecKernel(f, Table)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +201,7 @@ func (e *RestoreError) Unwrap() error { return e.Err }
 // execKernel runs the real tools: iptables-restore for writes, go-iptables
 // for the slow path's checks and listings.
 type execKernel struct {
+	table   string // the table ListTable lists
 	restore string
 	list    string
 	proto   goiptables.Protocol
@@ -214,7 +216,7 @@ func RestoreCommand(f plan.Family) string {
 	return "iptables-restore"
 }
 
-func newExecKernel(f plan.Family) (*execKernel, error) {
+func newExecKernel(f plan.Family, table string) (*execKernel, error) {
 	path, err := exec.LookPath(RestoreCommand(f))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", f, err)
@@ -223,7 +225,7 @@ func newExecKernel(f plan.Family) (*execKernel, error) {
 	if f == plan.IPv6 {
 		proto, list = goiptables.ProtocolIPv6, "ip6tables"
 	}
-	return &execKernel{restore: path, list: list, proto: proto}, nil
+	return &execKernel{table: table, restore: path, list: list, proto: proto}, nil
 }
 
 func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }
@@ -255,12 +257,12 @@ func (k *execKernel) handle() (*goiptables.IPTables, error) {
 func (k *execKernel) ListTable() ([]string, error) {
 	// Listing one chain would be less text, but iptables-nft answers
 	// "incompatible" instead of "no such chain" when the table is missing.
-	cmd := exec.Command(k.list, "-w", "20", "-t", Table, "-S")
+	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, Table, err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }

@@ -1,0 +1,396 @@
+package iptables
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Forward is forwardAccept: rules in iptables' filter table that let an
+// attachment's DNAT'd connections through a FORWARD policy of DROP, for
+// either backend — an nftables accept in another table cannot overrule a
+// drop in this chain, so the accept must live here.
+//
+//	FORWARD:           -j CNI-HOSTPORT-FWD                              (at the top)
+//	CNI-HOSTPORT-FWD:  -m comment --comment 'dnat name: "net" id: "cid"' -j CNI-FW-<hash(net, cid)>
+//	CNI-FW-<hash>:     -p tcp -m conntrack --ctstate DNAT --ctorigdstport 8080 [--ctorigdst hostIP]
+//	                      --ctreplsrc 192.0.2.2 --ctreplsrcport 80 -j ACCEPT      (one per mapping)
+//
+// The conntrack match names the flow, both directions: connections that
+// were DNATed (so a client dialling the container's address directly
+// still meets the policy), from this host port (and host IP) to this
+// container's address and port. Docker re-inserts its DOCKER-USER jump
+// at the top of FORWARD, so rules there still apply before ours.
+type Forward struct {
+	Family plan.Family
+	Kernel Kernel
+	Lock   func() (release func(), err error)
+}
+
+// Names the kernel keeps: never change them.
+const (
+	FilterTable        = "filter"
+	ForwardChain       = "CNI-HOSTPORT-FWD"
+	forwardChainPrefix = "FW-"
+)
+
+// NewForward returns the forwardAccept rules of family f on the real
+// kernel; it fails when the family's iptables-restore is not on PATH.
+func NewForward(f plan.Family) (*Forward, error) {
+	k, err := newExecKernel(f, FilterTable)
+	if err != nil {
+		return nil, err
+	}
+	return &Forward{Family: f, Kernel: k,
+		Lock: func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) }}, nil
+}
+
+// ForwardChainName is the attachment's chain of accept rules.
+func ForwardChainName(o plan.Owner) string {
+	return utils.MustFormatChainNameWithPrefix(o.Network, o.ContainerID, forwardChainPrefix)
+}
+
+// forwardJump is the shared jump from FORWARD.
+var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Args: []string{"-j", ForwardChain}, Insert: true}
+
+// forwardEntry is the attachment's jump from CNI-HOSTPORT-FWD; it depends
+// only on the owner, so DEL can name it without a prevResult.
+func forwardEntry(o plan.Owner) Rule {
+	return Rule{Table: FilterTable, Chain: ForwardChain,
+		Args: []string{"-m", "comment", "--comment", EntryComment(o), "-j", ForwardChainName(o)}}
+}
+
+// AcceptRules are the attachment's accept rules, one per distinct mapping.
+func AcceptRules(p *plan.Plan) []Rule {
+	chain := ForwardChainName(p.Owner)
+	var out []Rule
+	seen := map[string]bool{}
+	for _, m := range p.Mappings {
+		args := []string{"-p", string(m.Protocol), "-m", "conntrack", "--ctstate", "DNAT",
+			"--ctorigdstport", strconv.Itoa(m.HostPort)}
+		if m.HostIP != nil {
+			args = append(args, "--ctorigdst", m.HostIP.String())
+		}
+		args = append(args, "--ctreplsrc", p.ContainerNet.IP.String(), "--ctreplsrcport", strconv.Itoa(m.ContainerPort), "-j", "ACCEPT")
+		if k := strings.Join(args, " "); !seen[k] {
+			seen[k] = true
+			out = append(out, Rule{Table: FilterTable, Chain: chain, Args: args})
+		}
+	}
+	return out
+}
+
+func filterPayload() *payload {
+	pl := &payload{}
+	pl.line("*"+FilterTable, "table "+FilterTable)
+	return pl
+}
+
+// Apply adds the attachment's accept rules, replacing what it had. The
+// fast path is one iptables-restore that checks the jump from FORWARD and
+// creates the attachment's chain (failing if it exists); otherwise, under
+// the lock, the shared chain and jump are ensured and the chain replaced.
+func (fw *Forward) Apply(p *plan.Plan) error {
+	if p.ContainerNet == nil {
+		return fmt.Errorf("%s: no container address to accept forwarding to", fw.Family)
+	}
+	chain := ForwardChainName(p.Owner)
+	pl := filterPayload()
+	pl.rule("-C", forwardJump)
+	pl.line("-N "+chain, "new chain "+chain)
+	for _, r := range AcceptRules(p) {
+		pl.rule("-A", r)
+	}
+	pl.rule("-A", forwardEntry(p.Owner))
+	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
+		return nil
+	}
+	release, err := fw.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := fw.ensureShared(); err != nil {
+		return err
+	}
+	pl = filterPayload()
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	for _, r := range AcceptRules(p) {
+		pl.rule("-A", r)
+	}
+	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
+		return fmt.Errorf("%s: forwardAccept: %w", fw.Family, err)
+	}
+	if err := fw.Kernel.EnsureRule(forwardEntry(p.Owner)); err != nil {
+		return fmt.Errorf("%s: forwardAccept: ensure rule %s: %w", fw.Family, describe(forwardEntry(p.Owner)), err)
+	}
+	return nil
+}
+
+func (fw *Forward) ensureShared() error {
+	if err := fw.Kernel.EnsureChain(Chain{FilterTable, ForwardChain}); err != nil {
+		return fmt.Errorf("%s: create chain %q in table %s: %w", fw.Family, ForwardChain, FilterTable, err)
+	}
+	if err := fw.Kernel.EnsureRule(forwardJump); err != nil {
+		return fmt.Errorf("%s: ensure rule %s: %w", fw.Family, describe(forwardJump), err)
+	}
+	return nil
+}
+
+// Remove deletes the attachment's accept rules; it is idempotent and needs
+// no prevResult: the jump and the chain are named by the owner alone.
+func (fw *Forward) Remove(p *plan.Plan) error {
+	chain := ForwardChainName(p.Owner)
+	pl := filterPayload()
+	pl.rule("-D", forwardEntry(p.Owner))
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.line("-X "+chain, "delete chain "+chain)
+	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
+		return nil
+	}
+	// No jump (or no CNI-HOSTPORT-FWD at all): declaring the chain makes
+	// its deletion idempotent.
+	pl = filterPayload()
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.line("-X "+chain, "delete chain "+chain)
+	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
+		return fmt.Errorf("%s: forwardAccept: remove chain %s: %w", fw.Family, chain, err)
+	}
+	return nil
+}
+
+// Check verifies the jump from FORWARD, the attachment's jump and its
+// accept rules, in one process.
+func (fw *Forward) Check(p *plan.Plan) error {
+	pl := filterPayload()
+	pl.rule("-C", forwardJump)
+	pl.rule("-C", forwardEntry(p.Owner))
+	for _, r := range AcceptRules(p) {
+		pl.rule("-C", r)
+	}
+	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
+		if what := pl.explain(errorOutput(err)); what != "" {
+			return fmt.Errorf("%s: forwardAccept: missing %s in table %s", fw.Family, what, FilterTable)
+		}
+		return fmt.Errorf("%s: forwardAccept: check: %w", fw.Family, err)
+	}
+	return nil
+}
+
+var fwOwnerRE = regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-FW-\S+)$`)
+
+// fwListing is the filter table's forwardAccept state.
+type fwListing struct {
+	chains map[string]bool     // CNI-FW-* chains
+	rules  map[string][]string // their rules
+	refs   map[string][]string // CNI-HOSTPORT-FWD rules by target
+	owners map[string][2]string
+	shared bool // CNI-HOSTPORT-FWD exists and FORWARD jumps to it
+}
+
+func parseForward(lines []string) *fwListing {
+	l := &fwListing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}, owners: map[string][2]string{}}
+	hasChain, hasJump := false, false
+	for _, line := range lines {
+		switch {
+		case line == "-N "+ForwardChain:
+			hasChain = true
+		case line == "-A FORWARD -j "+ForwardChain:
+			hasJump = true
+		case strings.HasPrefix(line, "-N CNI-FW-"):
+			l.chains[line[3:]] = true
+		case strings.HasPrefix(line, "-A CNI-FW-"):
+			chain, _, _ := strings.Cut(line[3:], " ")
+			l.rules[chain] = append(l.rules[chain], line)
+		case strings.HasPrefix(line, "-A "+ForwardChain+" "):
+			if m := fwOwnerRE.FindStringSubmatch(line); m != nil {
+				l.refs[m[3]] = append(l.refs[m[3]], line)
+				l.owners[m[3]] = [2]string{m[1], m[2]}
+			} else if i := strings.LastIndex(line, " -j "); i > 0 {
+				l.refs[line[i+4:]] = append(l.refs[line[i+4:]], line)
+			}
+		}
+	}
+	l.shared = hasChain && hasJump
+	return l
+}
+
+// GC removes the accept rules of network's attachments that are not in
+// valid: one listing, one write.
+func (fw *Forward) GC(network string, valid []plan.Owner) error {
+	ids := map[string]bool{}
+	for _, o := range valid {
+		ids[o.ContainerID] = true
+	}
+	release, err := fw.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	lines, err := fw.Kernel.ListTable()
+	if err != nil {
+		return fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
+	}
+	l := parseForward(lines)
+	pl := filterPayload()
+	for _, chain := range sortedChains(l.chains) {
+		o, ok := l.owners[chain]
+		if !ok || o[0] != network || ids[o[1]] || chain != ForwardChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
+			continue
+		}
+		dropChain(pl, chain, l.refs[chain])
+	}
+	if len(pl.what) == 1 {
+		return nil
+	}
+	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
+		return fmt.Errorf("%s: forwardAccept gc: %w", fw.Family, err)
+	}
+	return nil
+}
+
+func dropChain(pl *payload, chain string, refs []string) {
+	deleteRefs(pl, refs)
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.line("-X "+chain, "delete chain "+chain)
+}
+
+func sortedChains(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Sync brings the forwardAccept rules to the wanted plans (those with
+// ForwardAccept): one listing of the filter table, at most one write; the
+// CNI-FW chains no wanted plan names are orphans. The caller holds the
+// host-wide lock.
+func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	rep := converge.NewReport(len(want))
+	lines, err := fw.Kernel.ListTable()
+	if err != nil {
+		return nil, fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
+	}
+	l := parseForward(lines)
+	broken := map[int]bool{}
+	wanted := map[string]bool{}
+	for i, p := range want {
+		chain := ForwardChainName(p.Owner)
+		wanted[chain] = true
+		why := ""
+		var w, h []string
+		for _, r := range AcceptRules(p) {
+			w = append(w, acceptKey(r.Args))
+		}
+		for _, line := range l.rules[chain] {
+			h = append(h, acceptKey(splitRule(line)))
+		}
+		switch {
+		case !l.chains[chain]:
+			why = "chain " + chain + " missing"
+		case diff(w, h) != "":
+			why = "chain " + chain + ": " + diff(w, h)
+		case len(l.refs[chain]) != 1:
+			why = fmt.Sprintf("%d jumps to %s in %s, want 1", len(l.refs[chain]), chain, ForwardChain)
+		}
+		if why != "" {
+			broken[i] = true
+			rep.Results[i] = converge.Result{State: converge.Repaired, What: "forwardAccept: " + why}
+		}
+	}
+	if len(want) > 0 && !l.shared {
+		rep.Shared = append(rep.Shared, "forwardAccept: chain "+ForwardChain+" or the jump to it from FORWARD missing")
+	}
+	var orphans []string
+	for _, chain := range sortedChains(l.chains) {
+		if wanted[chain] {
+			continue
+		}
+		network, id := "?", "?"
+		if ow, ok := l.owners[chain]; ok {
+			network, id = ow[0], ow[1]
+		}
+		scope := network
+		if network == "?" {
+			scope = ""
+		}
+		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && o.Fresh(network, id)) {
+			continue
+		}
+		orphans = append(orphans, chain)
+		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + chain + " (forwardAccept)"})
+	}
+	prune := o.Prune && len(orphans) > 0
+	if o.DryRun || (len(broken) == 0 && len(rep.Shared) == 0 && !prune) {
+		return rep, nil
+	}
+	if len(rep.Shared) > 0 || len(broken) > 0 {
+		if err := fw.ensureShared(); err != nil {
+			fail(rep, broken, err)
+			return rep, nil
+		}
+		rep.Wrote = true
+	}
+	pl := filterPayload()
+	for i, p := range want {
+		if !broken[i] {
+			continue
+		}
+		chain := ForwardChainName(p.Owner)
+		deleteRefs(pl, l.refs[chain])
+		pl.line(":"+chain+" - [0:0]", "chain "+chain)
+		for _, r := range AcceptRules(p) {
+			pl.rule("-A", r)
+		}
+		pl.rule("-A", forwardEntry(p.Owner))
+	}
+	if prune {
+		for _, chain := range orphans {
+			dropChain(pl, chain, l.refs[chain])
+		}
+	}
+	if len(pl.what) == 1 {
+		return rep, nil
+	}
+	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
+		err = fmt.Errorf("%s: forwardAccept sync: %w", fw.Family, err)
+		fail(rep, broken, err)
+		for i := range rep.Orphans {
+			rep.Orphans[i].Err = err.Error()
+		}
+		return rep, nil
+	}
+	rep.Wrote = true
+	if prune {
+		for i := range rep.Orphans {
+			rep.Orphans[i].Pruned = true
+		}
+	}
+	return rep, nil
+}
+
+// acceptKey identifies an accept rule in our spelling and in iptables -S
+// output.
+func acceptKey(tokens []string) string {
+	f := map[string]string{}
+	for i := 0; i+1 < len(tokens); i++ {
+		switch t := tokens[i]; t {
+		case "-p", "--ctstate", "--ctorigdstport", "--ctreplsrcport", "-j":
+			f[t] = tokens[i+1]
+		case "--ctorigdst", "--ctreplsrc":
+			f[t] = withPrefix(tokens[i+1])
+		}
+	}
+	return keyOf(f, "-p", "--ctstate", "--ctorigdst", "--ctorigdstport", "--ctreplsrc", "--ctreplsrcport", "-j")
+}

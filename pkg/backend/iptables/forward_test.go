@@ -1,0 +1,91 @@
+package iptables
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+func TestForwardApplyRemove(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	k := &fakeKernel{}
+	fw := &Forward{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
+	if err := fw.Apply(a); err != nil {
+		t.Fatal(err)
+	}
+	chain := ForwardChainName(a.Owner)
+	want := "*filter\n" +
+		"-C FORWARD -j CNI-HOSTPORT-FWD\n" +
+		"-N " + chain + "\n" +
+		"-A " + chain + " -p tcp -m conntrack --ctstate DNAT --ctorigdstport 8080 --ctreplsrc 192.0.2.2 --ctreplsrcport 80 -j ACCEPT\n" +
+		"-A " + chain + " -p udp -m conntrack --ctstate DNAT --ctorigdstport 8053 --ctorigdst 198.51.100.1 --ctreplsrc 192.0.2.2 --ctreplsrcport 53 -j ACCEPT\n" +
+		"-A CNI-HOSTPORT-FWD -m comment --comment \"dnat name: \\\"net1\\\" id: \\\"a\\\"\" -j " + chain + "\n" +
+		"COMMIT\n"
+	if len(k.restores) != 1 || k.restores[0] != want {
+		t.Errorf("fast path:\n%s\nwant:\n%s", strings.Join(k.restores, "---\n"), want)
+	}
+
+	// The fast path fails (the chain exists): the slow path ensures the
+	// shared objects and replaces the chain.
+	k = &fakeKernel{failOn: "-N " + chain}
+	fw.Kernel = k
+	if err := fw.Apply(a); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.restores) != 2 || !strings.Contains(k.restores[1], ":"+chain+" - [0:0]\n") ||
+		strings.Join(k.ensures, "|") != `chain CNI-HOSTPORT-FWD|"-A FORWARD -j CNI-HOSTPORT-FWD" (table filter)|"-A CNI-HOSTPORT-FWD -m comment --comment dnat name: \"net1\" id: \"a\" -j `+chain+`" (table filter)` {
+		t.Errorf("slow path: restores %q ensures %q", k.restores, k.ensures)
+	}
+
+	// DEL without the jump: the second payload only declares and deletes
+	// the chain. No prevResult is needed.
+	k = &fakeKernel{failOn: "-D CNI-HOSTPORT-FWD"}
+	fw.Kernel = k
+	bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
+	if err := fw.Remove(bare); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.restores) != 2 || k.restores[1] != "*filter\n:"+chain+" - [0:0]\n-X "+chain+"\nCOMMIT\n" {
+		t.Errorf("remove: %q", k.restores)
+	}
+}
+
+func TestForwardSync(t *testing.T) {
+	a, bb, _ := syncPlans("192.0.2.2")
+	ca, cb := ForwardChainName(a.Owner), ForwardChainName(bb.Owner)
+	k := &fakeKernel{lines: []string{
+		"-P FORWARD DROP",
+		"-N CNI-HOSTPORT-FWD",
+		"-N " + ca,
+		"-N " + cb,
+		"-A FORWARD -j CNI-HOSTPORT-FWD",
+		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"a\"" -j ` + ca,
+		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"b\"" -j ` + cb,
+		"-A " + ca + " -p tcp -m conntrack --ctstate DNAT --ctreplsrc 192.0.2.2/32 --ctorigdstport 8080 --ctreplsrcport 80 -j ACCEPT",
+		"-A " + ca + " -p udp -m conntrack --ctstate DNAT --ctorigdst 198.51.100.1/32 --ctreplsrc 192.0.2.2/32 --ctorigdstport 8053 --ctreplsrcport 53 -j ACCEPT",
+	}}
+	fw := &Forward{Family: plan.IPv4, Kernel: k}
+	rep, err := fw.Sync([]*plan.Plan{a}, converge.Options{Prune: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Results[0].State != converge.OK || len(rep.Shared) != 0 {
+		t.Errorf("a: %+v shared %q, want ok (rules in iptables' own order and spelling)", rep.Results, rep.Shared)
+	}
+	if len(rep.Orphans) != 1 || rep.Orphans[0].ContainerID != "b" || !rep.Orphans[0].Pruned {
+		t.Fatalf("orphans %+v, want b pruned", rep.Orphans)
+	}
+	if len(k.restores) != 1 || !strings.Contains(k.restores[0], "-X "+cb+"\n") || strings.Contains(k.restores[0], ca) {
+		t.Errorf("prune payload %q", k.restores)
+	}
+
+	// A wrong container address is repaired.
+	a9, _, _ := syncPlans("192.0.2.9")
+	k.restores = nil
+	rep, _ = fw.Sync([]*plan.Plan{a9}, converge.Options{})
+	if rep.Results[0].State != converge.Repaired || len(k.restores) != 1 || !strings.Contains(k.restores[0], "--ctreplsrc 192.0.2.9") {
+		t.Errorf("results %+v restores %q", rep.Results, k.restores)
+	}
+}
