@@ -5,12 +5,13 @@
 #   make bench     ours vs upstream, both backends, N = 0, 100, 1000 (root; minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap
+#   make image     the container image (FROM scratch, static binary) with podman
 
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 PLUGINS := github.com/containernetworking/plugins/plugins
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick install clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick install image clean
 
 all: build
 
@@ -59,6 +60,15 @@ bench-quick: deps plugins
 
 install: build
 	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap
+
+IMAGE ?= localhost/portmap:dev
+
+# The image of deploy/portmap.yaml: Containerfile FROM scratch with the
+# static binary; nothing to pull.
+image:
+	@mkdir -p build/image
+	CGO_ENABLED=0 $(GO) build -o build/image/portmap ./cmd/portmap
+	podman build -f Containerfile -t $(IMAGE) build/image
 
 clean:
 	rm -rf bin build

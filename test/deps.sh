@@ -8,6 +8,9 @@ command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v unshare >/dev/null || need+=(util-linux)
+# The image tests (test/image) build and run the image with podman.
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2

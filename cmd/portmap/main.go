@@ -4,6 +4,7 @@
 //
 //	portmap list [--json]    this host's host-port table
 //	portmap sync [flags]     bring the host ports to what libcni's cache holds
+//	portmap install --dest DIR   copy this binary into a CNI bin directory, atomically
 package main
 
 import (
@@ -28,6 +29,8 @@ func main() {
 			return
 		case "sync":
 			os.Exit(portmap.SyncMain(portmap.New(), os.Args[2:]))
+		case "install":
+			os.Exit(portmap.InstallMain(portmap.New(), os.Args[2:]))
 		}
 	}
 	skel.PluginMainFuncs(portmap.New().Funcs(), version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), bv.BuildString("portmap"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -35,6 +36,7 @@ func SyncMain(p *Plugin, args []string) int {
 	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
 	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
+	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
 	fs.Usage = func() {
 		fmt.Fprintln(p.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--dry-run] [--json]")
 		fmt.Fprintln(p.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
@@ -48,6 +50,16 @@ func SyncMain(p *Plugin, args []string) int {
 		return 2
 	}
 	o.Networks = nets
+	if *root != "" {
+		if err := syscall.Chroot(*root); err != nil {
+			fmt.Fprintf(p.Stderr, "portmap sync: chroot %s: %v\n", *root, err)
+			return 1
+		}
+		if err := os.Chdir("/"); err != nil {
+			fmt.Fprintf(p.Stderr, "portmap sync: %v\n", err)
+			return 1
+		}
+	}
 	if *watch {
 		if o.DryRun || o.JSON {
 			fmt.Fprintln(p.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")

@@ -1,0 +1,135 @@
+// Package image tests the node packaging: the image `make image` builds
+// (FROM scratch, the static binary) installs the plugin into a CNI bin
+// directory, and its watcher's `--root` runs the host's own tools. podman
+// needs the node's cgroup mounts, so this binary stays in the node's
+// mount namespace; every container runs with no network or in a network
+// namespace the test makes.
+package image
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
+)
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "image: the image tests must run as root under CI=true")
+			os.Exit(1)
+		}
+		fmt.Println("image: SKIP: the image tests need root (podman)")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// netns makes a named network namespace for one container, removed when
+// the test ends.
+func netns(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("pmimg-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return "/run/netns/" + name
+}
+
+const image = "localhost/portmap:test"
+
+// podman runs podman with the flags this workplace's hosts need to start
+// a container (cgroup v1 hybrid: the cgroupfs manager with runc; no
+// CAP_SYS_RESOURCE: limits no higher than the current ones); they work on
+// any host.
+func podman(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var pre []string
+	if args[0] == "run" {
+		if _, err := exec.LookPath("runc"); err == nil {
+			pre = []string{"--cgroup-manager", "cgroupfs", "--runtime", "runc"}
+		}
+		args = append([]string{"run", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"}, args[1:]...)
+	}
+	out, err := exec.Command("podman", append(pre, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+func buildImage(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("podman"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("podman is not installed; CI must install it (test/deps.sh)")
+		}
+		t.Skip("podman is not installed: skipping the image tests")
+	}
+	ctx := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(ctx, "portmap"), "github.com/portmap-dev/portmap/cmd/portmap")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	if out, err := podman(t, "build", "-f", "../../Containerfile", "-t", image, ctx); err != nil {
+		t.Fatalf("podman build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = podman(t, "rmi", "-f", image) })
+}
+
+// TestImageInstalls: the init container's job puts a working plugin into
+// the bin directory, atomically (no temporary file left).
+func TestImageInstalls(t *testing.T) {
+	buildImage(t)
+	dest := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dest, "portmap"), []byte("old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := podman(t, "run", "--rm", "--network", "none", "-v", dest+":/host/opt/cni/bin", image,
+		"install", "--dest", "/host/opt/cni/bin")
+	if err != nil || !strings.Contains(out, "installed /host/opt/cni/bin/portmap") {
+		t.Fatalf("podman run install: %v\n%s", err, out)
+	}
+	entries, _ := os.ReadDir(dest)
+	if len(entries) != 1 {
+		t.Errorf("bin directory holds %v, want portmap alone", entries)
+	}
+	fi, err := os.Stat(filepath.Join(dest, "portmap"))
+	if err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("installed file: %v %v", fi, err)
+	}
+	cmd := exec.Command(filepath.Join(dest, "portmap"))
+	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	got, err := cmd.Output()
+	if err != nil || !strings.Contains(string(got), `"supportedVersions"`) || !strings.Contains(string(got), "1.1.0") {
+		t.Errorf("the installed plugin's VERSION: %q, %v", got, err)
+	}
+}
+
+// TestImageSyncUsesHostTools: `sync --root /host` in the image (which has
+// no iptables of its own) lists the host's firewall with the host's tools
+// and reads a cache on the host.
+func TestImageSyncUsesHostTools(t *testing.T) {
+	buildImage(t)
+	cache := t.TempDir()
+	err := cnicache.Write(cache, cnicache.Entry{Network: "img", ContainerID: "c1", IfName: "eth0",
+		Conflist: []byte(`{"cniVersion":"1.0.0","name":"img","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`),
+		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}}},
+		Result: map[string]any{"cniVersion": "1.0.0", "interfaces": []any{map[string]any{"name": "eth0", "sandbox": "/x"}},
+			"ips": []any{map[string]any{"address": "192.0.2.2/24", "interface": 0}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := podman(t, "run", "--rm", "--network", "ns:"+netns(t), "--cap-add", "NET_ADMIN,NET_RAW,SYS_CHROOT",
+		"-v", "/:/host", image, "sync", "--root", "/host", "--dry-run", "--cache-dir", cache)
+	if err != nil {
+		t.Fatalf("podman run sync: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "img c1 eth0: would repair: ipv4: chain") || !strings.Contains(out, "sync: 1 attachments") {
+		t.Errorf("sync in the image:\n%s", out)
+	}
+}
