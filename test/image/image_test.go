@@ -117,7 +117,7 @@ func TestImageSyncUsesHostTools(t *testing.T) {
 	buildImage(t)
 	cache := t.TempDir()
 	err := cnicache.Write(cache, cnicache.Entry{Network: "img", ContainerID: "c1", IfName: "eth0",
-		Conflist: []byte(`{"cniVersion":"1.0.0","name":"img","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`),
+		Conflist:       []byte(`{"cniVersion":"1.0.0","name":"img","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`),
 		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}}},
 		Result: map[string]any{"cniVersion": "1.0.0", "interfaces": []any{map[string]any{"name": "eth0", "sandbox": "/x"}},
 			"ips": []any{map[string]any{"address": "192.0.2.2/24", "interface": 0}}}})
