@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -51,13 +53,13 @@ type Skipped struct {
 
 // entry is libcni's cachedInfo, the fields read here.
 type entry struct {
-	Kind           string         `json:"kind"`
-	ContainerID    string         `json:"containerId"`
-	Config         []byte         `json:"config"`
-	IfName         string         `json:"ifName"`
-	NetworkName    string         `json:"networkName"`
-	CapabilityArgs map[string]any `json:"capabilityArgs,omitempty"`
-	RawResult      map[string]any `json:"result,omitempty"`
+	Kind           string                     `json:"kind"`
+	ContainerID    string                     `json:"containerId"`
+	Config         []byte                     `json:"config"`
+	IfName         string                     `json:"ifName"`
+	NetworkName    string                     `json:"networkName"`
+	CapabilityArgs map[string]json.RawMessage `json:"capabilityArgs,omitempty"`
+	RawResult      json.RawMessage            `json:"result,omitempty"`
 }
 
 // Read returns the cached attachments under dir whose configuration list
@@ -73,19 +75,46 @@ func Read(dir, pluginType string) ([]Attachment, []Skipped, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("read cache: %w", err)
 	}
+	// Files are read and parsed by one worker per core; a node's entries
+	// of one network share their configuration list, parsed once.
+	type one struct {
+		a       Attachment
+		why     string
+		corrupt bool
+	}
+	var files []string
+	for _, de := range des {
+		if !de.IsDir() {
+			files = append(files, filepath.Join(results, de.Name()))
+		}
+	}
+	res := make([]one, len(files))
+	lists := &listCache{m: map[string]*parsedList{}}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				r := &res[i]
+				r.a, r.why, r.corrupt = readOne(files[i], pluginType, lists)
+			}
+		}()
+	}
+	for i := range files {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	var out []Attachment
 	var skipped []Skipped
-	for _, de := range des {
-		if de.IsDir() {
+	for i, r := range res {
+		if r.why != "" {
+			skipped = append(skipped, Skipped{File: files[i], Why: r.why, Corrupt: r.corrupt})
 			continue
 		}
-		file := filepath.Join(results, de.Name())
-		a, why, corrupt := readOne(file, pluginType)
-		if why != "" {
-			skipped = append(skipped, Skipped{File: file, Why: why, Corrupt: corrupt})
-			continue
-		}
-		out = append(out, a)
+		out = append(out, r.a)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if !out[i].ModTime.Equal(out[j].ModTime) {
@@ -97,7 +126,7 @@ func Read(dir, pluginType string) ([]Attachment, []Skipped, error) {
 }
 
 // readOne reads one cache file; why is non-empty when it yields nothing.
-func readOne(file, pluginType string) (a Attachment, why string, corrupt bool) {
+func readOne(file, pluginType string, lists *listCache) (a Attachment, why string, corrupt bool) {
 	fi, err := os.Stat(file)
 	if err != nil {
 		return a, err.Error(), true
@@ -116,7 +145,7 @@ func readOne(file, pluginType string) (a Attachment, why string, corrupt bool) {
 	if e.NetworkName == "" || e.ContainerID == "" || e.IfName == "" {
 		return a, "cache entry without network name, container ID or interface name", true
 	}
-	stdin, err := PluginConfig(e.Config, pluginType, e.CapabilityArgs, e.RawResult)
+	stdin, err := lists.pluginConfig(e.Config, pluginType, e.CapabilityArgs, e.RawResult)
 	if errors.Is(err, errNoPlugin) {
 		return a, err.Error(), false
 	}
@@ -136,20 +165,50 @@ var errNoPlugin = errors.New("no portmap plugin in the network configuration")
 // type pluginType in the configuration list conflist: the plugin's keys
 // with the list's name and cniVersion, runtimeConfig holding the
 // capability arguments the plugin declares, and prevResult (when result
-// is not nil).
-func PluginConfig(conflist []byte, pluginType string, capArgs map[string]any, result map[string]any) ([]byte, error) {
+// is not empty) — libcni's buildOneConfig and injectRuntimeConfig.
+func PluginConfig(conflist []byte, pluginType string, capArgs map[string]json.RawMessage, result json.RawMessage) ([]byte, error) {
+	return (&listCache{m: map[string]*parsedList{}}).pluginConfig(conflist, pluginType, capArgs, result)
+}
+
+// parsedList is the part of a configuration list PluginConfig needs.
+type parsedList struct {
+	name, cniVersion string
+	keys             map[string]json.RawMessage // the plugin's own keys
+	capabilities     map[string]bool
+	err              error
+}
+
+// listCache parses each distinct configuration list once.
+type listCache struct {
+	mu sync.Mutex
+	m  map[string]*parsedList
+}
+
+func (c *listCache) parse(conflist []byte, pluginType string) *parsedList {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := pluginType + "\x00" + string(conflist)
+	if pl, ok := c.m[key]; ok {
+		return pl
+	}
+	pl := parseList(conflist, pluginType)
+	c.m[key] = pl
+	return pl
+}
+
+func parseList(conflist []byte, pluginType string) *parsedList {
 	if len(conflist) == 0 {
-		return nil, errors.New("cache entry without a network configuration")
+		return &parsedList{err: errors.New("cache entry without a network configuration")}
 	}
 	list, err := libcni.NetworkConfFromBytes(conflist)
 	if err != nil {
-		return nil, fmt.Errorf("cached network configuration: %w", err)
+		return &parsedList{err: fmt.Errorf("cached network configuration: %w", err)}
 	}
 	if len(list.Plugins) == 0 {
 		// A runtime that ran one plugin (AddNetwork) cached its config.
 		pc, err := libcni.ConfFromBytes(conflist)
 		if err != nil {
-			return nil, fmt.Errorf("cached network configuration: %w", err)
+			return &parsedList{err: fmt.Errorf("cached network configuration: %w", err)}
 		}
 		list.Plugins = []*libcni.PluginConfig{pc}
 	}
@@ -157,26 +216,46 @@ func PluginConfig(conflist []byte, pluginType string, capArgs map[string]any, re
 		if pc.Network.Type != pluginType {
 			continue
 		}
-		inject := map[string]any{"name": list.Name, "cniVersion": list.CNIVersion}
-		if result != nil {
-			inject["prevResult"] = result
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(pc.Bytes, &keys); err != nil {
+			return &parsedList{err: fmt.Errorf("cached %s configuration: %w", pluginType, err)}
 		}
-		rc := map[string]any{}
-		for capability, on := range pc.Network.Capabilities {
-			if v, ok := capArgs[capability]; ok && on {
-				rc[capability] = v
-			}
-		}
-		if len(rc) > 0 {
-			inject["runtimeConfig"] = rc
-		}
-		conf, err := libcni.InjectConf(pc, inject)
-		if err != nil {
-			return nil, fmt.Errorf("build %s configuration: %w", pluginType, err)
-		}
-		return conf.Bytes, nil
+		return &parsedList{name: list.Name, cniVersion: list.CNIVersion, keys: keys, capabilities: pc.Network.Capabilities}
 	}
-	return nil, errNoPlugin
+	return &parsedList{err: errNoPlugin}
+}
+
+func (c *listCache) pluginConfig(conflist []byte, pluginType string, capArgs map[string]json.RawMessage, result json.RawMessage) ([]byte, error) {
+	pl := c.parse(conflist, pluginType)
+	if pl.err != nil {
+		return nil, pl.err
+	}
+	conf := make(map[string]json.RawMessage, len(pl.keys)+4)
+	for k, v := range pl.keys {
+		conf[k] = v
+	}
+	var err error
+	if conf["name"], err = json.Marshal(pl.name); err != nil {
+		return nil, err
+	}
+	if conf["cniVersion"], err = json.Marshal(pl.cniVersion); err != nil {
+		return nil, err
+	}
+	if len(result) > 0 && string(result) != "null" {
+		conf["prevResult"] = result
+	}
+	rc := map[string]json.RawMessage{}
+	for capability, on := range pl.capabilities {
+		if v, ok := capArgs[capability]; ok && on {
+			rc[capability] = v
+		}
+	}
+	if len(rc) > 0 {
+		if conf["runtimeConfig"], err = json.Marshal(rc); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(conf)
 }
 
 // Entry is what Write caches, in libcni's format: the network
@@ -191,8 +270,12 @@ type Entry struct {
 // Write caches e under dir as libcni does after ADD (for tests and the
 // benchmark, which make attachments without a runtime).
 func Write(dir string, e Entry) error {
-	data, err := json.Marshal(entry{Kind: kindV1, ContainerID: e.ContainerID, Config: e.Conflist, IfName: e.IfName,
-		NetworkName: e.Network, CapabilityArgs: e.CapabilityArgs, RawResult: e.Result})
+	data, err := json.Marshal(struct {
+		entry
+		CapabilityArgs map[string]any `json:"capabilityArgs,omitempty"`
+		RawResult      map[string]any `json:"result,omitempty"`
+	}{entry{Kind: kindV1, ContainerID: e.ContainerID, Config: e.Conflist, IfName: e.IfName, NetworkName: e.Network},
+		e.CapabilityArgs, e.Result})
 	if err != nil {
 		return err
 	}

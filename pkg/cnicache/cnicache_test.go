@@ -16,12 +16,13 @@ const conflist = `{"cniVersion":"1.0.0","name":"net1","plugins":[
 var result = map[string]any{"cniVersion": "1.0.0", "ips": []any{map[string]any{"address": "192.0.2.2/24"}}}
 
 func TestPluginConfigAsLibcniBuildsIt(t *testing.T) {
-	caps := map[string]any{
-		"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}},
-		"bandwidth":    map[string]any{"ingressRate": 1},
-		"ips":          []any{"192.0.2.9"},
+	caps := map[string]json.RawMessage{
+		"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80}]`),
+		"bandwidth":    json.RawMessage(`{"ingressRate":1}`),
+		"ips":          json.RawMessage(`["192.0.2.9"]`),
 	}
-	stdin, err := PluginConfig([]byte(conflist), "portmap", caps, result)
+	rawResult, _ := json.Marshal(result)
+	stdin, err := PluginConfig([]byte(conflist), "portmap", caps, rawResult)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestPluginConfigAsLibcniBuildsIt(t *testing.T) {
 	}
 
 	// A plugin without the capability gets no runtimeConfig.
-	stdin, _ = PluginConfig([]byte(strings.Replace(conflist, `"portMappings":true`, `"portMappings":false`, 1)), "portmap", caps, result)
+	stdin, _ = PluginConfig([]byte(strings.Replace(conflist, `"portMappings":true`, `"portMappings":false`, 1)), "portmap", caps, rawResult)
 	if strings.Contains(string(stdin), "runtimeConfig") {
 		t.Errorf("undeclared capability passed: %s", stdin)
 	}

@@ -5,7 +5,12 @@
 // the plugin merges the families and backends into one report.
 package converge
 
-import "github.com/portmap-dev/portmap/pkg/plan"
+import (
+	"runtime"
+	"sync"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
 
 // Options steer one pass.
 type Options struct {
@@ -85,4 +90,24 @@ func Winners(want []*plan.Plan, keys func(*plan.Plan) []string) map[string]int {
 		}
 	}
 	return w
+}
+
+// Judge runs judge(i) for i in [0, n) on one worker per core and returns
+// what each said; judging a thousand attachments against a listing is
+// the CPU-bound part of a pass.
+func Judge(n int, judge func(i int) string) []string {
+	out := make([]string, n)
+	workers := min(runtime.GOMAXPROCS(0), n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				out[i] = judge(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }

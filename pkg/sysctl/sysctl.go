@@ -33,6 +33,46 @@ func (Host) HostInterface(ip net.IP) (string, error) {
 	return "", nil
 }
 
+// HostInterfaces is HostInterface for many addresses, with one dump of
+// the main routing table and of the links instead of two requests per
+// address: the interface of the most specific route to each, "" where
+// none leads (a sync pass looks up every cached container at once).
+func (Host) HostInterfaces(ips []net.IP) ([]string, error) {
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		best := -1
+		for _, r := range routes {
+			ones := 0
+			switch {
+			case r.Dst == nil:
+				if (ip.To4() != nil) != (r.Family == netlink.FAMILY_V4) {
+					continue
+				}
+			case r.Dst.Contains(ip):
+				ones, _ = r.Dst.Mask.Size()
+			default:
+				continue
+			}
+			if ones > best && names[r.LinkIndex] != "" {
+				best, out[i] = ones, names[r.LinkIndex]
+			}
+		}
+	}
+	return out, nil
+}
+
 func localnetKey(ifName string) string {
 	return "net/ipv4/conf/" + ifName + "/route_localnet"
 }

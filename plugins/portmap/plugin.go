@@ -48,13 +48,17 @@ type Forwarder interface {
 // Sysctl is the host's route_localnet switch.
 type Sysctl interface {
 	HostInterface(ip net.IP) (string, error)
+	// HostInterfaces is HostInterface for many addresses at once.
+	HostInterfaces(ips []net.IP) ([]string, error)
 	EnableRouteLocalnet(ifName string) error
 	RouteLocalnet(ifName string) (bool, error)
 }
 
-// Conntrack flushes stale flows of a host port.
+// Conntrack flushes stale flows of host ports.
 type Conntrack interface {
-	FlushDstPort(f plan.Family, proto plan.Protocol, port int) error
+	// FlushDstPorts flushes the flows of family f to any of ports, in one
+	// walk of the table.
+	FlushDstPorts(f plan.Family, ports []plan.ProtoPort) error
 }
 
 // Plugin holds the verbs and what they need.
@@ -170,14 +174,28 @@ func (p *Plugin) forwarder(f plan.Family) (Forwarder, error) {
 	return fw, err
 }
 
-// flush removes stale UDP/SCTP conntrack entries of the plan's host ports.
-// Failures are reported, not fatal: the rules are right either way.
-func (p *Plugin) flush(pl *plan.Plan) {
-	for _, pp := range pl.HostPorts() {
-		if !conntrack.Stale(pp.Protocol) {
+// flush removes stale UDP/SCTP conntrack entries of the plans' host
+// ports, one request per family. Failures are reported, not fatal: the
+// rules are right either way.
+func (p *Plugin) flush(pls ...*plan.Plan) {
+	for _, f := range plan.Families {
+		var ports []plan.ProtoPort
+		seen := map[plan.ProtoPort]bool{}
+		for _, pl := range pls {
+			if pl.Family != f {
+				continue
+			}
+			for _, pp := range pl.HostPorts() {
+				if conntrack.Stale(pp.Protocol) && !seen[pp] {
+					seen[pp] = true
+					ports = append(ports, pp)
+				}
+			}
+		}
+		if len(ports) == 0 {
 			continue
 		}
-		if err := p.Conntrack.FlushDstPort(pl.Family, pp.Protocol, pp.Port); err != nil {
+		if err := p.Conntrack.FlushDstPorts(f, ports); err != nil {
 			fmt.Fprintf(p.Stderr, "portmap: %v\n", err)
 		}
 	}

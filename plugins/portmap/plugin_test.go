@@ -88,6 +88,13 @@ func (h *fakeHost) record(op string, p *plan.Plan, err error) error {
 }
 
 func (h *fakeHost) HostInterface(ip net.IP) (string, error) { return "veth-" + ip.String(), nil }
+func (h *fakeHost) HostInterfaces(ips []net.IP) ([]string, error) {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i], _ = h.HostInterface(ip)
+	}
+	return out, nil
+}
 func (h *fakeHost) EnableRouteLocalnet(ifName string) error {
 	h.calls = append(h.calls, "route_localnet "+ifName)
 	if h.failSysct != nil {
@@ -97,8 +104,10 @@ func (h *fakeHost) EnableRouteLocalnet(ifName string) error {
 	return nil
 }
 func (h *fakeHost) RouteLocalnet(ifName string) (bool, error) { return h.localnet[ifName], nil }
-func (h *fakeHost) FlushDstPort(f plan.Family, proto plan.Protocol, port int) error {
-	h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", f, proto, port))
+func (h *fakeHost) FlushDstPorts(f plan.Family, ports []plan.ProtoPort) error {
+	for _, pp := range ports {
+		h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", f, pp.Protocol, pp.Port))
+	}
 	return nil
 }
 

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -155,13 +157,36 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 		initial[filepath.Base(s.File)] = true
 		rep.Skipped = append(rep.Skipped, SyncSkipped{File: s.File, Why: s.Why, Error: s.Corrupt})
 	}
-	var ws []*wanted
-	for _, a := range atts {
+	// The configurations are parsed as ADD parses them, one worker per
+	// core.
+	defBackend := p.DefaultBackend()
+	configs := make([]*Config, len(atts))
+	errs := make([]error, len(atts))
+	var pw sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		pw.Add(1)
+		go func() {
+			defer pw.Done()
+			for i := range next {
+				configs[i], errs[i] = ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
+			}
+		}()
+	}
+	for i, a := range atts {
 		initial[filepath.Base(a.File)] = true
+		if inScope(a.Network) {
+			next <- i
+		}
+	}
+	close(next)
+	pw.Wait()
+	var ws []*wanted
+	for i, a := range atts {
+		c, err := configs[i], errs[i]
 		if !inScope(a.Network) {
 			continue
 		}
-		c, err := ParseConfig(a.Stdin, a.IfName, p.DefaultBackend())
 		if err != nil {
 			rep.Skipped = append(rep.Skipped, SyncSkipped{File: a.File, Why: "invalid portmap configuration: " + err.Error(), Error: true})
 			continue
@@ -221,7 +246,7 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 	failures := make([][]string, len(ws))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	var errs []error
+	var unitErrs []error
 	// One unit per backend and family, and the forwardAccept rules of
 	// each family (iptables' filter table, whichever backend maps).
 	type unit struct {
@@ -315,38 +340,56 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 	}
 	wg.Wait()
 
+	// route_localnet, as ADD sets it (IPv4, masquerading): a firewall
+	// reload leaves it, a recreated interface does not. All interfaces are
+	// found with one routing-table dump.
+	var lnIdx []int
+	var lnIPs []net.IP
 	for i, w := range ws {
-		if len(failures[i]) > 0 {
-			continue
-		}
-		// route_localnet, as ADD sets it; a firewall reload leaves it, a
-		// recreated interface does not.
 		for _, pl := range w.plans {
-			if pl.Family != plan.IPv4 || !pl.Masquerade.Enabled {
-				continue
+			if len(failures[i]) == 0 && pl.Family == plan.IPv4 && pl.Masquerade.Enabled {
+				lnIdx, lnIPs = append(lnIdx, i), append(lnIPs, pl.ContainerNet.IP)
 			}
-			ifName, err := p.Sysctl.HostInterface(pl.ContainerNet.IP)
-			if err != nil || ifName == "" {
-				continue
+		}
+	}
+	if len(lnIPs) > 0 {
+		ifNames, err := p.Sysctl.HostInterfaces(lnIPs)
+		if err != nil {
+			unitErrs = append(unitErrs, err)
+			ifNames = make([]string, len(lnIPs))
+		}
+		state := map[string]error{} // interface -> nil when on (or turned on)
+		for j, ifName := range ifNames {
+			if ifName == "" {
+				continue // ADD set nothing either
 			}
-			on, err := p.Sysctl.RouteLocalnet(ifName)
-			if err == nil && !on {
-				results[i] = append(results[i], "route_localnet off on "+ifName)
-				if !o.DryRun {
-					err = p.Sysctl.EnableRouteLocalnet(ifName)
+			i := lnIdx[j]
+			err, seen := state[ifName]
+			if !seen {
+				var on bool
+				if on, err = p.Sysctl.RouteLocalnet(ifName); err == nil && !on {
+					results[i] = append(results[i], "route_localnet off on "+ifName)
+					if !o.DryRun {
+						err = p.Sysctl.EnableRouteLocalnet(ifName)
+					}
 				}
+				state[ifName] = err
 			}
 			if err != nil {
 				failures[i] = append(failures[i], err.Error())
 			}
 		}
-		// A UDP flow that met no DNAT while the rules were missing must
-		// meet them now.
-		if len(results[i]) > 0 && !o.DryRun {
-			for _, pl := range w.plans {
-				p.flush(pl)
+	}
+	// A UDP flow that met no DNAT while the rules were missing must meet
+	// them now: the repaired attachments' ports, one flush per family.
+	if !o.DryRun {
+		var repaired []*plan.Plan
+		for i, w := range ws {
+			if len(results[i]) > 0 && len(failures[i]) == 0 {
+				repaired = append(repaired, w.plans...)
 			}
 		}
+		p.flush(repaired...)
 	}
 
 	for i, w := range ws {
@@ -378,7 +421,7 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 		}
 	}
 	rep.Summary.Skipped = len(rep.Skipped)
-	return rep, errors.Join(errs...)
+	return rep, errors.Join(unitErrs...)
 }
 
 // WriteSync prints the report: one line per attachment, orphan, shared

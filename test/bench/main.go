@@ -29,6 +29,7 @@ type options struct {
 	connN    int
 	out      string
 	backends []string
+	syncN    []int
 }
 
 func main() {
@@ -39,14 +40,10 @@ func main() {
 	flag.IntVar(&o.connN, "conn-n", 1000, "mappings installed for the loaded connection-rate run")
 	flag.StringVar(&o.out, "out", "test/bench/results", "directory for results.json, results.md and latency.svg")
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
+	syncList := flag.String("sync-n", "1000", "numbers of cached attachments for the sync passes (empty: none)")
 	flag.Parse()
-	for _, s := range strings.Split(*nList, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 0 {
-			fatalf("bad -n %q", *nList)
-		}
-		o.ns = append(o.ns, n)
-	}
+	o.ns = intList(*nList)
+	o.syncN = intList(*syncList)
 	o.backends = strings.Split(*backends, ",")
 
 	if !nettest.Isolated() {
@@ -96,6 +93,7 @@ type report struct {
 	Floor    []floor       `json:"floor"`
 	Latency  []latency     `json:"latency"`
 	Conns    []connRate    `json:"connections"`
+	Sync     []syncTiming  `json:"sync,omitempty"`
 	Notes    []string      `json:"notes,omitempty"`
 	start    time.Time     `json:"-"`
 	elapsed  time.Duration `json:"-"`
@@ -156,6 +154,12 @@ func run(tb *benchTB, o options) *report {
 		}
 	}
 	for _, be := range o.backends {
+		for _, n := range o.syncN {
+			progress("sync ours %s N=%d", be, n)
+			r.Sync = append(r.Sync, measureSync(be, n, o.samples))
+		}
+	}
+	for _, be := range o.backends {
 		for _, p := range plugins {
 			for _, n := range []int{0, o.connN} {
 				progress("connections %s %s N=%d", p, be, n)
@@ -165,6 +169,21 @@ func run(tb *benchTB, o options) *report {
 	}
 	r.elapsed = time.Since(r.start)
 	return r
+}
+
+func intList(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if strings.TrimSpace(f) == "" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			fatalf("bad number list %q", s)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 func progress(format string, args ...any) {

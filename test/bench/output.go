@@ -125,6 +125,10 @@ func (r *report) text() string {
 		b.WriteString("\nGrowth with N (p50)\n")
 		b.WriteString(textTable(r.growthHead(), g))
 	}
+	if len(r.Sync) > 0 {
+		b.WriteString("\nportmap sync (ours; upstream has none) with N cached attachments\n")
+		b.WriteString(textTable(syncHead, r.syncRows()))
+	}
 	b.WriteString("\nNew TCP connections per second from a client namespace\n")
 	b.WriteString(textTable(connHead, r.connRows()))
 	return b.String()
@@ -139,6 +143,10 @@ func (r *report) markdown() string {
 	if g := r.growth(); g != nil {
 		b.WriteString("\n### Growth with N (p50)\n\n")
 		b.WriteString(mdTable(r.growthHead(), g))
+	}
+	if len(r.Sync) > 0 {
+		b.WriteString("\n### portmap sync (ours; upstream has none) with N cached attachments\n\n")
+		b.WriteString(mdTable(syncHead, r.syncRows()))
 	}
 	b.WriteString("\n### New TCP connections per second\n\n")
 	b.WriteString(mdTable(connHead, r.connRows()))
@@ -233,4 +241,23 @@ func (r *report) svg() string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+var syncHead = []string{"backend", "N", "nothing to repair p50 ms", "÷ ADD at N=0 (goal ≤ 3)", "after a full flush p50 ms", "÷ ADD at N=0 (goal ≤ 30)"}
+
+// syncRows relate each sync pass to one ADD of ours at N=0 of the same
+// backend, the yardstick of the goals.
+func (r *report) syncRows() [][]string {
+	var rows [][]string
+	for _, s := range r.Sync {
+		ratio := func(v float64) string {
+			if a := r.find("ours", s.Backend, "ADD", 0); a != nil && a.P50 > 0 {
+				return fmt.Sprintf("%.1f", v/a.P50)
+			}
+			return "-"
+		}
+		rows = append(rows, []string{s.Backend, fmt.Sprint(s.N), fmt.Sprintf("%.1f", s.NothingP50), ratio(s.NothingP50),
+			fmt.Sprintf("%.1f (%d samples)", s.RepairP50, s.RepairCount), ratio(s.RepairP50)})
+	}
+	return rows
 }

@@ -3,11 +3,13 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/sysctl"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -107,6 +109,15 @@ func TestSyncRepairsAfterFlush(t *testing.T) {
 				for _, c := range fl.cmds {
 					nettest.Run(t, c[0], c[1:]...)
 				}
+				// A recreated host interface: route_localnet is off again.
+				hostIf, err := sysctl.Host{}.HostInterface(net.ParseIP(a2.IP(4)))
+				if err != nil || hostIf == "" {
+					t.Fatalf("host interface of a2: %q, %v", hostIf, err)
+				}
+				localnet := "/proc/sys/net/ipv4/conf/" + hostIf + "/route_localnet"
+				if err := os.WriteFile(localnet, []byte("0"), 0o644); err != nil {
+					t.Fatal(err)
+				}
 				for _, r := range reach {
 					expectNoReply(t, cl, r.proto, r.to)
 				}
@@ -120,6 +131,15 @@ func TestSyncRepairsAfterFlush(t *testing.T) {
 						t.Errorf("after the flush, %s/%s is %q (%s), want repaired with what", a.Network, a.ContainerID, a.State, a.What)
 					}
 				}
+				for _, a := range r.Attachments {
+					if a.ContainerID == "a2" && !strings.Contains(a.What, "route_localnet off on "+hostIf) {
+						t.Errorf("a2 repaired %q, want route_localnet named", a.What)
+					}
+				}
+				if v, _ := os.ReadFile(localnet); strings.TrimSpace(string(v)) != "1" {
+					t.Errorf("route_localnet of %s is %q after sync, want 1", hostIf, v)
+				}
+				expectReply(t, nil, "tcp", addr("127.0.0.1", 6002), "a2", "")
 				for _, rr := range reach {
 					expectReply(t, cl, rr.proto, rr.to, rr.name, rr.src)
 				}

@@ -289,12 +289,12 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 		chain := ForwardChainName(p.Owner)
 		wanted[chain] = true
 		why := ""
-		var w, h []string
+		var w, h []ruleID
 		for _, r := range AcceptRules(p) {
-			w = append(w, acceptKey(r.Args))
+			w = append(w, idOf(r.Args))
 		}
 		for _, line := range l.rules[chain] {
-			h = append(h, acceptKey(splitRule(line)))
+			h = append(h, idOf(splitRule(line)))
 		}
 		switch {
 		case !l.chains[chain]:
@@ -380,17 +380,3 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	return rep, nil
 }
 
-// acceptKey identifies an accept rule in our spelling and in iptables -S
-// output.
-func acceptKey(tokens []string) string {
-	f := map[string]string{}
-	for i := 0; i+1 < len(tokens); i++ {
-		switch t := tokens[i]; t {
-		case "-p", "--ctstate", "--ctorigdstport", "--ctreplsrcport", "-j":
-			f[t] = tokens[i+1]
-		case "--ctorigdst", "--ctreplsrc":
-			f[t] = withPrefix(tokens[i+1])
-		}
-	}
-	return keyOf(f, "-p", "--ctstate", "--ctorigdst", "--ctorigdstport", "--ctreplsrc", "--ctreplsrcport", "-j")
-}

@@ -23,22 +23,39 @@ import (
 // ensured as ADD's slow path does. The caller holds the host-wide lock.
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	rep := converge.NewReport(len(want))
+	// The exact check and the listing are independent: they run side by
+	// side.
+	type checked struct {
+		shared string
+		broken map[int]string
+		err    error
+	}
+	done := make(chan checked, 1)
+	go func() {
+		s, br, err := b.exactCheck(want)
+		done <- checked{s, br, err}
+	}()
 	lines, err := b.Kernel.ListTable()
+	ck := <-done
 	if err != nil {
 		return nil, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
 	}
+	if ck.err != nil {
+		return nil, ck.err
+	}
 	lt := parseListing(lines)
 	broken := map[int]bool{}
-	for i, p := range want {
-		if why := lt.judge(p); why != "" {
+	whys := converge.Judge(len(want), func(i int) string { return lt.judge(want[i]) })
+	for i, why := range whys {
+		if why == "" {
+			why = ck.broken[i]
+		}
+		if why != "" {
 			broken[i] = true
 			rep.Results[i] = converge.Result{State: converge.Repaired, What: why}
 		}
 	}
-	sharedBroken, err := b.exactCheck(want, broken, rep)
-	if err != nil {
-		return nil, err
-	}
+	sharedBroken := ck.shared
 	cascade(want, broken, rep)
 
 	wanted := map[string]bool{}
@@ -138,7 +155,8 @@ func (b *Backend) ensureShared(want []*plan.Plan) error {
 // spelling). iptables-restore stops at the first failing line, so each
 // failure is recorded and the rest checked again. It returns what of the
 // shared objects is missing, or "".
-func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *converge.Report) (string, error) {
+func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) {
+	broken := map[int]string{}
 	type item struct {
 		owner int // -1: shared
 		rule  Rule
@@ -154,7 +172,7 @@ func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *conver
 		}
 	}
 	for i, p := range want {
-		if broken[i] || len(p.Conditions) == 0 {
+		if len(p.Conditions) == 0 {
 			continue
 		}
 		for _, r := range EntryRules(p) {
@@ -191,7 +209,7 @@ func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *conver
 			// naming the chain, not the line: the shared objects if they
 			// are still unjudged, else everything left.
 			if !missingChain.MatchString(errorOutput(err)) {
-				return "", fmt.Errorf("%s: check: %w", b.Family, err)
+				return "", nil, fmt.Errorf("%s: check: %w", b.Family, err)
 			}
 			what := pl.explain(errorOutput(err)) + " missing"
 			if slices.ContainsFunc(items, func(it item) bool { return it.owner == -1 }) {
@@ -200,8 +218,7 @@ func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *conver
 				continue
 			}
 			for _, it := range items {
-				broken[it.owner] = true
-				rep.Results[it.owner] = converge.Result{State: converge.Repaired, What: what}
+				broken[it.owner] = what
 			}
 			break
 		}
@@ -212,12 +229,11 @@ func (b *Backend) exactCheck(want []*plan.Plan, broken map[int]bool, rep *conver
 				shared = what
 			}
 		} else {
-			broken[owner] = true
-			rep.Results[owner] = converge.Result{State: converge.Repaired, What: what}
+			broken[owner] = what
 		}
 		items = slices.DeleteFunc(items, func(it item) bool { return it.owner == owner })
 	}
-	return shared, nil
+	return shared, broken, nil
 }
 
 func errorOutput(err error) string {
@@ -309,22 +325,22 @@ func (lt *listing) judge(p *plan.Plan) string {
 	if !lt.chains[chain] {
 		return "chain " + chain + " missing"
 	}
-	var want, have []string
+	var want, have []ruleID
 	for _, r := range ChainRules(p) {
-		want = append(want, ruleKey(r.Args))
+		want = append(want, idOf(r.Args))
 	}
 	for _, l := range lt.rules[chain] {
-		have = append(have, ruleKey(splitRule(l)))
+		have = append(have, idOf(splitRule(l)))
 	}
 	if d := diff(want, have); d != "" {
 		return "chain " + chain + ": " + d
 	}
-	want, have = nil, nil
+	want, have = want[:0], have[:0]
 	for _, r := range EntryRules(p) {
-		want = append(want, entryKey(r.Args))
+		want = append(want, entryID(r.Args))
 	}
 	for _, l := range lt.refs[chain] {
-		have = append(have, entryKey(splitRule(l)))
+		have = append(have, entryID(splitRule(l)))
 	}
 	if d := diff(want, have); d != "" {
 		return "entry rules in " + TopLevelDNATChain + ": " + d
@@ -332,13 +348,13 @@ func (lt *listing) judge(p *plan.Plan) string {
 	return ""
 }
 
-// diff compares two multisets of rule keys.
-func diff(want, have []string) string {
-	count := map[string]int{}
+// diff compares two multisets of rule identities.
+func diff[K comparable](want, have []K) string {
+	count := make(map[K]int, len(have))
 	for _, k := range have {
 		count[k]++
 	}
-	var missing []string
+	var missing []K
 	for _, k := range want {
 		if count[k] > 0 {
 			count[k]--
@@ -354,70 +370,106 @@ func diff(want, have []string) string {
 	case len(have) == 0:
 		return fmt.Sprintf("all %d rules missing", len(want))
 	case len(missing) > 0:
-		return fmt.Sprintf("%d of %d rules missing or wrong (first: %s)", len(missing), len(want), missing[0])
+		return fmt.Sprintf("%d of %d rules missing or wrong (first: %v)", len(missing), len(want), missing[0])
 	case extra > 0:
 		return fmt.Sprintf("%d unexpected rules", extra)
 	}
 	return ""
 }
 
-// ruleKey is what identifies a rule of an attachment's chain, in the same
-// spelling for our tokens and for iptables -S output: addresses with
-// their prefix length, the protocol, port, target and DNAT destination.
-func ruleKey(tokens []string) string {
-	return keyOf(fields(tokens), "!", "-s", "-d", "-p", "--dport", "-j", "--to-destination")
+// ruleID is what identifies a rule of ours, in the same spelling for our
+// tokens and for iptables -S output: addresses with their prefix length,
+// and only the options our rules use (conditions are judged by -C).
+type ruleID struct {
+	neg                               bool
+	src, dst, proto, dport, dports    string
+	comment, target, to               string
+	ctstate, ctodst, ctodport, ctrsrc string
+	ctrsport                          string
 }
 
-// entryKey identifies an entry rule without its conditions.
-func entryKey(tokens []string) string {
-	return keyOf(fields(tokens), "-p", "--dports", "--comment", "-j")
-}
-
-// keyOf spells the given options of f, as iptables would, leaving out
-// those that are absent.
-func keyOf(f map[string]string, opts ...string) string {
+// String spells the identity as iptables would, leaving out what is
+// absent.
+func (r ruleID) String() string {
 	var parts []string
-	for _, o := range opts {
-		switch v, ok := f[o]; {
-		case !ok:
-		case o == "!":
-			parts = append(parts, "!")
-		case o == "--comment":
-			parts = append(parts, o, strconv.Quote(v))
-		default:
-			parts = append(parts, o, v)
+	add := func(opt, v string) {
+		if v != "" {
+			parts = append(parts, opt, v)
 		}
 	}
+	if r.neg {
+		parts = append(parts, "!")
+	}
+	add("-s", r.src)
+	add("-d", r.dst)
+	add("-p", r.proto)
+	add("--dport", r.dport)
+	add("--dports", r.dports)
+	if r.comment != "" {
+		add("--comment", strconv.Quote(r.comment))
+	}
+	add("--ctstate", r.ctstate)
+	add("--ctorigdst", r.ctodst)
+	add("--ctorigdstport", r.ctodport)
+	add("--ctreplsrc", r.ctrsrc)
+	add("--ctreplsrcport", r.ctrsport)
+	add("-j", r.target)
+	add("--to-destination", r.to)
 	return strings.Join(parts, " ")
 }
 
-// fields reads the options ruleKey and entryKey use; "!" records whether
-// any negation appears.
-func fields(tokens []string) map[string]string {
-	f := map[string]string{}
+// idOf reads a rule's identity from its tokens.
+func idOf(tokens []string) ruleID {
+	var r ruleID
 	for i := 0; i < len(tokens); i++ {
 		t := tokens[i]
-		switch t {
-		case "!":
-			f["!"] = ""
-		case "-s", "-d":
-			if i+1 < len(tokens) {
-				f[t] = withPrefix(tokens[i+1])
-				i++
-			}
-		case "-p", "--dport", "-j", "--to-destination", "--comment":
-			if i+1 < len(tokens) {
-				f[t] = tokens[i+1]
-				i++
-			}
-		case "--dports", "--destination-ports":
-			if i+1 < len(tokens) {
-				f["--dports"] = tokens[i+1]
-				i++
-			}
+		if t == "!" {
+			r.neg = true
+			continue
 		}
+		if i+1 >= len(tokens) {
+			break
+		}
+		v := tokens[i+1]
+		switch t {
+		case "-s":
+			r.src = withPrefix(v)
+		case "-d":
+			r.dst = withPrefix(v)
+		case "-p":
+			r.proto = v
+		case "--dport":
+			r.dport = v
+		case "--dports", "--destination-ports":
+			r.dports = v
+		case "--comment":
+			r.comment = v
+		case "-j":
+			r.target = v
+		case "--to-destination":
+			r.to = v
+		case "--ctstate":
+			r.ctstate = v
+		case "--ctorigdst":
+			r.ctodst = withPrefix(v)
+		case "--ctorigdstport":
+			r.ctodport = v
+		case "--ctreplsrc":
+			r.ctrsrc = withPrefix(v)
+		case "--ctreplsrcport":
+			r.ctrsport = v
+		default:
+			continue
+		}
+		i++
 	}
-	return f
+	return r
+}
+
+// entryID identifies an entry rule without its conditions.
+func entryID(tokens []string) ruleID {
+	r := idOf(tokens)
+	return ruleID{proto: r.proto, dports: r.dports, comment: r.comment, target: r.target}
 }
 
 func withPrefix(addr string) string {
@@ -433,6 +485,9 @@ func withPrefix(addr string) string {
 // splitRule splits an iptables -S line into tokens, undoing its quoting
 // (double quotes, with backslash escapes inside).
 func splitRule(line string) []string {
+	if !strings.Contains(line, `"`) {
+		return strings.Fields(line)
+	}
 	var out []string
 	var cur strings.Builder
 	inTok, quoted := false, false

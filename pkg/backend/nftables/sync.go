@@ -97,8 +97,9 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	rep.Shared = shared
 
 	broken := map[int]bool{}
-	for i, p := range want {
-		if why := judge(p, chains, holders, winner, i); why != "" {
+	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], chains, holders, winner, i) })
+	for i, why := range whys {
+		if why != "" {
 			broken[i] = true
 			rep.Results[i] = converge.Result{State: converge.Repaired, What: why}
 		}
