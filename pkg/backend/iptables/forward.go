@@ -379,4 +379,3 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	}
 	return rep, nil
 }
-
