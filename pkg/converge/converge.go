@@ -78,6 +78,29 @@ func NewReport(n int) *Report {
 	return r
 }
 
+// WriteFailed records that the pass's one write failed: the plans it was
+// to repair are errors, and (when it was to prune) the orphans stay.
+func (r *Report) WriteFailed(broken map[int]bool, prune bool, err error) {
+	for i := range broken {
+		r.Results[i] = Result{State: Error, What: r.Results[i].What + ": " + err.Error()}
+	}
+	if prune {
+		for i := range r.Orphans {
+			r.Orphans[i].Err = err.Error()
+		}
+	}
+}
+
+// WriteDone records that the pass's write went through.
+func (r *Report) WriteDone(prune bool) {
+	r.Wrote = true
+	if prune {
+		for i := range r.Orphans {
+			r.Orphans[i].Pruned = true
+		}
+	}
+}
+
 // Winners returns, for each wanted plan, whether it is the newest claimant
 // of each of its host-port keys (plans are given oldest first): under the
 // "replace" policy the newest ADD of a host port wins, and a pass must

@@ -424,6 +424,44 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 	return rep, errors.Join(unitErrs...)
 }
 
+// line is the attachment's report line: network, container, interface,
+// state and what.
+func (a SyncAttachment) line() string {
+	l := fmt.Sprintf("%s %s %s: %s", a.Network, a.ContainerID, a.IfName, a.State)
+	if a.What != "" {
+		l += ": " + a.What
+	}
+	return l
+}
+
+func (s SyncShared) line(dryRun bool) string {
+	verb := "repaired"
+	if dryRun {
+		verb = "would repair"
+	}
+	return fmt.Sprintf("shared %s %s: %s: %s", s.Backend, s.Family, verb, s.What)
+}
+
+func (o SyncOrphan) line(dryRun bool) string {
+	state := o.State
+	if state == "orphan" && dryRun {
+		state = "orphan (a pass with --prune would remove it)"
+	}
+	l := fmt.Sprintf("%s %s -: %s: %s %s %s", o.Network, o.ContainerID, state, o.Backend, o.Family, o.Object)
+	if o.Error != "" {
+		l += ": " + o.Error
+	}
+	return l
+}
+
+func (s SyncSkipped) line() string {
+	state := "skipped"
+	if s.Error {
+		state = "error"
+	}
+	return fmt.Sprintf("%s: %s: %s", s.File, state, s.Why)
+}
+
 // WriteSync prints the report: one line per attachment, orphan, shared
 // repair and skipped cache file, then a summary (or the JSON form).
 func WriteSync(w io.Writer, r *SyncReport, asJSON bool) error {
@@ -433,36 +471,16 @@ func WriteSync(w io.Writer, r *SyncReport, asJSON bool) error {
 		return enc.Encode(r)
 	}
 	for _, a := range r.Attachments {
-		line := fmt.Sprintf("%s %s %s: %s", a.Network, a.ContainerID, a.IfName, a.State)
-		if a.What != "" {
-			line += ": " + a.What
-		}
-		fmt.Fprintln(w, line)
+		fmt.Fprintln(w, a.line())
 	}
 	for _, s := range r.Shared {
-		verb := "repaired"
-		if r.DryRun {
-			verb = "would repair"
-		}
-		fmt.Fprintf(w, "shared %s %s: %s: %s\n", s.Backend, s.Family, verb, s.What)
+		fmt.Fprintln(w, s.line(r.DryRun))
 	}
 	for _, o := range r.Orphans {
-		state := o.State
-		if state == "orphan" && r.DryRun {
-			state = "orphan (a pass with --prune would remove it)"
-		}
-		line := fmt.Sprintf("%s %s -: %s: %s %s %s", o.Network, o.ContainerID, state, o.Backend, o.Family, o.Object)
-		if o.Error != "" {
-			line += ": " + o.Error
-		}
-		fmt.Fprintln(w, line)
+		fmt.Fprintln(w, o.line(r.DryRun))
 	}
 	for _, s := range r.Skipped {
-		state := "skipped"
-		if s.Error {
-			state = "error"
-		}
-		fmt.Fprintf(w, "%s: %s: %s\n", s.File, state, s.Why)
+		fmt.Fprintln(w, s.line())
 	}
 	sm := r.Summary
 	dry := ""

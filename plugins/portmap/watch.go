@@ -111,11 +111,11 @@ func logChanges(w io.Writer, r *SyncReport, reason string, took time.Duration, l
 	var lines []string
 	for _, a := range r.Attachments {
 		if a.State != "ok" {
-			lines = append(lines, fmt.Sprintf("%s %s %s: %s: %s", a.Network, a.ContainerID, a.IfName, a.State, a.What))
+			lines = append(lines, a.line())
 		}
 	}
 	for _, s := range r.Shared {
-		lines = append(lines, fmt.Sprintf("shared %s %s: repaired: %s", s.Backend, s.Family, s.What))
+		lines = append(lines, s.line(false))
 	}
 	for _, o := range r.Orphans {
 		k := o.Backend + o.Family + o.Object
@@ -123,16 +123,12 @@ func logChanges(w io.Writer, r *SyncReport, reason string, took time.Duration, l
 			continue
 		}
 		logged[k] = true
-		line := fmt.Sprintf("%s %s -: %s: %s %s %s", o.Network, o.ContainerID, o.State, o.Backend, o.Family, o.Object)
-		if o.Error != "" {
-			line += ": " + o.Error
-		}
-		lines = append(lines, line)
+		lines = append(lines, o.line(false))
 	}
 	for _, s := range r.Skipped {
 		if s.Error && !logged[s.File] {
 			logged[s.File] = true
-			lines = append(lines, fmt.Sprintf("%s: error: %s", s.File, s.Why))
+			lines = append(lines, s.line())
 		}
 	}
 	if len(lines) == 0 {

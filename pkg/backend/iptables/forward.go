@@ -337,7 +337,7 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	}
 	if len(rep.Shared) > 0 || len(broken) > 0 {
 		if err := fw.ensureShared(); err != nil {
-			fail(rep, broken, err)
+			rep.WriteFailed(broken, false, err)
 			return rep, nil
 		}
 		rep.Wrote = true
@@ -365,17 +365,9 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
 		err = fmt.Errorf("%s: forwardAccept sync: %w", fw.Family, err)
-		fail(rep, broken, err)
-		for i := range rep.Orphans {
-			rep.Orphans[i].Err = err.Error()
-		}
+		rep.WriteFailed(broken, prune, err)
 		return rep, nil
 	}
-	rep.Wrote = true
-	if prune {
-		for i := range rep.Orphans {
-			rep.Orphans[i].Pruned = true
-		}
-	}
+	rep.WriteDone(prune)
 	return rep, nil
 }

@@ -74,7 +74,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 
 	if sharedBroken != "" || len(broken) > 0 {
 		if err := b.ensureShared(want); err != nil {
-			fail(rep, broken, err)
+			rep.WriteFailed(broken, false, err)
 			return rep, nil
 		}
 		rep.Wrote = true
@@ -102,25 +102,11 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		err = b.restoreError("sync", pl, err)
-		fail(rep, broken, err)
-		for i := range rep.Orphans {
-			rep.Orphans[i].Err = err.Error()
-		}
+		rep.WriteFailed(broken, prune, err)
 		return rep, nil
 	}
-	rep.Wrote = true
-	if prune {
-		for i := range rep.Orphans {
-			rep.Orphans[i].Pruned = true
-		}
-	}
+	rep.WriteDone(prune)
 	return rep, nil
-}
-
-func fail(rep *converge.Report, broken map[int]bool, err error) {
-	for i := range broken {
-		rep.Results[i] = converge.Result{State: converge.Error, What: rep.Results[i].What + ": " + err.Error()}
-	}
 }
 
 // ensureShared creates the shared chains and jumps every wanted plan needs

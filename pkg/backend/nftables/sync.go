@@ -232,20 +232,10 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 	if _, err := b.Kernel.Run(script); err != nil {
 		err = fmt.Errorf("%s: sync: %w", b.Family, err)
-		for i := range broken {
-			rep.Results[i] = converge.Result{State: converge.Error, What: rep.Results[i].What + ": " + err.Error()}
-		}
-		for i := range rep.Orphans {
-			rep.Orphans[i].Err = err.Error()
-		}
+		rep.WriteFailed(broken, prune, err)
 		return rep, nil
 	}
-	rep.Wrote = true
-	if prune {
-		for i := range rep.Orphans {
-			rep.Orphans[i].Pruned = true
-		}
-	}
+	rep.WriteDone(prune)
 	return rep, nil
 }
 
