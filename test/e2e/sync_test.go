@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sysctl"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
@@ -314,3 +316,42 @@ func TestSyncCorruptCache(t *testing.T) {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// TestSyncKeepsNewestWinner: two containers map the same host port, the
+// newer ADD wins; after a flush, sync gives the port to the newer one
+// again (the cache entry's age decides), not to whichever it repaired
+// last.
+func TestSyncKeepsNewestWinner(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		nettest.ResetNAT(t)
+		cl := client(t)
+		cache := t.TempDir()
+		rt := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "newest", V4: "192.0.2.0/28", Extra: extra}, cache)
+		older := rt.MustAdd(t, "older", nettest.Mapping{HostPort: 6601, ContainerPort: srvPort})
+		nettest.Serve(t, older.NS, "older", srvPort)
+		// Cache files carry the ADD's time; make the order unmistakable.
+		past := time.Now().Add(-time.Minute)
+		if err := os.Chtimes(filepath.Join(cache, "results", "newest-older-eth0"), past, past); err != nil {
+			t.Fatal(err)
+		}
+		newer := rt.MustAdd(t, "newer", nettest.Mapping{HostPort: 6601, ContainerPort: srvPort})
+		nettest.Serve(t, newer.NS, "newer", srvPort)
+		expectReply(t, cl, "tcp", addr(nodeIP, 6601), "newer", clientIP)
+
+		for _, flushOnly := range []string{"older", ""} {
+			if flushOnly == "older" {
+				// Only the older one's rules are gone: repairing it must not
+				// take the port from the newer one.
+				b.deleteDNAT(t, plan.Owner{Network: "newest", ContainerID: "older", IfName: "eth0"}, older, 6601)
+			} else {
+				nettest.ResetNAT(t)
+				expectNoReply(t, cl, "tcp", addr(nodeIP, 6601))
+			}
+			r, status := runSync(t, "--cache-dir", cache)
+			if status != 0 || states(r)["newest/older"] != "repaired" {
+				t.Errorf("sync (%q flushed): exit %d, %+v", flushOnly, status, r.Attachments)
+			}
+			expectReply(t, cl, "tcp", addr(nodeIP, 6601), "newer", clientIP)
+		}
+	})
+}
