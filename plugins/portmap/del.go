@@ -42,7 +42,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			errs = append(errs, err)
 			continue
 		}
-		p.flush(pl)
+		// The conntrack walk costs the same whatever it finds: skip a
+		// family the container had no address of (when DEL is told).
+		if c.PrevResult == nil || c.ContainerNets[f] != nil {
+			p.flush(pl)
+		}
 	}
 	if usable == 0 {
 		return cniError(c, errors.New("neither iptables-restore nor ip6tables-restore is on PATH"))

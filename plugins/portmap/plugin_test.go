@@ -304,6 +304,16 @@ func TestDelFlushesKnownPorts(t *testing.T) {
 	if !strings.Contains(got, "flush ipv4 udp 8053") || !strings.Contains(got, "flush ipv6 udp 8053") || strings.Contains(got, "tcp 8080") {
 		t.Errorf("calls:\n%s\nwant UDP flushed in both families, TCP not", got)
 	}
+	// With a prevResult of one family, the other family's walk is skipped.
+	p, h, _ = newFake()
+	prev4 := `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],"ips":[{"address":"192.0.2.2/24","interface":0}]}`
+	if err := p.Del(args(t, withMappings(map[string]string{"prevResult": prev4}))); err != nil {
+		t.Fatalf("Del: %v", err)
+	}
+	got = strings.Join(h.calls, "\n")
+	if !strings.Contains(got, "flush ipv4 udp 8053") || strings.Contains(got, "flush ipv6") || !strings.Contains(got, "remove ipv6") {
+		t.Errorf("calls:\n%s\nwant both families removed, only IPv4 flushed", got)
+	}
 }
 
 func TestCheck(t *testing.T) {
