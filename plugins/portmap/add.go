@@ -103,10 +103,12 @@ func (p *Plugin) add(c *Config) error {
 		}
 	}
 	// After the rules: new packets must meet the new translation.
+	var flush []*plan.Plan
 	for _, a := range done {
 		if !a.forward {
-			p.flush(a.pl)
+			flush = append(flush, a.pl)
 		}
 	}
+	p.flush(flush...)
 	return nil
 }

@@ -19,6 +19,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	c.Request.Owner = owner(c, args)
 	var errs []error
+	var flush []*plan.Plan
 	usable := 0
 	for _, f := range plan.Families {
 		be, err := p.NewBackend(c.Backend, f)
@@ -45,9 +46,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		// The conntrack walk costs the same whatever it finds: skip a
 		// family the container had no address of (when DEL is told).
 		if c.PrevResult == nil || c.ContainerNets[f] != nil {
-			p.flush(pl)
+			flush = append(flush, pl)
 		}
 	}
+	p.flush(flush...)
 	if usable == 0 {
 		return cniError(c, errors.New("neither iptables-restore nor ip6tables-restore is on PATH"))
 	}

@@ -56,9 +56,9 @@ type Sysctl interface {
 
 // Conntrack flushes stale flows of host ports.
 type Conntrack interface {
-	// FlushDstPorts flushes the flows of family f to any of ports, in one
-	// walk of the table.
-	FlushDstPorts(f plan.Family, ports []plan.ProtoPort) error
+	// FlushDstPorts flushes the flows to any of ports, in one walk of the
+	// table.
+	FlushDstPorts(ports []conntrack.Port) error
 }
 
 // Plugin holds the verbs and what they need.
@@ -175,28 +175,24 @@ func (p *Plugin) forwarder(f plan.Family) (Forwarder, error) {
 }
 
 // flush removes stale UDP/SCTP conntrack entries of the plans' host
-// ports, one request per family. Failures are reported, not fatal: the
-// rules are right either way.
+// ports, both families in one walk of the table. Failures are reported,
+// not fatal: the rules are right either way.
 func (p *Plugin) flush(pls ...*plan.Plan) {
-	for _, f := range plan.Families {
-		var ports []plan.ProtoPort
-		seen := map[plan.ProtoPort]bool{}
-		for _, pl := range pls {
-			if pl.Family != f {
-				continue
-			}
-			for _, pp := range pl.HostPorts() {
-				if conntrack.Stale(pp.Protocol) && !seen[pp] {
-					seen[pp] = true
-					ports = append(ports, pp)
-				}
+	var ports []conntrack.Port
+	seen := map[conntrack.Port]bool{}
+	for _, pl := range pls {
+		for _, pp := range pl.HostPorts() {
+			cp := conntrack.Port{Family: pl.Family, Protocol: pp.Protocol, Port: pp.Port}
+			if conntrack.Stale(pp.Protocol) && !seen[cp] {
+				seen[cp] = true
+				ports = append(ports, cp)
 			}
 		}
-		if len(ports) == 0 {
-			continue
-		}
-		if err := p.Conntrack.FlushDstPorts(f, ports); err != nil {
-			fmt.Fprintf(p.Stderr, "portmap: %v\n", err)
-		}
+	}
+	if len(ports) == 0 {
+		return
+	}
+	if err := p.Conntrack.FlushDstPorts(ports); err != nil {
+		fmt.Fprintf(p.Stderr, "portmap: %v\n", err)
 	}
 }

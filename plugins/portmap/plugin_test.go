@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
@@ -104,10 +105,11 @@ func (h *fakeHost) EnableRouteLocalnet(ifName string) error {
 	return nil
 }
 func (h *fakeHost) RouteLocalnet(ifName string) (bool, error) { return h.localnet[ifName], nil }
-func (h *fakeHost) FlushDstPorts(f plan.Family, ports []plan.ProtoPort) error {
+func (h *fakeHost) FlushDstPorts(ports []conntrack.Port) error {
 	for _, pp := range ports {
-		h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", f, pp.Protocol, pp.Port))
+		h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", pp.Family, pp.Protocol, pp.Port))
 	}
+	h.calls = append(h.calls, "flushed")
 	return nil
 }
 
@@ -176,6 +178,7 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 		"route_localnet veth-192.0.2.2",
 		"flush ipv4 udp 8053",
 		"flush ipv6 udp 8053",
+		"flushed", // one walk of the conntrack table for both families
 	}
 	if got := strings.Join(h.calls, "\n"); got != strings.Join(want, "\n") {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))

@@ -1,0 +1,60 @@
+package conntrack
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// nla encodes one netlink attribute, padded to 4 bytes.
+func nla(typ uint16, nested bool, payload []byte) []byte {
+	b := make([]byte, 4, 4+len(payload)+3)
+	binary.NativeEndian.PutUint16(b[0:2], uint16(4+len(payload)))
+	if nested {
+		typ |= nl.NLA_F_NESTED
+	}
+	binary.NativeEndian.PutUint16(b[2:4], typ)
+	b = append(b, payload...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+
+// entry is a dump message as the kernel sends it: nfgenmsg, the original
+// tuple (addresses, then protocol and ports), then more attributes.
+func entry(family, proto uint8, dport uint16) []byte {
+	ip := nla(nl.CTA_TUPLE_IP, true, nla(nl.CTA_IP_V4_SRC, false, []byte{198, 51, 100, 2}))
+	pr := nla(nl.CTA_TUPLE_PROTO, true, append(append(nla(nl.CTA_PROTO_NUM, false, []byte{proto}),
+		nla(nl.CTA_PROTO_SRC_PORT, false, be16(40001))...), nla(nl.CTA_PROTO_DST_PORT, false, be16(dport))...))
+	m := []byte{family, nl.NFNETLINK_V0, 0, 0}
+	m = append(m, nla(nl.CTA_TUPLE_ORIG, true, append(ip, pr...))...)
+	return append(m, nla(nl.CTA_TUPLE_REPLY, true, ip)...)
+}
+
+func TestOrigKey(t *testing.T) {
+	for _, tt := range []struct {
+		msg  []byte
+		want key
+		ok   bool
+	}{
+		{entry(unix.AF_INET, unix.IPPROTO_UDP, 6701), key{unix.AF_INET, unix.IPPROTO_UDP, 6701}, true},
+		{entry(unix.AF_INET6, unix.IPPROTO_SCTP, 9000), key{unix.AF_INET6, unix.IPPROTO_SCTP, 9000}, true},
+		{entry(unix.AF_INET, unix.IPPROTO_UDP, 6701)[:20], key{}, false}, // cut short
+		{[]byte{2, 0}, key{}, false},
+	} {
+		got, ok := origKey(tt.msg)
+		if ok != tt.ok || (ok && got != tt.want) {
+			t.Errorf("origKey = %+v, %v; want %+v, %v", got, ok, tt.want, tt.ok)
+		}
+	}
+	if k := keyOf(Port{Family: plan.IPv6, Protocol: plan.UDP, Port: 53}); k != (key{unix.AF_INET6, unix.IPPROTO_UDP, 53}) {
+		t.Errorf("keyOf: %+v", k)
+	}
+}
