@@ -3,6 +3,7 @@ package portmap
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,5 +171,19 @@ func TestSyncMainUsage(t *testing.T) {
 	}
 	if got := SyncMain(p, []string{"--cache-dir", t.TempDir(), "--json"}); got != 0 {
 		t.Errorf("empty cache: exit %d, want 0", got)
+	}
+}
+
+func TestSyncReportsBackendErrors(t *testing.T) {
+	p, h, _ := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	h.failAll = errors.New("nft: permission denied")
+	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "iptables backend: nft: permission denied") {
+		t.Errorf("error %v, want the backend's named", err)
+	}
+	if rep == nil || len(rep.Attachments) != 1 || rep.Attachments[0].State != "error" || !rep.Failed() {
+		t.Errorf("report %+v, want the attachment in error", rep)
 	}
 }

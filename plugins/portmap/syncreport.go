@@ -1,0 +1,221 @@
+package portmap
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// SyncReport is what one pass found and did; its JSON form is what
+// `portmap sync --json` prints.
+type SyncReport struct {
+	DryRun      bool             `json:"dryRun"`
+	Attachments []SyncAttachment `json:"attachments"`
+	Orphans     []SyncOrphan     `json:"orphans"`
+	Shared      []SyncShared     `json:"shared"`
+	Skipped     []SyncSkipped    `json:"skipped"`
+	Summary     SyncSummary      `json:"summary"`
+}
+
+// SyncAttachment is one cached attachment with port mappings.
+type SyncAttachment struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Backend     string `json:"backend"`
+	// State is "ok", "repaired" (or "would repair" with --dry-run) or
+	// "error".
+	State string `json:"state"`
+	What  string `json:"what,omitempty"`
+	File  string `json:"file"`
+}
+
+// SyncOrphan is kernel state of an owner without a cache entry.
+type SyncOrphan struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	Backend     string `json:"backend"`
+	Family      string `json:"family"`
+	Object      string `json:"object"`
+	// State is "orphan", "pruned" or "error".
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+// SyncShared is a shared object (base chain, jump, map) found missing.
+type SyncShared struct {
+	Backend string `json:"backend"`
+	Family  string `json:"family"`
+	What    string `json:"what"`
+}
+
+// SyncSkipped is a cache file that was not synced.
+type SyncSkipped struct {
+	File string `json:"file"`
+	Why  string `json:"why"`
+	// Error is true for a file that should have been usable (corrupt, or
+	// an invalid portmap configuration); false for a network without
+	// portmap.
+	Error bool `json:"error"`
+}
+
+// SyncSummary counts the report.
+type SyncSummary struct {
+	Attachments int `json:"attachments"`
+	OK          int `json:"ok"`
+	Repaired    int `json:"repaired"`
+	Errors      int `json:"errors"`
+	Orphans     int `json:"orphans"`
+	Pruned      int `json:"pruned"`
+	Skipped     int `json:"skipped"`
+	// NoMappings counts cached attachments of portmap networks without
+	// port mappings (nothing to keep).
+	NoMappings int `json:"noMappings"`
+}
+
+// Failed reports whether anything could not be brought to its state.
+func (r *SyncReport) Failed() bool {
+	if r.Summary.Errors > 0 {
+		return true
+	}
+	for _, o := range r.Orphans {
+		if o.State == "error" {
+			return true
+		}
+	}
+	for _, s := range r.Skipped {
+		if s.Error {
+			return true
+		}
+	}
+	return false
+}
+
+// Changed reports whether the pass wrote anything (or would have).
+func (r *SyncReport) Changed() bool {
+	return r.Summary.Repaired > 0 || r.Summary.Pruned > 0 || len(r.Shared) > 0
+}
+
+// addUnit takes one unit's shared objects and orphans into the report.
+func (r *SyncReport) addUnit(backend string, f plan.Family, u *converge.Report) {
+	for _, s := range u.Shared {
+		r.Shared = append(r.Shared, SyncShared{Backend: backend, Family: f.String(), What: s})
+	}
+	for _, or := range u.Orphans {
+		so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: backend,
+			Family: f.String(), Object: or.Object, State: "orphan"}
+		switch {
+		case or.Err != "":
+			so.State, so.Error = "error", or.Err
+		case or.Pruned:
+			so.State = "pruned"
+		}
+		r.Orphans = append(r.Orphans, so)
+	}
+}
+
+// finish adds one line per wanted attachment and the summary.
+func (r *SyncReport) finish(ws []*wanted, out *outcomes, dryRun bool) {
+	for i, w := range ws {
+		a := SyncAttachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
+			Backend: w.c.Backend, State: string(converge.OK), File: w.att.File}
+		switch {
+		case len(out.failed[i]) > 0:
+			a.State, a.What = string(converge.Error), strings.Join(append(out.failed[i], out.repaired[i]...), "; ")
+			r.Summary.Errors++
+		case len(out.repaired[i]) > 0:
+			a.State, a.What = string(converge.Repaired), strings.Join(out.repaired[i], "; ")
+			if dryRun {
+				a.State = "would repair"
+			}
+			r.Summary.Repaired++
+		default:
+			r.Summary.OK++
+		}
+		r.Attachments = append(r.Attachments, a)
+	}
+	slices.SortStableFunc(r.Orphans, func(a, b SyncOrphan) int {
+		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
+	})
+	r.Summary.Attachments = len(r.Attachments)
+	r.Summary.Orphans = len(r.Orphans)
+	for _, or := range r.Orphans {
+		if or.State == "pruned" {
+			r.Summary.Pruned++
+		}
+	}
+	r.Summary.Skipped = len(r.Skipped)
+}
+
+// line is the attachment's report line: network, container, interface,
+// state and what.
+func (a SyncAttachment) line() string {
+	l := fmt.Sprintf("%s %s %s: %s", a.Network, a.ContainerID, a.IfName, a.State)
+	if a.What != "" {
+		l += ": " + a.What
+	}
+	return l
+}
+
+func (s SyncShared) line(dryRun bool) string {
+	verb := "repaired"
+	if dryRun {
+		verb = "would repair"
+	}
+	return fmt.Sprintf("shared %s %s: %s: %s", s.Backend, s.Family, verb, s.What)
+}
+
+func (o SyncOrphan) line(dryRun bool) string {
+	state := o.State
+	if state == "orphan" && dryRun {
+		state = "orphan (a pass with --prune would remove it)"
+	}
+	l := fmt.Sprintf("%s %s -: %s: %s %s %s", o.Network, o.ContainerID, state, o.Backend, o.Family, o.Object)
+	if o.Error != "" {
+		l += ": " + o.Error
+	}
+	return l
+}
+
+func (s SyncSkipped) line() string {
+	state := "skipped"
+	if s.Error {
+		state = "error"
+	}
+	return fmt.Sprintf("%s: %s: %s", s.File, state, s.Why)
+}
+
+// WriteSync prints the report: one line per attachment, orphan, shared
+// repair and skipped cache file, then a summary (or the JSON form).
+func WriteSync(w io.Writer, r *SyncReport, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	for _, a := range r.Attachments {
+		fmt.Fprintln(w, a.line())
+	}
+	for _, s := range r.Shared {
+		fmt.Fprintln(w, s.line(r.DryRun))
+	}
+	for _, o := range r.Orphans {
+		fmt.Fprintln(w, o.line(r.DryRun))
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintln(w, s.line())
+	}
+	sm := r.Summary
+	dry := ""
+	if r.DryRun {
+		dry = " (dry run: nothing changed)"
+	}
+	_, err := fmt.Fprintf(w, "sync: %d attachments: %d ok, %d repaired, %d errors; %d orphans, %d pruned; %d cache entries skipped, %d without port mappings%s\n",
+		sm.Attachments, sm.OK, sm.Repaired, sm.Errors, sm.Orphans, sm.Pruned, sm.Skipped, sm.NoMappings, dry)
+	return err
+}
