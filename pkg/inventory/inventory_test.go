@@ -1,41 +1,26 @@
 package inventory
 
 import (
-	"os"
+	"net"
 	"reflect"
-	"strings"
 	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-func TestParseIPTables(t *testing.T) {
-	b, err := os.ReadFile("testdata/iptables-S.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := ParseIPTables(strings.Split(strings.TrimSpace(string(b)), "\n"))
+func TestFromForwards(t *testing.T) {
+	got := FromForwards([]plan.Forward{
+		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2"), ContainerPort: 80,
+			Owner: plan.Owner{Network: "net1", ContainerID: "c1"}},
+		{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, Protocol: plan.UDP, ContainerIP: net.ParseIP("192.0.2.2").To4(),
+			ContainerPort: 53, Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}},
+	}, "iptables")
 	want := []Entry{
 		{HostIP: "*", HostPort: 8080, Protocol: "tcp", ContainerIP: "192.0.2.2", ContainerPort: 80, Network: "net1", ContainerID: "c1", Backend: "iptables"},
-		{HostIP: "198.51.100.1", HostPort: 8053, Protocol: "udp", ContainerIP: "192.0.2.2", ContainerPort: 53, Network: "net1", ContainerID: "c1", Backend: "iptables"},
-		// A chain without an entry rule: what it forwards, owner unknown.
-		{HostIP: "*", HostPort: 9000, Protocol: "sctp", ContainerIP: "192.0.2.9", ContainerPort: 9000, Network: "?", ContainerID: "?", Backend: "iptables"},
+		{HostIP: "198.51.100.1", HostPort: 8053, Protocol: "udp", ContainerIP: "192.0.2.2", ContainerPort: 53, Network: "?", ContainerID: "?", Backend: "iptables"},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseIPTables:\n got %+v\nwant %+v", got, want)
-	}
-}
-
-func TestParseNFTables(t *testing.T) {
-	b, err := os.ReadFile("testdata/nft-list.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := ParseNFTables(string(b))
-	want := []Entry{
-		{HostIP: "*", HostPort: 8080, Protocol: "tcp", ContainerIP: "2001:db8::2", ContainerPort: 80, Network: "net1", ContainerID: "c2", Backend: "nftables"},
-		{HostIP: "2001:db8::1", HostPort: 8054, Protocol: "udp", ContainerIP: "2001:db8::2", ContainerPort: 54, Network: "net1", ContainerID: "c2", Backend: "nftables"},
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseNFTables:\n got %+v\nwant %+v", got, want)
+		t.Errorf("FromForwards:\n got %+v\nwant %+v", got, want)
 	}
 }
 

@@ -2,10 +2,8 @@ package inventory
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os/exec"
-	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
@@ -28,7 +26,7 @@ func Read() ([]Entry, error) {
 	return all, errors.Join(errs...)
 }
 
-// ReadIPTables lists the nat table of family f.
+// ReadIPTables reads the nat table of family f.
 func ReadIPTables(f plan.Family) ([]Entry, error) {
 	b, err := iptables.New(f)
 	if errors.Is(err, exec.ErrNotFound) {
@@ -37,14 +35,11 @@ func ReadIPTables(f plan.Family) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	lines, err := b.Kernel.ListTable()
-	if err != nil {
-		return nil, fmt.Errorf("iptables %s: %w", f, err)
-	}
-	return ParseIPTables(lines), nil
+	fs, err := b.Forwards()
+	return FromForwards(fs, "iptables"), err
 }
 
-// ReadNFTables lists our nftables table of family f.
+// ReadNFTables reads our nftables table of family f.
 func ReadNFTables(f plan.Family) ([]Entry, error) {
 	b, err := nftables.New(f, io.Discard)
 	if errors.Is(err, exec.ErrNotFound) {
@@ -53,16 +48,6 @@ func ReadNFTables(f plan.Family) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	fam := "ip"
-	if f == plan.IPv6 {
-		fam = "ip6"
-	}
-	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, nftables.Table))
-	if err != nil {
-		if strings.Contains(err.Error(), "No such file or directory") {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("nftables %s: %w", f, err)
-	}
-	return ParseNFTables(out), nil
+	fs, err := b.Forwards()
+	return FromForwards(fs, "nftables"), err
 }

@@ -28,6 +28,8 @@ const (
 	setMarkComment   = "CNI portfwd masquerade mark"
 	masqEntryComment = "CNI portfwd requiring masquerade"
 	dnChainPrefix    = "DN-"
+	// dnChain starts every attachment's chain name.
+	dnChain = "CNI-" + dnChainPrefix
 	// maxMultiport is the most ports one multiport match takes.
 	maxMultiport = 15
 	// maxComment is the xt_comment limit (256 with the NUL).

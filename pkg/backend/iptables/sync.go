@@ -508,7 +508,7 @@ func splitRule(line string) []string {
 func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converge.Orphan {
 	var names []string
 	for c := range lt.chains {
-		if strings.HasPrefix(c, "CNI-DN-") && !wanted[c] {
+		if strings.HasPrefix(c, dnChain) && !wanted[c] {
 			names = append(names, c)
 		}
 	}

@@ -48,7 +48,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	wg.Wait()
 	var all strings.Builder
 	for _, r := range reads {
-		if notFound(r.err) {
+		if IsNotFound(r.err) {
 			return fmt.Errorf("%s: missing %s in table %s %s", b.Family, r.what, fam, Table)
 		}
 		if r.err != nil {

@@ -22,7 +22,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	}
 	defer release()
 	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", nftFamily(b.Family), Table))
-	if notFound(err) {
+	if IsNotFound(err) {
 		return nil
 	}
 	if err != nil {

@@ -31,7 +31,6 @@ package nftables
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -89,12 +88,6 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output)) }
 func (e *Error) Unwrap() error { return e.Err }
-
-// notFound reports whether err is nft's "No such file or directory".
-func notFound(err error) bool {
-	var ne *Error
-	return errors.As(err, &ne) && strings.Contains(ne.Output, "No such file or directory")
-}
 
 type execKernel struct{ path string }
 
@@ -236,7 +229,7 @@ func releaseKey(tx *knftables.Transaction, k Key, o plan.Owner) {
 // its "hostport" rules claim.
 func (b *Backend) ownKeys(p *plan.Plan) (keys []Key, exists bool, err error) {
 	out, err := b.Kernel.Run(fmt.Sprintf("list chain %s %s %s\n", nftFamily(b.Family), Table, ChainName(p.Owner)))
-	if notFound(err) {
+	if IsNotFound(err) {
 		return nil, false, nil
 	}
 	if err != nil {
@@ -299,7 +292,7 @@ func parseMaps(out string) map[string]string {
 func (b *Backend) removeUpstream(o plan.Owner) error {
 	fam := nftFamily(b.Family)
 	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, UpstreamTable))
-	if notFound(err) {
+	if IsNotFound(err) {
 		return nil
 	}
 	if err != nil {

@@ -36,10 +36,10 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		upstream, errUp = b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, UpstreamTable))
 	}()
 	wg.Wait()
-	if notFound(errOut) {
+	if IsNotFound(errOut) {
 		out, errOut = "", nil
 	}
-	if notFound(errUp) {
+	if IsNotFound(errUp) {
 		upstream, errUp = "", nil
 	}
 	if errOut != nil {

@@ -1,0 +1,61 @@
+package iptables
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Forwards reads back the host ports this family's nat table forwards —
+// ours and the upstream plugin's, which share the layout — in one listing.
+func (b *Backend) Forwards() ([]plan.Forward, error) {
+	lines, err := b.Kernel.ListTable()
+	if err != nil {
+		return nil, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
+	}
+	return ParseForwards(lines), nil
+}
+
+// ParseForwards reads `iptables -t nat -S` lines: the owner of each CNI-DN
+// chain from its entry rule's comment (EntryComment), the mappings from
+// its DNAT rules.
+func ParseForwards(lines []string) []plan.Forward {
+	lt := parseListing(lines)
+	owners := map[string]plan.Owner{}
+	for chain, refs := range lt.refs {
+		for _, ref := range refs {
+			if m := entryOwnerRE.FindStringSubmatch(ref); m != nil && m[3] == chain {
+				owners[chain] = plan.Owner{Network: m[1], ContainerID: m[2]}
+				break
+			}
+		}
+	}
+	var out []plan.Forward
+	for _, l := range lines {
+		rest, ok := strings.CutPrefix(l, "-A "+dnChain)
+		if !ok || !strings.Contains(rest, " -j DNAT ") {
+			continue
+		}
+		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
+		id := idOf(splitRule(l))
+		f := plan.Forward{Protocol: plan.Protocol(id.proto), Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}}
+		if o, ok := owners[chain]; ok {
+			f.Owner = o
+		}
+		if id.dst != "" {
+			if ip, _, err := net.ParseCIDR(id.dst); err == nil {
+				f.HostIP = ip
+			}
+		}
+		f.HostPort, _ = strconv.Atoi(id.dport)
+		if host, port, err := net.SplitHostPort(id.to); err == nil {
+			f.ContainerIP = net.ParseIP(host)
+			f.ContainerPort, _ = strconv.Atoi(port)
+		}
+		out = append(out, f)
+	}
+	return out
+}
