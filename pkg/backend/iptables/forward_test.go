@@ -89,3 +89,33 @@ func TestForwardSync(t *testing.T) {
 		t.Errorf("results %+v restores %q", rep.Results, k.restores)
 	}
 }
+
+func TestForwardCheckAndGC(t *testing.T) {
+	a, bb, _ := syncPlans("192.0.2.2")
+	k := &fakeKernel{}
+	fw := &Forward{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
+	if err := fw.Check(a); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	k.failOn = "-C FORWARD"
+	if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), `forwardAccept: missing rule "-A FORWARD -j CNI-HOSTPORT-FWD" (table filter) in table filter`) {
+		t.Errorf("Check: %v", err)
+	}
+	ca, cb := ForwardChainName(a.Owner), ForwardChainName(bb.Owner)
+	k = &fakeKernel{lines: []string{
+		"-N CNI-HOSTPORT-FWD", "-N " + ca, "-N " + cb, "-A FORWARD -j CNI-HOSTPORT-FWD",
+		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"a\"" -j ` + ca,
+		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"b\"" -j ` + cb,
+	}}
+	fw.Kernel = k
+	if err := fw.GC("net1", []plan.Owner{a.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.restores) != 1 || !strings.Contains(k.restores[0], "-X "+cb+"\n") || strings.Contains(k.restores[0], ca) {
+		t.Errorf("GC: %q", k.restores)
+	}
+	k.restores = nil
+	if err := fw.GC("other", nil); err != nil || len(k.restores) != 0 {
+		t.Errorf("GC of another network: %v %q", err, k.restores)
+	}
+}

@@ -11,26 +11,52 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// fakeKernel answers listings from canned text (a table absent from it
-// is "No such file or directory", as nft says) and records every other
-// script.
+// fakeKernel answers listings from canned text (a table or chain absent
+// from it is "No such file or directory", as nft says) and records every
+// other script; a script for which fail says true fails as nft would.
 type fakeKernel struct {
 	tables  map[string]string // "ip cni_portmap" -> nft -a list output
 	scripts []string
+	checks  []string
+	fail    func(script string) bool
+}
+
+func notFoundErr() error {
+	return &Error{Output: "Error: No such file or directory", Err: errors.New("exit status 1")}
 }
 
 func (k *fakeKernel) Run(script string) (string, error) {
-	if rest, ok := strings.CutPrefix(script, "list table "); ok {
-		if out, ok := k.tables[strings.TrimSpace(rest)]; ok {
+	f := strings.Fields(script)
+	switch {
+	case strings.HasPrefix(script, "list table "):
+		if out, ok := k.tables[f[2]+" "+f[3]]; ok {
 			return out, nil
 		}
-		return "", &Error{Output: "Error: No such file or directory", Err: errors.New("exit status 1")}
+		return "", notFoundErr()
+	case strings.HasPrefix(script, "list chain "):
+		out, ok := k.tables[f[2]+" "+f[3]]
+		body, found := splitChains(out)[f[4]]
+		if !ok || !found {
+			return "", notFoundErr()
+		}
+		return "table " + f[2] + " " + f[3] + " {\n\tchain " + f[4] + " {\n" + body + "}\n", nil
+	case strings.HasPrefix(script, "list maps "), strings.HasPrefix(script, "get element "):
+		if out, ok := k.tables[f[2]+" "+Table]; ok {
+			return out, nil
+		}
+		return "", notFoundErr()
 	}
 	k.scripts = append(k.scripts, script)
+	if k.fail != nil && k.fail(script) {
+		return "", &Error{Output: "Error: Could not process rule: File exists", Err: errors.New("exit status 1")}
+	}
 	return "", nil
 }
 
-func (k *fakeKernel) Check(string) error { return nil }
+func (k *fakeKernel) Check(script string) error {
+	k.checks = append(k.checks, script)
+	return nil
+}
 
 func cidr(s string) *net.IPNet {
 	ip, n, _ := net.ParseCIDR(s)

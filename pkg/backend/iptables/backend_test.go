@@ -1,0 +1,145 @@
+package iptables
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// The fake kernel of sync_test.go (a canned listing of net1/a, net1/b and
+// old/o, restores recorded, one failing on a given substring) drives the
+// verbs' branches without root.
+
+func lockedBackend(t *testing.T, failOn string) (*Backend, *fakeKernel, *int) {
+	t.Helper()
+	b, k := syncBackend(t, failOn)
+	locks := 0
+	b.Lock = func() (func(), error) { locks++; return func() {}, nil }
+	return b, k, &locks
+}
+
+func TestApplyFastPath(t *testing.T) {
+	b, k, locks := lockedBackend(t, "")
+	c, _, _ := syncPlans("192.0.2.7")
+	c.Owner.ContainerID = "new"
+	if err := b.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.restores) != 1 || *locks != 0 || len(k.ensures) != 0 || !strings.Contains(k.restores[0], "-N "+ChainName(c.Owner)) {
+		t.Errorf("fast path: restores %q, locks %d, ensures %v; want one restore, no lock", k.restores, *locks, k.ensures)
+	}
+}
+
+func TestApplySlowPathReplaces(t *testing.T) {
+	// Re-ADD of a with a new address: -N fails (the chain exists), so the
+	// slow path ensures the shared objects, finds a's entry rules in the
+	// listing and replaces them, never duplicating.
+	a, _, _ := syncPlans("192.0.2.9")
+	b, k, locks := lockedBackend(t, "-N "+ChainName(a.Owner))
+	if err := b.Apply(a); err != nil {
+		t.Fatal(err)
+	}
+	if *locks != 1 || len(k.ensures) == 0 || len(k.restores) != 2 {
+		t.Fatalf("slow path: locks %d, ensures %v, restores %q", *locks, k.ensures, k.restores)
+	}
+	p := k.restores[1]
+	chain := ChainName(a.Owner)
+	for _, w := range []string{
+		`-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j ` + chain,
+		`-D CNI-HOSTPORT-DNAT -p udp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8053 -j ` + chain,
+		":" + chain + " - [0:0]",
+		"--to-destination 192.0.2.9:80",
+	} {
+		if !strings.Contains(p, w) {
+			t.Errorf("replace payload lacks %q:\n%s", w, p)
+		}
+	}
+	if strings.Contains(p, "-N ") {
+		t.Errorf("replace payload creates with -N:\n%s", p)
+	}
+
+	if err := b.Apply(plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)); err == nil {
+		t.Error("Apply without a container address succeeded")
+	}
+}
+
+func TestApplySlowPathNamesTheFailingLine(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.9")
+	b, _, _ := lockedBackend(t, "--to-destination 192.0.2.9:53")
+	err := b.Apply(a)
+	var re *RestoreError
+	if err == nil || !errors.As(err, &re) || !strings.Contains(err.Error(), "ipv4: apply: rule") || !strings.Contains(err.Error(), "192.0.2.9:53") {
+		t.Errorf("error %v, want the failing rule named", err)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	t.Run("fast path", func(t *testing.T) {
+		b, k, locks := lockedBackend(t, "")
+		if err := b.Remove(a); err != nil {
+			t.Fatal(err)
+		}
+		if len(k.restores) != 1 || *locks != 0 || !strings.Contains(k.restores[0], "-X "+ChainName(a.Owner)) {
+			t.Errorf("restores %q locks %d", k.restores, *locks)
+		}
+	})
+	t.Run("without mappings: found by chain name", func(t *testing.T) {
+		b, k, locks := lockedBackend(t, "")
+		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
+		if err := b.Remove(bare); err != nil {
+			t.Fatal(err)
+		}
+		if *locks != 1 || len(k.restores) != 1 || strings.Count(k.restores[0], "-D CNI-HOSTPORT-DNAT") != 2 {
+			t.Errorf("restores %q locks %d: want the two entry rules deleted from the listing", k.restores, *locks)
+		}
+	})
+	t.Run("an attachment the kernel does not know: nothing written", func(t *testing.T) {
+		b, k, _ := lockedBackend(t, "")
+		gone := plan.Build(plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "gone"}}, plan.IPv4, nil)
+		if err := b.Remove(gone); err != nil || len(k.restores) != 0 {
+			t.Errorf("%v, restores %q", err, k.restores)
+		}
+	})
+}
+
+func TestCheckNamesWhatIsMissing(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	b, _, _ := lockedBackend(t, "")
+	if err := b.Check(a); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	b, _, _ = lockedBackend(t, "-C OUTPUT")
+	if err := b.Check(a); err == nil || !strings.Contains(err.Error(), `ipv4: missing rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT" in table nat`) {
+		t.Errorf("Check: %v", err)
+	}
+}
+
+func TestGCSelectsByNetworkAndValidity(t *testing.T) {
+	b, k, locks := lockedBackend(t, "")
+	a, bb, o := syncPlans("192.0.2.2")
+	if err := b.GC("net1", []plan.Owner{a.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	if *locks != 1 || len(k.restores) != 1 {
+		t.Fatalf("restores %q", k.restores)
+	}
+	p := k.restores[0]
+	if !strings.Contains(p, "-X "+ChainName(bb.Owner)) || strings.Contains(p, ChainName(a.Owner)) || strings.Contains(p, ChainName(o.Owner)) {
+		t.Errorf("GC of net1 keeping a:\n%s\nwant b's chain gone, a's and the other network's kept", p)
+	}
+	// Nothing stale: nothing written.
+	b, k, _ = lockedBackend(t, "")
+	if err := b.GC("net1", []plan.Owner{a.Owner, bb.Owner}); err != nil || len(k.restores) != 0 {
+		t.Errorf("%v, restores %q", err, k.restores)
+	}
+}
+
+func TestReady(t *testing.T) {
+	b, _, _ := lockedBackend(t, "")
+	if err := b.Ready(); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,181 @@
+package nftables
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// The fake kernel of sync_test.go answers listings of the canned table
+// (net1/a, net1/b and old/o) and records the transactions, failing those
+// the test says: the verbs' branches, without root.
+
+func lockedBackend(t *testing.T, listed bool, fail func(string) bool) (*Backend, *fakeKernel, *bytes.Buffer, *int) {
+	t.Helper()
+	b, k := syncBackend(t, listed)
+	k.fail = fail
+	log := &bytes.Buffer{}
+	locks := 0
+	b.Log = log
+	b.Lock = func() (func(), error) { locks++; return func() {}, nil }
+	return b, k, log, &locks
+}
+
+func failing(substr string) func(string) bool {
+	return func(s string) bool { return strings.Contains(s, substr) }
+}
+
+func TestApplyFastPath(t *testing.T) {
+	b, k, _, locks := lockedBackend(t, true, nil)
+	c, _, _ := syncPlans("192.0.2.7")
+	c.Owner.ContainerID = "new"
+	if err := b.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.scripts) != 1 || *locks != 0 || !strings.Contains(k.scripts[0], "create chain ip cni_portmap "+ChainName(c.Owner)) {
+		t.Errorf("scripts %q locks %d: want one transaction, no lock", k.scripts, *locks)
+	}
+	if err := b.Apply(plan.Build(plan.Request{Owner: c.Owner}, plan.IPv4, nil)); err == nil {
+		t.Error("Apply without a container address succeeded")
+	}
+}
+
+func TestApplyTakesOverNewestWins(t *testing.T) {
+	// c claims a's keys: the fast path fails (the elements exist), the slow
+	// path deletes and re-adds them with c's verdict and logs it.
+	c, _, _ := syncPlans("192.0.2.7")
+	c.Owner.ContainerID = "c"
+	b, k, log, locks := lockedBackend(t, true, failing("create chain"))
+	if err := b.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	if *locks != 1 || len(k.scripts) != 2 {
+		t.Fatalf("scripts %q locks %d", k.scripts, *locks)
+	}
+	tx, own := k.scripts[1], ChainName(c.Owner)
+	for _, w := range []string{
+		"delete element ip cni_portmap hostports { tcp . 8080 }",
+		"add element ip cni_portmap hostports { tcp . 8080 : goto " + own + " }",
+		"add element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 : goto " + own + " }",
+		"flush chain ip cni_portmap " + own,
+	} {
+		if !strings.Contains(tx, w) {
+			t.Errorf("slow path lacks %q:\n%s", w, tx)
+		}
+	}
+	if !strings.Contains(log.String(), "tcp . 8080 was forwarded by chain dn-6c270ef2f251d571-a23508c67eab7c80") {
+		t.Errorf("takeover not logged: %q", log)
+	}
+}
+
+func TestReAddDropsStaleKeys(t *testing.T) {
+	// a again, without its host-IP mapping: its own stale element goes.
+	a, _, _ := syncPlans("192.0.2.2")
+	a.Mappings = a.Mappings[:1]
+	b, k, _, _ := lockedBackend(t, true, failing("create chain"))
+	if err := b.Apply(a); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(k.scripts[1], "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
+		t.Errorf("re-ADD keeps a stale key:\n%s", k.scripts[1])
+	}
+}
+
+func TestRemove(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	t.Run("fast path", func(t *testing.T) {
+		b, k, _, locks := lockedBackend(t, true, nil)
+		if err := b.Remove(a); err != nil {
+			t.Fatal(err)
+		}
+		if len(k.scripts) != 1 || *locks != 0 || !strings.Contains(k.scripts[0], "delete chain ip cni_portmap "+ChainName(a.Owner)) {
+			t.Errorf("scripts %q locks %d", k.scripts, *locks)
+		}
+	})
+	t.Run("a key taken over stays with its new owner", func(t *testing.T) {
+		// The fast path fails (another attachment holds tcp . 8080); the
+		// slow path releases key by key — the one that fails stays — then
+		// deletes the chain.
+		b, k, _, locks := lockedBackend(t, true, func(s string) bool {
+			return strings.Contains(s, "hostports { tcp . 8080 : goto")
+		})
+		if err := b.Remove(a); err != nil {
+			t.Fatal(err)
+		}
+		if *locks != 1 || len(k.scripts) < 3 || !strings.Contains(k.scripts[len(k.scripts)-1], "delete chain") {
+			t.Errorf("scripts %q", k.scripts)
+		}
+	})
+	t.Run("without mappings: keys from the chain's comments", func(t *testing.T) {
+		b, k, _, _ := lockedBackend(t, true, nil)
+		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
+		if err := b.Remove(bare); err != nil {
+			t.Fatal(err)
+		}
+		all := strings.Join(k.scripts, "")
+		if !strings.Contains(all, "hostports { tcp . 8080 }") || !strings.Contains(all, "hostip_hostports { 198.51.100.1 . udp . 8053 }") {
+			t.Errorf("scripts %q: want both keys released", k.scripts)
+		}
+	})
+	t.Run("upstream's rules of the container go too", func(t *testing.T) {
+		b, k, _, _ := lockedBackend(t, false, nil)
+		k.tables["ip "+UpstreamTable] = "table ip cni_hostport {\n\tchain hostports { # handle 1\n" +
+			"\t\ttcp dport 6104 dnat to 192.0.2.66:80 comment \"a\" # handle 4\n\t}\n}\n"
+		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
+		if err := b.Remove(bare); err != nil {
+			t.Fatal(err)
+		}
+		if len(k.scripts) != 1 || k.scripts[0] != "delete rule ip cni_hostport hostports handle 4\n" {
+			t.Errorf("scripts %q", k.scripts)
+		}
+	})
+}
+
+func TestCheck(t *testing.T) {
+	a, bb, _ := syncPlans("192.0.2.2")
+	b, _, _, _ := lockedBackend(t, true, nil)
+	if err := b.Check(a); err != nil {
+		t.Errorf("Check a: %v", err)
+	}
+	if err := b.Check(bb); err != nil {
+		t.Errorf("Check b: %v", err)
+	}
+	moved, _, _ := syncPlans("192.0.2.9")
+	if err := b.Check(moved); err == nil || !strings.Contains(err.Error(), "does not dnat to 192.0.2.9:80") {
+		t.Errorf("Check of a moved attachment: %v", err)
+	}
+	c, _, _ := syncPlans("192.0.2.2")
+	c.Owner.ContainerID = "c"
+	if err := b.Check(c); err == nil || !strings.Contains(err.Error(), "missing chain") {
+		t.Errorf("Check of an absent attachment: %v", err)
+	}
+}
+
+func TestGCSelectsByNetworkAndValidity(t *testing.T) {
+	a, bb, o := syncPlans("192.0.2.2")
+	b, k, _, locks := lockedBackend(t, true, nil)
+	if err := b.GC("net1", []plan.Owner{a.Owner}); err != nil {
+		t.Fatal(err)
+	}
+	if *locks != 1 || len(k.scripts) != 1 {
+		t.Fatalf("scripts %q", k.scripts)
+	}
+	tx := k.scripts[0]
+	if !strings.Contains(tx, "delete chain ip cni_portmap "+ChainName(bb.Owner)) || !strings.Contains(tx, "hostports { tcp . 9090 }") ||
+		strings.Contains(tx, ChainName(a.Owner)) || strings.Contains(tx, ChainName(o.Owner)) {
+		t.Errorf("GC of net1 keeping a:\n%s", tx)
+	}
+	b, k, _, _ = lockedBackend(t, false, nil)
+	if err := b.GC("net1", nil); err != nil || len(k.scripts) != 0 {
+		t.Errorf("GC without a table: %v %q", err, k.scripts)
+	}
+}
+
+func TestReady(t *testing.T) {
+	b, k, _, _ := lockedBackend(t, false, nil)
+	if err := b.Ready(); err != nil || len(k.checks) != 1 || !strings.Contains(k.checks[0], "add table ip cni_portmap") {
+		t.Errorf("Ready: %v, checks %q", err, k.checks)
+	}
+}
