@@ -14,12 +14,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
 // DefaultDir is libcni's default cache directory (libcni.CacheDir).
@@ -90,23 +91,10 @@ func Read(dir, pluginType string) ([]Attachment, []Skipped, error) {
 	}
 	res := make([]one, len(files))
 	lists := &listCache{m: map[string]*parsedList{}}
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				r := &res[i]
-				r.a, r.why, r.corrupt = readOne(files[i], pluginType, lists)
-			}
-		}()
-	}
-	for i := range files {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	workers.Each(len(files), func(i int) {
+		r := &res[i]
+		r.a, r.why, r.corrupt = readOne(files[i], pluginType, lists)
+	})
 	var out []Attachment
 	var skipped []Skipped
 	for i, r := range res {

@@ -6,10 +6,8 @@
 package converge
 
 import (
-	"runtime"
-	"sync"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
 // Options steer one pass.
@@ -115,22 +113,11 @@ func Winners(want []*plan.Plan, keys func(*plan.Plan) []string) map[string]int {
 	return w
 }
 
-// Judge runs judge(i) for i in [0, n) on one worker per core and returns
-// what each said; judging a thousand attachments against a listing is
-// the CPU-bound part of a pass.
+// Judge runs judge(i) for i in [0, n) on every core and returns what each
+// said; judging a thousand attachments against a listing is the
+// CPU-bound part of a pass.
 func Judge(n int, judge func(i int) string) []string {
 	out := make([]string, n)
-	workers := min(runtime.GOMAXPROCS(0), n)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += workers {
-				out[i] = judge(i)
-			}
-		}()
-	}
-	wg.Wait()
+	workers.Each(n, func(i int) { out[i] = judge(i) })
 	return out
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
 // SyncOptions are the flags of `portmap sync`.
@@ -119,25 +119,14 @@ func (p *Plugin) readWanted(dir string, inScope func(string) bool, rep *SyncRepo
 	defBackend := p.DefaultBackend()
 	configs := make([]*Config, len(atts))
 	errs := make([]error, len(atts))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				configs[i], errs[i] = ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
-			}
-		}()
-	}
-	for i, a := range atts {
+	for _, a := range atts {
 		initial[filepath.Base(a.File)] = true
-		if inScope(a.Network) {
-			next <- i
-		}
 	}
-	close(next)
-	wg.Wait()
+	workers.Each(len(atts), func(i int) {
+		if inScope(atts[i].Network) {
+			configs[i], errs[i] = ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
+		}
+	})
 	var ws []*wanted
 	for i, a := range atts {
 		c, err := configs[i], errs[i]
