@@ -19,8 +19,10 @@ import (
 // ones missing or wrong and, with Prune, removes the orphans — chains
 // CNI-DN-* that no wanted plan names (ours or the upstream plugin's: the
 // layout is the same). Attachments that are right are not touched, so a
-// pass after a pass writes nothing. Missing shared chains and jumps are
-// ensured as ADD's slow path does. The caller holds the host-wide lock.
+// pass after a pass writes nothing. Missing shared chains, and the
+// shared rules that cannot exist without them, go into the same restore;
+// the rest of a broken skeleton is checked and inserted rule by rule, as
+// ADD's slow path does. The caller holds the host-wide lock.
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	rep := converge.NewReport(len(want))
 	// The exact check and the listing are independent: they run side by
@@ -72,14 +74,16 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		return rep, nil
 	}
 
-	if sharedBroken != "" || len(broken) > 0 {
-		if err := b.ensureShared(want); err != nil {
+	pl := newPayload()
+	if sharedBroken != "" {
+		// The exact check passed for the shared rules unless this is set.
+		ensure := b.sharedPayload(pl, want, lt)
+		if err := b.ensure(ensure); err != nil {
 			rep.WriteFailed(broken, false, err)
 			return rep, nil
 		}
-		rep.Wrote = true
+		rep.Wrote = rep.Wrote || len(ensure.chains)+len(ensure.rules) > 0
 	}
-	pl := newPayload()
 	for i, p := range want {
 		if !broken[i] {
 			continue
@@ -97,7 +101,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			pl.line("-X "+chain, "delete chain "+chain)
 		}
 	}
-	if len(pl.what) == 1 { // only the table line: shared objects alone were repaired
+	if len(pl.what) == 1 { // only the table line: nothing to write
 		return rep, nil
 	}
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
@@ -109,27 +113,79 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	return rep, nil
 }
 
-// ensureShared creates the shared chains and jumps every wanted plan needs
-// (check, then insert: concurrent ADDs never duplicate them).
-func (b *Backend) ensureShared(want []*plan.Plan) error {
-	seenC, seenR := map[Chain]bool{}, map[string]bool{}
+// shared is what of the shared objects is left to ensure one by one.
+type shared struct {
+	chains []Chain
+	rules  []Rule
+}
+
+// sharedPayload writes into pl the shared nat chains the listing lacks
+// and the shared nat rules that cannot exist because their chain or their
+// jump target was missing (after a flush that deleted the chains, that is
+// all of them): one restore instead of a check and an insert per rule.
+// What it cannot decide from the listing — a rule between chains that
+// exist, the filter table's guard — it returns, to be checked and
+// inserted as ADD's slow path does.
+func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) shared {
+	var rest shared
+	created, seenC, seenR := map[string]bool{}, map[Chain]bool{}, map[string]bool{}
+	var rules []Rule
 	for _, p := range want {
 		for _, c := range SharedChains(p) {
 			if seenC[c] {
 				continue
 			}
 			seenC[c] = true
-			if err := b.Kernel.EnsureChain(c); err != nil {
-				return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+			switch {
+			case c.Table != Table:
+				rest.chains = append(rest.chains, c)
+			case !lt.chains[c.Name]:
+				created[c.Name] = true
+				pl.line("-N "+c.Name, "new chain "+c.Name)
 			}
 		}
 		for _, r := range append(GuardRules(p), SharedRules(p)...) {
 			if d := describe(r); !seenR[d] {
 				seenR[d] = true
-				if err := b.Kernel.EnsureRule(r); err != nil {
-					return fmt.Errorf("%s: ensure rule %s: %w", b.Family, d, err)
-				}
+				rules = append(rules, r)
 			}
+		}
+	}
+	for _, r := range rules {
+		if tableOf(r) == Table && (created[r.Chain] || created[jumpTarget(r)]) {
+			cmd := "-A"
+			if r.Insert {
+				cmd = "-I"
+			}
+			pl.rule(cmd, r)
+			continue
+		}
+		rest.rules = append(rest.rules, r)
+	}
+	return rest
+}
+
+// jumpTarget is the chain a rule jumps to, or "".
+func jumpTarget(r Rule) string {
+	for i := 0; i+1 < len(r.Args); i++ {
+		if r.Args[i] == "-j" {
+			return r.Args[i+1]
+		}
+	}
+	return ""
+}
+
+// ensure creates the chains and rules one by one, each checked first
+// (concurrent ADDs never duplicate them).
+func (b *Backend) ensure(s shared) error {
+	for _, c := range s.chains {
+		if err := b.Kernel.EnsureChain(c); err != nil {
+			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+		}
+	}
+	for _, r := range s.rules {
+		if err := b.Kernel.EnsureRule(r); err != nil {
+			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
 		}
 	}
 	return nil

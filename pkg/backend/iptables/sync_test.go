@@ -209,8 +209,12 @@ func TestSyncSharedMissing(t *testing.T) {
 }
 
 func TestSyncChainMissing(t *testing.T) {
-	b, k := syncBackend(t, "")
-	k.lines = k.lines[:4] // a flushed and deleted table: only policies
+	// A flushed and deleted nat table: only policies, and the shared
+	// rules' -C fails. The shared chains, and the rules that cannot exist
+	// without them, go into the one restore with the attachments; only the
+	// filter table's guard is checked and inserted rule by rule.
+	b, k := syncBackend(t, "-C PREROUTING")
+	k.lines = k.lines[:4]
 	a, bb, _ := syncPlans("192.0.2.2")
 	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
 	if err != nil {
@@ -221,12 +225,26 @@ func TestSyncChainMissing(t *testing.T) {
 			t.Errorf("%+v, want repaired: chain missing", r)
 		}
 	}
-	if len(k.ensures) == 0 {
-		t.Error("shared chains not ensured")
+	if len(rep.Shared) != 1 {
+		t.Errorf("shared %q", rep.Shared)
+	}
+	for _, e := range k.ensures {
+		if !strings.Contains(e, "GUARD") {
+			t.Errorf("ensured one by one: %q; want only the filter table's guard", e)
+		}
 	}
 	last := k.restores[len(k.restores)-1]
-	if strings.Count(last, "-N ") != 0 || strings.Count(last, ":CNI-DN-") != 2 {
-		t.Errorf("repair payload:\n%s", last)
+	for _, w := range []string{
+		"-N CNI-HOSTPORT-DNAT\n", "-N CNI-HOSTPORT-SETMARK\n", "-N CNI-HOSTPORT-MASQ\n",
+		"-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n",
+		"-I POSTROUTING 1 -m comment --comment \"CNI portfwd requiring masquerade\" -j CNI-HOSTPORT-MASQ\n",
+	} {
+		if !strings.Contains(last, w) {
+			t.Errorf("repair payload lacks %q:\n%s", w, last)
+		}
+	}
+	if strings.Count(last, ":CNI-DN-") != 2 || strings.Index(last, "-N CNI-HOSTPORT-SETMARK") > strings.Index(last, ":CNI-DN-") {
+		t.Errorf("repair payload (shared chains first, then both attachments):\n%s", last)
 	}
 }
 
