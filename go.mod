@@ -8,6 +8,7 @@ require (
 	github.com/coreos/go-iptables v0.8.0
 	github.com/vishvananda/netlink v1.3.1
 	golang.org/x/sys v0.35.0
+	sigs.k8s.io/knftables v0.0.18
 )
 
 require (
@@ -22,7 +23,6 @@ require (
 	github.com/vishvananda/netns v0.0.5 // indirect
 	go.opentelemetry.io/otel v1.29.0 // indirect
 	go.opentelemetry.io/otel/trace v1.29.0 // indirect
-	sigs.k8s.io/knftables v0.0.18 // indirect
 )
 
 tool (

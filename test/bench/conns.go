@@ -20,10 +20,10 @@ const connLimit = 10 * time.Second
 // test) with a server, maps host port 8080 to it with n other containers
 // mapped, and measures new TCP connections per second from a client
 // namespace through the host port and directly to the container.
-func measureConns(_ *benchTB, plugin, backend string, n, count int) connRate {
+func measureConns(plugin, backend string, n, count int) connRate {
 	tb := newTB()
 	defer tb.cleanup()
-	resetHost()
+	nettest.ResetNAT(tb)
 	fill(binary(plugin), backend, n)
 	cl := nettest.NewClient(tb, nettest.ClientNet{HostIf: "bcl0", V4: "198.51.100", V6: "2001:db8:2:"})
 	typ := "portmap"

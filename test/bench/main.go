@@ -156,14 +156,14 @@ func run(tb *benchTB, o options) *report {
 	for _, be := range o.backends {
 		for _, n := range o.syncN {
 			progress("sync ours %s N=%d", be, n)
-			r.Sync = append(r.Sync, measureSync(be, n, o.samples))
+			r.Sync = append(r.Sync, measureSync(tb, be, n, o.samples))
 		}
 	}
 	for _, be := range o.backends {
 		for _, p := range plugins {
 			for _, n := range []int{0, o.connN} {
 				progress("connections %s %s N=%d", p, be, n)
-				r.Conns = append(r.Conns, measureConns(tb, p, be, n, o.conns))
+				r.Conns = append(r.Conns, measureConns(p, be, n, o.conns))
 			}
 		}
 	}

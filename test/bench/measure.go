@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/portmap-dev/portmap/test/nettest"
 )
 
 // conf is the configuration a runtime would pass for container i of the
@@ -32,9 +34,7 @@ const probeIP, probePort = "10.244.0.2", 9999
 // its duration.
 func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, error) {
 	cmd := exec.Command(bin)
-	cmd.Env = append(append(os.Environ(),
-		"CNI_COMMAND="+verb, "CNI_CONTAINERID="+id, "CNI_NETNS=/var/run/netns/bench",
-		"CNI_IFNAME=eth0", "CNI_PATH="+filepath.Dir(bin)), env...)
+	cmd.Env = append(nettest.PluginEnv(verb, id, "/var/run/netns/bench", filepath.Dir(bin)), env...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -45,20 +45,6 @@ func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, e
 		return d, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
 	}
 	return d, nil
-}
-
-// resetHost empties what either plugin keeps, so each run starts on a
-// fresh node.
-func resetHost() {
-	for _, tool := range []string{"iptables", "ip6tables"} {
-		_ = exec.Command(tool, "-t", "nat", "-F").Run()
-		_ = exec.Command(tool, "-t", "nat", "-X").Run()
-	}
-	for _, fam := range []string{"ip", "ip6"} {
-		for _, table := range []string{"cni_portmap", "cni_hostport"} {
-			_ = exec.Command("nft", "delete", "table", fam, table).Run()
-		}
-	}
 }
 
 // fill maps n containers with the plugin under test.
@@ -72,8 +58,8 @@ func fill(bin, backend string, n int) {
 
 // measureVerbs times ADD, CHECK and DEL of one more container with n
 // already mapped, then counts the processes each verb spawns.
-func measureVerbs(_ *benchTB, plugin, backend string, n, samples int) []latency {
-	resetHost()
+func measureVerbs(tb *benchTB, plugin, backend string, n, samples int) []latency {
+	nettest.ResetNAT(tb)
 	bin := binary(plugin)
 	fill(bin, backend, n)
 	probe := conf(backend, probeIP, probePort)

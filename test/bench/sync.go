@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/test/nettest"
 )
 
 // syncTiming is `portmap sync` (ours only: upstream has none) with n
@@ -49,8 +50,8 @@ var flushCommands = map[string][][]string{
 	"nftables": {{"nft", "flush", "ruleset"}},
 }
 
-func measureSync(backend string, n, samples int) syncTiming {
-	resetHost()
+func measureSync(tb *benchTB, backend string, n, samples int) syncTiming {
+	nettest.ResetNAT(tb)
 	bin := binary("ours")
 	fill(bin, backend, n)
 	dir, err := os.MkdirTemp("", "bench-cache-")
@@ -61,11 +62,7 @@ func measureSync(backend string, n, samples int) syncTiming {
 	cacheFill(dir, backend, n)
 	run := func(want string) float64 {
 		cmd := exec.Command(bin, "sync", "--cache-dir", dir)
-		for _, e := range os.Environ() {
-			if !strings.HasPrefix(e, "CNI_") {
-				cmd.Env = append(cmd.Env, e)
-			}
-		}
+		cmd.Env = nettest.PluginEnv("", "", "", "")
 		start := time.Now()
 		out, err := cmd.CombinedOutput()
 		d := ms(time.Since(start))

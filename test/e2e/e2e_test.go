@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -327,6 +328,11 @@ func TestUpstreamToOurs(t *testing.T) {
 }
 
 func upstreamToOurs(t *testing.T, b backend, extra map[string]string) {
+	// A node the upstream plugin ran on: no localhost guard (ours adds it).
+	nettest.ResetNAT(t)
+	for _, args := range [][]string{{"-D", "INPUT", "-j", iptables.GuardChain}, {"-F", iptables.GuardChain}, {"-X", iptables.GuardChain}} {
+		_ = exec.Command("iptables", args...).Run()
+	}
 	cl := client(t)
 	net := nettest.Net{Name: "upgrade", V4: "192.0.2.160/28", V6: "2001:db8:1:30::/64", Portmap: "portmap-upstream", DataDir: t.TempDir(), Extra: extra}
 	up := nettest.NewRuntime(t, net)
@@ -340,7 +346,13 @@ func upstreamToOurs(t *testing.T, b backend, extra map[string]string) {
 	net.Portmap = "portmap"
 	ours := up.WithList(t, net)
 	if b.name == "iptables" {
-		// Same layout, same names: our CHECK understands upstream's rules.
+		// Our CHECK says what upstream never made: the localhost guard.
+		if err := ours.Check(c); err == nil || !strings.Contains(err.Error(), "missing chain CNI-HOSTPORT-GUARD in table filter") {
+			t.Errorf("our CHECK of upstream's rules on a node without the guard: %v, want the guard named", err)
+		}
+		// Once one ADD of ours made it, the same layout and names mean our
+		// CHECK understands upstream's rules.
+		ours.MustAdd(t, "new", nettest.Mapping{HostPort: 7301, ContainerPort: srvPort})
 		if err := ours.Check(c); err != nil {
 			t.Errorf("our CHECK of upstream's rules: %v", err)
 		}

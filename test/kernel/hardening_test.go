@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -181,8 +180,7 @@ func victimChain(be string) string {
 // delay; it reports whether the plugin was still running then.
 func killAfter(bin, verb, id string, stdin []byte, delay time.Duration) bool {
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "CNI_COMMAND="+verb, "CNI_CONTAINERID="+id, "CNI_NETNS=/x",
-		"CNI_IFNAME=eth0", "CNI_PATH="+filepath.Dir(bin))
+	cmd.Env = nettest.PluginEnv(verb, id, "/x", filepath.Dir(bin))
 	cmd.Stdin = bytes.NewReader(stdin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -8,11 +8,28 @@ import (
 	"strings"
 )
 
+// PluginEnv is the environment a runtime gives a plugin binary in binDir
+// for one verb: this process's environment without any CNI_ variable,
+// then CNI_COMMAND, CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME (eth0) and
+// CNI_PATH. With command "" it is the environment of a person running
+// the binary by hand (`portmap sync`).
+func PluginEnv(command, containerID, netns, binDir string) []string {
+	var env []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "CNI_") {
+			env = append(env, e)
+		}
+	}
+	if command == "" {
+		return env
+	}
+	return append(env, "CNI_COMMAND="+command, "CNI_CONTAINERID="+containerID, "CNI_NETNS="+netns,
+		"CNI_IFNAME=eth0", "CNI_PATH="+binDir)
+}
+
 func execPlugin(plugin, command, containerID, netns string, stdin []byte) ([]byte, error) {
 	cmd := exec.Command(filepath.Join(BinDir(), plugin))
-	cmd.Env = append(os.Environ(),
-		"CNI_COMMAND="+command, "CNI_CONTAINERID="+containerID, "CNI_NETNS="+netns,
-		"CNI_IFNAME=eth0", "CNI_PATH="+BinDir())
+	cmd.Env = PluginEnv(command, containerID, netns, BinDir())
 	cmd.Stdin = bytes.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout = &out
@@ -25,13 +42,7 @@ func execPlugin(plugin, command, containerID, netns string, stdin []byte) ([]byt
 // stderr and its exit status.
 func Portmap(args ...string) (stdout, stderr string, status int, err error) {
 	cmd := exec.Command(filepath.Join(BinDir(), "portmap"), args...)
-	var env []string
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "CNI_") {
-			env = append(env, e)
-		}
-	}
-	cmd.Env = env
+	cmd.Env = PluginEnv("", "", "", "")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err = cmd.Run()

@@ -148,7 +148,11 @@ func (b *Backend) Check(p *plan.Plan) error {
 		var re *RestoreError
 		if errors.As(err, &re) {
 			if what := pl.explain(re.Output); what != "" {
-				return fmt.Errorf("%s: missing %s in table %s", b.Family, what, Table)
+				table := Table
+				if what == "chain "+GuardChain {
+					table = "filter"
+				}
+				return fmt.Errorf("%s: missing %s in table %s", b.Family, what, table)
 			}
 		}
 		return fmt.Errorf("%s: check: %w", b.Family, err)
