@@ -9,7 +9,6 @@
 
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
-PLUGINS := github.com/containernetworking/plugins/plugins
 
 .PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick install image clean
 
@@ -19,13 +18,11 @@ build:
 	$(GO) build -o bin/portmap ./cmd/portmap
 
 # Everything the tests and the demo run, built from the module versions in
-# go.mod: the real ptp/bridge/host-local, upstream portmap, cnitool, ours.
+# go.mod: the tools of its tool block (the real ptp/bridge/host-local,
+# upstream portmap as portmap-upstream, cnitool), ours, the demo's server.
 plugins:
 	@mkdir -p $(CNI_BIN)
-	$(GO) build -o $(CNI_BIN)/ $(PLUGINS)/main/ptp $(PLUGINS)/main/bridge $(PLUGINS)/ipam/host-local \
-		github.com/containernetworking/cni/cnitool ./test/demo/httpdemo
-	$(GO) build -o $(CNI_BIN)/portmap ./cmd/portmap
-	$(GO) build -o $(CNI_BIN)/portmap-upstream $(PLUGINS)/meta/portmap
+	$(GO) run ./test/nettest/buildplugins $(CNI_BIN)
 
 deps:
 	@./test/deps.sh

@@ -124,13 +124,30 @@ func ensureBinaries() error {
 	return os.Setenv(BinEnv, dir)
 }
 
-// BuildPlugins builds every binary the tests and the demo run into dir.
+// upstreamPortmap is the upstream plugin among go.mod's tools; it is
+// built as portmap-upstream, beside ours.
+const upstreamPortmap = "github.com/containernetworking/plugins/plugins/meta/portmap"
+
+// BuildPlugins builds every binary the tests, the demo and the benchmark
+// run into dir: the tools go.mod's tool block lists (the real ptp, bridge
+// and host-local, cnitool, and upstream portmap as portmap-upstream, all
+// at the module versions go.mod pins), our plugin and the demo's server.
+// `make plugins` runs it too, so the list lives in go.mod alone.
 func BuildPlugins(dir string) error {
-	const plugins = "github.com/containernetworking/plugins/plugins/"
+	out, err := exec.Command("go", "list", "tool").Output()
+	if err != nil {
+		return fmt.Errorf("go list tool: %w", err)
+	}
+	var tools []string
+	for _, t := range strings.Fields(string(out)) {
+		if t != upstreamPortmap {
+			tools = append(tools, t)
+		}
+	}
 	steps := [][]string{
-		{"build", "-o", dir + "/", plugins + "main/ptp", plugins + "main/bridge", plugins + "ipam/host-local"},
+		append([]string{"build", "-o", dir + "/", "github.com/portmap-dev/portmap/test/demo/httpdemo"}, tools...),
 		{"build", "-o", filepath.Join(dir, "portmap"), "github.com/portmap-dev/portmap/cmd/portmap"},
-		{"build", "-o", filepath.Join(dir, "portmap-upstream"), plugins + "meta/portmap"},
+		{"build", "-o", filepath.Join(dir, "portmap-upstream"), upstreamPortmap},
 	}
 	for _, args := range steps {
 		cmd := exec.Command("go", args...)
