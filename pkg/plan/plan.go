@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -171,6 +172,23 @@ func (p *Plan) HairpinSource() string {
 	}
 	n := net.IPNet{IP: p.ContainerNet.IP.Mask(p.ContainerNet.Mask), Mask: p.ContainerNet.Mask}
 	return n.String()
+}
+
+// LocalNet reports whether the attachment relies on route_localnet: IPv4
+// with masquerading, where connections from 127.0.0.1 are DNATed out of
+// the host. ADD turns route_localnet on for it, and the backends guard
+// 127.0.0.0/8 against traffic from outside while it is on.
+func (p *Plan) LocalNet() bool { return p.Family == IPv4 && p.Masquerade.Enabled }
+
+// LocalhostRule reports whether connections from 127.0.0.1 get their own
+// mark rule: IPv4 with masquerading, unless masqAll already marks every
+// source.
+func (p *Plan) LocalhostRule() bool { return p.LocalNet() && !p.Masquerade.All }
+
+// Target is where m's connections are DNATed: the container's address
+// and port, "192.0.2.2:80" or "[2001:db8::2]:80".
+func (p *Plan) Target(m Mapping) string {
+	return net.JoinHostPort(p.ContainerNet.IP.String(), strconv.Itoa(m.ContainerPort))
 }
 
 // PortsByProtocol returns the distinct host ports per protocol, in mapping

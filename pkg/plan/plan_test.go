@@ -81,3 +81,40 @@ func TestParseProtocol(t *testing.T) {
 		}
 	}
 }
+
+func TestPolicyDecisions(t *testing.T) {
+	v4, _ := mustNet("192.0.2.2/24")
+	v6, _ := mustNet("2001:db8::2/64")
+	m := Mapping{HostPort: 8080, ContainerPort: 80, Protocol: TCP}
+	for _, tt := range []struct {
+		name            string
+		f               Family
+		n               *net.IPNet
+		masq            Masquerade
+		localNet, lhost bool
+		target          string
+	}{
+		{"ipv4 snat", IPv4, v4, Masquerade{Enabled: true}, true, true, "192.0.2.2:80"},
+		{"ipv4 masqAll", IPv4, v4, Masquerade{Enabled: true, All: true}, true, false, "192.0.2.2:80"},
+		{"ipv4 snat off", IPv4, v4, Masquerade{}, false, false, "192.0.2.2:80"},
+		{"ipv6", IPv6, v6, Masquerade{Enabled: true}, false, false, "[2001:db8::2]:80"},
+	} {
+		p := Build(Request{Mappings: []Mapping{m}, Masquerade: tt.masq}, tt.f, tt.n)
+		if p.LocalNet() != tt.localNet || p.LocalhostRule() != tt.lhost || p.Target(m) != tt.target {
+			t.Errorf("%s: LocalNet %v, LocalhostRule %v, Target %q; want %v, %v, %q",
+				tt.name, p.LocalNet(), p.LocalhostRule(), p.Target(m), tt.localNet, tt.lhost, tt.target)
+		}
+	}
+}
+
+func mustNet(s string) (*net.IPNet, error) {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		return nil, err
+	}
+	n.IP = ip
+	if v4 := ip.To4(); v4 != nil {
+		n.IP = v4
+	}
+	return n, nil
+}

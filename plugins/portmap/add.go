@@ -88,7 +88,7 @@ func (p *Plugin) add(c *Config) error {
 		}
 	}
 	for _, a := range done {
-		if a.forward || a.pl.Family != plan.IPv4 || !a.pl.Masquerade.Enabled {
+		if a.forward || !a.pl.LocalNet() {
 			continue
 		}
 		ifName, err := p.Sysctl.HostInterface(a.pl.ContainerNet.IP)

@@ -54,7 +54,7 @@ func (p *Plugin) check(c *Config) error {
 				}
 			}
 		}
-		if f != plan.IPv4 || !pl.Masquerade.Enabled {
+		if !pl.LocalNet() {
 			continue
 		}
 		ifName, err := p.Sysctl.HostInterface(n.IP)

@@ -276,7 +276,7 @@ func (p *Plugin) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []er
 	var ips []net.IP
 	for i, w := range ws {
 		for _, pl := range w.plans {
-			if len(out.failed[i]) == 0 && pl.Family == plan.IPv4 && pl.Masquerade.Enabled {
+			if len(out.failed[i]) == 0 && pl.LocalNet() {
 				idx, ips = append(idx, i), append(ips, pl.ContainerNet.IP)
 			}
 		}

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 
@@ -83,21 +82,17 @@ func SharedChains(p *plan.Plan) []Chain {
 	if ownMasq(p) {
 		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, MasqChain})
 	}
-	if guarded(p) {
+	if p.LocalNet() {
 		chains = append(chains, Chain{"filter", GuardChain})
 	}
 	return chains
 }
 
-// guarded reports whether ADD turns route_localnet on, so the localhost
-// guard must stand: IPv4 with masquerading.
-func guarded(p *plan.Plan) bool { return p.Family == plan.IPv4 && p.Masquerade.Enabled }
-
 // GuardRules are the filter-table rules of the localhost guard: at the top
 // of INPUT, drop what comes to 127.0.0.0/8 on another interface than lo
 // unless conntrack knows it (replies) or we DNATed it.
 func GuardRules(p *plan.Plan) []Rule {
-	if !guarded(p) {
+	if !p.LocalNet() {
 		return nil
 	}
 	return []Rule{
@@ -170,11 +165,11 @@ func ChainRules(p *plan.Plan) []Rule {
 		}
 		if p.Masquerade.Enabled {
 			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", p.HairpinSource(), "-j", setMark)})
-			if p.Family == plan.IPv4 && !p.Masquerade.All {
+			if p.LocalhostRule() {
 				rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", "127.0.0.1", "-j", setMark)})
 			}
 		}
-		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", hostPort(p.ContainerNet.IP, m.ContainerPort))})
+		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", p.Target(m))})
 	}
 	return rules
 }
@@ -185,10 +180,6 @@ func ownMasq(p *plan.Plan) bool {
 
 func markSpec(m plan.Masquerade) string {
 	return fmt.Sprintf("%#x/%#x", m.Mark(), m.Mark())
-}
-
-func hostPort(ip net.IP, port int) string {
-	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
 }
 
 func joinPorts(ports []int) string {

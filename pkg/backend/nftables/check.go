@@ -71,7 +71,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 		}
 	}
 	for _, m := range p.Mappings {
-		want := "dnat to " + dnatTarget(p.ContainerNet.IP, m.ContainerPort)
+		want := "dnat to " + p.Target(m)
 		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
 		if !lineWith(chains[own], `comment "`+keyComment+k.String()+`"`, want) {
 			return fmt.Errorf("%s: rule for %s in chain %s does not %s", b.Family, k, own, want)

@@ -77,8 +77,6 @@ const GuardChain = "guard"
 
 const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0 drop`
 
-func guarded(p *plan.Plan) bool { return p.Family == plan.IPv4 && p.Masquerade.Enabled }
-
 // MarkChain sets the masquerade mark bit; attachments jump to it, which
 // also makes their fast-path ADD fail (and the slow path write the
 // skeleton) while the skeleton for that bit is missing.
@@ -178,7 +176,7 @@ func skeletonRules(p *plan.Plan) map[string][]string {
 		rules[MasqChain(p.Masquerade.MarkBit)] = []string{"meta mark & " + mark + " == " + mark + " masquerade"}
 		rules[MarkChain(p.Masquerade.MarkBit)] = []string{"meta mark set meta mark | " + mark}
 	}
-	if guarded(p) {
+	if p.LocalNet() {
 		rules[GuardChain] = []string{guardRule}
 	}
 	return rules
@@ -210,7 +208,7 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 		tx.Add(&knftables.Chain{Name: MasqChain(p.Masquerade.MarkBit), Type: knftables.PtrTo(knftables.NATType),
 			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
 	}
-	if guarded(p) {
+	if p.LocalNet() {
 		tx.Add(&knftables.Chain{Name: GuardChain, Type: knftables.PtrTo(knftables.FilterType),
 			Hook: knftables.PtrTo(knftables.InputHook), Priority: knftables.PtrTo(knftables.FilterPriority)})
 	}
@@ -271,21 +269,17 @@ func chainRules(p *plan.Plan) []*knftables.Rule {
 			rules = append(rules, &knftables.Rule{Chain: chain,
 				Rule:    knftables.Concat(match, ip, "saddr", p.HairpinSource(), setMark),
 				Comment: knftables.PtrTo(hairpinComment + k.String())})
-			if p.Family == plan.IPv4 && !p.Masquerade.All {
+			if p.LocalhostRule() {
 				rules = append(rules, &knftables.Rule{Chain: chain,
 					Rule:    knftables.Concat(match, ip, "saddr 127.0.0.1", setMark),
 					Comment: knftables.PtrTo(localhostComment + k.String())})
 			}
 		}
 		rules = append(rules, &knftables.Rule{Chain: chain,
-			Rule:    knftables.Concat(match, "dnat to", dnatTarget(p.ContainerNet.IP, m.ContainerPort)),
+			Rule:    knftables.Concat(match, "dnat to", p.Target(m)),
 			Comment: knftables.PtrTo(keyComment + k.String())})
 	}
 	return rules
-}
-
-func dnatTarget(ip net.IP, port int) string {
-	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
 }
 
 func verdict(o plan.Owner) []string { return []string{"goto " + ChainName(o)} }

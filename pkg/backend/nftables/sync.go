@@ -64,7 +64,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	var shared []string
 	kinds := map[string]*plan.Plan{}
 	for _, p := range want {
-		kinds[fmt.Sprintf("%v/%d/%v", ownMasq(p), p.Masquerade.MarkBit, guarded(p))] = p
+		kinds[fmt.Sprintf("%v/%d/%v", ownMasq(p), p.Masquerade.MarkBit, p.LocalNet())] = p
 	}
 	switch {
 	case len(want) == 0:
@@ -262,7 +262,7 @@ func judge(p *plan.Plan, chains map[string]string, holders map[string]string, wi
 	}
 	for _, m := range p.Mappings {
 		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		want := "dnat to " + dnatTarget(p.ContainerNet.IP, m.ContainerPort)
+		want := "dnat to " + p.Target(m)
 		if !lineWith(text, `comment "`+keyComment+k.String()+`"`, want) {
 			return fmt.Sprintf("chain %s: rule for %s does not %s", own, k, want)
 		}
