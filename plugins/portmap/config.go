@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -315,9 +317,9 @@ func (c *Config) parseConditions(nc netConf) error {
 			wrong = append(wrong, cd.key)
 			continue
 		}
-		bad := badIPTablesToken
+		bad := iptables.BadConditionToken
 		if syntax == BackendNFTables {
-			bad = badNFTablesToken
+			bad = nftables.BadConditionToken
 		}
 		for i, tok := range tokens {
 			if why := bad(tok); why != "" {
@@ -340,74 +342,6 @@ func (c *Config) parseConditions(nc netConf) error {
 				strings.Join(wrong, ", "), c.Backend, other, hint), "")
 	}
 	return nil
-}
-
-// forbiddenTokens are iptables options that are not matches: commands that
-// would make the entry rule something else, and targets that would end it.
-var forbiddenTokens = map[string]bool{
-	"-A": true, "--append": true, "-I": true, "--insert": true, "-D": true, "--delete": true,
-	"-R": true, "--replace": true, "-N": true, "--new-chain": true, "-X": true, "--delete-chain": true,
-	"-F": true, "--flush": true, "-Z": true, "--zero": true, "-P": true, "--policy": true,
-	"-E": true, "--rename-chain": true, "-C": true, "--check": true, "-L": true, "--list": true,
-	"-S": true, "--list-rules": true, "-t": true, "--table": true,
-	"-j": true, "--jump": true, "-g": true, "--goto": true,
-}
-
-// badIPTablesToken says why tok cannot be an iptables match token, or "".
-func badIPTablesToken(tok string) string {
-	if tok == "" {
-		return "must not be empty"
-	}
-	if hasControl(tok) {
-		return "must not contain control characters such as newlines"
-	}
-	if strings.ContainsAny(tok, `;"'\`) {
-		return "must not contain ';', quotes or backslashes"
-	}
-	if forbiddenTokens[tok] {
-		return "is not a match: conditions may only add matches to the entry rule"
-	}
-	return ""
-}
-
-// nftStatements are nft words that start a statement or a command rather
-// than a match: a condition holding one could drop, accept or rewrite
-// traffic instead of selecting it.
-var nftStatements = map[string]bool{
-	"accept": true, "drop": true, "reject": true, "jump": true, "goto": true, "return": true,
-	"queue": true, "continue": true, "dnat": true, "snat": true, "masquerade": true,
-	"redirect": true, "set": true, "log": true, "counter": true, "limit": true, "quota": true,
-	"notrack": true, "tproxy": true, "dup": true, "fwd": true, "add": true, "update": true,
-	"delete": true, "flush": true, "insert": true, "replace": true, "create": true,
-	"table": true, "chain": true, "rule": true, "comment": true, "vmap": true,
-}
-
-// badNFTablesToken says why tok cannot be part of an nft match, or "".
-func badNFTablesToken(tok string) string {
-	if strings.TrimSpace(tok) == "" {
-		return "must not be empty"
-	}
-	if hasControl(tok) {
-		return "must not contain control characters such as newlines"
-	}
-	if strings.ContainsAny(tok, `;#\`) {
-		return "must not contain ';', '#' or backslashes"
-	}
-	for _, word := range strings.Fields(tok) {
-		if nftStatements[strings.ToLower(word)] {
-			return fmt.Sprintf("holds the statement %q: conditions may only add matches", word)
-		}
-	}
-	return ""
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return true
-		}
-	}
-	return false
 }
 
 // containerNets picks the first address of each family on the sandbox

@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"errors"
+	"fmt"
 	"os/exec"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -18,13 +19,14 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	c.Request.Owner = owner(c, args)
-	var errs []error
+	var errs, missing []error
 	var flush []*plan.Plan
 	usable := 0
 	for _, f := range plan.Families {
 		be, err := p.NewBackend(c.Backend, f)
 		if errors.Is(err, exec.ErrNotFound) {
 			// No tools for this family: nothing of it can exist.
+			missing = append(missing, err)
 			continue
 		}
 		if err != nil {
@@ -51,7 +53,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	p.flush(flush...)
 	if usable == 0 {
-		return cniError(c, errors.New("neither iptables-restore nor ip6tables-restore is on PATH"))
+		return cniError(c, fmt.Errorf("no family's tools are on PATH: %w", errors.Join(missing...)))
 	}
 	return cniError(c, errors.Join(errs...))
 }
