@@ -26,9 +26,9 @@ import (
 // Host is the real kernel's conntrack table, reached through netlink.
 type Host struct{}
 
-// Stale reports whether flows of proto outlive a rule change and need a
-// flush: connectionless UDP, and SCTP. TCP flows end on their own.
-func Stale(proto plan.Protocol) bool {
+// NeedsFlush reports whether flows of proto outlive a rule change and need
+// a flush: connectionless UDP, and SCTP. TCP flows end on their own.
+func NeedsFlush(proto plan.Protocol) bool {
 	return proto == plan.UDP || proto == plan.SCTP
 }
 

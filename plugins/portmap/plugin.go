@@ -157,11 +157,12 @@ func cniError(c *Config, err error) error {
 	if errors.As(err, &te) {
 		return te
 	}
-	msg := fmt.Sprintf("%s backend: %v", c.Backend, err)
 	if errors.Is(err, lock.ErrTimeout) {
-		return types.NewError(types.ErrTryAgainLater, msg, "")
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s backend: %v", c.Backend, err), "")
 	}
-	return errors.New(msg)
+	// skel answers code 999 with the message; the chain stays for callers
+	// that look (errors.Is/As).
+	return fmt.Errorf("%s backend: %w", c.Backend, err)
 }
 
 // forwarder returns family f's forwardAccept rules, or nil when the host
@@ -183,7 +184,7 @@ func (p *Plugin) flush(pls ...*plan.Plan) {
 	for _, pl := range pls {
 		for _, pp := range pl.HostPorts() {
 			cp := conntrack.Port{Family: pl.Family, Protocol: pp.Protocol, Port: pp.Port}
-			if conntrack.Stale(pp.Protocol) && !seen[cp] {
+			if conntrack.NeedsFlush(pp.Protocol) && !seen[cp] {
 				seen[cp] = true
 				ports = append(ports, cp)
 			}

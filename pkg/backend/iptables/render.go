@@ -79,7 +79,7 @@ type Chain struct{ Table, Name string }
 // in creation order.
 func SharedChains(p *plan.Plan) []Chain {
 	chains := []Chain{{Table, TopLevelDNATChain}}
-	if ownMasq(p) {
+	if ownMarkChains(p) {
 		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, MasqChain})
 	}
 	if p.LocalNet() {
@@ -112,7 +112,7 @@ func SharedRules(p *plan.Plan) []Rule {
 		{Chain: "PREROUTING", Args: dnat},
 		{Chain: "OUTPUT", Args: dnat},
 	}
-	if ownMasq(p) {
+	if ownMarkChains(p) {
 		mark := markSpec(p.Masquerade)
 		rules = append(rules,
 			Rule{Chain: SetMarkChain, Args: []string{"-m", "comment", "--comment", setMarkComment, "-j", "MARK", "--set-xmark", mark}},
@@ -174,7 +174,9 @@ func ChainRules(p *plan.Plan) []Rule {
 	return rules
 }
 
-func ownMasq(p *plan.Plan) bool {
+// ownMarkChains reports whether p uses the SETMARK and MASQ chains of this
+// layout (masquerading without an externalSetMarkChain).
+func ownMarkChains(p *plan.Plan) bool {
 	return p.Masquerade.Enabled && p.Masquerade.ExternalSetMarkChain == ""
 }
 

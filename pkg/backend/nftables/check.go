@@ -24,7 +24,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 		err       error
 	}
 	var reads []*read
-	for _, c := range append(sortedKeys(skel), own) {
+	for _, c := range append(skeletonOrder(skel), own) {
 		reads = append(reads, &read{what: "chain " + c, cmd: fmt.Sprintf("list chain %s %s %s\n", fam, Table, c)})
 	}
 	byMap := map[string][]string{}
@@ -58,7 +58,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	}
 	out := all.String()
 	chains := splitChains(out)
-	for _, c := range sortedKeys(skel) {
+	for _, c := range skeletonOrder(skel) {
 		for _, r := range skel[c] {
 			if !strings.Contains(chains[c], signature(r)) {
 				return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, r, c)

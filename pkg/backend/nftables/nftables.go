@@ -178,14 +178,8 @@ func (b *Backend) Apply(p *plan.Plan) error {
 // element.
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
-	if keys := Keys(p); len(keys) > 0 {
-		tx := newTx(b.Family)
-		for _, k := range keys {
-			releaseKey(tx, k, p.Owner)
-		}
-		tx.Flush(&knftables.Chain{Name: chain})
-		tx.Delete(&knftables.Chain{Name: chain})
-		if err := b.run(tx); err == nil {
+	if len(p.Mappings) > 0 {
+		if err := b.run(fastDelTx(p)); err == nil {
 			return nil
 		}
 	}
@@ -216,6 +210,20 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return fmt.Errorf("%s: remove chain %s: %w", b.Family, chain, err)
 	}
 	return nil
+}
+
+// fastDelTx is DEL's fast path: release each of the plan's keys while it
+// still points at the attachment's chain, then delete the chain (which
+// the kernel refuses while any element still points at it).
+func fastDelTx(p *plan.Plan) *knftables.Transaction {
+	tx := newTx(p.Family)
+	for _, k := range Keys(p) {
+		releaseKey(tx, k, p.Owner)
+	}
+	chain := ChainName(p.Owner)
+	tx.Flush(&knftables.Chain{Name: chain})
+	tx.Delete(&knftables.Chain{Name: chain})
+	return tx
 }
 
 // releaseKey deletes k's element if it points at owner's chain or is

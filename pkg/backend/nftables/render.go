@@ -171,7 +171,7 @@ func skeletonRules(p *plan.Plan) map[string][]string {
 	for _, bc := range baseChains {
 		rules[bc.name] = []string{"fib daddr type local jump " + DispatchChain}
 	}
-	if ownMasq(p) {
+	if marksOwnBit(p) {
 		mark := fmt.Sprintf("%#x", p.Masquerade.Mark())
 		rules[MasqChain(p.Masquerade.MarkBit)] = []string{"meta mark & " + mark + " == " + mark + " masquerade"}
 		rules[MarkChain(p.Masquerade.MarkBit)] = []string{"meta mark set meta mark | " + mark}
@@ -182,7 +182,9 @@ func skeletonRules(p *plan.Plan) map[string][]string {
 	return rules
 }
 
-func ownMasq(p *plan.Plan) bool { return p.Masquerade.Enabled }
+// marksOwnBit reports whether p needs this table's mark-bitN and
+// masquerade-bitN chains (nftables has no external mark chain).
+func marksOwnBit(p *plan.Plan) bool { return p.Masquerade.Enabled }
 
 // addSkeleton writes the table, maps and shared chains, idempotently: the
 // shared chains are flushed and refilled with their fixed rules, which also
@@ -197,14 +199,14 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 	tx.Add(&knftables.Map{Name: HostIPPortsMap, Type: addrType + " . inet_proto . inet_service : verdict"})
 	rules := skeletonRules(p)
 	tx.Add(&knftables.Chain{Name: DispatchChain})
-	if ownMasq(p) {
+	if marksOwnBit(p) {
 		tx.Add(&knftables.Chain{Name: MarkChain(p.Masquerade.MarkBit)})
 	}
 	for _, bc := range baseChains {
 		tx.Add(&knftables.Chain{Name: bc.name, Type: knftables.PtrTo(knftables.NATType),
 			Hook: knftables.PtrTo(bc.hook), Priority: knftables.PtrTo(bc.priority)})
 	}
-	if ownMasq(p) {
+	if marksOwnBit(p) {
 		tx.Add(&knftables.Chain{Name: MasqChain(p.Masquerade.MarkBit), Type: knftables.PtrTo(knftables.NATType),
 			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
 	}
@@ -212,7 +214,7 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 		tx.Add(&knftables.Chain{Name: GuardChain, Type: knftables.PtrTo(knftables.FilterType),
 			Hook: knftables.PtrTo(knftables.InputHook), Priority: knftables.PtrTo(knftables.FilterPriority)})
 	}
-	for _, name := range sortedKeys(rules) {
+	for _, name := range skeletonOrder(rules) {
 		tx.Flush(&knftables.Chain{Name: name})
 		for _, r := range rules[name] {
 			tx.Add(&knftables.Rule{Chain: name, Rule: r})
@@ -220,7 +222,10 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 	}
 }
 
-func sortedKeys(m map[string][]string) []string {
+// skeletonOrder lists the shared chains of m in the order they are
+// written: base chains, dispatch, guard, then the masquerade and mark
+// chains of each bit in use.
+func skeletonOrder(m map[string][]string) []string {
 	out := make([]string, 0, len(m))
 	for _, k := range []string{"prerouting", "output", DispatchChain, GuardChain} {
 		if _, ok := m[k]; ok {

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"sigs.k8s.io/knftables"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -56,15 +54,7 @@ func skeletonTx(p *plan.Plan) string {
 // addTx is the fast-path ADD transaction, as Apply sends it.
 func addTx(p *plan.Plan) string { return fastAddTx(p).String() }
 
-func delTx(p *plan.Plan) string {
-	tx := newTx(p.Family)
-	for _, k := range Keys(p) {
-		releaseKey(tx, k, p.Owner)
-	}
-	tx.Flush(&knftables.Chain{Name: ChainName(p.Owner)})
-	tx.Delete(&knftables.Chain{Name: ChainName(p.Owner)})
-	return tx.String()
-}
+func delTx(p *plan.Plan) string { return fastDelTx(p).String() }
 
 func TestGoldenTransactions(t *testing.T) {
 	tests := []struct{ name, got string }{

@@ -64,7 +64,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	var shared []string
 	kinds := map[string]*plan.Plan{}
 	for _, p := range want {
-		kinds[fmt.Sprintf("%v/%d/%v", ownMasq(p), p.Masquerade.MarkBit, p.LocalNet())] = p
+		kinds[fmt.Sprintf("%v/%d/%v", marksOwnBit(p), p.Masquerade.MarkBit, p.LocalNet())] = p
 	}
 	switch {
 	case len(want) == 0:
@@ -78,7 +78,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		}
 		for _, k := range sortedKinds(kinds) {
 			skel := skeletonRules(kinds[k])
-			for _, c := range sortedKeys(skel) {
+			for _, c := range skeletonOrder(skel) {
 				text, ok := chains[c]
 				if !ok {
 					if !slices.Contains(shared, "chain "+c+" missing") {
