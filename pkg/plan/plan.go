@@ -234,6 +234,18 @@ type ProtoPort struct {
 	Port     int
 }
 
+// HasControl reports whether s holds a control character: text that
+// reaches a rule (a condition, a comment) must not, or it could end the
+// rule and start another.
+func HasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
 // ParseProtocol accepts tcp, udp and sctp in any case; "" means tcp.
 func ParseProtocol(s string) (Protocol, bool) {
 	switch strings.ToLower(s) {

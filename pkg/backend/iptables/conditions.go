@@ -1,6 +1,10 @@
 package iptables
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
 
 // forbiddenTokens are iptables options that are not matches: commands that
 // would make the entry rule something else, and targets that would end it.
@@ -22,7 +26,7 @@ func BadConditionToken(tok string) string {
 	if tok == "" {
 		return "must not be empty"
 	}
-	if hasControl(tok) {
+	if plan.HasControl(tok) {
 		return "must not contain control characters such as newlines"
 	}
 	if strings.ContainsAny(tok, `;"'\`) {
@@ -32,13 +36,4 @@ func BadConditionToken(tok string) string {
 		return "is not a match: conditions may only add matches to the entry rule"
 	}
 	return ""
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return true
-		}
-	}
-	return false
 }

@@ -3,6 +3,8 @@ package nftables
 import (
 	"fmt"
 	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // nftStatements are nft words that start a statement or a command rather
@@ -25,7 +27,7 @@ func BadConditionToken(tok string) string {
 	if strings.TrimSpace(tok) == "" {
 		return "must not be empty"
 	}
-	if hasControl(tok) {
+	if plan.HasControl(tok) {
 		return "must not contain control characters such as newlines"
 	}
 	if strings.ContainsAny(tok, `;#\`) {
@@ -37,13 +39,4 @@ func BadConditionToken(tok string) string {
 		}
 	}
 	return ""
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return true
-		}
-	}
-	return false
 }
