@@ -249,9 +249,14 @@ func Save(tb TB, family int) string {
 	return strings.Join(keep, "\n")
 }
 
-// Run runs a command in the host namespace and fails the test on error.
+// Run runs a command in the test's node namespace and fails the test on
+// error. The tests use it to flush rulesets and set policies, so it
+// refuses to run anywhere but in the namespace Main made.
 func Run(tb TB, name string, args ...string) string {
 	tb.Helper()
+	if !Isolated() {
+		tb.Fatalf("refusing to run %s %s outside the test's own network namespace", name, strings.Join(args, " "))
+	}
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
