@@ -131,16 +131,14 @@ func newBackend(name string, f plan.Family, log io.Writer) (Backend, error) {
 }
 
 // defaultBackend is upstream's choice when "backend" is absent: iptables
-// if its tools are there, else nftables. It looks at PATH only, so the
-// choice costs no process.
+// if its tools are there, else nftables — which talks to the kernel over
+// netlink and needs no nft binary. It looks at PATH only, so the choice
+// costs no process.
 func defaultBackend() string {
 	if _, err := exec.LookPath(iptables.RestoreCommand(plan.IPv4)); err == nil {
 		return BackendIPTables
 	}
-	if _, err := exec.LookPath("nft"); err == nil {
-		return BackendNFTables
-	}
-	return BackendIPTables
+	return BackendNFTables
 }
 
 func owner(c *Config, args *skel.CmdArgs) plan.Owner {

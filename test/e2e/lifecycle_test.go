@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -68,17 +69,29 @@ func TestStatus(t *testing.T) {
 		}
 		conf := map[string]any{"cniVersion": "1.1.0", "name": "status", "type": "portmap", "backend": b.name}
 		stdin, _ := json.Marshal(conf)
-		cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap"))
-		empty := t.TempDir()
-		cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+nettest.BinDir(), "PATH="+empty)
-		cmd.Stdin = bytes.NewReader(stdin)
-		out, err := cmd.Output()
+		status := func(env string, cred *syscall.Credential) ([]byte, error) {
+			cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap"))
+			cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+nettest.BinDir(), env)
+			cmd.Stdin = bytes.NewReader(stdin)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+			return cmd.Output()
+		}
+		// iptables needs its tools; nftables speaks netlink and needs no
+		// program, only the right to change nf_tables (CAP_NET_ADMIN),
+		// which an unprivileged user lacks.
+		out, err := status("PATH="+t.TempDir(), nil)
+		if b.name == "nftables" {
+			if err != nil {
+				t.Errorf("nftables STATUS with an empty PATH: %v %s, want ready (no process needed)", err, out)
+			}
+			out, err = status("PATH="+os.Getenv("PATH"), &syscall.Credential{Uid: 65534, Gid: 65534})
+		}
 		if err == nil {
-			t.Fatalf("STATUS with an empty PATH succeeded: %s", out)
+			t.Fatalf("STATUS that cannot serve ADD succeeded: %s", out)
 		}
 		var e types.Error
 		if jerr := json.Unmarshal(out, &e); jerr != nil || e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Msg, b.name+" backend cannot serve ADD") {
-			t.Errorf("STATUS with an empty PATH: %s, want code 50 naming the backend", out)
+			t.Errorf("STATUS that cannot serve ADD: %s, want code 50 naming the backend", out)
 		}
 	})
 }

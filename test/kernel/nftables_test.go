@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,12 +17,13 @@ import (
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
+// countingNFT counts the transactions a verb commits.
 type countingNFT struct {
 	nftables.Kernel
 	runs int
 }
 
-func (c *countingNFT) Run(s string) (string, error) { c.runs++; return c.Kernel.Run(s) }
+func (c *countingNFT) Apply(tx *nftables.Tx) error { c.runs++; return c.Kernel.Apply(tx) }
 
 func nftBackend(t *testing.T, f plan.Family) (*nftables.Backend, *countingNFT) {
 	t.Helper()
@@ -62,12 +64,17 @@ func TestNFTApplyCheckRemove(t *testing.T) {
 			if err := b.Apply(first); err != nil {
 				t.Fatalf("Apply first: %v", err)
 			}
+			// No process: with an empty PATH, nft (or anything) cannot
+			// run, and ADD, CHECK and DEL still work, in one transaction
+			// each.
+			path := os.Getenv("PATH")
+			t.Setenv("PATH", t.TempDir())
 			c.runs = 0
 			if err := b.Apply(p); err != nil {
 				t.Fatalf("Apply: %v", err)
 			}
 			if c.runs != 1 {
-				t.Errorf("ADD ran nft %d times, want 1", c.runs)
+				t.Errorf("ADD committed %d transactions, want 1", c.runs)
 			}
 			if err := b.Check(p); err != nil {
 				t.Fatalf("Check: %v", err)
@@ -77,8 +84,9 @@ func TestNFTApplyCheckRemove(t *testing.T) {
 				t.Fatalf("Remove: %v", err)
 			}
 			if c.runs != 1 {
-				t.Errorf("DEL ran nft %d times, want 1", c.runs)
+				t.Errorf("DEL committed %d transactions, want 1", c.runs)
 			}
+			t.Setenv("PATH", path)
 			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), nftables.ChainName(p.Owner)) {
 				t.Errorf("Check after Remove: %v, want the missing chain named", err)
 			}

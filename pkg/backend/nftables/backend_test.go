@@ -95,16 +95,21 @@ func TestRemove(t *testing.T) {
 		}
 	})
 	t.Run("a key taken over stays with its new owner", func(t *testing.T) {
-		// The fast path fails (another attachment holds tcp . 8080); the
-		// slow path releases key by key — the one that fails stays — then
-		// deletes the chain.
+		// Another attachment took tcp . 8080 over: the fast path fails
+		// (its element names the other chain); the slow path reads the
+		// keys' elements and releases only those still pointing at a's
+		// chain, then deletes the chain.
 		b, k, _, locks := lockedBackend(t, true, func(s string) bool {
 			return strings.Contains(s, "hostports { tcp . 8080 : goto")
 		})
+		own := ChainName(a.Owner)
+		k.tables["ip "+Table] = strings.Replace(k.tables["ip "+Table], "tcp . 8080 : goto "+own, "tcp . 8080 : goto dn-other", 1)
 		if err := b.Remove(a); err != nil {
 			t.Fatal(err)
 		}
-		if *locks != 1 || len(k.scripts) < 3 || !strings.Contains(k.scripts[len(k.scripts)-1], "delete chain") {
+		last := k.scripts[len(k.scripts)-1]
+		if *locks != 1 || len(k.scripts) != 2 || !strings.Contains(last, "delete chain ip cni_portmap "+own) ||
+			strings.Contains(last, "tcp . 8080") || !strings.Contains(last, "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
 			t.Errorf("scripts %q", k.scripts)
 		}
 	})

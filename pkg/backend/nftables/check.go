@@ -2,134 +2,113 @@ package nftables
 
 import (
 	"fmt"
-	"strings"
-	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Check verifies that everything ADD made is there, reading only the
-// shared chains and the attachment's own chain and keys. nft 1.0.6
-// mis-answers a script that lists several objects ("No such file or
-// directory" for the first) and takes long to print a whole table of a
-// thousand attachments, so each object is listed by its own nft process;
-// they run at once.
+// shared chains, the attachment's own chain and its own keys' elements
+// (single-element gets): its cost does not grow with the number of
+// attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	fam := nftFamily(b.Family)
 	skel := skeletonRules(p)
-	own := ChainName(p.Owner)
-	type read struct {
-		what, cmd string
-		out       string
-		err       error
-	}
-	var reads []*read
-	for _, c := range append(skeletonOrder(skel), own) {
-		reads = append(reads, &read{what: "chain " + c, cmd: fmt.Sprintf("list chain %s %s %s\n", fam, Table, c)})
-	}
-	byMap := map[string][]string{}
-	for _, k := range Keys(p) {
-		byMap[k.Map()] = append(byMap[k.Map()], k.String())
-	}
-	for _, m := range []string{HostPortsMap, HostIPPortsMap} {
-		if len(byMap[m]) > 0 {
-			reads = append(reads, &read{what: "elements " + strings.Join(byMap[m], ", ") + " of map " + m,
-				cmd: fmt.Sprintf("get element %s %s %s { %s }\n", fam, Table, m, strings.Join(byMap[m], ", "))})
+	for _, name := range skeletonOrder(skel) {
+		c, err := b.Kernel.Chain(b.Family, Table, name)
+		if err != nil {
+			return fmt.Errorf("%s: check chain %s: %w", b.Family, name, err)
 		}
-	}
-	var wg sync.WaitGroup
-	for _, r := range reads {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.out, r.err = b.Kernel.Run(r.cmd)
-		}()
-	}
-	wg.Wait()
-	var all strings.Builder
-	for _, r := range reads {
-		if IsNotFound(r.err) {
-			return fmt.Errorf("%s: missing %s in table %s %s", b.Family, r.what, fam, Table)
+		if c == nil {
+			return fmt.Errorf("%s: missing chain %s in table %s %s", b.Family, name, fam, Table)
 		}
-		if r.err != nil {
-			return fmt.Errorf("%s: check %s: %w", b.Family, r.what, r.err)
-		}
-		all.WriteString(r.out)
-	}
-	out := all.String()
-	chains := splitChains(out)
-	for _, c := range skeletonOrder(skel) {
-		for _, r := range skel[c] {
-			if !strings.Contains(chains[c], signature(r)) {
-				return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, r, c)
+		for _, r := range skel[name] {
+			if !hasRule(c, r) {
+				return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, r.Text(b.Family), name)
 			}
 		}
 	}
-	for _, r := range chainRules(p) {
-		if !strings.Contains(chains[own], `comment "`+*r.Comment+`"`) {
-			return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, *r.Comment, own)
-		}
+	own := ChainName(p.Owner)
+	c, err := b.Kernel.Chain(b.Family, Table, own)
+	if err != nil {
+		return fmt.Errorf("%s: check chain %s: %w", b.Family, own, err)
 	}
-	for _, m := range p.Mappings {
-		want := "dnat to " + p.Target(m)
-		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		if !lineWith(chains[own], `comment "`+keyComment+k.String()+`"`, want) {
-			return fmt.Errorf("%s: rule for %s in chain %s does not %s", b.Family, k, own, want)
-		}
+	if c == nil {
+		return fmt.Errorf("%s: missing chain %s in table %s %s", b.Family, own, fam, Table)
 	}
-	holders := parseMaps(out)
+	if why := judgeChain(p, c); why != "" {
+		return fmt.Errorf("%s: %s", b.Family, why)
+	}
+	holders, err := b.Kernel.Holders(b.Family, Keys(p))
+	if err != nil {
+		return fmt.Errorf("%s: check map elements: %w", b.Family, err)
+	}
 	for _, k := range Keys(p) {
-		if h := holders[k.Map()+" "+k.String()]; h != own {
+		if h := holders[k.ID()]; h != own {
 			return fmt.Errorf("%s: map %s sends %s to %q, not to %s", b.Family, k.Map(), k, h, own)
 		}
 	}
 	return nil
 }
 
-// signature is the part of a shared rule that nft prints as we wrote it
-// (it rewrites marks as 0x00002000, for instance).
-func signature(rule string) string {
-	switch {
-	case strings.Contains(rule, "vmap"):
-		return rule[strings.Index(rule, "vmap"):]
-	case strings.HasSuffix(rule, "masquerade"):
-		return "masquerade"
-	case strings.HasPrefix(rule, "meta mark set"):
-		return "meta mark set"
-	case rule == guardRule:
-		return "ip daddr 127.0.0.0/8"
-	}
-	return rule
-}
-
-// splitChains maps chain names to their listed text.
-func splitChains(out string) map[string]string {
-	chains := map[string]string{}
-	current := ""
-	for _, line := range strings.Split(out, "\n") {
-		if m := chainHeaderRE.FindStringSubmatch(line); m != nil {
-			current = m[1]
-			continue
-		}
-		if current != "" {
-			chains[current] += line + "\n"
-		}
-		if strings.TrimSpace(line) == "}" {
-			current = ""
-		}
-	}
-	return chains
-}
-
-func lineWith(text string, parts ...string) bool {
-	for _, l := range strings.Split(text, "\n") {
-		ok := true
-		for _, p := range parts {
-			ok = ok && strings.Contains(l, p)
-		}
-		if ok {
-			return true
+// hasRule reports whether chain c holds a rule doing what the shared
+// rule r does.
+func hasRule(c *ChainState, r *Rule) bool {
+	for _, got := range c.Rules {
+		for _, s := range r.stmts {
+			var ok bool
+			switch s := s.(type) {
+			case vmapLookup:
+				ok = got.Lookup == s.set
+			case jumpTo:
+				ok = got.Jump == s.chain
+			case masquerade:
+				ok = got.Masq
+			case markOr:
+				ok = got.SetMark
+			case guardDrop:
+				ok = got.Drop
+			default:
+				continue
+			}
+			if ok {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// judgeChain says what of the attachment's own chain is missing or
+// wrong, or "": each rule by its comment, what it jumps to or DNATs to,
+// the hairpin source, and no rule more.
+func judgeChain(p *plan.Plan, c *ChainState) string {
+	own := ChainName(p.Owner)
+	rules := chainRules(p)
+	for _, r := range rules {
+		got, ok := c.rule(r.Comment)
+		if !ok {
+			return fmt.Sprintf("missing rule %q in chain %s", r.Comment, own)
+		}
+		for _, s := range r.stmts {
+			switch s := s.(type) {
+			case dnatTo:
+				want := dnatTo{s.ip, s.port}.text(p.Family)
+				if "dnat to "+got.DNAT != want {
+					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, want)
+				}
+			case jumpTo:
+				if got.Jump != s.chain {
+					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.chain)
+				}
+			case addrIs:
+				if !s.dst && !samePrefix(got.Saddr, s.spec) {
+					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.text(p.Family))
+				}
+			}
+		}
+	}
+	if len(c.Rules) != len(rules) {
+		return fmt.Sprintf("chain %s holds %d rules, want %d", own, len(c.Rules), len(rules))
+	}
+	return ""
 }

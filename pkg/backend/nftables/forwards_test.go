@@ -11,12 +11,12 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-func TestParseForwards(t *testing.T) {
+func TestForwardsOfListing(t *testing.T) {
 	b, err := os.ReadFile("testdata/forwards-list.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := ParseForwards(string(b))
+	got := forwardsOf(parseListing(plan.IPv6, string(b)))
 	sort.Slice(got, func(i, j int) bool { return got[i].HostPort < got[j].HostPort })
 	c2 := plan.Owner{Network: "net1", ContainerID: "c2"}
 	want := []plan.Forward{

@@ -4,15 +4,13 @@ import (
 	"fmt"
 	"strings"
 
-	"sigs.k8s.io/knftables"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // GC removes every attachment of network that no valid attachment owns:
 // the chains named with the network's prefix whose name is not one of the
 // valid attachments', with the map elements that still point at them.
-// Other networks' chains have another prefix and stay. It lists the table
+// Other networks' chains have another prefix and stay. It reads the table
 // once (GC is the one verb that must look at everything) and removes all
 // stale attachments in one transaction.
 func (b *Backend) GC(network string, valid []plan.Owner) error {
@@ -21,53 +19,60 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 		return err
 	}
 	defer release()
-	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", nftFamily(b.Family), Table))
-	if IsNotFound(err) {
-		return nil
-	}
+	s, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
-		return fmt.Errorf("%s: list table: %w", b.Family, err)
+		return fmt.Errorf("%s: read table: %w", b.Family, err)
+	}
+	if s == nil {
+		return nil
 	}
 	keep := map[string]bool{}
 	for _, o := range valid {
 		keep[ChainName(o)] = true
 	}
 	prefix := NetworkPrefix(network)
-	chains := splitChains(out)
-	holders := parseMaps(out)
-	tx := newTx(b.Family)
-	for name := range chains {
-		if !strings.HasPrefix(name, prefix) || keep[name] {
-			continue
+	stale := map[string]bool{}
+	for name := range s.Chains {
+		if strings.HasPrefix(name, prefix) && !keep[name] {
+			stale[name] = true
 		}
-		for mk, h := range holders {
-			if h != name {
-				continue
-			}
-			m, key, _ := strings.Cut(mk, " ")
-			if k, ok := parseKey(key); ok {
-				tx.Delete(&knftables.Element{Map: m, Key: k.Fields()})
-			}
-		}
-		tx.Flush(&knftables.Chain{Name: name})
-		tx.Delete(&knftables.Chain{Name: name})
 	}
-	if tx.NumOperations() == 0 {
+	tx := newTx(b.Family)
+	removeChains(tx, s, stale)
+	if tx.Len() == 0 {
 		return nil
 	}
-	if err := b.run(tx); err != nil {
+	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("%s: gc: %w", b.Family, err)
 	}
 	return nil
 }
 
-// Ready reports whether the backend can serve ADD: nft runs, may change
-// rules, and the kernel accepts the table (checked with nft --check,
-// which commits nothing).
+// removeChains deletes the chains of set and the elements that point at
+// them, in name order.
+func removeChains(tx *Tx, s *State, set map[string]bool) {
+	for _, id := range sortedIDs(s.Holders) {
+		if set[s.Holders[id]] {
+			if k, ok := keyFromID(id); ok {
+				tx.add(opDelete, elemObj{key: k})
+			}
+		}
+	}
+	for _, name := range sortedChains(s) {
+		if set[name] {
+			tx.add(opFlush, chainObj{name: name})
+			tx.add(opDelete, chainObj{name: name})
+		}
+	}
+}
+
+// Ready reports whether the backend can serve ADD: the kernel takes
+// nf_tables messages from us and accepts the table — a batch it checks
+// and aborts, so nothing changes.
 func (b *Backend) Ready() error {
 	tx := newTx(b.Family)
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo(tableComment)})
-	if err := b.Kernel.Check(tx.String()); err != nil {
+	tx.add(opAdd, tableObj{tableComment})
+	if err := b.Kernel.Validate(tx); err != nil {
 		return fmt.Errorf("%s: %w", b.Family, err)
 	}
 	return nil

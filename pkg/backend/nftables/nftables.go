@@ -26,31 +26,26 @@
 // then deletes its chain (which the kernel refuses while any element still
 // points at it). Only when a fast path fails does the slow path run under
 // the host-wide lock, reading the attachment's own chain (its "hostport"
-// rule comments record the keys it claims) and, for ADD, the maps.
+// rule comments record the keys it claims) and its keys' map elements.
+//
+// The backend talks to the kernel itself, over netlink (pkg/nfnl): a
+// transaction (Tx) is one nf_tables batch, all or nothing, and reads fetch
+// one chain's rules or single map elements, so no verb starts a process
+// and CHECK and DEL cost the same whatever the number of attachments. The
+// same Tx also renders as the nft script nft would compile to the same
+// kernel objects (the golden files; a kernel test holds the two equal),
+// and goes to nft only when a rule holds conditionsV4/V6, which are nft
+// syntax.
 package nftables
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"os/exec"
-	"regexp"
-	"strings"
 	"time"
-
-	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
-
-// Kernel runs nft scripts.
-type Kernel interface {
-	// Run feeds script to nft -f - and returns what it printed.
-	Run(script string) (string, error)
-	// Check runs script with nft --check: validated, not committed.
-	Check(script string) error
-}
 
 // Backend applies plans of one family.
 type Backend struct {
@@ -64,55 +59,16 @@ type Backend struct {
 // LockTimeout bounds the wait for the host-wide lock.
 const LockTimeout = 30 * time.Second
 
-// New returns the backend of family f on the real kernel; it fails when
-// nft is not on PATH. It runs no process: knftables.New would run two
-// (nft --version and nft --check) on every invocation.
+// New returns the backend of family f on the real kernel: nf_tables over
+// netlink, in this process. It needs no nft binary (only conditions,
+// which are nft syntax, are compiled by nft).
 func New(f plan.Family, log io.Writer) (*Backend, error) {
-	path, err := exec.LookPath("nft")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f, err)
-	}
 	return &Backend{
 		Family: f,
-		Kernel: execKernel{path: path},
+		Kernel: &netlinkKernel{},
 		Lock:   func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
 		Log:    log,
 	}, nil
-}
-
-// Error is a failed nft run with what it printed.
-type Error struct {
-	Output string
-	Err    error
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output)) }
-func (e *Error) Unwrap() error { return e.Err }
-
-type execKernel struct{ path string }
-
-func (k execKernel) Run(script string) (string, error) { return k.run(script, "-a") }
-
-func (k execKernel) Check(script string) error {
-	_, err := k.run(script, "--check")
-	return err
-}
-
-func (k execKernel) run(script string, flag string) (string, error) {
-	// -a: listings carry rule handles (removeUpstream deletes by handle).
-	cmd := exec.Command(k.path, flag, "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return out.String(), &Error{Output: stderr.String(), Err: fmt.Errorf("nft: %w", err)}
-	}
-	return out.String(), nil
-}
-
-func (b *Backend) run(tx *knftables.Transaction) error {
-	_, err := b.Kernel.Run(tx.String())
-	return err
 }
 
 // Apply installs the plan, replacing whatever the attachment had; a key
@@ -125,7 +81,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	// costs the kernel more than everything else); the elements fail while
 	// the maps are missing, and the jumps to mark-bitN while that bit's
 	// skeleton is, which sends the first ADD on a node to the slow path.
-	if err := b.run(fastAddTx(p)); err == nil {
+	if err := b.Kernel.Apply(fastAddTx(p)); err == nil {
 		return nil
 	}
 
@@ -139,35 +95,35 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	holders, err := b.holders()
+	holders, err := b.Kernel.Holders(b.Family, append(Keys(p), prev...))
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", b.Family, err)
 	}
 	tx := newTx(b.Family)
 	addSkeleton(tx, p)
-	tx.Add(chain)
-	tx.Flush(chain)
+	tx.add(opAdd, chain)
+	tx.add(opFlush, chain)
 	for _, r := range chainRules(p) {
-		tx.Add(r)
+		tx.add(opAdd, r)
 	}
 	want := map[string]bool{}
 	for _, k := range Keys(p) {
-		want[k.Map()+" "+k.String()] = true
+		want[k.ID()] = true
 	}
 	for _, k := range prev {
-		if !want[k.Map()+" "+k.String()] && holders[k.Map()+" "+k.String()] == chain.Name {
-			tx.Delete(&knftables.Element{Map: k.Map(), Key: k.Fields()})
+		if !want[k.ID()] && holders[k.ID()] == chain.name {
+			tx.add(opDelete, elemObj{key: k})
+			want[k.ID()] = true // once, even when the chain claims it twice
 		}
 	}
 	for _, k := range Keys(p) {
-		el := &knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)}
-		if h := holders[k.Map()+" "+k.String()]; h != "" && h != chain.Name {
-			fmt.Fprintf(b.Log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", b.Family, k, h, chain.Name)
-			tx.Delete(el)
+		if h := holders[k.ID()]; h != "" && h != chain.name {
+			fmt.Fprintf(b.Log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", b.Family, k, h, chain.name)
+			tx.add(opDelete, elemObj{key: k})
 		}
-		tx.Add(el)
+		tx.add(opAdd, elemObj{k, chain.name})
 	}
-	if err := b.run(tx); err != nil {
+	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("%s: apply: %w", b.Family, err)
 	}
 	return nil
@@ -179,7 +135,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
 	if len(p.Mappings) > 0 {
-		if err := b.run(fastDelTx(p)); err == nil {
+		if err := b.Kernel.Apply(fastDelTx(p)); err == nil {
 			return nil
 		}
 	}
@@ -196,17 +152,23 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if err != nil || !exists {
 		return err
 	}
-	// One transaction per key: a key another attachment took over fails
-	// alone and stays with its new owner.
-	for _, k := range append(Keys(p), keys...) {
-		tx := newTx(b.Family)
-		releaseKey(tx, k, p.Owner)
-		_ = b.run(tx)
+	// Only the elements that still point at the chain go: one read of the
+	// keys, one transaction.
+	holders, err := b.Kernel.Holders(b.Family, append(Keys(p), keys...))
+	if err != nil {
+		return fmt.Errorf("%s: %w", b.Family, err)
 	}
 	tx := newTx(b.Family)
-	tx.Flush(&knftables.Chain{Name: chain})
-	tx.Delete(&knftables.Chain{Name: chain})
-	if err := b.run(tx); err != nil {
+	released := map[string]bool{}
+	for _, k := range append(Keys(p), keys...) {
+		if holders[k.ID()] == chain && !released[k.ID()] {
+			released[k.ID()] = true
+			tx.add(opDelete, elemObj{key: k})
+		}
+	}
+	tx.add(opFlush, chainObj{name: chain})
+	tx.add(opDelete, chainObj{name: chain})
+	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("%s: remove chain %s: %w", b.Family, chain, err)
 	}
 	return nil
@@ -215,119 +177,68 @@ func (b *Backend) Remove(p *plan.Plan) error {
 // fastDelTx is DEL's fast path: release each of the plan's keys while it
 // still points at the attachment's chain, then delete the chain (which
 // the kernel refuses while any element still points at it).
-func fastDelTx(p *plan.Plan) *knftables.Transaction {
+func fastDelTx(p *plan.Plan) *Tx {
 	tx := newTx(p.Family)
 	for _, k := range Keys(p) {
 		releaseKey(tx, k, p.Owner)
 	}
 	chain := ChainName(p.Owner)
-	tx.Flush(&knftables.Chain{Name: chain})
-	tx.Delete(&knftables.Chain{Name: chain})
+	tx.add(opFlush, chainObj{name: chain})
+	tx.add(opDelete, chainObj{name: chain})
 	return tx
 }
 
 // releaseKey deletes k's element if it points at owner's chain or is
 // absent; the transaction fails when another attachment holds k.
-func releaseKey(tx *knftables.Transaction, k Key, o plan.Owner) {
-	tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(o)})
-	tx.Delete(&knftables.Element{Map: k.Map(), Key: k.Fields()})
+func releaseKey(tx *Tx, k Key, o plan.Owner) {
+	tx.add(opAdd, elemObj{k, ChainName(o)})
+	tx.add(opDelete, elemObj{key: k})
 }
 
-// ownKeys lists the attachment's chain (and only it) and returns the keys
+// ownKeys reads the attachment's chain (and only it) and returns the keys
 // its "hostport" rules claim.
 func (b *Backend) ownKeys(p *plan.Plan) (keys []Key, exists bool, err error) {
-	out, err := b.Kernel.Run(fmt.Sprintf("list chain %s %s %s\n", nftFamily(b.Family), Table, ChainName(p.Owner)))
-	if IsNotFound(err) {
+	c, err := b.Kernel.Chain(b.Family, Table, ChainName(p.Owner))
+	if err != nil {
+		return nil, false, fmt.Errorf("%s: %w", b.Family, err)
+	}
+	if c == nil {
 		return nil, false, nil
 	}
-	if err != nil {
-		return nil, false, fmt.Errorf("%s: list chain: %w", b.Family, err)
-	}
-	for _, m := range keyCommentRE.FindAllStringSubmatch(out, -1) {
-		if k, ok := parseKey(m[1]); ok {
-			keys = append(keys, k)
-		}
-	}
-	return keys, true, nil
-}
-
-var keyCommentRE = regexp.MustCompile(`comment "` + keyComment + `([^"]+)"`)
-
-// holders reads both maps (slow path of ADD only) and returns, per
-// "map key", the chain its verdict names.
-func (b *Backend) holders() (map[string]string, error) {
-	// Two "list map" commands in one script fail in nft 1.0.6; "list maps"
-	// lists the family's maps of every table, parseMaps keeps ours.
-	out, err := b.Kernel.Run(fmt.Sprintf("list maps %s\n", nftFamily(b.Family)))
-	if err != nil {
-		return nil, fmt.Errorf("%s: list maps: %w", b.Family, err)
-	}
-	return parseMaps(out), nil
-}
-
-var (
-	tableHeaderRE = regexp.MustCompile(`^table \S+ (\S+) \{`)
-	mapHeaderRE   = regexp.MustCompile(`map (\S+) \{`)
-	elementRE     = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
-)
-
-// parseMaps reads the maps of our table from nft list output.
-func parseMaps(out string) map[string]string {
-	holders := map[string]string{}
-	current, ours := "", true
-	for _, line := range strings.Split(out, "\n") {
-		if m := tableHeaderRE.FindStringSubmatch(line); m != nil {
-			ours = m[1] == Table
-			continue
-		}
-		if !ours {
-			continue
-		}
-		if m := mapHeaderRE.FindStringSubmatch(line); m != nil {
-			current = m[1]
-			continue
-		}
-		for _, m := range elementRE.FindAllStringSubmatch(line, -1) {
-			holders[current+" "+m[1]] = m[2]
-		}
-	}
-	return holders
+	return c.keys(), true, nil
 }
 
 // removeUpstream deletes the rules the upstream plugin's nftables backend
 // made for the container in its cni_hostport table (commented with the
 // container ID), so that a node can move from it to us.
 func (b *Backend) removeUpstream(o plan.Owner) error {
-	fam := nftFamily(b.Family)
-	out, err := b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, UpstreamTable))
-	if IsNotFound(err) {
-		return nil
-	}
+	up, err := b.Kernel.Table(b.Family, UpstreamTable)
 	if err != nil {
-		return fmt.Errorf("%s: list %s: %w", b.Family, UpstreamTable, err)
+		return fmt.Errorf("%s: read %s: %w", b.Family, UpstreamTable, err)
 	}
-	var script strings.Builder
-	chain := ""
-	for _, line := range strings.Split(out, "\n") {
-		if m := chainHeaderRE.FindStringSubmatch(line); m != nil {
-			chain = m[1]
-			continue
-		}
-		m := handleRE.FindStringSubmatch(line)
-		if m != nil && m[1] == o.ContainerID {
-			fmt.Fprintf(&script, "delete rule %s %s %s handle %s\n", fam, UpstreamTable, chain, m[2])
-		}
-	}
-	if script.Len() == 0 {
+	tx := upstreamTx(b.Family, up, map[string]bool{o.ContainerID: true})
+	if tx.Len() == 0 {
 		return nil
 	}
-	if _, err := b.Kernel.Run(script.String()); err != nil {
+	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("%s: remove upstream rules of %q: %w", b.Family, o.ContainerID, err)
 	}
 	return nil
 }
 
-var (
-	chainHeaderRE = regexp.MustCompile(`^\s*chain (\S+) \{`)
-	handleRE      = regexp.MustCompile(`comment "([^"]*)" # handle (\d+)\s*$`)
-)
+// upstreamTx deletes, by handle, the cni_hostport rules whose comment is
+// one of ids.
+func upstreamTx(f plan.Family, up *State, ids map[string]bool) *Tx {
+	tx := &Tx{Family: f, Table: UpstreamTable}
+	if up == nil {
+		return tx
+	}
+	for _, name := range sortedChains(up) {
+		for _, r := range up.Chains[name].Rules {
+			if ids[r.Comment] {
+				tx.add(opDelete, &Rule{Chain: name, Handle: r.Handle})
+			}
+		}
+	}
+	return tx
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -142,42 +143,46 @@ func parseKey(s string) (Key, bool) {
 	return k, true
 }
 
-func newTx(f plan.Family) *knftables.Transaction {
-	return knftables.NewFake(nftFamily(f), Table).NewTransaction()
-}
-
 type baseChain struct {
 	name     string
+	typ      knftables.BaseChainType
 	hook     knftables.BaseChainHook
 	priority knftables.BaseChainPriority
+	hookNum  uint32 // the hook and priority as the kernel takes them
+	prio     int32
 }
 
 // baseChains are the hooks of the skeleton; both jump to dispatch for
 // packets to a local address.
 var baseChains = []baseChain{
-	{"prerouting", knftables.PreroutingHook, knftables.DNATPriority},
-	{"output", knftables.OutputHook, knftables.DNATPriority},
+	{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, unix.NF_INET_PRE_ROUTING, -100},
+	{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority, unix.NF_INET_LOCAL_OUT, -100},
 }
 
+var (
+	masqBase  = baseChain{"", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, unix.NF_INET_POST_ROUTING, 100}
+	guardBase = baseChain{GuardChain, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, unix.NF_INET_LOCAL_IN, 0}
+)
+
 // skeletonRules lists each shared chain with its exact rules.
-func skeletonRules(p *plan.Plan) map[string][]string {
-	ip := ipX(p.Family)
-	rules := map[string][]string{
+func skeletonRules(p *plan.Plan) map[string][]*Rule {
+	rules := map[string][]*Rule{
 		DispatchChain: {
-			ip + " daddr . meta l4proto . th dport vmap @" + HostIPPortsMap,
-			"meta l4proto . th dport vmap @" + HostPortsMap,
+			{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: HostIPPortsMap, addr: true}}},
+			{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: HostPortsMap}}},
 		},
 	}
 	for _, bc := range baseChains {
-		rules[bc.name] = []string{"fib daddr type local jump " + DispatchChain}
+		rules[bc.name] = []*Rule{{Chain: bc.name, stmts: []stmt{fibLocal{}, jumpTo{DispatchChain}}}}
 	}
 	if marksOwnBit(p) {
-		mark := fmt.Sprintf("%#x", p.Masquerade.Mark())
-		rules[MasqChain(p.Masquerade.MarkBit)] = []string{"meta mark & " + mark + " == " + mark + " masquerade"}
-		rules[MarkChain(p.Masquerade.MarkBit)] = []string{"meta mark set meta mark | " + mark}
+		mark := p.Masquerade.Mark()
+		masq, mk := MasqChain(p.Masquerade.MarkBit), MarkChain(p.Masquerade.MarkBit)
+		rules[masq] = []*Rule{{Chain: masq, stmts: []stmt{markHas{mark}, masquerade{}}}}
+		rules[mk] = []*Rule{{Chain: mk, stmts: []stmt{markOr{mark}}}}
 	}
 	if p.LocalNet() {
-		rules[GuardChain] = []string{guardRule}
+		rules[GuardChain] = []*Rule{{Chain: GuardChain, stmts: []stmt{guardDrop{}}}}
 	}
 	return rules
 }
@@ -189,35 +194,28 @@ func marksOwnBit(p *plan.Plan) bool { return p.Masquerade.Enabled }
 // addSkeleton writes the table, maps and shared chains, idempotently: the
 // shared chains are flushed and refilled with their fixed rules, which also
 // repairs them.
-func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo(tableComment)})
-	addrType := "ipv4_addr"
-	if p.Family == plan.IPv6 {
-		addrType = "ipv6_addr"
-	}
-	tx.Add(&knftables.Map{Name: HostPortsMap, Type: "inet_proto . inet_service : verdict"})
-	tx.Add(&knftables.Map{Name: HostIPPortsMap, Type: addrType + " . inet_proto . inet_service : verdict"})
+func addSkeleton(tx *Tx, p *plan.Plan) {
+	tx.add(opAdd, tableObj{tableComment})
+	tx.add(opAdd, mapObj{name: HostPortsMap})
+	tx.add(opAdd, mapObj{name: HostIPPortsMap, addr: true})
 	rules := skeletonRules(p)
-	tx.Add(&knftables.Chain{Name: DispatchChain})
+	tx.add(opAdd, chainObj{name: DispatchChain})
 	if marksOwnBit(p) {
-		tx.Add(&knftables.Chain{Name: MarkChain(p.Masquerade.MarkBit)})
+		tx.add(opAdd, chainObj{name: MarkChain(p.Masquerade.MarkBit)})
 	}
 	for _, bc := range baseChains {
-		tx.Add(&knftables.Chain{Name: bc.name, Type: knftables.PtrTo(knftables.NATType),
-			Hook: knftables.PtrTo(bc.hook), Priority: knftables.PtrTo(bc.priority)})
+		tx.add(opAdd, chainObj{name: bc.name, base: &bc})
 	}
 	if marksOwnBit(p) {
-		tx.Add(&knftables.Chain{Name: MasqChain(p.Masquerade.MarkBit), Type: knftables.PtrTo(knftables.NATType),
-			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
+		tx.add(opAdd, chainObj{name: MasqChain(p.Masquerade.MarkBit), base: &masqBase})
 	}
 	if p.LocalNet() {
-		tx.Add(&knftables.Chain{Name: GuardChain, Type: knftables.PtrTo(knftables.FilterType),
-			Hook: knftables.PtrTo(knftables.InputHook), Priority: knftables.PtrTo(knftables.FilterPriority)})
+		tx.add(opAdd, chainObj{name: GuardChain, base: &guardBase})
 	}
 	for _, name := range skeletonOrder(rules) {
-		tx.Flush(&knftables.Chain{Name: name})
+		tx.add(opFlush, chainObj{name: name})
 		for _, r := range rules[name] {
-			tx.Add(&knftables.Rule{Chain: name, Rule: r})
+			tx.add(opAdd, r)
 		}
 	}
 }
@@ -225,7 +223,7 @@ func addSkeleton(tx *knftables.Transaction, p *plan.Plan) {
 // skeletonOrder lists the shared chains of m in the order they are
 // written: base chains, dispatch, guard, then the masquerade and mark
 // chains of each bit in use.
-func skeletonOrder(m map[string][]string) []string {
+func skeletonOrder[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for _, k := range []string{"prerouting", "output", DispatchChain, GuardChain} {
 		if _, ok := m[k]; ok {
@@ -258,52 +256,50 @@ func OwnerComment(o plan.Owner) string {
 // chainRules are the rules of the attachment's chain: per mapping, the
 // conditions, then mark hairpin and (IPv4) localhost connections for
 // masquerading, then DNAT. Each rule's comment says what it is for.
-func chainRules(p *plan.Plan) []*knftables.Rule {
+func chainRules(p *plan.Plan) []*Rule {
 	chain := ChainName(p.Owner)
-	ip := ipX(p.Family)
-	conds := strings.Join(p.Conditions, " ")
-	var rules []*knftables.Rule
+	var rules []*Rule
 	for _, m := range p.Mappings {
 		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		match := knftables.Concat(conds, "meta l4proto", string(m.Protocol), "th dport", m.HostPort)
-		if m.HostIP != nil {
-			match = knftables.Concat(match, ip, "daddr", m.HostIP)
+		var match []stmt
+		if len(p.Conditions) > 0 {
+			match = append(match, conditions{strings.Join(p.Conditions, " ")})
 		}
+		match = append(match, protoIs{m.Protocol}, dportIs{m.HostPort})
+		if m.HostIP != nil {
+			match = append(match, addrIs{dst: true, spec: m.HostIP.String()})
+		}
+		with := func(more ...stmt) []stmt { return append(append([]stmt(nil), match...), more...) }
 		if p.Masquerade.Enabled {
-			setMark := "jump " + MarkChain(p.Masquerade.MarkBit)
-			rules = append(rules, &knftables.Rule{Chain: chain,
-				Rule:    knftables.Concat(match, ip, "saddr", p.HairpinSource(), setMark),
-				Comment: knftables.PtrTo(hairpinComment + k.String())})
+			setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
+			rules = append(rules, &Rule{Chain: chain, Comment: hairpinComment + k.String(),
+				stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
 			if p.LocalhostRule() {
-				rules = append(rules, &knftables.Rule{Chain: chain,
-					Rule:    knftables.Concat(match, ip, "saddr 127.0.0.1", setMark),
-					Comment: knftables.PtrTo(localhostComment + k.String())})
+				rules = append(rules, &Rule{Chain: chain, Comment: localhostComment + k.String(),
+					stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
 			}
 		}
-		rules = append(rules, &knftables.Rule{Chain: chain,
-			Rule:    knftables.Concat(match, "dnat to", p.Target(m)),
-			Comment: knftables.PtrTo(keyComment + k.String())})
+		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + k.String(),
+			stmts: with(dnatTo{p.ContainerNet.IP, m.ContainerPort})})
 	}
 	return rules
 }
 
-func verdict(o plan.Owner) []string { return []string{"goto " + ChainName(o)} }
-
-func ownChain(p *plan.Plan) *knftables.Chain {
-	return &knftables.Chain{Name: ChainName(p.Owner), Comment: knftables.PtrTo(OwnerComment(p.Owner))}
+func ownChain(p *plan.Plan) chainObj {
+	return chainObj{name: ChainName(p.Owner), comment: OwnerComment(p.Owner)}
 }
 
 // fastAddTx is ADD's fast path: create the attachment's chain (failing if
 // it exists), fill it, and add its map elements (failing if another
 // attachment holds a key, or the maps are missing).
-func fastAddTx(p *plan.Plan) *knftables.Transaction {
+func fastAddTx(p *plan.Plan) *Tx {
 	tx := newTx(p.Family)
-	tx.Create(ownChain(p))
+	tx.add(opCreate, ownChain(p))
 	for _, r := range chainRules(p) {
-		tx.Add(r)
+		tx.add(opAdd, r)
 	}
 	for _, k := range Keys(p) {
-		tx.Add(&knftables.Element{Map: k.Map(), Key: k.Fields(), Value: verdict(p.Owner)})
+		tx.add(opAdd, elemObj{k, ChainName(p.Owner)})
 	}
 	return tx
 }
@@ -312,5 +308,5 @@ func fastAddTx(p *plan.Plan) *knftables.Transaction {
 // commands it must hold (for tests and fuzzing of the rendering).
 func AddScript(p *plan.Plan) (script string, commands int) {
 	tx := fastAddTx(p)
-	return tx.String(), tx.NumOperations()
+	return tx.Text(), tx.Len()
 }

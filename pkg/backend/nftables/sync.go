@@ -2,13 +2,9 @@ package nftables
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-
-	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -26,36 +22,23 @@ import (
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	rep := converge.NewReport(len(want))
 	fam := nftFamily(b.Family)
-	var out, upstream string
-	var errOut, errUp error
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); out, errOut = b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, Table)) }()
-	go func() {
-		defer wg.Done()
-		upstream, errUp = b.Kernel.Run(fmt.Sprintf("list table %s %s\n", fam, UpstreamTable))
-	}()
-	wg.Wait()
-	if IsNotFound(errOut) {
-		out, errOut = "", nil
+	st, err := b.Kernel.Table(b.Family, Table)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read table: %w", b.Family, err)
 	}
-	if IsNotFound(errUp) {
-		upstream, errUp = "", nil
+	up, err := b.Kernel.Table(b.Family, UpstreamTable)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read %s: %w", b.Family, UpstreamTable, err)
 	}
-	if errOut != nil {
-		return nil, fmt.Errorf("%s: list table: %w", b.Family, errOut)
+	exists := st != nil
+	if st == nil {
+		st = &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
 	}
-	if errUp != nil {
-		return nil, fmt.Errorf("%s: list %s: %w", b.Family, UpstreamTable, errUp)
-	}
-	chains := splitChains(out)
-	holders := parseMaps(out)
 
-	mapKey := func(k Key) string { return k.Map() + " " + k.String() }
 	winner := converge.Winners(want, func(p *plan.Plan) []string {
 		var ks []string
 		for _, k := range Keys(p) {
-			ks = append(ks, mapKey(k))
+			ks = append(ks, k.ID())
 		}
 		return ks
 	})
@@ -68,18 +51,18 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 	switch {
 	case len(want) == 0:
-	case out == "":
+	case !exists:
 		shared = append(shared, fmt.Sprintf("table %s %s missing", fam, Table))
 	default:
 		for _, m := range []string{HostPortsMap, HostIPPortsMap} {
-			if !strings.Contains(out, "map "+m+" {") {
+			if !st.Maps[m] {
 				shared = append(shared, "map "+m+" missing")
 			}
 		}
-		for _, k := range sortedKinds(kinds) {
+		for _, k := range sortedStrings(kinds) {
 			skel := skeletonRules(kinds[k])
 			for _, c := range skeletonOrder(skel) {
-				text, ok := chains[c]
+				cs, ok := st.Chains[c]
 				if !ok {
 					if !slices.Contains(shared, "chain "+c+" missing") {
 						shared = append(shared, "chain "+c+" missing")
@@ -87,8 +70,8 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 					continue
 				}
 				for _, r := range skel[c] {
-					if !strings.Contains(text, signature(r)) && !contains(shared, "chain "+c) {
-						shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r))
+					if !hasRule(cs, r) && !contains(shared, "chain "+c) {
+						shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(b.Family)))
 					}
 				}
 			}
@@ -97,7 +80,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	rep.Shared = shared
 
 	broken := map[int]bool{}
-	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], chains, holders, winner, i) })
+	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], st, winner, i) })
 	for i, why := range whys {
 		if why != "" {
 			broken[i] = true
@@ -110,14 +93,14 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		wanted[ChainName(p.Owner)] = true
 		wantedIDs[p.Owner.ContainerID] = true
 	}
-	var orphanChains []string
-	for _, name := range sortedChainNames(chains) {
+	orphanChains := map[string]bool{}
+	for _, name := range sortedChains(st) {
 		if !strings.HasPrefix(name, "dn-") || wanted[name] {
 			continue
 		}
-		network, id := "?", "?"
-		if m := ownerCommentRE.FindStringSubmatch(chains[name]); m != nil {
-			network, id = m[1], m[2]
+		network, id, ok := st.Chains[name].owner()
+		if !ok {
+			network, id = "?", "?"
 		}
 		scope := network
 		if network == "?" {
@@ -126,21 +109,18 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && o.Fresh(network, id)) {
 			continue
 		}
-		orphanChains = append(orphanChains, name)
+		orphanChains[name] = true
 		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + name})
 	}
-	upRules := upstreamRules(upstream)
-	var upIDs []string
-	for id := range upRules {
+	upRules := upstreamRules(up)
+	upIDs := map[string]bool{}
+	for _, id := range sortedStrings(upRules) {
 		if wantedIDs[id] || (o.InScope != nil && !o.InScope("")) || (o.Fresh != nil && o.Fresh("", id)) {
 			continue
 		}
-		upIDs = append(upIDs, id)
-	}
-	sort.Strings(upIDs)
-	for _, id := range upIDs {
+		upIDs[id] = true
 		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: "?", ContainerID: id,
-			Object: fmt.Sprintf("%d rules in table %s", len(upRules[id]), UpstreamTable)})
+			Object: fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable)})
 	}
 
 	prune := o.Prune && len(rep.Orphans) > 0
@@ -149,8 +129,8 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 
 	tx := newTx(b.Family)
-	if len(shared) > 0 || (len(broken) > 0 && out == "") {
-		for _, k := range sortedKinds(kinds) {
+	if len(shared) > 0 || (len(broken) > 0 && !exists) {
+		for _, k := range sortedStrings(kinds) {
 			addSkeleton(tx, kinds[k])
 		}
 	}
@@ -162,123 +142,95 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			continue
 		}
 		chain := ownChain(p)
-		tx.Add(chain)
-		tx.Flush(chain)
+		tx.add(opAdd, chain)
+		tx.add(opFlush, chain)
 		for _, r := range chainRules(p) {
-			tx.Add(r)
+			tx.add(opAdd, r)
 		}
 		mine := map[string]bool{}
 		for _, k := range Keys(p) {
-			mine[mapKey(k)] = true
-			if winner[mapKey(k)] == i {
-				desired[mapKey(k)] = chain.Name
+			mine[k.ID()] = true
+			if winner[k.ID()] == i {
+				desired[k.ID()] = chain.name
 			}
 		}
-		for mk, h := range holders {
-			if h == chain.Name && !mine[mk] {
-				if _, set := desired[mk]; !set {
-					desired[mk] = ""
+		for id, h := range st.Holders {
+			if h == chain.name && !mine[id] {
+				if _, set := desired[id]; !set {
+					desired[id] = ""
 				}
 			}
 		}
 	}
 	if prune {
-		orphan := map[string]bool{}
-		for _, c := range orphanChains {
-			orphan[c] = true
-		}
-		for mk, h := range holders {
-			if _, set := desired[mk]; orphan[h] && !set {
-				desired[mk] = ""
+		for id, h := range st.Holders {
+			if _, set := desired[id]; orphanChains[h] && !set {
+				desired[id] = ""
 			}
 		}
 	}
-	if len(shared) > 0 && out == "" {
-		holders = map[string]string{} // the table is new: nothing to delete
-	}
-	for _, mk := range sortedStrings(desired) {
-		m, ks, _ := strings.Cut(mk, " ")
-		k, ok := parseKey(ks)
+	for _, id := range sortedStrings(desired) {
+		k, ok := keyFromID(id)
 		if !ok {
 			continue
 		}
-		cur, want := holders[mk], desired[mk]
+		cur, want := st.Holders[id], desired[id]
 		if cur == want {
 			continue
 		}
 		if cur != "" {
-			tx.Delete(&knftables.Element{Map: m, Key: k.Fields()})
+			tx.add(opDelete, elemObj{key: k})
 		}
 		if want != "" {
-			tx.Add(&knftables.Element{Map: m, Key: k.Fields(), Value: []string{"goto " + want}})
+			tx.add(opAdd, elemObj{k, want})
 		}
-	}
-	script := ""
-	if tx.NumOperations() > 0 {
-		script = tx.String()
 	}
 	if prune {
-		for _, c := range orphanChains {
-			script += fmt.Sprintf("flush chain %s %s %s\ndelete chain %s %s %s\n", fam, Table, c, fam, Table, c)
-		}
-		for _, id := range upIDs {
-			for _, r := range upRules[id] {
-				script += fmt.Sprintf("delete rule %s %s %s handle %s\n", fam, UpstreamTable, r.chain, r.handle)
+		for _, name := range sortedChains(st) {
+			if orphanChains[name] {
+				tx.add(opFlush, chainObj{name: name})
+				tx.add(opDelete, chainObj{name: name})
 			}
 		}
 	}
-	if script == "" {
-		return rep, nil
+	var txs []*Tx
+	if tx.Len() > 0 {
+		txs = append(txs, tx)
 	}
-	if _, err := b.Kernel.Run(script); err != nil {
-		err = fmt.Errorf("%s: sync: %w", b.Family, err)
-		rep.WriteFailed(broken, prune, err)
+	if prune {
+		if utx := upstreamTx(b.Family, up, upIDs); utx.Len() > 0 {
+			txs = append(txs, utx)
+		}
+	}
+	for _, t := range txs {
+		if err := b.Kernel.Apply(t); err != nil {
+			err = fmt.Errorf("%s: sync: %w", b.Family, err)
+			rep.WriteFailed(broken, prune, err)
+			return rep, nil
+		}
+	}
+	if len(txs) == 0 {
 		return rep, nil
 	}
 	rep.WriteDone(prune)
 	return rep, nil
 }
 
-// judge says what of plan i the listing shows missing or wrong, or "".
-func judge(p *plan.Plan, chains map[string]string, holders map[string]string, winner map[string]int, i int) string {
+// judge says what of plan i the table shows missing or wrong, or "".
+func judge(p *plan.Plan, st *State, winner map[string]int, i int) string {
 	own := ChainName(p.Owner)
-	text, ok := chains[own]
+	c, ok := st.Chains[own]
 	if !ok {
 		return "chain " + own + " missing"
 	}
-	rules := chainRules(p)
-	for _, r := range rules {
-		c := `comment "` + *r.Comment + `"`
-		var parts []string
-		switch {
-		case strings.HasPrefix(*r.Comment, keyComment):
-			parts = []string{c, "dnat "}
-		default:
-			parts = []string{c, "jump " + MarkChain(p.Masquerade.MarkBit)}
-		}
-		if !lineWith(text, parts...) {
-			return fmt.Sprintf("chain %s: rule %q missing", own, *r.Comment)
-		}
-	}
-	for _, m := range p.Mappings {
-		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		want := "dnat to " + p.Target(m)
-		if !lineWith(text, `comment "`+keyComment+k.String()+`"`, want) {
-			return fmt.Sprintf("chain %s: rule for %s does not %s", own, k, want)
-		}
-		if p.Masquerade.Enabled && !p.Masquerade.All && !lineWith(text, `comment "`+hairpinComment+k.String()+`"`, "saddr "+p.HairpinSource()+" ") {
-			return fmt.Sprintf("chain %s: hairpin rule for %s does not match %s", own, k, p.HairpinSource())
-		}
-	}
-	if n := ruleLines(text); n != len(rules) {
-		return fmt.Sprintf("chain %s holds %d rules, want %d", own, n, len(rules))
+	if why := judgeChain(p, c); why != "" {
+		return "chain " + own + ": " + why
 	}
 	for _, k := range Keys(p) {
-		mk := k.Map() + " " + k.String()
-		if winner[mk] != i {
+		if winner[k.ID()] != i {
 			continue // a newer attachment holds it
 		}
-		if h := holders[mk]; h != own {
+		if h := st.Holders[k.ID()]; h != own {
 			if h == "" {
 				return fmt.Sprintf("map %s has no element %s", k.Map(), k)
 			}
@@ -288,35 +240,18 @@ func judge(p *plan.Plan, chains map[string]string, holders map[string]string, wi
 	return ""
 }
 
-// ruleLines counts the rules in a chain's listed text.
-func ruleLines(text string) int {
-	n := 0
-	for _, l := range strings.Split(text, "\n") {
-		l = strings.TrimSpace(l)
-		if l == "" || l == "}" || strings.HasPrefix(l, "comment ") {
-			continue
-		}
-		n++
-	}
-	return n
-}
-
-var ownerCommentRE = regexp.MustCompile(`(?m)^\s*comment "net=(\S*) id=(\S*)`)
-
-type upstreamRule struct{ chain, handle string }
-
-// upstreamRules are the upstream plugin's cni_hostport rules by the
+// upstreamRules counts the upstream plugin's cni_hostport rules by the
 // container ID of their comment.
-func upstreamRules(out string) map[string][]upstreamRule {
-	rules := map[string][]upstreamRule{}
-	chain := ""
-	for _, line := range strings.Split(out, "\n") {
-		if m := chainHeaderRE.FindStringSubmatch(line); m != nil {
-			chain = m[1]
-			continue
-		}
-		if m := handleRE.FindStringSubmatch(line); m != nil && chain != "" {
-			rules[m[1]] = append(rules[m[1]], upstreamRule{chain, m[2]})
+func upstreamRules(up *State) map[string]int {
+	rules := map[string]int{}
+	if up == nil {
+		return rules
+	}
+	for _, c := range up.Chains {
+		for _, r := range c.Rules {
+			if r.Comment != "" {
+				rules[r.Comment]++
+			}
 		}
 	}
 	return rules
@@ -331,9 +266,7 @@ func contains(list []string, prefix string) bool {
 	return false
 }
 
-func sortedKinds(m map[string]*plan.Plan) []string { return sortedStrings(m) }
-
-func sortedChainNames(m map[string]string) []string { return sortedStrings(m) }
+func sortedIDs(m map[string]string) []string { return sortedStrings(m) }
 
 func sortedStrings[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))

@@ -1,0 +1,140 @@
+package nftables
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// fakeKernel is an nf_tables without a kernel: reads answer from canned
+// `nft -a list table` text (a table or chain absent from it is not found),
+// and every transaction is recorded as the nft script it renders; a
+// transaction for which fail says true fails as the kernel would
+// (EEXIST), leaving the canned text as it was.
+type fakeKernel struct {
+	tables  map[string]string // "ip cni_portmap" -> nft -a list output
+	scripts []string
+	checks  []string
+	fail    func(script string) bool
+}
+
+func (k *fakeKernel) Apply(tx *Tx) error {
+	s := tx.Text()
+	k.scripts = append(k.scripts, s)
+	if k.fail != nil && k.fail(s) {
+		return &Error{Op: tx.String(), Err: unix.EEXIST}
+	}
+	return nil
+}
+
+func (k *fakeKernel) Validate(tx *Tx) error {
+	k.checks = append(k.checks, tx.Text())
+	return nil
+}
+
+func (k *fakeKernel) Table(f plan.Family, table string) (*State, error) {
+	out, ok := k.tables[string(nftFamily(f))+" "+table]
+	if !ok {
+		return nil, nil
+	}
+	return parseListing(f, out), nil
+}
+
+func (k *fakeKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	s, _ := k.Table(f, table)
+	if s == nil {
+		return nil, nil
+	}
+	return s.Chains[chain], nil
+}
+
+func (k *fakeKernel) Holders(f plan.Family, keys []Key) (map[string]string, error) {
+	out := map[string]string{}
+	s, _ := k.Table(f, Table)
+	if s == nil {
+		return out, nil
+	}
+	for _, key := range keys {
+		if h, ok := s.Holders[key.ID()]; ok {
+			out[key.ID()] = h
+		}
+	}
+	return out, nil
+}
+
+var (
+	chainHeaderRE = regexp.MustCompile(`^\s*chain (\S+) \{`)
+	mapHeaderRE   = regexp.MustCompile(`^\s*map (\S+) \{`)
+	elementRE     = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
+	handleRE      = regexp.MustCompile(`# handle (\d+)\s*$`)
+	commentRE     = regexp.MustCompile(`comment "([^"]*)"`)
+	jumpRE        = regexp.MustCompile(`(?:jump|goto) (\S+)`)
+	dnatRE        = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
+	saddrRE       = regexp.MustCompile(`ip6? saddr (\S+)`)
+	lookupRE      = regexp.MustCompile(`vmap @(\S+)`)
+)
+
+// parseListing reads nft -a list table output into what the netlink
+// reader returns.
+func parseListing(f plan.Family, out string) *State {
+	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	var chain *ChainState
+	currentMap := ""
+	for _, line := range strings.Split(out, "\n") {
+		t := strings.TrimSpace(line)
+		if m := chainHeaderRE.FindStringSubmatch(line); m != nil {
+			chain = &ChainState{}
+			s.Chains[m[1]] = chain
+			continue
+		}
+		if m := mapHeaderRE.FindStringSubmatch(line); m != nil {
+			currentMap = m[1]
+			s.Maps[currentMap] = true
+			chain = nil
+			continue
+		}
+		if t == "}" {
+			chain, currentMap = nil, ""
+			continue
+		}
+		if currentMap != "" {
+			for _, m := range elementRE.FindAllStringSubmatch(line, -1) {
+				if k, ok := parseKey(m[1]); ok {
+					if (currentMap == HostIPPortsMap) == (k.HostIP != nil) {
+						s.Holders[currentMap+" "+k.String()] = m[2]
+					}
+				}
+			}
+			continue
+		}
+		if chain == nil || t == "" || strings.HasPrefix(t, "type ") {
+			continue
+		}
+		if m := commentRE.FindStringSubmatch(t); m != nil && strings.HasPrefix(t, "comment ") {
+			chain.Comment = m[1]
+			continue
+		}
+		r := RuleState{Masq: strings.Contains(t, "masquerade"), SetMark: strings.Contains(t, "meta mark set"),
+			Drop: strings.HasSuffix(strings.TrimSpace(handleRE.ReplaceAllString(t, "")), " drop"), Fib: strings.Contains(t, "fib daddr")}
+		if m := handleRE.FindStringSubmatch(t); m != nil {
+			r.Handle, _ = strconv.ParseUint(m[1], 10, 64)
+		}
+		for _, x := range []struct {
+			re *regexp.Regexp
+			to *string
+		}{{commentRE, &r.Comment}, {jumpRE, &r.Jump}, {dnatRE, &r.DNAT}, {lookupRE, &r.Lookup}} {
+			if m := x.re.FindStringSubmatch(t); m != nil {
+				*x.to = m[1]
+			}
+		}
+		if m := saddrRE.FindStringSubmatch(t); m != nil {
+			r.Saddr = parsePrefix(m[1]).String()
+		}
+		chain.Rules = append(chain.Rules, r)
+	}
+	return s
+}

@@ -1,0 +1,474 @@
+package nftables
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// netlinkKernel is the real kernel: nf_tables over netlink, in-process,
+// one socket for the life of the backend. Only a transaction holding
+// conditions (nft syntax) runs nft.
+type netlinkKernel struct {
+	mu   sync.Mutex
+	conn *nfnl.Conn
+}
+
+func (k *netlinkKernel) c() (*nfnl.Conn, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.conn == nil {
+		c, err := nfnl.Open()
+		if err != nil {
+			return nil, err
+		}
+		k.conn = c
+	}
+	return k.conn, nil
+}
+
+// Apply commits tx as one batch (or, for conditions, one nft -f).
+func (k *netlinkKernel) Apply(tx *Tx) error { return k.batch(tx, true) }
+
+// Validate sends tx without ending the batch: the kernel checks each
+// message, then aborts.
+func (k *netlinkKernel) Validate(tx *Tx) error { return k.batch(tx, false) }
+
+func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
+	if tx.NeedsNft() {
+		return runNft(tx.Text(), commit)
+	}
+	msgs, err := tx.Messages()
+	if err != nil {
+		return err
+	}
+	c, err := k.c()
+	if err != nil {
+		return err
+	}
+	if err := c.Batch(msgs, commit); err != nil {
+		return &Error{Op: tx.describe(err), Err: err}
+	}
+	return nil
+}
+
+// runNft feeds a script to nft: for rules holding conditions.
+func runNft(script string, commit bool) error {
+	path, err := exec.LookPath("nft")
+	if err != nil {
+		return fmt.Errorf("conditionsV4/V6 are nft syntax, compiled by nft: %w", err)
+	}
+	args := []string{"-f", "-"}
+	if !commit {
+		args = []string{"--check", "-f", "-"}
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdin = strings.NewReader(script)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return &Error{Op: "nft -f", Err: fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))}
+	}
+	return nil
+}
+
+// Error is a failed read or write of nf_tables: what it was, and why.
+type Error struct {
+	Op  string
+	Err error
+}
+
+func (e *Error) Error() string { return e.Op + ": " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsNotFound reports whether err says that an object (a table, a chain, a
+// map element) does not exist.
+func IsNotFound(err error) bool { return errors.Is(err, unix.ENOENT) }
+
+// describe names the operation a batch error is about.
+func (tx *Tx) describe(err error) string {
+	var ne *nfnl.Error
+	if errors.As(err, &ne) {
+		if i := tx.opOfMessage(ne.Index); i >= 0 {
+			one := &Tx{Family: tx.Family, Table: tx.Table, ops: tx.ops[i : i+1]}
+			return strings.TrimSpace(one.Text())
+		}
+	}
+	return fmt.Sprintf("%s transaction of %d operations", tx.Family, len(tx.ops))
+}
+
+// opOfMessage maps a batch message index back to its operation (a rule
+// with an anonymous set is preceded by two messages of its own).
+func (tx *Tx) opOfMessage(msg int) int {
+	n := 0
+	for i, o := range tx.ops {
+		count := 1
+		if r, ok := o.obj.(*Rule); ok {
+			for _, s := range r.stmts {
+				if _, ok := s.(guardDrop); ok {
+					count += 2
+				}
+			}
+		}
+		if msg < n+count {
+			return i
+		}
+		n += count
+	}
+	return -1
+}
+
+func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	var get nfnl.Attrs
+	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
+	replies, errs, err := c.Get([]nfnl.Msg{{Type: msgType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()}})
+	if err != nil {
+		return nil, err
+	}
+	if IsNotFound(errs[0]) {
+		return nil, nil
+	}
+	if errs[0] != nil {
+		return nil, &Error{Op: "get chain " + chain, Err: errs[0]}
+	}
+	cs := &ChainState{Comment: commentOf(nfnl.Find(replies[0].Attrs, nftaChainUserdata))}
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
+	rules, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
+	if err != nil {
+		return nil, &Error{Op: "list rules of chain " + chain, Err: err}
+	}
+	for _, r := range rules {
+		cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
+	}
+	return cs, nil
+}
+
+func (k *netlinkKernel) Holders(f plan.Family, keys []Key) (map[string]string, error) {
+	out := map[string]string{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]nfnl.Msg, len(keys))
+	for i, key := range keys {
+		var a nfnl.Attrs
+		elementAttrs(&a, Table, key, "")
+		reqs[i] = nfnl.Msg{Type: msgType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()}
+	}
+	replies, errs, err := c.Get(reqs)
+	if err != nil {
+		return nil, err
+	}
+	for i, key := range keys {
+		if IsNotFound(errs[i]) {
+			continue
+		}
+		if errs[i] != nil {
+			return nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
+		}
+		for _, e := range decodeElements(f, replies[i].Attrs) {
+			out[key.ID()] = e.chain
+		}
+	}
+	return out, nil
+}
+
+func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	fam := uint8(nfproto(f))
+	var get nfnl.Attrs
+	get.String(unix.NFTA_TABLE_NAME, table)
+	_, errs, err := c.Get([]nfnl.Msg{{Type: msgType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()}})
+	if err != nil {
+		return nil, err
+	}
+	if IsNotFound(errs[0]) {
+		return nil, nil
+	}
+	if errs[0] != nil {
+		return nil, &Error{Op: "get table " + table, Err: errs[0]}
+	}
+	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	chains, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETCHAIN), Family: fam})
+	if err != nil {
+		return nil, &Error{Op: "list chains", Err: err}
+	}
+	for _, m := range chains {
+		attrs := nfnl.Parse(m.Attrs)
+		if str(attrs, unix.NFTA_CHAIN_TABLE) != table {
+			continue
+		}
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(nfnl.Find(m.Attrs, nftaChainUserdata))}
+	}
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, table)
+	rules, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	if err != nil {
+		return nil, &Error{Op: "list rules", Err: err}
+	}
+	for _, m := range rules {
+		attrs := nfnl.Parse(m.Attrs)
+		if str(attrs, unix.NFTA_RULE_TABLE) != table {
+			continue
+		}
+		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
+			cs.Rules = append(cs.Rules, decodeRule(f, m.Attrs))
+		}
+	}
+	var sets nfnl.Attrs
+	sets.String(unix.NFTA_SET_TABLE, table)
+	setMsgs, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETSET), Family: fam, Attrs: sets.Bytes()})
+	if err != nil {
+		return nil, &Error{Op: "list maps", Err: err}
+	}
+	for _, m := range setMsgs {
+		attrs := nfnl.Parse(m.Attrs)
+		if str(attrs, unix.NFTA_SET_TABLE) != table {
+			continue
+		}
+		name := str(attrs, unix.NFTA_SET_NAME)
+		s.Maps[name] = true
+		if table != Table || (name != HostPortsMap && name != HostIPPortsMap) {
+			continue
+		}
+		var el nfnl.Attrs
+		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
+		elems, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETSETELEM), Family: fam, Attrs: el.Bytes()})
+		if err != nil {
+			return nil, &Error{Op: "list map " + name, Err: err}
+		}
+		for _, em := range elems {
+			for _, e := range decodeElements(f, em.Attrs) {
+				s.Holders[e.key.ID()] = e.chain
+			}
+		}
+	}
+	return s, nil
+}
+
+func str(attrs []nfnl.Attr, typ uint16) string {
+	for _, a := range attrs {
+		if a.Type == typ {
+			return a.String()
+		}
+	}
+	return ""
+}
+
+// commentOf reads the comment out of libnftnl user data.
+func commentOf(b []byte, _ bool) string {
+	for len(b) >= 2 {
+		t, l := b[0], int(b[1])
+		if 2+l > len(b) {
+			break
+		}
+		if t == udataComment {
+			s, _, _ := strings.Cut(string(b[2:2+l]), "\x00")
+			return s
+		}
+		b = b[2+l:]
+	}
+	return ""
+}
+
+type element struct {
+	key   Key
+	chain string
+}
+
+// decodeElements reads the elements of a GETSETELEM answer.
+func decodeElements(f plan.Family, b []byte) []element {
+	attrs := nfnl.Parse(b)
+	set := str(attrs, unix.NFTA_SET_ELEM_LIST_SET)
+	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+	var out []element
+	for _, le := range nfnl.Parse(list) {
+		var e element
+		keyAttr, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_KEY)
+		val, _ := nfnl.Find(keyAttr, unix.NFTA_DATA_VALUE)
+		k, ok := keyFromBytes(f, set, val)
+		if !ok {
+			continue
+		}
+		e.key = k
+		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
+		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
+		ch, _ := nfnl.Find(v, unix.NFTA_VERDICT_CHAIN)
+		e.chain, _, _ = strings.Cut(string(ch), "\x00")
+		out = append(out, e)
+	}
+	return out
+}
+
+// keyFromBytes reads a key of map set back (Key.bytes).
+func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
+	var k Key
+	if set == HostIPPortsMap {
+		n := 4
+		if f == plan.IPv6 {
+			n = 16
+		}
+		if len(b) < n {
+			return k, false
+		}
+		k.HostIP = append(net.IP(nil), b[:n]...)
+		b = b[n:]
+	} else if set != HostPortsMap {
+		return k, false
+	}
+	if len(b) < 6 {
+		return k, false
+	}
+	switch b[0] {
+	case unix.IPPROTO_TCP:
+		k.Protocol = plan.TCP
+	case unix.IPPROTO_UDP:
+		k.Protocol = plan.UDP
+	case unix.IPPROTO_SCTP:
+		k.Protocol = plan.SCTP
+	default:
+		return k, false
+	}
+	k.Port = int(binary.BigEndian.Uint16(b[4:6]))
+	return k, true
+}
+
+// decodeRule reads what RuleState holds out of a rule message.
+func decodeRule(f plan.Family, b []byte) RuleState {
+	var r RuleState
+	attrs := nfnl.Parse(b)
+	for _, a := range attrs {
+		switch a.Type {
+		case unix.NFTA_RULE_HANDLE:
+			if len(a.Value) == 8 {
+				r.Handle = binary.BigEndian.Uint64(a.Value)
+			}
+		case nftaRuleUserdata:
+			r.Comment = commentOf(a.Value, true)
+		}
+	}
+	list, _ := nfnl.Find(b, unix.NFTA_RULE_EXPRESSIONS)
+	regs := map[uint32][]byte{}
+	saddrOffset, addrLen := addrOffset(f, false)
+	var load struct {
+		ok       bool
+		off, len uint32
+		mask     []byte
+	}
+	for _, le := range nfnl.Parse(list) {
+		name := str(nfnl.Parse(le.Value), unix.NFTA_EXPR_NAME)
+		data, _ := nfnl.Find(le.Value, unix.NFTA_EXPR_DATA)
+		d := nfnl.Parse(data)
+		get := func(t uint16) (nfnl.Attr, bool) {
+			for _, x := range d {
+				if x.Type == t {
+					return x, true
+				}
+			}
+			return nfnl.Attr{}, false
+		}
+		value := func(t uint16) []byte {
+			x, _ := get(t)
+			v, _ := nfnl.Find(x.Value, unix.NFTA_DATA_VALUE)
+			return v
+		}
+		switch name {
+		case "payload":
+			base, _ := get(unix.NFTA_PAYLOAD_BASE)
+			off, _ := get(unix.NFTA_PAYLOAD_OFFSET)
+			l, _ := get(unix.NFTA_PAYLOAD_LEN)
+			load.ok = base.U32() == unix.NFT_PAYLOAD_NETWORK_HEADER && off.U32() == saddrOffset
+			load.off, load.len, load.mask = off.U32(), l.U32(), nil
+		case "bitwise":
+			load.mask = value(unix.NFTA_BITWISE_MASK)
+		case "cmp":
+			op, _ := get(unix.NFTA_CMP_OP)
+			if load.ok && op.U32() == unix.NFT_CMP_EQ {
+				v := value(unix.NFTA_CMP_DATA)
+				ip := make(net.IP, addrLen)
+				copy(ip, v)
+				ones := int(load.len) * 8
+				if load.mask != nil {
+					ones = 0
+					for _, byt := range load.mask {
+						for ; byt != 0; byt <<= 1 {
+							ones++
+						}
+					}
+				}
+				r.Saddr = prefixString(ip, ones, int(addrLen)*8)
+			}
+			load.ok = false
+		case "immediate":
+			dreg, _ := get(unix.NFTA_IMMEDIATE_DREG)
+			imm, _ := get(unix.NFTA_IMMEDIATE_DATA)
+			if dreg.U32() != regVerdict {
+				v, _ := nfnl.Find(imm.Value, unix.NFTA_DATA_VALUE)
+				regs[dreg.U32()] = v
+				break
+			}
+			vd, _ := nfnl.Find(imm.Value, unix.NFTA_DATA_VERDICT)
+			vattrs := nfnl.Parse(vd)
+			var code int32
+			for _, x := range vattrs {
+				if x.Type == unix.NFTA_VERDICT_CODE {
+					code = int32(x.U32())
+				}
+			}
+			switch code {
+			case unix.NFT_JUMP, unix.NFT_GOTO:
+				r.Jump = str(vattrs, unix.NFTA_VERDICT_CHAIN)
+			case nfDrop:
+				r.Drop = true
+			}
+		case "nat":
+			typ, _ := get(unix.NFTA_NAT_TYPE)
+			ar, _ := get(unix.NFTA_NAT_REG_ADDR_MIN)
+			pr, _ := get(unix.NFTA_NAT_REG_PROTO_MIN)
+			if typ.U32() == unix.NFT_NAT_DNAT {
+				ip := net.IP(regs[ar.U32()])
+				port := 0
+				if p := regs[pr.U32()]; len(p) >= 2 {
+					port = int(binary.BigEndian.Uint16(p))
+				}
+				r.DNAT = net.JoinHostPort(ip.String(), strconv.Itoa(port))
+			}
+		case "lookup":
+			if _, ok := get(unix.NFTA_LOOKUP_DREG); ok {
+				s, _ := get(unix.NFTA_LOOKUP_SET)
+				r.Lookup = s.String()
+			}
+		case "masq":
+			r.Masq = true
+		case "meta":
+			if _, ok := get(unix.NFTA_META_SREG); ok {
+				r.SetMark = true
+			}
+		case "fib":
+			r.Fib = true
+		}
+	}
+	return r
+}

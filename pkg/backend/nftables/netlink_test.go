@@ -1,0 +1,112 @@
+package nftables
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// TestSkeletonReadsBack encodes the skeleton and decodes its rules: each
+// shared rule is recognised by what CHECK and sync judge it by.
+func TestSkeletonReadsBack(t *testing.T) {
+	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, nil)} {
+		tx := newTx(p.Family)
+		addSkeleton(tx, p)
+		msgs, err := tx.Messages()
+		if err != nil {
+			t.Fatal(err)
+		}
+		chains := map[string]*ChainState{}
+		sets := map[string]uint16{}
+		for _, m := range msgs {
+			attrs := nfnl.Parse(m.Attrs)
+			switch m.Type {
+			case msgType(unix.NFT_MSG_NEWRULE):
+				name := str(attrs, unix.NFTA_RULE_CHAIN)
+				if chains[name] == nil {
+					chains[name] = &ChainState{}
+				}
+				chains[name].Rules = append(chains[name].Rules, decodeRule(p.Family, m.Attrs))
+			case msgType(unix.NFT_MSG_NEWSET):
+				sets[str(attrs, unix.NFTA_SET_NAME)] = m.Flags
+			}
+		}
+		skel := skeletonRules(p)
+		for _, name := range skeletonOrder(skel) {
+			for _, r := range skel[name] {
+				if chains[name] == nil || !hasRule(chains[name], r) {
+					t.Errorf("%s: chain %s: %q does not read back", p.Family, name, r.Text(p.Family))
+				}
+			}
+		}
+		// The guard's { established, related } is an anonymous set made
+		// in the same batch; the maps are added, never replaced.
+		if p.Family == plan.IPv4 && sets["__set%d"] == 0 {
+			t.Errorf("%s: no anonymous set for the guard: %v", p.Family, sets)
+		}
+		if sets[HostPortsMap]&unix.NLM_F_EXCL != 0 || sets[HostPortsMap]&unix.NLM_F_CREATE == 0 {
+			t.Errorf("%s: map flags %#x, want create without excl", p.Family, sets[HostPortsMap])
+		}
+	}
+}
+
+func TestKeyBytes(t *testing.T) {
+	for _, k := range Keys(build(plan.IPv4, nil)) {
+		back, ok := keyFromBytes(plan.IPv4, k.Map(), k.bytes())
+		if !ok || back.ID() != k.ID() {
+			t.Errorf("keyFromBytes(%v) = %v, %v", k, back, ok)
+		}
+	}
+	for _, bad := range []struct {
+		set string
+		b   []byte
+	}{{HostPortsMap, []byte{6, 0}}, {HostIPPortsMap, []byte{1, 2}}, {"other", make([]byte, 8)}, {HostPortsMap, []byte{1, 0, 0, 0, 0, 80, 0, 0}}} {
+		if k, ok := keyFromBytes(plan.IPv4, bad.set, bad.b); ok {
+			t.Errorf("keyFromBytes(%s, %x) accepted: %v", bad.set, bad.b, k)
+		}
+	}
+}
+
+// TestBatchErrorNamesTheOperation: a failed batch message is reported as
+// the nft command of its operation, counting the anonymous set messages
+// a guard rule brings.
+func TestBatchErrorNamesTheOperation(t *testing.T) {
+	p := build(plan.IPv4, nil)
+	tx := newTx(p.Family)
+	addSkeleton(tx, p)
+	tx.add(opCreate, ownChain(p))
+	msgs, err := tx.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := len(msgs) - 1
+	err = &Error{Op: tx.describe(&nfnl.Error{Index: last, Errno: unix.EEXIST}), Err: unix.EEXIST}
+	if !strings.Contains(err.Error(), "create chain ip cni_portmap "+ChainName(p.Owner)) || !errors.Is(err, unix.EEXIST) {
+		t.Errorf("error %q does not name the chain creation", err)
+	}
+	if d := tx.describe(errors.New("other")); !strings.Contains(d, "transaction of") {
+		t.Errorf("describe of a non-netlink error: %q", d)
+	}
+	if !IsNotFound(&Error{Op: "get chain x", Err: &nfnl.Error{Errno: unix.ENOENT}}) || IsNotFound(unix.EEXIST) {
+		t.Error("IsNotFound does not follow the error chain to ENOENT")
+	}
+}
+
+func TestCommentOf(t *testing.T) {
+	if got := commentOf(comment("net=a id=b if=c"), true); got != "net=a id=b if=c" {
+		t.Errorf("commentOf = %q", got)
+	}
+	// Other user data first (type 1, 2 bytes), then the comment.
+	ud := append([]byte{1, 2, 'z', 0}, comment("x")...)
+	if got := commentOf(ud, true); got != "x" {
+		t.Errorf("commentOf after other data = %q", got)
+	}
+	if got := commentOf([]byte{0, 200, 'a'}, true); got != "" {
+		t.Errorf("commentOf of truncated data = %q", got)
+	}
+}

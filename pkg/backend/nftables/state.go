@@ -1,0 +1,126 @@
+package nftables
+
+import (
+	"net"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// State is what a read of one table tells: its chains with their rules,
+// which maps exist, and for each map key the chain its verdict names.
+// Reads of part of a table (one chain, some keys) fill only that part.
+type State struct {
+	Chains  map[string]*ChainState
+	Maps    map[string]bool
+	Holders map[string]string // Key.ID() -> chain
+}
+
+// ChainState is one chain: its comment and rules.
+type ChainState struct {
+	Comment string
+	Rules   []RuleState
+}
+
+// RuleState is what the backend judges of a rule: its handle and comment
+// and the parts of it that carry meaning here. A reader fills it from the
+// kernel's expressions; rules nft compiled (conditions, or a table an
+// older release wrote) read the same.
+type RuleState struct {
+	Handle  uint64
+	Comment string
+	Jump    string // chain of a jump or goto verdict
+	DNAT    string // "192.0.2.2:80", "[2001:db8::2]:80"
+	Saddr   string // source prefix matched, as a CIDR
+	Lookup  string // map of a verdict-map lookup
+	Masq    bool
+	SetMark bool
+	Drop    bool
+	Fib     bool
+}
+
+// ID is how maps of keys are indexed: the map and the key.
+func (k Key) ID() string { return k.Map() + " " + k.String() }
+
+// keyFromID reads an ID back.
+func keyFromID(id string) (Key, bool) {
+	_, s, ok := strings.Cut(id, " ")
+	if !ok {
+		return Key{}, false
+	}
+	return parseKey(s)
+}
+
+// keys are the keys the chain's "hostport" rule comments claim.
+func (c *ChainState) keys() []Key {
+	var out []Key
+	for _, r := range c.Rules {
+		if s, ok := strings.CutPrefix(r.Comment, keyComment); ok {
+			if k, ok := parseKey(s); ok {
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
+// rule returns the chain's rule commented c.
+func (c *ChainState) rule(comment string) (RuleState, bool) {
+	for _, r := range c.Rules {
+		if r.Comment == comment {
+			return r, true
+		}
+	}
+	return RuleState{}, false
+}
+
+var ownerRE = regexp.MustCompile(`^net=(\S*) id=(\S*)`)
+
+// owner reads the chain's comment (OwnerComment).
+func (c *ChainState) owner() (network, id string, ok bool) {
+	m := ownerRE.FindStringSubmatch(c.Comment)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
+// samePrefix reports whether a read-back source prefix is spec (an
+// address or a CIDR).
+func samePrefix(got, spec string) bool {
+	a, b := parsePrefix(got), parsePrefix(spec)
+	return a.String() == b.String()
+}
+
+// prefixString spells ip masked to ones bits as a CIDR.
+func prefixString(ip net.IP, ones, bits int) string {
+	n := net.IPNet{IP: ip, Mask: net.CIDRMask(ones, bits)}
+	n.IP = n.IP.Mask(n.Mask)
+	return n.String()
+}
+
+func sortedChains(s *State) []string {
+	out := make([]string, 0, len(s.Chains))
+	for k := range s.Chains {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Kernel reads and writes nf_tables.
+type Kernel interface {
+	// Apply commits tx as one transaction: all of it or nothing.
+	Apply(tx *Tx) error
+	// Validate has the kernel check tx without committing it.
+	Validate(tx *Tx) error
+	// Chain reads one chain of the family's table; nil when it is absent.
+	Chain(f plan.Family, table, chain string) (*ChainState, error)
+	// Holders returns, for those of keys whose element exists in the
+	// family's cni_portmap table, the chain its verdict names.
+	Holders(f plan.Family, keys []Key) (map[string]string, error)
+	// Table reads the family's table whole; nil when it is absent.
+	Table(f plan.Family, table string) (*State, error)
+}

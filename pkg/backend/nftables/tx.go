@@ -1,0 +1,392 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Tx is one transaction of one family's table: what a verb writes, all
+// or nothing. Text spells it as an nft script (golden files, and nft for
+// a transaction holding conditions); Messages as the netlink batch the
+// kernel gets. Both come from the same operations.
+type Tx struct {
+	Family plan.Family
+	Table  string
+	ops    []op
+	nextID uint32
+	anon   []anonSet
+}
+
+type verb int
+
+const (
+	opAdd    verb = iota // create, or leave as is when it exists
+	opCreate             // create, failing when it exists
+	opFlush              // empty a chain
+	opDelete             // remove; failing when absent
+)
+
+type op struct {
+	verb verb
+	obj  any // tableObj, chainObj, mapObj, *Rule, elemObj
+}
+
+type tableObj struct{ comment string }
+
+type chainObj struct {
+	name    string
+	comment string
+	base    *baseChain
+}
+
+type mapObj struct {
+	name string
+	addr bool // keyed by host address too
+}
+
+type elemObj struct {
+	key   Key
+	chain string // the verdict: goto chain ("" when deleting)
+}
+
+// Rule is one rule: its chain, its statements and its comment; or, with
+// Handle set, the rule to delete.
+type Rule struct {
+	Chain   string
+	stmts   []stmt
+	Comment string
+	Handle  uint64
+}
+
+// Text is the rule as nft syntax, without its comment.
+func (r *Rule) Text(f plan.Family) string { return ruleText(f, r.stmts) }
+
+type anonSet struct {
+	name    string
+	id      uint32
+	keyType uint32
+	keyLen  uint32
+	elems   [][]byte
+}
+
+func newTx(f plan.Family) *Tx { return &Tx{Family: f, Table: Table} }
+
+func (tx *Tx) add(v verb, obj any) { tx.ops = append(tx.ops, op{v, obj}) }
+
+// Len is the number of operations.
+func (tx *Tx) Len() int { return len(tx.ops) }
+
+// NeedsNft reports whether a rule holds conditions in nft syntax, which
+// only nft can compile.
+func (tx *Tx) NeedsNft() bool {
+	for _, o := range tx.ops {
+		if r, ok := o.obj.(*Rule); ok {
+			for _, s := range r.stmts {
+				if _, ok := s.(conditions); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// Text is the transaction as an nft script, as knftables writes it.
+func (tx *Tx) Text() string {
+	kt := knftables.NewFake(nftFamily(tx.Family), tx.Table).NewTransaction()
+	for _, o := range tx.ops {
+		var obj knftables.Object
+		switch v := o.obj.(type) {
+		case tableObj:
+			obj = &knftables.Table{Comment: knftables.PtrTo(v.comment)}
+		case chainObj:
+			c := &knftables.Chain{Name: v.name}
+			if v.comment != "" {
+				c.Comment = knftables.PtrTo(v.comment)
+			}
+			if v.base != nil {
+				c.Type, c.Hook, c.Priority = knftables.PtrTo(v.base.typ), knftables.PtrTo(v.base.hook), knftables.PtrTo(v.base.priority)
+			}
+			obj = c
+		case mapObj:
+			obj = &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
+		case elemObj:
+			e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
+			if v.chain != "" {
+				e.Value = []string{"goto " + v.chain}
+			}
+			obj = e
+		case *Rule:
+			r := &knftables.Rule{Chain: v.Chain, Rule: v.Text(tx.Family)}
+			if v.Comment != "" {
+				r.Comment = knftables.PtrTo(v.Comment)
+			}
+			if v.Handle != 0 {
+				r.Handle = knftables.PtrTo(int(v.Handle))
+			}
+			obj = r
+		}
+		switch o.verb {
+		case opAdd:
+			kt.Add(obj)
+		case opCreate:
+			kt.Create(obj)
+		case opFlush:
+			kt.Flush(obj)
+		case opDelete:
+			kt.Delete(obj)
+		}
+	}
+	return kt.String()
+}
+
+func mapType(f plan.Family, addr bool) string {
+	if !addr {
+		return "inet_proto . inet_service : verdict"
+	}
+	if f == plan.IPv6 {
+		return "ipv6_addr . inet_proto . inet_service : verdict"
+	}
+	return "ipv4_addr . inet_proto . inet_service : verdict"
+}
+
+// anonSet declares an anonymous constant set for a rule of this
+// transaction (nft's { established, related }) and returns it.
+func (tx *Tx) anonSet(keyType, keyLen uint32, elems [][]byte) anonSet {
+	tx.nextID++
+	s := anonSet{name: "__set%d", id: tx.nextID, keyType: keyType, keyLen: keyLen, elems: elems}
+	tx.anon = append(tx.anon, s)
+	return s
+}
+
+// nft's datatype numbers (TYPE_*) and a concatenation's type: the
+// component types, 6 bits each.
+const (
+	typeIPv4Addr    = 7
+	typeIPv6Addr    = 8
+	typeInetProto   = 12
+	typeInetService = 13
+	ctStateType     = 26
+	typeBits        = 6
+	dataVerdict     = 0xffffff00 // NFT_DATA_VERDICT
+)
+
+func concatType(types ...uint32) uint32 {
+	var t uint32
+	for _, x := range types {
+		t = t<<typeBits | x
+	}
+	return t
+}
+
+// Attribute numbers x/sys/unix does not name.
+const (
+	nftaTableUserdata = 6  // NFTA_TABLE_USERDATA
+	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
+	nftaRuleUserdata  = unix.NFTA_RULE_USERDATA
+	nftaSetUserdata   = 13 // NFTA_SET_USERDATA
+	udataComment      = 0  // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
+	udataSetKeyOrder  = 0  // NFTNL_UDATA_SET_KEYBYTEORDER
+	udataSetDataOrder = 1  // NFTNL_UDATA_SET_DATABYTEORDER
+	byteorderHost     = 1
+	byteorderBig      = 2
+)
+
+// comment is libnftnl's user data holding a comment: type, length, the
+// NUL-terminated text.
+func comment(s string) []byte {
+	b := []byte{udataComment, byte(len(s) + 1)}
+	return append(append(b, s...), 0)
+}
+
+func msgType(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
+
+// Messages is the transaction as one netlink batch. It fails when a rule
+// holds conditions (NeedsNft).
+func (tx *Tx) Messages() ([]nfnl.Msg, error) {
+	fam := uint8(nfproto(tx.Family))
+	tx.anon, tx.nextID = nil, 0
+	var out []nfnl.Msg
+	for _, o := range tx.ops {
+		var a nfnl.Attrs
+		m := nfnl.Msg{Family: fam}
+		switch v := o.obj.(type) {
+		case tableObj:
+			m.Type = msgType(unix.NFT_MSG_NEWTABLE)
+			a.String(unix.NFTA_TABLE_NAME, tx.Table)
+			a.Raw(nftaTableUserdata, comment(v.comment))
+		case chainObj:
+			m.Type = msgType(unix.NFT_MSG_NEWCHAIN)
+			if o.verb == opDelete {
+				m.Type = msgType(unix.NFT_MSG_DELCHAIN)
+			}
+			if o.verb == opFlush {
+				m.Type = msgType(unix.NFT_MSG_DELRULE)
+				a.String(unix.NFTA_RULE_TABLE, tx.Table)
+				a.String(unix.NFTA_RULE_CHAIN, v.name)
+				break
+			}
+			a.String(unix.NFTA_CHAIN_TABLE, tx.Table)
+			a.String(unix.NFTA_CHAIN_NAME, v.name)
+			if o.verb == opDelete {
+				break
+			}
+			if v.base != nil {
+				a.Nested(unix.NFTA_CHAIN_HOOK, func(a *nfnl.Attrs) {
+					a.U32(unix.NFTA_HOOK_HOOKNUM, v.base.hookNum)
+					a.U32(unix.NFTA_HOOK_PRIORITY, uint32(v.base.prio))
+				})
+				a.String(unix.NFTA_CHAIN_TYPE, string(v.base.typ))
+			}
+			if v.comment != "" {
+				a.Raw(nftaChainUserdata, comment(v.comment))
+			}
+		case mapObj:
+			m.Type = msgType(unix.NFT_MSG_NEWSET)
+			tx.nextID++
+			keyType := concatType(typeInetProto, typeInetService)
+			keyLen := uint32(8)
+			if v.addr {
+				at, al := uint32(typeIPv4Addr), uint32(4)
+				if tx.Family == plan.IPv6 {
+					at, al = typeIPv6Addr, 16
+				}
+				keyType, keyLen = concatType(at, typeInetProto, typeInetService), al+8
+			}
+			a.String(unix.NFTA_SET_TABLE, tx.Table)
+			a.String(unix.NFTA_SET_NAME, v.name)
+			a.U32(unix.NFTA_SET_FLAGS, unix.NFT_SET_MAP)
+			a.U32(unix.NFTA_SET_KEY_TYPE, keyType)
+			a.U32(unix.NFTA_SET_KEY_LEN, keyLen)
+			a.U32(unix.NFTA_SET_DATA_TYPE, dataVerdict)
+			a.U32(unix.NFTA_SET_ID, tx.nextID)
+			a.Raw(nftaSetUserdata, setUserdata(byteorderBig))
+		case elemObj:
+			m.Type = msgType(unix.NFT_MSG_NEWSETELEM)
+			if o.verb == opDelete {
+				m.Type = msgType(unix.NFT_MSG_DELSETELEM)
+			}
+			elementAttrs(&a, tx.Table, v.key, v.chain)
+		case *Rule:
+			if v.Handle != 0 {
+				m.Type = msgType(unix.NFT_MSG_DELRULE)
+				a.String(unix.NFTA_RULE_TABLE, tx.Table)
+				a.String(unix.NFTA_RULE_CHAIN, v.Chain)
+				a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, v.Handle))
+				break
+			}
+			e := &exprs{fam: tx.Family, tx: tx}
+			before := len(tx.anon)
+			for _, s := range v.stmts {
+				s.encode(e)
+			}
+			if e.raw {
+				return nil, fmt.Errorf("rule %q holds conditions in nft syntax: only nft compiles them", v.Text(tx.Family))
+			}
+			for _, s := range tx.anon[before:] {
+				out = append(out, anonSetMsgs(fam, tx.Table, s)...)
+			}
+			m.Type = msgType(unix.NFT_MSG_NEWRULE)
+			a.String(unix.NFTA_RULE_TABLE, tx.Table)
+			a.String(unix.NFTA_RULE_CHAIN, v.Chain)
+			a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, e.list.Bytes())
+			if v.Comment != "" {
+				a.Raw(nftaRuleUserdata, comment(v.Comment))
+			}
+			m.Flags = unix.NLM_F_APPEND
+		}
+		switch o.verb {
+		case opAdd:
+			m.Flags |= unix.NLM_F_CREATE
+		case opCreate:
+			m.Flags |= unix.NLM_F_CREATE | unix.NLM_F_EXCL
+		}
+		m.Attrs = a.Bytes()
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// setUserdata is what nft records of a map's key for printing it.
+func setUserdata(keyOrder uint32) []byte {
+	b := []byte{udataSetKeyOrder, 4}
+	b = binary.NativeEndian.AppendUint32(b, keyOrder)
+	return b
+}
+
+func anonSetMsgs(fam uint8, table string, s anonSet) []nfnl.Msg {
+	var set nfnl.Attrs
+	set.String(unix.NFTA_SET_TABLE, table)
+	set.String(unix.NFTA_SET_NAME, s.name)
+	set.U32(unix.NFTA_SET_FLAGS, unix.NFT_SET_ANONYMOUS|unix.NFT_SET_CONSTANT)
+	set.U32(unix.NFTA_SET_KEY_TYPE, s.keyType)
+	set.U32(unix.NFTA_SET_KEY_LEN, s.keyLen)
+	set.U32(unix.NFTA_SET_ID, s.id)
+	set.Raw(nftaSetUserdata, setUserdata(byteorderHost))
+	var el nfnl.Attrs
+	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	el.String(unix.NFTA_SET_ELEM_LIST_SET, s.name)
+	el.U32(unix.NFTA_SET_ELEM_LIST_SET_ID, s.id)
+	el.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+		for _, k := range s.elems {
+			a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { dataValue(a, unix.NFTA_SET_ELEM_KEY, k) })
+		}
+	})
+	return []nfnl.Msg{
+		{Type: msgType(unix.NFT_MSG_NEWSET), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: set.Bytes()},
+		{Type: msgType(unix.NFT_MSG_NEWSETELEM), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: el.Bytes()},
+	}
+}
+
+// elementAttrs names k's element of table; with chain, its verdict.
+func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
+	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	a.String(unix.NFTA_SET_ELEM_LIST_SET, k.Map())
+	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+			dataValue(a, unix.NFTA_SET_ELEM_KEY, k.bytes())
+			if chain != "" {
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
+			}
+		})
+	})
+}
+
+// bytes is the key as the kernel stores it: each field of the
+// concatenation in network order, padded to 4 bytes.
+func (k Key) bytes() []byte {
+	var b []byte
+	if k.HostIP != nil {
+		if v4 := k.HostIP.To4(); v4 != nil {
+			b = append(b, v4...)
+		} else {
+			b = append(b, k.HostIP.To16()...)
+		}
+	}
+	b = append(b, protoNum(k.Protocol), 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, uint16(k.Port))
+	return append(b, 0, 0)
+}
+
+func nfproto(f plan.Family) int {
+	if f == plan.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// String is for errors: the transaction's first lines.
+func (tx *Tx) String() string {
+	t := tx.Text()
+	if i := strings.Index(t, "\n"); i > 0 && strings.Count(t, "\n") > 1 {
+		return t[:i] + " ..."
+	}
+	return strings.TrimSpace(t)
+}

@@ -1,0 +1,85 @@
+package nfnl
+
+import (
+	"encoding/binary"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Attrs builds a sequence of netlink attributes.
+type Attrs struct{ b []byte }
+
+// Bytes returns the encoded attributes.
+func (a *Attrs) Bytes() []byte { return a.b }
+
+// Raw appends attribute typ holding v.
+func (a *Attrs) Raw(typ uint16, v []byte) *Attrs {
+	a.b = binary.NativeEndian.AppendUint16(a.b, uint16(4+len(v)))
+	a.b = binary.NativeEndian.AppendUint16(a.b, typ)
+	a.b = append(a.b, v...)
+	for len(a.b)%4 != 0 {
+		a.b = append(a.b, 0)
+	}
+	return a
+}
+
+// String appends a NUL-terminated string.
+func (a *Attrs) String(typ uint16, s string) *Attrs { return a.Raw(typ, append([]byte(s), 0)) }
+
+// U32 appends a big-endian (network order) 32-bit value, as nf_tables
+// expects its integers.
+func (a *Attrs) U32(typ uint16, v uint32) *Attrs {
+	return a.Raw(typ, binary.BigEndian.AppendUint32(nil, v))
+}
+
+// Nested appends attribute typ holding the attributes fill builds.
+func (a *Attrs) Nested(typ uint16, fill func(*Attrs)) *Attrs {
+	var in Attrs
+	fill(&in)
+	return a.Raw(typ|unix.NLA_F_NESTED, in.b)
+}
+
+// nlaTypeMask strips the nested and byte-order flags from a type.
+const nlaTypeMask = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+
+// Attr is one decoded attribute.
+type Attr struct {
+	Type  uint16
+	Value []byte
+}
+
+// Parse decodes a sequence of attributes; a truncated tail is ignored.
+func Parse(b []byte) []Attr {
+	var out []Attr
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			break
+		}
+		out = append(out, Attr{Type: binary.NativeEndian.Uint16(b[2:4]) & nlaTypeMask, Value: b[4:l]})
+		b = b[min(align(l), len(b)):]
+	}
+	return out
+}
+
+// Find returns the value of the first attribute typ in b.
+func Find(b []byte, typ uint16) ([]byte, bool) {
+	for _, a := range Parse(b) {
+		if a.Type == typ {
+			return a.Value, true
+		}
+	}
+	return nil, false
+}
+
+// String is the value up to its NUL.
+func (a Attr) String() string { s, _, _ := strings.Cut(string(a.Value), "\x00"); return s }
+
+// U32 is the value as a big-endian 32-bit integer (0 when shorter).
+func (a Attr) U32() uint32 {
+	if len(a.Value) < 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(a.Value)
+}

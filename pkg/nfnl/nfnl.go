@@ -1,0 +1,308 @@
+// Package nfnl speaks nfnetlink (NETLINK_NETFILTER) to the kernel of the
+// calling thread's network namespace: transactional batches of nf_tables
+// messages, dumps and single gets, and the attribute encoding both use.
+// It knows the framing only; what the messages mean is its callers'.
+package nfnl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Msg is one request: its nfnetlink type (subsystem<<8 | message), its
+// flags besides NLM_F_REQUEST, the nfgenmsg family, and its attributes.
+type Msg struct {
+	Type   uint16
+	Flags  uint16
+	Family uint8
+	Attrs  []byte
+}
+
+// Error is the kernel's answer to one message of a batch or request.
+type Error struct {
+	Index int // position of the message in what was sent
+	Errno unix.Errno
+	Text  string // the kernel's extended ack message, when it gave one
+}
+
+func (e *Error) Error() string {
+	if e.Text != "" {
+		return fmt.Sprintf("%v (%s)", e.Errno, e.Text)
+	}
+	return e.Errno.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Errno }
+
+// Conn is a netlink socket of the netfilter family.
+type Conn struct {
+	fd  int
+	seq atomic.Uint32
+}
+
+// Open opens the socket in the calling thread's network namespace.
+func Open() (*Conn, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind netfilter netlink socket: %w", err)
+	}
+	// Errors echo only the failed message's header, and carry the
+	// kernel's reason as text where it has one.
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	// Room for the errors of a large failed batch; FORCE needs
+	// CAP_NET_ADMIN, which changing nf_tables needs anyway.
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	}
+	c := &Conn{fd: fd}
+	c.seq.Store(1)
+	return c, nil
+}
+
+// Close closes the socket.
+func (c *Conn) Close() error { return unix.Close(c.fd) }
+
+const (
+	nlmsgHdrLen = unix.SizeofNlMsghdr
+	nfgenLen    = 4
+)
+
+func align(n int) int { return (n + 3) &^ 3 }
+
+// appendMsg frames m with seq and returns the grown buffer.
+func appendMsg(b []byte, m Msg, flags uint16, seq uint32, resID uint16) []byte {
+	l := nlmsgHdrLen + nfgenLen + len(m.Attrs)
+	b = binary.NativeEndian.AppendUint32(b, uint32(l))
+	b = binary.NativeEndian.AppendUint16(b, m.Type)
+	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_REQUEST|m.Flags|flags)
+	b = binary.NativeEndian.AppendUint32(b, seq)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	b = append(b, m.Family, unix.NFNETLINK_V0)
+	b = binary.BigEndian.AppendUint16(b, resID)
+	b = append(b, m.Attrs...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// Batch sends msgs as one nf_tables transaction: the kernel applies all
+// of them or, when one fails, none. With commit false the batch is not
+// ended, so the kernel checks every message and then aborts: nothing
+// changes (nft --check does the same). The kernel handles a batch inside
+// the send, so its answers are queued when the send returns; messages
+// carry no NLM_F_ACK and only failures answer.
+func (c *Conn) Batch(msgs []Msg, commit bool) error {
+	n := uint32(len(msgs))
+	begin := c.seq.Add(n+2) - n - 1 // begin, the messages, end
+	first := begin + 1
+	var b []byte
+	b = appendMsg(b, Msg{Type: unix.NFNL_MSG_BATCH_BEGIN}, 0, begin, unix.NFNL_SUBSYS_NFTABLES)
+	for i, m := range msgs {
+		b = appendMsg(b, m, 0, first+uint32(i), 0)
+	}
+	if commit {
+		b = appendMsg(b, Msg{Type: unix.NFNL_MSG_BATCH_END}, 0, first+n, unix.NFNL_SUBSYS_NFTABLES)
+	}
+	if len(b) > 128<<10 { // netlink refuses a message larger than the send buffer
+		_ = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(b)+64<<10)
+	}
+	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("send nf_tables batch: %w", err)
+	}
+	var firstErr *Error
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_DONTWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read nf_tables batch answer: %w", err)
+		}
+		for _, m := range split(buf[:n]) {
+			if m.typ != unix.NLMSG_ERROR {
+				continue
+			}
+			e := m.err()
+			if e == nil || e.Errno == 0 {
+				continue
+			}
+			e.Index = int(m.errSeq) - int(first)
+			if firstErr == nil || e.Index < firstErr.Index {
+				firstErr = e
+			}
+		}
+	}
+	if firstErr != nil {
+		return firstErr
+	}
+	return nil
+}
+
+// Reply is one answer message: its type and its attributes.
+type Reply struct {
+	Type   uint16
+	Family uint8
+	Attrs  []byte
+}
+
+// Get sends requests (not dumps) in one write and returns, for each, its
+// reply or its error; the kernel answers them in order.
+func (c *Conn) Get(reqs []Msg) ([]Reply, []error, error) {
+	first := c.seq.Add(uint32(len(reqs))) - uint32(len(reqs)) + 1
+	var b []byte
+	for i, m := range reqs {
+		b = appendMsg(b, m, 0, first+uint32(i), 0)
+	}
+	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, nil, fmt.Errorf("send nf_tables request: %w", err)
+	}
+	replies, errs := make([]Reply, len(reqs)), make([]error, len(reqs))
+	done := make([]bool, len(reqs))
+	left := len(reqs)
+	buf := make([]byte, 64<<10)
+	for left > 0 {
+		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read nf_tables answer: %w", err)
+		}
+		for _, m := range split(buf[:n]) {
+			i := int(m.seq) - int(first)
+			if m.typ == unix.NLMSG_ERROR {
+				i = int(m.errSeq) - int(first)
+			}
+			if i < 0 || i >= len(reqs) || done[i] {
+				continue
+			}
+			if m.typ == unix.NLMSG_ERROR {
+				if e := m.err(); e != nil && e.Errno != 0 {
+					e.Index = i
+					errs[i] = e
+				} else {
+					continue // an ack: the reply came or comes separately
+				}
+			} else {
+				replies[i] = Reply{Type: m.typ, Family: m.family, Attrs: append([]byte(nil), m.attrs...)}
+			}
+			done[i] = true
+			left--
+		}
+	}
+	return replies, errs, nil
+}
+
+// Dump sends a dump request and returns every message until the end of
+// the dump. A dump interrupted by a concurrent change is retried.
+func (c *Conn) Dump(req Msg) ([]Reply, error) {
+	for try := 0; ; try++ {
+		out, err := c.dump(req)
+		if errors.Is(err, errInterrupted) && try < 5 {
+			continue
+		}
+		return out, err
+	}
+}
+
+var errInterrupted = errors.New("dump interrupted by a concurrent change")
+
+func (c *Conn) dump(req Msg) ([]Reply, error) {
+	seq := c.seq.Add(1)
+	b := appendMsg(nil, req, unix.NLM_F_DUMP, seq, 0)
+	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("send nf_tables dump request: %w", err)
+	}
+	var out []Reply
+	interrupted := false
+	buf := make([]byte, 256<<10)
+	for {
+		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err != nil {
+			return nil, fmt.Errorf("read nf_tables dump: %w", err)
+		}
+		for _, m := range split(buf[:n]) {
+			if m.seq != seq {
+				continue
+			}
+			if m.flags&unix.NLM_F_DUMP_INTR != 0 {
+				interrupted = true
+			}
+			switch m.typ {
+			case unix.NLMSG_DONE:
+				if interrupted {
+					return nil, errInterrupted
+				}
+				return out, nil
+			case unix.NLMSG_ERROR:
+				if e := m.err(); e != nil && e.Errno != 0 {
+					return nil, e
+				}
+			default:
+				out = append(out, Reply{Type: m.typ, Family: m.family, Attrs: append([]byte(nil), m.attrs...)})
+			}
+		}
+	}
+}
+
+type rawMsg struct {
+	typ, flags uint16
+	seq        uint32
+	family     uint8
+	attrs      []byte // after nfgenmsg
+	body       []byte // after the netlink header
+	errSeq     uint32 // NLMSG_ERROR: the failed message's seq
+}
+
+// err decodes an NLMSG_ERROR body: errno, the echoed header, and the
+// extended ack's message attribute.
+func (m rawMsg) err() *Error {
+	if len(m.body) < 4+nlmsgHdrLen {
+		return nil
+	}
+	e := &Error{Errno: unix.Errno(-int32(binary.NativeEndian.Uint32(m.body[0:4])))}
+	if m.flags&unix.NLM_F_ACK_TLVS != 0 {
+		echoed := nlmsgHdrLen
+		if m.flags&unix.NLM_F_CAPPED == 0 {
+			echoed = int(binary.NativeEndian.Uint32(m.body[4:8]))
+		}
+		if 4+align(echoed) <= len(m.body) {
+			for _, a := range Parse(m.body[4+align(echoed):]) {
+				if a.Type == unix.NLMSGERR_ATTR_MSG {
+					e.Text = a.String()
+				}
+			}
+		}
+	}
+	return e
+}
+
+func split(b []byte) []rawMsg {
+	var out []rawMsg
+	for len(b) >= nlmsgHdrLen {
+		l := int(binary.NativeEndian.Uint32(b[0:4]))
+		if l < nlmsgHdrLen || l > len(b) {
+			break
+		}
+		m := rawMsg{typ: binary.NativeEndian.Uint16(b[4:6]), flags: binary.NativeEndian.Uint16(b[6:8]),
+			seq: binary.NativeEndian.Uint32(b[8:12]), body: b[nlmsgHdrLen:l]}
+		if m.typ == unix.NLMSG_ERROR && len(m.body) >= 4+nlmsgHdrLen {
+			m.errSeq = binary.NativeEndian.Uint32(m.body[4+8 : 4+12])
+		}
+		if len(m.body) >= nfgenLen {
+			m.family = m.body[0]
+			m.attrs = m.body[nfgenLen:]
+		}
+		out = append(out, m)
+		b = b[min(align(l), len(b)):]
+	}
+	return out
+}

@@ -1,0 +1,83 @@
+package nfnl
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestAttrsRoundTrip(t *testing.T) {
+	var a Attrs
+	a.String(1, "cni_portmap").U32(2, 0x2000).Nested(3, func(n *Attrs) { n.Raw(1, []byte{1, 2, 3}) })
+	got := Parse(a.Bytes())
+	if len(got) != 3 || got[0].String() != "cni_portmap" || got[1].U32() != 0x2000 || got[2].Type != 3 {
+		t.Fatalf("Parse = %+v", got)
+	}
+	if v, ok := Find(got[2].Value, 1); !ok || string(v) != "\x01\x02\x03" {
+		t.Errorf("nested = %x, %v", v, ok)
+	}
+	if len(a.Bytes())%4 != 0 {
+		t.Errorf("attributes not padded: %d bytes", len(a.Bytes()))
+	}
+	// A length past the end stops the parse instead of reading beyond.
+	if got := Parse([]byte{200, 0, 1, 0, 'x'}); len(got) != 0 {
+		t.Errorf("Parse of a truncated attribute = %+v", got)
+	}
+	if (Attr{Value: []byte{1}}).U32() != 0 {
+		t.Error("U32 of a short value is not 0")
+	}
+}
+
+// errorMsg frames an NLMSG_ERROR answer to the message with seq, as the
+// kernel sends it with NETLINK_CAP_ACK and NETLINK_EXT_ACK.
+func errorMsg(seq uint32, errno unix.Errno, text string) []byte {
+	var body []byte
+	body = binary.NativeEndian.AppendUint32(body, uint32(-int32(errno)))
+	echo := make([]byte, nlmsgHdrLen)
+	binary.NativeEndian.PutUint32(echo[8:12], seq)
+	body = append(body, echo...)
+	var tlv Attrs
+	tlv.String(unix.NLMSGERR_ATTR_MSG, text)
+	body = append(body, tlv.Bytes()...)
+	var b []byte
+	b = binary.NativeEndian.AppendUint32(b, uint32(nlmsgHdrLen+len(body)))
+	b = binary.NativeEndian.AppendUint16(b, unix.NLMSG_ERROR)
+	b = binary.NativeEndian.AppendUint16(b, unix.NLM_F_CAPPED|unix.NLM_F_ACK_TLVS)
+	b = binary.NativeEndian.AppendUint32(b, 99)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	return append(b, body...)
+}
+
+func TestErrorAnswer(t *testing.T) {
+	b := append(errorMsg(7, unix.EEXIST, "chain exists"), errorMsg(8, unix.ENOENT, "")...)
+	msgs := split(b)
+	if len(msgs) != 2 {
+		t.Fatalf("split: %d messages", len(msgs))
+	}
+	e := msgs[0].err()
+	if msgs[0].errSeq != 7 || e == nil || e.Errno != unix.EEXIST || e.Text != "chain exists" {
+		t.Errorf("first: seq %d, %+v", msgs[0].errSeq, e)
+	}
+	if !errors.Is(e, unix.EEXIST) || e.Error() != "file exists (chain exists)" {
+		t.Errorf("error %q does not unwrap to EEXIST", e)
+	}
+	if e := msgs[1].err(); msgs[1].errSeq != 8 || e.Errno != unix.ENOENT {
+		t.Errorf("second: %+v", e)
+	}
+}
+
+func TestAppendMsg(t *testing.T) {
+	var a Attrs
+	a.String(1, "t")
+	b := appendMsg(nil, Msg{Type: 0x0a03, Flags: unix.NLM_F_CREATE, Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}, 0, 5, 0)
+	msgs := split(b)
+	if len(msgs) != 1 || msgs[0].typ != 0x0a03 || msgs[0].seq != 5 || msgs[0].family != unix.NFPROTO_IPV4 ||
+		msgs[0].flags != unix.NLM_F_REQUEST|unix.NLM_F_CREATE {
+		t.Fatalf("split(appendMsg) = %+v", msgs)
+	}
+	if v, ok := Find(msgs[0].attrs, 1); !ok || string(v) != "t\x00" {
+		t.Errorf("attrs = %x", msgs[0].attrs)
+	}
+}
