@@ -8,13 +8,17 @@
 // is shared by every namespace, 262144 buckets on a small machine), which
 // costs milliseconds whatever it finds; so one flush is one dump of both
 // families (AF_UNSPEC) for every port at once, and only the matching
-// entries are deleted, each in its own family.
+// entries are deleted, each in its own family. A namespace whose conntrack
+// table is empty (nf_conntrack_count, which is per namespace, reads 0, or
+// conntrack is not loaded) has nothing stale, and no dump is made.
 package conntrack
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -61,7 +65,7 @@ func keyOf(p Port) key {
 // FlushDstPorts deletes the entries whose family, protocol and original
 // destination port are one of ports, with one dump of the table.
 func (Host) FlushDstPorts(ports []Port) error {
-	if len(ports) == 0 {
+	if len(ports) == 0 || empty(countPath) {
 		return nil
 	}
 	want := map[key]bool{}
@@ -141,4 +145,18 @@ func attr(b []byte, typ uint16) ([]byte, bool) {
 		b = b[next:]
 	}
 	return nil, false
+}
+
+// countPath is this namespace's number of conntrack entries.
+var countPath = "/proc/sys/net/netfilter/nf_conntrack_count"
+
+// empty reports whether the namespace holds no conntrack entry: its count
+// reads 0, or there is none to read (conntrack is not loaded). Any other
+// answer, including one that cannot be read, means "walk".
+func empty(path string) bool {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && strings.TrimSpace(string(b)) == "0"
 }

@@ -2,6 +2,8 @@ package conntrack
 
 import (
 	"encoding/binary"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/vishvananda/netlink/nl"
@@ -56,5 +58,24 @@ func TestOrigKey(t *testing.T) {
 	}
 	if k := keyOf(Port{Family: plan.IPv6, Protocol: plan.UDP, Port: 53}); k != (key{unix.AF_INET6, unix.IPPROTO_UDP, 53}) {
 		t.Errorf("keyOf: %+v", k)
+	}
+}
+
+func TestEmpty(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		content string
+		want    bool
+	}{{"0\n", true}, {"3\n", false}, {"", false}, {"x", false}} {
+		p := filepath.Join(dir, "count")
+		if err := os.WriteFile(p, []byte(tt.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := empty(p); got != tt.want {
+			t.Errorf("empty(%q) = %v, want %v", tt.content, got, tt.want)
+		}
+	}
+	if !empty(filepath.Join(dir, "absent")) {
+		t.Error("no count file (conntrack not loaded) is not empty")
 	}
 }

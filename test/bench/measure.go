@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,26 @@ func conf(backend, ip string, port int) []byte {
 "runtimeConfig":{"portMappings":[{"hostPort":%d,"containerPort":80,"protocol":"tcp"},{"hostPort":%d,"containerPort":80,"protocol":"udp"}]},
 "prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/var/run/netns/bench"}],
  "ips":[{"address":"%s/16","interface":0}]}}`, backend, port, port, ip))
+}
+
+// confTCP is conf without the UDP mapping.
+func confTCP(backend, ip string, port int) []byte {
+	return bytes.Replace(conf(backend, ip, port), []byte(fmt.Sprintf(`,{"hostPort":%d,"containerPort":80,"protocol":"udp"}`, port)), nil, 1)
+}
+
+// verbs are the measured verbs: with the TCP and UDP mappings, then ADD
+// and DEL with the TCP mapping only.
+var verbs = []string{"ADD", "CHECK", "DEL", "ADD tcp", "DEL tcp"}
+
+// keepConntrackEntry sends one datagram to a port nothing listens on in
+// this namespace: conntrack keeps an unreplied entry for 30 s.
+func keepConntrackEntry() {
+	c, err := net.Dial("udp", "127.0.0.1:9")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte("x"))
 }
 
 // fillIP is the address of fill container i, in 10.244.0.0/16 (inside this
@@ -63,8 +84,13 @@ func measureVerbs(tb *benchTB, plugin, backend string, n, samples int) []latency
 	bin := binary(plugin)
 	fill(bin, backend, n)
 	probe := conf(backend, probeIP, probePort)
+	tcp := confTCP(backend, probeIP, probePort)
 	times := map[string][]float64{}
 	for range samples {
+		// A node's conntrack table is never empty; this namespace's would
+		// be, and the UDP mapping's flush would skip its walk. One
+		// unanswered datagram keeps an entry in it.
+		keepConntrackEntry()
 		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
 			d, err := invoke(bin, verb, "probe", probe)
 			if err != nil {
@@ -72,12 +98,25 @@ func measureVerbs(tb *benchTB, plugin, backend string, n, samples int) []latency
 			}
 			times[verb] = append(times[verb], ms(d))
 		}
+		// The same container with its TCP mapping only: no conntrack
+		// flush, so what is left is the plugin's start and its rules.
+		for _, verb := range []string{"ADD", "DEL"} {
+			d, err := invoke(bin, verb, "probe", tcp)
+			if err != nil {
+				fatalf("%v", err)
+			}
+			times[verb+" tcp"] = append(times[verb+" tcp"], ms(d))
+		}
 	}
 	var out []latency
-	for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+	for _, verb := range verbs {
+		stdin := probe
+		if strings.HasSuffix(verb, " tcp") {
+			stdin = tcp
+		}
 		out = append(out, latency{Plugin: plugin, Backend: backend, N: n, Verb: verb,
 			P50: percentile(times[verb], 50), P90: percentile(times[verb], 90),
-			Procs: countProcs(bin, verb, probe)})
+			Procs: countProcs(bin, strings.TrimSuffix(verb, " tcp"), stdin)})
 	}
 	// The probe was deleted last; leave the node as filled.
 	return out

@@ -57,7 +57,7 @@ func (r *report) ns() []int {
 func (r *report) rows() [][]string {
 	var rows [][]string
 	for _, be := range r.backends() {
-		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+		for _, verb := range verbs {
 			for _, n := range r.ns() {
 				o, u := r.find("ours", be, verb, n), r.find("upstream", be, verb, n)
 				if o == nil || u == nil {
@@ -83,7 +83,7 @@ func (r *report) growth() [][]string {
 	top := ns[len(ns)-1]
 	var rows [][]string
 	for _, be := range r.backends() {
-		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+		for _, verb := range verbs {
 			row := []string{be, verb}
 			for _, p := range plugins {
 				a, b := r.find(p, be, verb, 0), r.find(p, be, verb, top)
@@ -119,7 +119,7 @@ var connHead = []string{"backend", "plugin", "mappings", "via host port /s", "di
 func (r *report) text() string {
 	var b strings.Builder
 	b.WriteString(r.header())
-	b.WriteString("\nADD / CHECK / DEL of one more container (a TCP and a UDP mapping) with N containers mapped\n")
+	b.WriteString("\nADD / CHECK / DEL of one more container (a TCP and a UDP mapping; \"tcp\": the TCP one only) with N containers mapped\n")
 	b.WriteString(textTable(latencyHead, r.rows()))
 	if g := r.growth(); g != nil {
 		b.WriteString("\nGrowth with N (p50)\n")
@@ -131,6 +131,10 @@ func (r *report) text() string {
 	}
 	b.WriteString("\nNew TCP connections per second from a client namespace\n")
 	b.WriteString(textTable(connHead, r.connRows()))
+	if g := r.goals(); g != nil {
+		b.WriteString("\nGoals (this run)\n")
+		b.WriteString(textTable(goalHead, g))
+	}
 	return b.String()
 }
 
@@ -139,6 +143,7 @@ func (r *report) markdown() string {
 	b.WriteString("# Benchmark results\n\n")
 	b.WriteString(strings.ReplaceAll(r.header(), "\n", "\n\n"))
 	b.WriteString("### ADD / CHECK / DEL of one more container with N containers mapped\n\n")
+	b.WriteString("The container has a TCP and a UDP mapping (the UDP one makes ADD and DEL flush conntrack, which walks the kernel's whole conntrack hash); \"ADD tcp\" and \"DEL tcp\" are the same container with its TCP mapping only.\n\n")
 	b.WriteString(mdTable(latencyHead, r.rows()))
 	if g := r.growth(); g != nil {
 		b.WriteString("\n### Growth with N (p50)\n\n")
@@ -150,6 +155,10 @@ func (r *report) markdown() string {
 	}
 	b.WriteString("\n### New TCP connections per second\n\n")
 	b.WriteString(mdTable(connHead, r.connRows()))
+	if g := r.goals(); g != nil {
+		b.WriteString("\n### Goals (this run)\n\n")
+		b.WriteString(mdTable(goalHead, g))
+	}
 	b.WriteString("\n![latency against N](latency.svg)\n")
 	return b.String()
 }
@@ -258,6 +267,82 @@ func (r *report) syncRows() [][]string {
 		}
 		rows = append(rows, []string{s.Backend, fmt.Sprint(s.N), fmt.Sprintf("%.1f", s.NothingP50), ratio(s.NothingP50),
 			fmt.Sprintf("%.1f (%d samples)", s.RepairP50, s.RepairCount), ratio(s.RepairP50)})
+	}
+	return rows
+}
+
+// goalHead and goals are the speed goals of the netlink issue, each with
+// what this run measured: the table the README keeps.
+var goalHead = []string{"goal", "measured", "met"}
+
+func (r *report) goals() [][]string {
+	ns := r.ns()
+	if len(ns) < 2 || ns[0] != 0 {
+		return nil
+	}
+	top := ns[len(ns)-1]
+	var rows [][]string
+	add := func(goal, measured string, met bool) {
+		m := "no"
+		if met {
+			m = "yes"
+		}
+		rows = append(rows, []string{goal, measured, m})
+	}
+	floor := 0.0
+	for _, f := range r.Floor {
+		if f.Plugin == "ours" {
+			floor = f.P50
+		}
+	}
+	if a, c, d := r.find("ours", "nftables", "ADD", top), r.find("ours", "nftables", "CHECK", top), r.find("ours", "nftables", "DEL", top); a != nil && c != nil && d != nil {
+		add("nftables: processes per ADD / CHECK / DEL = 0 / 0 / 0", fmt.Sprintf("%d / %d / %d", a.Procs, c.Procs, d.Procs), a.Procs+c.Procs+d.Procs == 0)
+	}
+	for _, be := range r.backends() {
+		for _, verb := range verbs {
+			a, b := r.find("ours", be, verb, 0), r.find("ours", be, verb, top)
+			if a == nil || b == nil {
+				continue
+			}
+			ratio := b.P50 / a.P50
+			add(fmt.Sprintf("%s %s: p50 at N=%d ≤ 1.2× p50 at N=0", be, verb, top), fmt.Sprintf("%.2f×", ratio), ratio <= 1.2)
+		}
+	}
+	for _, be := range r.backends() {
+		for _, verb := range []string{"ADD", "ADD tcp"} {
+			if a := r.find("ours", be, verb, top); a != nil && floor > 0 {
+				ratio := a.P50 / floor
+				add(fmt.Sprintf("%s %s: p50 at N=%d ≤ 1.5× VERSION p50 (%.1f ms)", be, verb, top, floor), fmt.Sprintf("%.2f×", ratio), ratio <= 1.5)
+			}
+		}
+	}
+	for _, verb := range []string{"CHECK", "DEL"} {
+		if o, u := r.find("ours", "nftables", verb, top), r.find("upstream", "nftables", verb, top); o != nil && u != nil {
+			ratio := o.P50 / u.P50
+			add(fmt.Sprintf("nftables %s: p50 at N=%d ≤ 0.15× upstream", verb, top), fmt.Sprintf("%.2f×", ratio), ratio <= 0.15)
+		}
+	}
+	if o, u, z := r.find("ours", "iptables", "ADD", top), r.find("upstream", "iptables", "ADD", top), r.find("ours", "iptables", "ADD", 0); o != nil && u != nil && z != nil {
+		add(fmt.Sprintf("iptables ADD: p50 at N=%d ≤ 0.12× upstream", top), fmt.Sprintf("%.2f×", o.P50/u.P50), o.P50/u.P50 <= 0.12)
+		add(fmt.Sprintf("iptables ADD: p50 at N=%d ≤ 1.5× ours at N=0", top), fmt.Sprintf("%.2f×", o.P50/z.P50), o.P50/z.P50 <= 1.5)
+		add("iptables: processes per ADD = 1", fmt.Sprint(o.Procs), o.Procs == 1)
+	}
+	for _, be := range r.backends() {
+		var at0, atN *connRate
+		for i := range r.Conns {
+			c := &r.Conns[i]
+			if c.Plugin == "ours" && c.Backend == be {
+				if c.N == 0 {
+					at0 = c
+				} else {
+					atN = c
+				}
+			}
+		}
+		if at0 != nil && atN != nil && at0.Direct > 0 && atN.Direct > 0 {
+			rel := (atN.HostPort / atN.Direct) / (at0.HostPort / at0.Direct)
+			add(fmt.Sprintf("%s data path: (host port ÷ direct) at N=%d ≥ 0.95× at N=0", be, atN.N), fmt.Sprintf("%.2f×", rel), rel >= 0.95)
+		}
 	}
 	return rows
 }

@@ -57,7 +57,7 @@ func skeletonTx(p *plan.Plan) string {
 // addTx is the fast-path ADD transaction, as Apply sends it.
 func addTx(p *plan.Plan) string { return fastAddTx(p).Text() }
 
-func delTx(p *plan.Plan) string { return fastDelTx(p).Text() }
+func delTx(p *plan.Plan) string { return fastDelTx(p.Family, ChainName(p.Owner), Keys(p)).Text() }
 
 func TestGoldenTransactions(t *testing.T) {
 	tests := []struct{ name, got string }{
