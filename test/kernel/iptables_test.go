@@ -147,9 +147,10 @@ func TestSameIPOwnership(t *testing.T) {
 	}
 }
 
-// TestSteadyStateIsOneProcess: once the shared chains exist, ADD and DEL of
-// an attachment are one iptables-restore each and list nothing, with 0 or
-// 300 other attachments installed.
+// TestSteadyStateIsOneProcess: once the shared chains exist, ADD of an
+// attachment is one iptables-restore and lists nothing, and DEL (iptables
+// here is iptables-nft) runs no process at all: one nf_tables transaction
+// over netlink — with 0 or 300 other attachments installed.
 func TestSteadyStateIsOneProcess(t *testing.T) {
 	nettest.ResetNAT(t)
 	b, c := backend(t, plan.IPv4)
@@ -169,8 +170,11 @@ func TestSteadyStateIsOneProcess(t *testing.T) {
 		if err := b.Remove(p); err != nil {
 			t.Fatal(err)
 		}
-		if c.restores != 1 || c.lists != 0 {
-			t.Errorf("%s: DEL ran %d restores, %d listings; want 1, 0", label, c.restores, c.lists)
+		if c.restores != 0 || c.lists != 0 || c.ensures != 0 {
+			t.Errorf("%s: DEL ran %d restores, %d listings, %d ensures; want none", label, c.restores, c.lists, c.ensures)
+		}
+		if rules := nettest.Save(t, 4); strings.Contains(rules, iptables.ChainName(p.Owner)) {
+			t.Errorf("%s: DEL left the attachment:\n%s", label, rules)
 		}
 	}
 	measure("0 others")
@@ -233,5 +237,66 @@ func TestUpstreamLeftoversRemoved(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWitnessChains: ADD's fast path reads no rule; what vouches for the
+// shared rules is each mark bit's empty witness chain. A plan with another
+// markMasqBit goes to the slow path once and gets its bit's rules; a node
+// whose skeleton predates the witness (or lost it) goes to the slow path
+// once and gets it back; and what the fast path no longer proves — a
+// flush that left our chains but not their rules — CHECK reports.
+func TestWitnessChains(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, c := backend(t, plan.IPv4)
+	add := func(p *plan.Plan) int {
+		t.Helper()
+		*c = counting{Kernel: c.Kernel}
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+		return c.restores + c.lists + c.ensures
+	}
+	if n := add(mkPlan("net1", "a", "192.0.2.2/24", 8080)); n == 1 {
+		t.Fatal("the first ADD on a node took the fast path")
+	}
+	if n := add(mkPlan("net1", "b", "192.0.2.3/24", 8081)); n != 1 {
+		t.Errorf("a second ADD of the same bit: %d operations, want the fast path (1)", n)
+	}
+	bit5 := mkPlan("net1", "c", "192.0.2.4/24", 8082)
+	bit5.Masquerade.MarkBit = 5
+	if n := add(bit5); n == 1 {
+		t.Error("an ADD with bit 5 on a bit-13 node took the fast path")
+	}
+	rules := nettest.Save(t, 4)
+	for _, w := range []string{"--set-xmark 0x20/0x20", "--mark 0x20/0x20 -j MASQUERADE", ":" + iptables.WitnessChain(5), ":" + iptables.WitnessChain(13)} {
+		if !strings.Contains(rules, w) {
+			t.Errorf("no %q after ADD of bit 5:\n%s", w, rules)
+		}
+	}
+	if err := b.Check(bit5); err != nil {
+		t.Errorf("CHECK of bit 5: %v", err)
+	}
+
+	// A skeleton without the witness (made before it existed): one slow
+	// path brings it back.
+	nettest.Run(t, "iptables", "-t", "nat", "-X", iptables.WitnessChain(13))
+	if n := add(mkPlan("net1", "d", "192.0.2.5/24", 8083)); n == 1 {
+		t.Error("ADD without the witness took the fast path")
+	}
+	if n := add(mkPlan("net1", "e", "192.0.2.6/24", 8084)); n != 1 {
+		t.Errorf("ADD after the witness came back: %d operations, want 1", n)
+	}
+
+	// A flush leaves our chains (the witness too) and removes their rules:
+	// the fast path succeeds, CHECK names what is missing (sync repairs it;
+	// see the e2e sync tests).
+	nettest.Run(t, "iptables", "-t", "nat", "-F")
+	f := mkPlan("net1", "f", "192.0.2.7/24", 8085)
+	if n := add(f); n != 1 {
+		t.Errorf("ADD after a flush: %d operations", n)
+	}
+	if err := b.Check(f); err == nil || !strings.Contains(err.Error(), "PREROUTING") {
+		t.Errorf("CHECK after a flush: %v, want the missing PREROUTING jump named", err)
 	}
 }

@@ -59,9 +59,32 @@ func TestApplySlowPathReplaces(t *testing.T) {
 	if strings.Contains(p, "-N ") {
 		t.Errorf("replace payload creates with -N:\n%s", p)
 	}
+	// The witness of bit 13 comes after every shared rule it vouches for.
+	if last := k.ensures[len(k.ensures)-1]; last != "chain "+WitnessChain(13) {
+		t.Errorf("ensured %q; want the witness chain last", k.ensures)
+	}
 
 	if err := b.Apply(plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)); err == nil {
 		t.Error("Apply without a container address succeeded")
+	}
+}
+
+// TestWitnessPerBit: the fast path of a plan stands on its own mark bit's
+// witness chain, so a node whose skeleton was made for another bit sends
+// it to the slow path, which ensures that bit's rules.
+func TestWitnessPerBit(t *testing.T) {
+	c, _, _ := syncPlans("192.0.2.7")
+	c.Owner.ContainerID = "new"
+	c.Masquerade.MarkBit = 5
+	b, k, locks := lockedBackend(t, "-F "+WitnessChain(5))
+	if err := b.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	if *locks != 1 || !strings.Contains(strings.Join(k.ensures, "\n"), "--set-xmark 0x20/0x20") || k.ensures[len(k.ensures)-1] != "chain "+WitnessChain(5) {
+		t.Errorf("bit 5 on a bit-13 node: locks %d, ensures %q; want its rules, then its witness", *locks, k.ensures)
+	}
+	if _, nat, _ := strings.Cut(AddScript(c), "*nat\n"); strings.Contains(nat, "-C ") || !strings.Contains(nat, "-F "+WitnessChain(5)+"\n") {
+		t.Errorf("fast path's nat section checks rules, or not the witness:\n%s", nat)
 	}
 }
 
@@ -77,6 +100,29 @@ func TestApplySlowPathNamesTheFailingLine(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
+	t.Run("iptables-nft: over netlink, no process", func(t *testing.T) {
+		for _, found := range []bool{true, false} {
+			b, k, locks := lockedBackend(t, "")
+			k.unlink = func(string) (bool, error) { return found, nil }
+			bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
+			if err := b.Remove(bare); err != nil {
+				t.Fatal(err)
+			}
+			if len(k.restores) != 0 || *locks != 0 || len(k.unlinked) != 1 || k.unlinked[0] != TopLevelDNATChain+" -> "+ChainName(a.Owner) {
+				t.Errorf("found %v: restores %q, locks %d, unlinked %q; want one unlink, nothing else", found, k.restores, *locks, k.unlinked)
+			}
+		}
+	})
+	t.Run("iptables-nft: a failed transaction goes to the slow path", func(t *testing.T) {
+		b, k, locks := lockedBackend(t, "")
+		k.unlink = func(string) (bool, error) { return true, errors.New("device or resource busy") }
+		if err := b.Remove(a); err != nil {
+			t.Fatal(err)
+		}
+		if *locks != 1 || len(k.restores) != 1 || !strings.Contains(k.restores[0], "-X "+ChainName(a.Owner)) {
+			t.Errorf("restores %q, locks %d; want the slow path's one restore", k.restores, *locks)
+		}
+	})
 	t.Run("fast path", func(t *testing.T) {
 		b, k, locks := lockedBackend(t, "")
 		if err := b.Remove(a); err != nil {

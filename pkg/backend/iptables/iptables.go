@@ -13,10 +13,12 @@
 //	POSTROUTING:          -j CNI-HOSTPORT-MASQ   (at the top)
 //	CNI-HOSTPORT-MASQ:    -m mark --mark 0x2000/0x2000 -j MASQUERADE
 //
-// ADD's fast path is a single iptables-restore that checks the shared rules
-// with -C, creates the attachment's chain with -N (which fails if it exists)
-// and inserts its entry rules: it never lists or rewrites other attachments'
-// rules and spawns one process whatever the number of containers. When it
+// ADD's fast path is a single iptables-restore that flushes the mark bit's
+// empty witness chain (failing unless the bit's shared rules were
+// ensured), creates the attachment's chain with -N (which fails if it
+// exists) and inserts its entry rules: it never lists, checks (-C) or
+// rewrites other attachments' rules and spawns one process whatever the
+// number of containers. When it
 // fails (fresh node, re-ADD, leftovers) the slow path runs under the
 // host-wide lock: ensure the shared chains and jumps (check, then insert, so
 // racing ADDs never duplicate them), find the entry rules that point at the
@@ -52,6 +54,11 @@ type Kernel interface {
 	EnsureChain(c Chain) error
 	// EnsureRule adds r if no identical rule exists.
 	EnsureRule(r Rule) error
+	// Unlink removes chain and the rules of parent that jump to it in one
+	// transaction, over nf_tables netlink: no process, no rule cache.
+	// found is false when the chain does not exist. It fails with
+	// ErrLegacy when the tables are iptables-legacy's.
+	Unlink(parent, chain string) (found bool, err error)
 }
 
 // Backend applies plans of one family.
@@ -102,6 +109,12 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
 		}
 	}
+	// Last: the witness says the rules above exist.
+	if c, ok := witness(p); ok {
+		if err := b.Kernel.EnsureChain(c); err != nil {
+			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+		}
+	}
 	refs, _, err := b.refs(p)
 	if err != nil {
 		return err
@@ -114,10 +127,17 @@ func (b *Backend) Apply(p *plan.Plan) error {
 }
 
 // Remove deletes the attachment's chain and entry rules; it is idempotent.
-// With mappings in the plan it first tries to delete exactly the rules ADD
-// made, in one process; otherwise (or when those differ) it looks them up.
+// With iptables-nft it does so over netlink, in one transaction and no
+// process, and writes nothing when the chain is not there (a family the
+// container never had, a second DEL). With iptables-legacy, when the plan
+// has mappings, it first tries to delete exactly the rules ADD made, in
+// one process. Otherwise (or when either fails) it looks them up.
 func (b *Backend) Remove(p *plan.Plan) error {
-	if !p.Empty() {
+	_, err := b.Kernel.Unlink(TopLevelDNATChain, ChainName(p.Owner))
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrLegacy) && !p.Empty() {
 		if err := b.Kernel.Restore(delPayload(p, EntryRules(p), nil).bytes()); err == nil {
 			return nil
 		}
@@ -205,7 +225,9 @@ func (e *RestoreError) Unwrap() error { return e.Err }
 // execKernel runs the real tools: iptables-restore for writes, go-iptables
 // for the slow path's checks and listings.
 type execKernel struct {
+	family  plan.Family
 	table   string // the table ListTable lists
+	nft     bool   // the tools are iptables-nft: the tables are nf_tables'
 	restore string
 	list    string
 	proto   goiptables.Protocol
@@ -229,7 +251,14 @@ func newExecKernel(f plan.Family, table string) (*execKernel, error) {
 	if f == plan.IPv6 {
 		proto, list = goiptables.ProtocolIPv6, "ip6tables"
 	}
-	return &execKernel{table: table, restore: path, list: list, proto: proto}, nil
+	return &execKernel{family: f, table: table, nft: nfTablesTools(path), restore: path, list: list, proto: proto}, nil
+}
+
+func (k *execKernel) Unlink(parent, chain string) (bool, error) {
+	if !k.nft || k.table != Table {
+		return false, ErrLegacy
+	}
+	return unlink(k.family, parent, chain)
 }
 
 func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }

@@ -174,6 +174,25 @@ func ChainRules(p *plan.Plan) []Rule {
 	return rules
 }
 
+// WitnessChain is an empty nat chain that exists once the mark and
+// masquerade rules of bit have been ensured: the slow path makes it after
+// them. ADD's fast path flushes it — a no-op that fails while it is
+// missing — instead of checking those rules with -C: any -C in the
+// restore that also inserts into CNI-HOSTPORT-DNAT makes iptables-nft
+// fetch every rule of that chain, which grows with the number of
+// attachments. One per bit, so an attachment with another markMasqBit
+// never takes a node's skeleton for its own.
+func WitnessChain(bit int) string { return fmt.Sprintf("CNI-HOSTPORT-BIT%d", bit) }
+
+// witness is the plan's witness chain, when it masquerades with this
+// layout's mark chains.
+func witness(p *plan.Plan) (Chain, bool) {
+	if !ownMarkChains(p) {
+		return Chain{}, false
+	}
+	return Chain{Table, WitnessChain(p.Masquerade.MarkBit)}, true
+}
+
 // ownMarkChains reports whether p uses the SETMARK and MASQ chains of this
 // layout (masquerading without an externalSetMarkChain).
 func ownMarkChains(p *plan.Plan) bool {

@@ -123,13 +123,21 @@ func quoteArg(a string) string {
 }
 
 // addPayload is the fast path of ADD for an attachment with no chain yet:
-// it checks that the shared rules exist, creates the attachment's chain
-// (failing if it exists), fills it and inserts the entry rules. It succeeds
-// or changes nothing; on failure the caller takes the slow path.
+// it checks the localhost guard (filter table: cheap), flushes the mark
+// bit's empty witness chain (which fails unless that bit's mark and
+// masquerade rules were ensured), creates the attachment's chain (failing
+// if it exists), fills it — its jumps fail without the mark chain — and
+// inserts the entry rules, which fails without CNI-HOSTPORT-DNAT. It reads
+// no rule of the nat table, so its cost does not grow with the number of
+// attachments. It succeeds or changes nothing; on failure the caller takes
+// the slow path, which ensures everything. What it no longer proves is
+// that the jumps from PREROUTING, OUTPUT and POSTROUTING and the bit's
+// rules are still there after someone deleted them while our chains
+// survived (iptables -t nat -F): CHECK reports that, sync repairs it.
 func addPayload(p *plan.Plan) *payload {
 	pl := guardPayload(p)
-	for _, r := range SharedRules(p) {
-		pl.rule("-C", r)
+	if c, ok := witness(p); ok {
+		pl.line("-F "+c.Name, "witness chain "+c.Name)
 	}
 	chain := ChainName(p.Owner)
 	pl.line("-N "+chain, "new chain "+chain)

@@ -59,6 +59,16 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 	sharedBroken := ck.shared
 	cascade(want, broken, rep)
+	// Witness chains are made last, once what they vouch for is written.
+	var witnesses []Chain
+	seenW := map[string]bool{}
+	for _, p := range want {
+		if c, ok := witness(p); ok && !lt.chains[c.Name] && !seenW[c.Name] {
+			seenW[c.Name] = true
+			witnesses = append(witnesses, c)
+			rep.Shared = append(rep.Shared, "chain "+c.Name+" missing")
+		}
+	}
 
 	wanted := map[string]bool{}
 	for _, p := range want {
@@ -70,7 +80,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		rep.Shared = append(rep.Shared, sharedBroken)
 	}
 	prune := o.Prune && len(orphans) > 0
-	if o.DryRun || (len(broken) == 0 && sharedBroken == "" && !prune) {
+	if o.DryRun || (len(broken) == 0 && sharedBroken == "" && !prune && len(witnesses) == 0) {
 		return rep, nil
 	}
 
@@ -100,6 +110,11 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			pl.line(":"+chain+" - [0:0]", "chain "+chain)
 			pl.line("-X "+chain, "delete chain "+chain)
 		}
+	}
+	// Last in the restore, which is all or nothing: by then the shared
+	// rules are ensured or in the restore above.
+	for _, c := range witnesses {
+		pl.line("-N "+c.Name, "new chain "+c.Name)
 	}
 	if len(pl.what) == 1 { // only the table line: nothing to write
 		return rep, nil

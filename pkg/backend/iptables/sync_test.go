@@ -13,12 +13,23 @@ import (
 
 // fakeKernel answers a canned listing and records what is written. A
 // restore whose payload holds failOn fails naming that line, as
-// iptables-restore does.
+// iptables-restore does. Its tables are iptables-legacy's unless unlink
+// is set: then Unlink answers with it and records the chain.
 type fakeKernel struct {
 	lines    []string
 	restores []string
 	ensures  []string
 	failOn   string
+	unlink   func(chain string) (bool, error)
+	unlinked []string
+}
+
+func (k *fakeKernel) Unlink(parent, chain string) (bool, error) {
+	if k.unlink == nil {
+		return false, ErrLegacy
+	}
+	k.unlinked = append(k.unlinked, parent+" -> "+chain)
+	return k.unlink(chain)
 }
 
 func (k *fakeKernel) Restore(p []byte) error {
@@ -225,8 +236,8 @@ func TestSyncChainMissing(t *testing.T) {
 			t.Errorf("%+v, want repaired: chain missing", r)
 		}
 	}
-	if len(rep.Shared) != 1 {
-		t.Errorf("shared %q", rep.Shared)
+	if len(rep.Shared) != 2 || rep.Shared[0] != "chain CNI-HOSTPORT-BIT13 missing" {
+		t.Errorf("shared %q, want the witness and the rules", rep.Shared)
 	}
 	for _, e := range k.ensures {
 		if !strings.Contains(e, "GUARD") {
@@ -243,8 +254,9 @@ func TestSyncChainMissing(t *testing.T) {
 			t.Errorf("repair payload lacks %q:\n%s", w, last)
 		}
 	}
-	if strings.Count(last, ":CNI-DN-") != 2 || strings.Index(last, "-N CNI-HOSTPORT-SETMARK") > strings.Index(last, ":CNI-DN-") {
-		t.Errorf("repair payload (shared chains first, then both attachments):\n%s", last)
+	if strings.Count(last, ":CNI-DN-") != 2 || strings.Index(last, "-N CNI-HOSTPORT-SETMARK") > strings.Index(last, ":CNI-DN-") ||
+		!strings.HasSuffix(last, "-N CNI-HOSTPORT-BIT13\nCOMMIT\n") {
+		t.Errorf("repair payload (shared chains first, then both attachments, the witness last):\n%s", last)
 	}
 }
 

@@ -430,16 +430,9 @@ func decodeRule(f plan.Family, b []byte) RuleState {
 				break
 			}
 			vd, _ := nfnl.Find(imm.Value, unix.NFTA_DATA_VERDICT)
-			vattrs := nfnl.Parse(vd)
-			var code int32
-			for _, x := range vattrs {
-				if x.Type == unix.NFTA_VERDICT_CODE {
-					code = int32(x.U32())
-				}
-			}
-			switch code {
+			switch code, chain := nfnl.Verdict(vd); code {
 			case unix.NFT_JUMP, unix.NFT_GOTO:
-				r.Jump = str(vattrs, unix.NFTA_VERDICT_CHAIN)
+				r.Jump = chain
 			case nfDrop:
 				r.Drop = true
 			}

@@ -1,0 +1,86 @@
+package iptables
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// ErrLegacy says the iptables tools are iptables-legacy: their tables are
+// not nf_tables, and only the tools reach them.
+var ErrLegacy = errors.New("iptables-legacy tables: not reachable over nf_tables netlink")
+
+// nfTablesTools reports whether the restore tool at path is iptables-nft
+// (xtables-nft-multi, whatever the alternatives links are called): its
+// tables are nf_tables tables, "ip nat" and "ip6 nat".
+func nfTablesTools(path string) bool {
+	real, err := filepath.EvalSymlinks(path)
+	return err == nil && strings.Contains(filepath.Base(real), "nft")
+}
+
+func nftMsg(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
+
+// unlink removes chain of the nat table of family f, and the rules of
+// parent that jump to it, in one nf_tables transaction, without running
+// iptables: iptables-nft's nat table is an nf_tables table, and deleting
+// rules by handle needs no rule cache (iptables' -D by rule spec fetches
+// every rule of parent). found is false when the chain does not exist.
+func unlink(f plan.Family, parent, chain string) (found bool, err error) {
+	c, err := nfnl.Open()
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	fam := uint8(unix.NFPROTO_IPV4)
+	if f == plan.IPv6 {
+		fam = unix.NFPROTO_IPV6
+	}
+	var get nfnl.Attrs
+	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	_, errs, err := c.Get([]nfnl.Msg{{Type: nftMsg(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()}})
+	if err != nil {
+		return false, err
+	}
+	if errors.Is(errs[0], unix.ENOENT) {
+		return false, nil // no table or no chain: nothing to remove
+	}
+	if errs[0] != nil {
+		return false, fmt.Errorf("get chain %s: %w", chain, errs[0])
+	}
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+	rules, err := c.Dump(nfnl.Msg{Type: nftMsg(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	if err != nil {
+		return true, fmt.Errorf("list rules of %s: %w", parent, err)
+	}
+	var msgs []nfnl.Msg
+	for _, r := range rules {
+		handle, jumps := nfnl.RuleJumps(r.Attrs)
+		for _, j := range jumps {
+			if j == chain && handle != 0 {
+				var a nfnl.Attrs
+				a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+				a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
+				msgs = append(msgs, nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
+				break
+			}
+		}
+	}
+	var flush, del nfnl.Attrs
+	flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
+	del.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	msgs = append(msgs,
+		nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELRULE), Family: fam, Attrs: flush.Bytes()},
+		nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELCHAIN), Family: fam, Attrs: del.Bytes()})
+	if err := c.Batch(msgs, true); err != nil {
+		return true, fmt.Errorf("remove chain %s and %d rules of %s: %w", chain, len(msgs)-2, parent, err)
+	}
+	return true, nil
+}
