@@ -36,6 +36,7 @@ import (
 	goiptables "github.com/coreos/go-iptables/iptables"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -228,6 +229,7 @@ type execKernel struct {
 	family  plan.Family
 	table   string // the table ListTable lists
 	nft     bool   // the tools are iptables-nft: the tables are nf_tables'
+	nl      *nfnl.Conn
 	restore string
 	list    string
 	proto   goiptables.Protocol
@@ -258,7 +260,14 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	if !k.nft || k.table != Table {
 		return false, ErrLegacy
 	}
-	return unlink(k.family, parent, chain)
+	if k.nl == nil {
+		c, err := nfnl.Open()
+		if err != nil {
+			return false, err
+		}
+		k.nl = c
+	}
+	return unlink(k.nl, k.family, parent, chain)
 }
 
 func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }

@@ -31,13 +31,14 @@ func nftMsg(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
 // parent that jump to it, in one nf_tables transaction, without running
 // iptables: iptables-nft's nat table is an nf_tables table, and deleting
 // rules by handle needs no rule cache (iptables' -D by rule spec fetches
-// every rule of parent). found is false when the chain does not exist.
-func unlink(f plan.Family, parent, chain string) (found bool, err error) {
-	c, err := nfnl.Open()
-	if err != nil {
-		return false, err
-	}
-	defer c.Close()
+// every rule of parent and parses it). found is false when the chain does
+// not exist.
+//
+// The socket c stays open for the life of the process: closing a
+// netfilter socket after a deletion waits for the kernel to free what was
+// deleted (an RCU grace period, ~15 ms here), which the process's exit
+// pays anyway — later, overlapping its other work.
+func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err error) {
 	fam := uint8(unix.NFPROTO_IPV4)
 	if f == plan.IPv6 {
 		fam = unix.NFPROTO_IPV6
