@@ -2,6 +2,7 @@ package nfnl
 
 import (
 	"encoding/binary"
+	"iter"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -52,20 +53,32 @@ type Attr struct {
 // Parse decodes a sequence of attributes; a truncated tail is ignored.
 func Parse(b []byte) []Attr {
 	var out []Attr
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		if l < 4 || l > len(b) {
-			break
-		}
-		out = append(out, Attr{Type: binary.NativeEndian.Uint16(b[2:4]) & nlaTypeMask, Value: b[4:l]})
-		b = b[min(align(l), len(b)):]
+	for a := range All(b) {
+		out = append(out, a)
 	}
 	return out
 }
 
+// All yields the attributes of b one by one, without allocating (reading
+// a table of a thousand attachments decodes tens of thousands).
+func All(b []byte) iter.Seq[Attr] {
+	return func(yield func(Attr) bool) {
+		for len(b) >= 4 {
+			l := int(binary.NativeEndian.Uint16(b[0:2]))
+			if l < 4 || l > len(b) {
+				return
+			}
+			if !yield(Attr{Type: binary.NativeEndian.Uint16(b[2:4]) & nlaTypeMask, Value: b[4:l]}) {
+				return
+			}
+			b = b[min(align(l), len(b)):]
+		}
+	}
+}
+
 // Find returns the value of the first attribute typ in b.
 func Find(b []byte, typ uint16) ([]byte, bool) {
-	for _, a := range Parse(b) {
+	for a := range All(b) {
 		if a.Type == typ {
 			return a.Value, true
 		}

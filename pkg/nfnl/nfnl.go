@@ -225,8 +225,10 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 	}
 	var out []Reply
 	interrupted := false
-	buf := make([]byte, 256<<10)
 	for {
+		// A fresh buffer per read: the replies keep slices of it. The
+		// kernel fills at most 32 KiB per read of a dump.
+		buf := make([]byte, 32<<10)
 		n, _, err := unix.Recvfrom(c.fd, buf, 0)
 		if err != nil {
 			return nil, fmt.Errorf("read nf_tables dump: %w", err)
@@ -249,7 +251,7 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 					return nil, e
 				}
 			default:
-				out = append(out, Reply{Type: m.typ, Family: m.family, Attrs: append([]byte(nil), m.attrs...)})
+				out = append(out, Reply{Type: m.typ, Family: m.family, Attrs: m.attrs})
 			}
 		}
 	}

@@ -358,8 +358,8 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 // decodeRule reads what RuleState holds out of a rule message.
 func decodeRule(f plan.Family, b []byte) RuleState {
 	var r RuleState
-	attrs := nfnl.Parse(b)
-	for _, a := range attrs {
+	var list []byte
+	for a := range nfnl.All(b) {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
 			if len(a.Value) == 8 {
@@ -367,48 +367,47 @@ func decodeRule(f plan.Family, b []byte) RuleState {
 			}
 		case nftaRuleUserdata:
 			r.Comment = commentOf(a.Value, true)
+		case unix.NFTA_RULE_EXPRESSIONS:
+			list = a.Value
 		}
 	}
-	list, _ := nfnl.Find(b, unix.NFTA_RULE_EXPRESSIONS)
-	regs := map[uint32][]byte{}
+	var regs [16][]byte // by register number; nat reads the ones immediates loaded
 	saddrOffset, addrLen := addrOffset(f, false)
 	var load struct {
-		ok       bool
-		off, len uint32
-		mask     []byte
+		ok   bool
+		len  uint32
+		mask []byte
 	}
-	for _, le := range nfnl.Parse(list) {
-		name := str(nfnl.Parse(le.Value), unix.NFTA_EXPR_NAME)
-		data, _ := nfnl.Find(le.Value, unix.NFTA_EXPR_DATA)
-		d := nfnl.Parse(data)
-		get := func(t uint16) (nfnl.Attr, bool) {
-			for _, x := range d {
-				if x.Type == t {
-					return x, true
-				}
+	for le := range nfnl.All(list) {
+		var name string
+		var data []byte
+		for x := range nfnl.All(le.Value) {
+			switch x.Type {
+			case unix.NFTA_EXPR_NAME:
+				name = x.String()
+			case unix.NFTA_EXPR_DATA:
+				data = x.Value
 			}
-			return nfnl.Attr{}, false
+		}
+		u32 := func(t uint16) uint32 {
+			v, _ := nfnl.Find(data, t)
+			return nfnl.Attr{Value: v}.U32()
 		}
 		value := func(t uint16) []byte {
-			x, _ := get(t)
-			v, _ := nfnl.Find(x.Value, unix.NFTA_DATA_VALUE)
+			x, _ := nfnl.Find(data, t)
+			v, _ := nfnl.Find(x, unix.NFTA_DATA_VALUE)
 			return v
 		}
 		switch name {
 		case "payload":
-			base, _ := get(unix.NFTA_PAYLOAD_BASE)
-			off, _ := get(unix.NFTA_PAYLOAD_OFFSET)
-			l, _ := get(unix.NFTA_PAYLOAD_LEN)
-			load.ok = base.U32() == unix.NFT_PAYLOAD_NETWORK_HEADER && off.U32() == saddrOffset
-			load.off, load.len, load.mask = off.U32(), l.U32(), nil
+			load.ok = u32(unix.NFTA_PAYLOAD_BASE) == unix.NFT_PAYLOAD_NETWORK_HEADER && u32(unix.NFTA_PAYLOAD_OFFSET) == saddrOffset
+			load.len, load.mask = u32(unix.NFTA_PAYLOAD_LEN), nil
 		case "bitwise":
 			load.mask = value(unix.NFTA_BITWISE_MASK)
 		case "cmp":
-			op, _ := get(unix.NFTA_CMP_OP)
-			if load.ok && op.U32() == unix.NFT_CMP_EQ {
-				v := value(unix.NFTA_CMP_DATA)
+			if load.ok && u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
 				ip := make(net.IP, addrLen)
-				copy(ip, v)
+				copy(ip, value(unix.NFTA_CMP_DATA))
 				ones := int(load.len) * 8
 				if load.mask != nil {
 					ones = 0
@@ -422,14 +421,14 @@ func decodeRule(f plan.Family, b []byte) RuleState {
 			}
 			load.ok = false
 		case "immediate":
-			dreg, _ := get(unix.NFTA_IMMEDIATE_DREG)
-			imm, _ := get(unix.NFTA_IMMEDIATE_DATA)
-			if dreg.U32() != regVerdict {
-				v, _ := nfnl.Find(imm.Value, unix.NFTA_DATA_VALUE)
-				regs[dreg.U32()] = v
+			imm, _ := nfnl.Find(data, unix.NFTA_IMMEDIATE_DATA)
+			if dreg := u32(unix.NFTA_IMMEDIATE_DREG); dreg != regVerdict {
+				if v, ok := nfnl.Find(imm, unix.NFTA_DATA_VALUE); ok && dreg < uint32(len(regs)) {
+					regs[dreg] = v
+				}
 				break
 			}
-			vd, _ := nfnl.Find(imm.Value, unix.NFTA_DATA_VERDICT)
+			vd, _ := nfnl.Find(imm, unix.NFTA_DATA_VERDICT)
 			switch code, chain := nfnl.Verdict(vd); code {
 			case unix.NFT_JUMP, unix.NFT_GOTO:
 				r.Jump = chain
@@ -437,26 +436,23 @@ func decodeRule(f plan.Family, b []byte) RuleState {
 				r.Drop = true
 			}
 		case "nat":
-			typ, _ := get(unix.NFTA_NAT_TYPE)
-			ar, _ := get(unix.NFTA_NAT_REG_ADDR_MIN)
-			pr, _ := get(unix.NFTA_NAT_REG_PROTO_MIN)
-			if typ.U32() == unix.NFT_NAT_DNAT {
-				ip := net.IP(regs[ar.U32()])
+			ar, pr := u32(unix.NFTA_NAT_REG_ADDR_MIN), u32(unix.NFTA_NAT_REG_PROTO_MIN)
+			if u32(unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(regs)) && pr < uint32(len(regs)) {
 				port := 0
-				if p := regs[pr.U32()]; len(p) >= 2 {
+				if p := regs[pr]; len(p) >= 2 {
 					port = int(binary.BigEndian.Uint16(p))
 				}
-				r.DNAT = net.JoinHostPort(ip.String(), strconv.Itoa(port))
+				r.DNAT = net.JoinHostPort(net.IP(regs[ar]).String(), strconv.Itoa(port))
 			}
 		case "lookup":
-			if _, ok := get(unix.NFTA_LOOKUP_DREG); ok {
-				s, _ := get(unix.NFTA_LOOKUP_SET)
-				r.Lookup = s.String()
+			if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
+				s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
+				r.Lookup = nfnl.Attr{Value: s}.String()
 			}
 		case "masq":
 			r.Masq = true
 		case "meta":
-			if _, ok := get(unix.NFTA_META_SREG); ok {
+			if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
 				r.SetMark = true
 			}
 		case "fib":
