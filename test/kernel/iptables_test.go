@@ -2,10 +2,14 @@ package kernel
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -298,5 +302,34 @@ func TestWitnessChains(t *testing.T) {
 	}
 	if err := b.Check(f); err == nil || !strings.Contains(err.Error(), "PREROUTING") {
 		t.Errorf("CHECK after a flush: %v, want the missing PREROUTING jump named", err)
+	}
+}
+
+// TestLegacyTableKeepsTheTools: in a namespace where iptables-legacy holds
+// a nat table, DEL does not go over nf_tables netlink (those rules are not
+// nf_tables'); where none is, it does, and a missing chain is no error.
+func TestLegacyTableKeepsTheTools(t *testing.T) {
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Fatalf("iptables-legacy: %v (Debian's iptables package has it)", err)
+	}
+	n := nettest.NewNS(t)
+	err := n.Do(func(ns.NetNS) error {
+		b, err := iptables.New(plan.IPv4)
+		if err != nil {
+			return err
+		}
+		if found, err := b.Kernel.Unlink(iptables.TopLevelDNATChain, "CNI-DN-nothing"); found || err != nil {
+			return fmt.Errorf("no legacy table: Unlink of a missing chain = %v, %v; want false, nil", found, err)
+		}
+		if out, err := exec.Command("iptables-legacy", "-t", "nat", "-S").CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables-legacy: %v: %s", err, out)
+		}
+		if _, err := b.Kernel.Unlink(iptables.TopLevelDNATChain, "CNI-DN-nothing"); !errors.Is(err, iptables.ErrLegacy) {
+			return fmt.Errorf("with a legacy nat table: Unlink = %v, want ErrLegacy", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

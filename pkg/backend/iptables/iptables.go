@@ -58,7 +58,7 @@ type Kernel interface {
 	// Unlink removes chain and the rules of parent that jump to it in one
 	// transaction, over nf_tables netlink: no process, no rule cache.
 	// found is false when the chain does not exist. It fails with
-	// ErrLegacy when the tables are iptables-legacy's.
+	// ErrLegacy when this namespace has an iptables-legacy table.
 	Unlink(parent, chain string) (found bool, err error)
 }
 
@@ -128,7 +128,8 @@ func (b *Backend) Apply(p *plan.Plan) error {
 }
 
 // Remove deletes the attachment's chain and entry rules; it is idempotent.
-// With iptables-nft it does so over netlink, in one transaction and no
+// Unless an iptables-legacy table is in use, it does so over netlink (the
+// rules iptables-nft makes are nf_tables rules), in one transaction and no
 // process, and writes nothing when the chain is not there (a family the
 // container never had, a second DEL). With iptables-legacy, when the plan
 // has mappings, it first tries to delete exactly the rules ADD made, in
@@ -228,7 +229,6 @@ func (e *RestoreError) Unwrap() error { return e.Err }
 type execKernel struct {
 	family  plan.Family
 	table   string // the table ListTable lists
-	nft     bool   // the tools are iptables-nft: the tables are nf_tables'
 	nl      *nfnl.Conn
 	restore string
 	list    string
@@ -253,11 +253,11 @@ func newExecKernel(f plan.Family, table string) (*execKernel, error) {
 	if f == plan.IPv6 {
 		proto, list = goiptables.ProtocolIPv6, "ip6tables"
 	}
-	return &execKernel{family: f, table: table, nft: nfTablesTools(path), restore: path, list: list, proto: proto}, nil
+	return &execKernel{family: f, table: table, restore: path, list: list, proto: proto}, nil
 }
 
 func (k *execKernel) Unlink(parent, chain string) (bool, error) {
-	if !k.nft || k.table != Table {
+	if k.table != Table || legacyTable(k.family, k.table) {
 		return false, ErrLegacy
 	}
 	if k.nl == nil {

@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -13,16 +14,26 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// ErrLegacy says the iptables tools are iptables-legacy: their tables are
-// not nf_tables, and only the tools reach them.
-var ErrLegacy = errors.New("iptables-legacy tables: not reachable over nf_tables netlink")
+// ErrLegacy says this network namespace has an iptables-legacy table:
+// its rules are not nf_tables', and only the tools reach them.
+var ErrLegacy = errors.New("iptables-legacy table in use: not reachable over nf_tables netlink")
 
-// nfTablesTools reports whether the restore tool at path is iptables-nft
-// (xtables-nft-multi, whatever the alternatives links are called): its
-// tables are nf_tables tables, "ip nat" and "ip6 nat".
-func nfTablesTools(path string) bool {
-	real, err := filepath.EvalSymlinks(path)
-	return err == nil && strings.Contains(filepath.Base(real), "nft")
+// legacyTable reports whether iptables-legacy's table of family f exists
+// in this thread's network namespace: x_tables lists the tables it holds
+// in ip_tables_names (ip6_tables_names). Without one, whatever iptables
+// made here lives in nf_tables (iptables-nft: tables "ip nat", "ip6
+// nat"), or does not exist. It asks the kernel, not the tool's name: a
+// tool called iptables-restore may be either.
+func legacyTable(f plan.Family, table string) bool {
+	name := "/proc/thread-self/net/ip_tables_names"
+	if f == plan.IPv6 {
+		name = "/proc/thread-self/net/ip6_tables_names"
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return false // x_tables not loaded: no legacy table anywhere
+	}
+	return slices.Contains(strings.Fields(string(b)), table)
 }
 
 func nftMsg(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
