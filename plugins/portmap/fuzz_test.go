@@ -110,8 +110,8 @@ func checkIPTables(t *testing.T, p *plan.Plan, script string) {
 	for _, r := range iptables.GuardRules(p) {
 		want = append(want, append([]string{"-C", r.Chain}, r.Args...))
 	}
-	for _, r := range iptables.SharedRules(p) {
-		want = append(want, append([]string{"-C", r.Chain}, r.Args...))
+	if c, ok := iptables.Witness(p); ok {
+		want = append(want, []string{"-F", c.Name})
 	}
 	want = append(want, []string{"-N", iptables.ChainName(p.Owner)})
 	for _, r := range iptables.ChainRules(p) {

@@ -111,7 +111,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		}
 	}
 	// Last: the witness says the rules above exist.
-	if c, ok := witness(p); ok {
+	if c, ok := Witness(p); ok {
 		if err := b.Kernel.EnsureChain(c); err != nil {
 			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
 		}

@@ -184,9 +184,9 @@ func ChainRules(p *plan.Plan) []Rule {
 // never takes a node's skeleton for its own.
 func WitnessChain(bit int) string { return fmt.Sprintf("CNI-HOSTPORT-BIT%d", bit) }
 
-// witness is the plan's witness chain, when it masquerades with this
+// Witness is the plan's witness chain, when it masquerades with this
 // layout's mark chains.
-func witness(p *plan.Plan) (Chain, bool) {
+func Witness(p *plan.Plan) (Chain, bool) {
 	if !ownMarkChains(p) {
 		return Chain{}, false
 	}

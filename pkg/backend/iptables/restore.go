@@ -136,7 +136,7 @@ func quoteArg(a string) string {
 // survived (iptables -t nat -F): CHECK reports that, sync repairs it.
 func addPayload(p *plan.Plan) *payload {
 	pl := guardPayload(p)
-	if c, ok := witness(p); ok {
+	if c, ok := Witness(p); ok {
 		pl.line("-F "+c.Name, "witness chain "+c.Name)
 	}
 	chain := ChainName(p.Owner)

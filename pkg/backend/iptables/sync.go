@@ -63,7 +63,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	var witnesses []Chain
 	seenW := map[string]bool{}
 	for _, p := range want {
-		if c, ok := witness(p); ok && !lt.chains[c.Name] && !seenW[c.Name] {
+		if c, ok := Witness(p); ok && !lt.chains[c.Name] && !seenW[c.Name] {
 			seenW[c.Name] = true
 			witnesses = append(witnesses, c)
 			rep.Shared = append(rep.Shared, "chain "+c.Name+" missing")
