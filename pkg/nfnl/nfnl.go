@@ -203,6 +203,16 @@ func (c *Conn) Get(reqs []Msg) ([]Reply, []error, error) {
 	return replies, errs, nil
 }
 
+// GetOne sends one request and returns its reply, or the kernel's error
+// for it (an *Error: errors.Is(err, unix.ENOENT) for a missing object).
+func (c *Conn) GetOne(m Msg) (Reply, error) {
+	replies, errs, err := c.Get([]Msg{m})
+	if err != nil {
+		return Reply{}, err
+	}
+	return replies[0], errs[0]
+}
+
 // Dump sends a dump request and returns every message until the end of
 // the dump. A dump interrupted by a concurrent change is retried.
 func (c *Conn) Dump(req Msg) ([]Reply, error) {

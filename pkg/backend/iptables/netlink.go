@@ -56,15 +56,12 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 	}
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
-	_, errs, err := c.Get([]nfnl.Msg{{Type: nftMsg(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()}})
-	if err != nil {
-		return false, err
-	}
-	if errors.Is(errs[0], unix.ENOENT) {
+	_, err = c.GetOne(nfnl.Msg{Type: nftMsg(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
+	if errors.Is(err, unix.ENOENT) {
 		return false, nil // no table or no chain: nothing to remove
 	}
-	if errs[0] != nil {
-		return false, fmt.Errorf("get chain %s: %w", chain, errs[0])
+	if err != nil {
+		return false, fmt.Errorf("get chain %s: %w", chain, err)
 	}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)

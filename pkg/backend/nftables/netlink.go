@@ -136,17 +136,14 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	}
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
-	replies, errs, err := c.Get([]nfnl.Msg{{Type: msgType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()}})
-	if err != nil {
-		return nil, err
-	}
-	if IsNotFound(errs[0]) {
+	reply, err := c.GetOne(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()})
+	if IsNotFound(err) {
 		return nil, nil
 	}
-	if errs[0] != nil {
-		return nil, &Error{Op: "get chain " + chain, Err: errs[0]}
+	if err != nil {
+		return nil, &Error{Op: "get chain " + chain, Err: err}
 	}
-	cs := &ChainState{Comment: commentOf(nfnl.Find(replies[0].Attrs, nftaChainUserdata))}
+	cs := &ChainState{Comment: commentOf(nfnl.Find(reply.Attrs, nftaChainUserdata))}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
 	rules, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
@@ -200,54 +197,35 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	fam := uint8(nfproto(f))
 	var get nfnl.Attrs
 	get.String(unix.NFTA_TABLE_NAME, table)
-	_, errs, err := c.Get([]nfnl.Msg{{Type: msgType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()}})
-	if err != nil {
-		return nil, err
-	}
-	if IsNotFound(errs[0]) {
+	_, err = c.GetOne(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()})
+	if IsNotFound(err) {
 		return nil, nil
 	}
-	if errs[0] != nil {
-		return nil, &Error{Op: "get table " + table, Err: errs[0]}
+	if err != nil {
+		return nil, &Error{Op: "get table " + table, Err: err}
 	}
 	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
-	chains, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETCHAIN), Family: fam})
+	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
 	if err != nil {
 		return nil, &Error{Op: "list chains", Err: err}
 	}
-	for _, m := range chains {
-		attrs := nfnl.Parse(m.Attrs)
-		if str(attrs, unix.NFTA_CHAIN_TABLE) != table {
-			continue
-		}
-		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(nfnl.Find(m.Attrs, nftaChainUserdata))}
+	for _, attrs := range chains {
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(find(attrs, nftaChainUserdata))}
 	}
-	var dump nfnl.Attrs
-	dump.String(unix.NFTA_RULE_TABLE, table)
-	rules, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
 	if err != nil {
 		return nil, &Error{Op: "list rules", Err: err}
 	}
-	for _, m := range rules {
-		attrs := nfnl.Parse(m.Attrs)
-		if str(attrs, unix.NFTA_RULE_TABLE) != table {
-			continue
-		}
+	for _, attrs := range rules {
 		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
-			cs.Rules = append(cs.Rules, decodeRule(f, m.Attrs))
+			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
 		}
 	}
-	var sets nfnl.Attrs
-	sets.String(unix.NFTA_SET_TABLE, table)
-	setMsgs, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETSET), Family: fam, Attrs: sets.Bytes()})
+	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
 	if err != nil {
 		return nil, &Error{Op: "list maps", Err: err}
 	}
-	for _, m := range setMsgs {
-		attrs := nfnl.Parse(m.Attrs)
-		if str(attrs, unix.NFTA_SET_TABLE) != table {
-			continue
-		}
+	for _, attrs := range sets {
 		name := str(attrs, unix.NFTA_SET_NAME)
 		s.Maps[name] = true
 		if table != Table || (name != HostPortsMap && name != HostIPPortsMap) {
@@ -266,6 +244,35 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		}
 	}
 	return s, nil
+}
+
+// dumpOf dumps the family's objects of one kind (GETCHAIN, GETRULE,
+// GETSET) and returns the attributes of those of table; tableAttr is the
+// kind's table attribute, which also asks the kernel to filter where it
+// can.
+func dumpOf(c *nfnl.Conn, typ int, fam uint8, tableAttr uint16, table string) ([][]nfnl.Attr, error) {
+	var req nfnl.Attrs
+	req.String(tableAttr, table)
+	msgs, err := c.Dump(nfnl.Msg{Type: msgType(typ), Family: fam, Attrs: req.Bytes()})
+	if err != nil {
+		return nil, err
+	}
+	var out [][]nfnl.Attr
+	for _, m := range msgs {
+		if attrs := nfnl.Parse(m.Attrs); str(attrs, tableAttr) == table {
+			out = append(out, attrs)
+		}
+	}
+	return out, nil
+}
+
+func find(attrs []nfnl.Attr, typ uint16) ([]byte, bool) {
+	for _, a := range attrs {
+		if a.Type == typ {
+			return a.Value, true
+		}
+	}
+	return nil, false
 }
 
 func str(attrs []nfnl.Attr, typ uint16) string {
@@ -356,10 +363,13 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 }
 
 // decodeRule reads what RuleState holds out of a rule message.
-func decodeRule(f plan.Family, b []byte) RuleState {
+func decodeRule(f plan.Family, b []byte) RuleState { return decodeAttrs(f, nfnl.Parse(b)) }
+
+// decodeAttrs is decodeRule of a rule's parsed attributes.
+func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 	var r RuleState
 	var list []byte
-	for a := range nfnl.All(b) {
+	for _, a := range attrs {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
 			if len(a.Value) == 8 {
