@@ -19,16 +19,22 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Backend names (the "backend" key).
+// BackendName is a value of the "backend" key.
+type BackendName string
+
+// The backends.
 const (
-	BackendIPTables = "iptables"
-	BackendNFTables = "nftables"
+	BackendIPTables BackendName = "iptables"
+	BackendNFTables BackendName = "nftables"
 )
 
-// Host-port conflict policies (the "hostPortConflict" key).
+// ConflictPolicy is a value of the "hostPortConflict" key.
+type ConflictPolicy string
+
+// The host-port conflict policies.
 const (
-	ConflictReplace = "replace"
-	ConflictReject  = "reject"
+	ConflictReplace ConflictPolicy = "replace" // the newest ADD of a host port wins
+	ConflictReject  ConflictPolicy = "reject"  // ADD fails when another attachment or a host process has it
 )
 
 // DefaultMarkBit is the mark bit used for masquerading when markMasqBit is
@@ -39,16 +45,15 @@ const DefaultMarkBit = 13
 type Config struct {
 	CNIVersion string
 	Network    string
-	// Backend is "iptables" or "nftables": the configured one, or the
-	// default the caller passed when "backend" is absent.
-	Backend string
+	// Backend is the configured backend, or the default the caller passed
+	// when "backend" is absent.
+	Backend BackendName
 	Request plan.Request
 	// HasMappings is false when runtimeConfig.portMappings is absent or
 	// empty.
 	HasMappings bool
-	// Conflict is the host-port conflict policy: "replace" (the newest ADD
-	// wins) or "reject".
-	Conflict string
+	// Conflict is the host-port conflict policy.
+	Conflict ConflictPolicy
 	// PrevResult is the previous plugin's result, nil when absent.
 	PrevResult types.Result
 	// ContainerNets holds the container's first address of each family on
@@ -75,13 +80,6 @@ type netConf struct {
 	} `json:"runtimeConfig"`
 }
 
-type rawMapping struct {
-	HostPort      json.RawMessage `json:"hostPort"`
-	ContainerPort json.RawMessage `json:"containerPort"`
-	Protocol      json.RawMessage `json:"protocol"`
-	HostIP        json.RawMessage `json:"hostIP"`
-}
-
 // invalid is a code-7 error naming the key and the value.
 func invalid(key string, value any, why string) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig,
@@ -102,7 +100,7 @@ func formatValue(v any) string {
 // ParseConfig parses stdin for the attachment's interface ifName;
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
-func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
+func ParseConfig(stdin []byte, ifName string, defaultBackend BackendName) (*Config, error) {
 	var nc netConf
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		var te *json.UnmarshalTypeError
@@ -124,18 +122,18 @@ func ParseConfig(stdin []byte, ifName, defaultBackend string) (*Config, error) {
 
 	c.Conflict = ConflictReplace
 	if nc.HostPortConflict != nil {
-		switch *nc.HostPortConflict {
+		switch p := ConflictPolicy(*nc.HostPortConflict); p {
 		case ConflictReplace, ConflictReject:
-			c.Conflict = *nc.HostPortConflict
+			c.Conflict = p
 		default:
 			return nil, invalid("hostPortConflict", *nc.HostPortConflict, `must be "replace" or "reject"`)
 		}
 	}
 	c.Backend = defaultBackend
 	if nc.Backend != nil {
-		switch *nc.Backend {
+		switch b := BackendName(*nc.Backend); b {
 		case BackendIPTables, BackendNFTables:
-			c.Backend = *nc.Backend
+			c.Backend = b
 		default:
 			return nil, invalid("backend", *nc.Backend, `must be "iptables" or "nftables"`)
 		}
@@ -211,80 +209,6 @@ func jsonType(kind string) string {
 		return "object"
 	}
 	return kind
-}
-
-func (c *Config) parseMappings(raw []json.RawMessage) error {
-	for i, r := range raw {
-		key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
-		var rm rawMapping
-		if err := json.Unmarshal(r, &rm); err != nil {
-			return invalid(key, json.RawMessage(r), "must be an object")
-		}
-		var m plan.Mapping
-		var err error
-		if m.HostPort, err = parsePort(key+".hostPort", rm.HostPort); err != nil {
-			return err
-		}
-		if m.ContainerPort, err = parsePort(key+".containerPort", rm.ContainerPort); err != nil {
-			return err
-		}
-		proto, err := parseString(key+".protocol", rm.Protocol)
-		if err != nil {
-			return err
-		}
-		var ok bool
-		if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
-			return invalid(key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
-		}
-		hostIP, err := parseString(key+".hostIP", rm.HostIP)
-		if err != nil {
-			return err
-		}
-		if hostIP != "" {
-			if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
-				return invalid(key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
-			}
-			if v4 := m.HostIP.To4(); v4 != nil {
-				m.HostIP = v4
-			}
-		}
-		for j, prev := range c.Request.Mappings {
-			if sameHostPort(prev, m) && prev.ContainerPort != m.ContainerPort {
-				return invalid(key, json.RawMessage(r), fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
-			}
-		}
-		c.Request.Mappings = append(c.Request.Mappings, m)
-	}
-	c.HasMappings = len(c.Request.Mappings) > 0
-	return nil
-}
-
-func sameHostPort(a, b plan.Mapping) bool {
-	return a.HostPort == b.HostPort && a.Protocol == b.Protocol && a.HostIP.Equal(b.HostIP)
-}
-
-// parsePort accepts a JSON integer from 1 to 65535.
-func parsePort(key string, raw json.RawMessage) (int, error) {
-	if raw == nil {
-		return 0, invalid(key, "(missing)", "is required")
-	}
-	n, err := strconv.Atoi(string(raw))
-	if err != nil || n < 1 || n > 65535 {
-		return 0, invalid(key, raw, "must be an integer from 1 to 65535")
-	}
-	return n, nil
-}
-
-// parseString accepts a JSON string or null/absent (as "").
-func parseString(key string, raw json.RawMessage) (string, error) {
-	if raw == nil || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", invalid(key, raw, "must be a string")
-	}
-	return s, nil
 }
 
 // parseConditions validates conditionsV4/V6 for the selected backend.

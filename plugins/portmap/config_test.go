@@ -71,7 +71,7 @@ func TestParseConfigKeys(t *testing.T) {
 			return when(!c.Request.Masquerade.All, "masqAll not kept")
 		}},
 		{"backend iptables", map[string]string{"backend": `"iptables"`}, func(c *Config) string {
-			return when(c.Backend != "iptables", "backend "+c.Backend)
+			return when(c.Backend != "iptables", "backend "+string(c.Backend))
 		}},
 		{"nft conditions", map[string]string{"backend": `"nftables"`, "conditionsV4": `["ip saddr != 192.0.2.0/24", "iifname \"eth0\""]`}, func(c *Config) string {
 			return when(c.Backend != "nftables" || strings.Join(c.Request.ConditionsV4, " ") != `ip saddr != 192.0.2.0/24 iifname "eth0"`, "nft conditions not kept")

@@ -66,13 +66,13 @@ type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	// NewBackend returns the backend called name for family f.
-	NewBackend func(name string, f plan.Family) (Backend, error)
+	NewBackend func(name BackendName, f plan.Family) (Backend, error)
 	// NewForward returns the forwardAccept rules of family f; an error
 	// wrapping exec.ErrNotFound means the host has no iptables, so no
 	// FORWARD chain of it can drop anything.
 	NewForward func(f plan.Family) (Forwarder, error)
 	// DefaultBackend names the backend used when the config has none.
-	DefaultBackend func() string
+	DefaultBackend func() BackendName
 	Sysctl         Sysctl
 	Conntrack      Conntrack
 	// Inventory reads the host's mappings and sockets for the "reject"
@@ -96,7 +96,7 @@ func New() *Plugin {
 		Inventory:      hostInventory{},
 		Lock:           func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
 	}
-	p.NewBackend = func(name string, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
+	p.NewBackend = func(name BackendName, f plan.Family) (Backend, error) { return newBackend(name, f, p.Stderr) }
 	p.NewForward = func(f plan.Family) (Forwarder, error) {
 		fw, err := iptables.NewForward(f)
 		if err != nil {
@@ -112,7 +112,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
 }
 
-func newBackend(name string, f plan.Family, log io.Writer) (Backend, error) {
+func newBackend(name BackendName, f plan.Family, log io.Writer) (Backend, error) {
 	switch name {
 	case BackendIPTables:
 		b, err := iptables.New(f)
@@ -134,7 +134,7 @@ func newBackend(name string, f plan.Family, log io.Writer) (Backend, error) {
 // if its tools are there, else nftables — which talks to the kernel over
 // netlink and needs no nft binary. It looks at PATH only, so the choice
 // costs no process.
-func defaultBackend() string {
+func defaultBackend() BackendName {
 	if _, err := exec.LookPath(iptables.RestoreCommand(plan.IPv4)); err == nil {
 		return BackendIPTables
 	}

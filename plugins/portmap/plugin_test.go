@@ -25,7 +25,7 @@ import (
 type fakeHost struct {
 	calls []string
 	// sync answers a backend's Sync; nil: everything ok, nothing else.
-	sync      func(backend string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report
+	sync      func(backend BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report
 	failApply map[plan.Family]error
 	failAll   error // returned by every backend call
 	localnet  map[string]bool
@@ -36,7 +36,7 @@ type fakeHost struct {
 type fakeBackend struct {
 	h    *fakeHost
 	f    plan.Family
-	name string
+	name BackendName
 }
 
 func (b fakeBackend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
@@ -119,10 +119,10 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 	p := &Plugin{
 		Stdout: out,
 		Stderr: &bytes.Buffer{},
-		NewBackend: func(name string, f plan.Family) (Backend, error) {
+		NewBackend: func(name BackendName, f plan.Family) (Backend, error) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			h.calls = append(h.calls, "backend "+name+" "+f.String())
+			h.calls = append(h.calls, "backend "+string(name)+" "+f.String())
 			return fakeBackend{h, f, name}, nil
 		},
 		NewForward: func(f plan.Family) (Forwarder, error) {
@@ -131,7 +131,7 @@ func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
 			h.calls = append(h.calls, "forward "+f.String())
 			return fakeBackend{h, f, "forward"}, nil
 		},
-		DefaultBackend: func() string { return BackendIPTables },
+		DefaultBackend: func() BackendName { return BackendIPTables },
 		Sysctl:         h,
 		Conntrack:      h,
 		Lock: func() (func(), error) {
@@ -194,7 +194,7 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 
 func TestBackendSelection(t *testing.T) {
 	p, h, _ := newFake()
-	p.DefaultBackend = func() string { return BackendNFTables }
+	p.DefaultBackend = func() BackendName { return BackendNFTables }
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
 		t.Fatal(err)
 	}

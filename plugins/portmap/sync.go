@@ -178,7 +178,7 @@ func fresh(dir string, initial map[string]bool, network, id string) bool {
 
 // unit is one Syncer of one family, and which plans it keeps.
 type unit struct {
-	name   string
+	name   BackendName
 	f      plan.Family
 	want   func(*wanted, *plan.Plan) bool
 	syncer func() (Syncer, error)
@@ -188,7 +188,7 @@ type unit struct {
 // each family (iptables' filter table, whichever backend maps).
 func (p *Plugin) units() []unit {
 	var units []unit
-	for _, name := range []string{BackendIPTables, BackendNFTables} {
+	for _, name := range []BackendName{BackendIPTables, BackendNFTables} {
 		for _, f := range plan.Families {
 			units = append(units, unit{name, f,
 				func(w *wanted, _ *plan.Plan) bool { return w.c.Backend == name },

@@ -55,7 +55,7 @@ func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
 	cacheEntry(t, dir, "net1", "old", "", tcp, time.Hour)
 	cacheEntry(t, dir, "net2", "nft", `,"backend":"nftables"`, udp, time.Hour)
 	cacheEntry(t, dir, "net2", "none", "", "", time.Hour) // no mappings: nothing to keep
-	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		r := converge.NewReport(len(want))
 		for i, pl := range want {
 			if pl.Owner.ContainerID == "nft" {
@@ -120,7 +120,7 @@ func TestSyncDryRunAndScope(t *testing.T) {
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
 	cacheEntry(t, dir, "net2", "b", "", `[{"hostPort":8081,"containerPort":80}]`, time.Hour)
 	var scope func(string) bool
-	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		scope = o.InScope
 		return converge.NewReport(len(want))
 	}

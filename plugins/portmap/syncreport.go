@@ -102,12 +102,12 @@ func (r *SyncReport) Changed() bool {
 }
 
 // addUnit takes one unit's shared objects and orphans into the report.
-func (r *SyncReport) addUnit(backend string, f plan.Family, u *converge.Report) {
+func (r *SyncReport) addUnit(backend BackendName, f plan.Family, u *converge.Report) {
 	for _, s := range u.Shared {
-		r.Shared = append(r.Shared, SyncShared{Backend: backend, Family: f.String(), What: s})
+		r.Shared = append(r.Shared, SyncShared{Backend: string(backend), Family: f.String(), What: s})
 	}
 	for _, or := range u.Orphans {
-		so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: backend,
+		so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: string(backend),
 			Family: f.String(), Object: or.Object, State: "orphan"}
 		switch {
 		case or.Err != "":
@@ -123,7 +123,7 @@ func (r *SyncReport) addUnit(backend string, f plan.Family, u *converge.Report) 
 func (r *SyncReport) finish(ws []*wanted, out *outcomes, dryRun bool) {
 	for i, w := range ws {
 		a := SyncAttachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
-			Backend: w.c.Backend, State: string(converge.OK), File: w.att.File}
+			Backend: string(w.c.Backend), State: string(converge.OK), File: w.att.File}
 		switch {
 		case len(out.failed[i]) > 0:
 			a.State, a.What = string(converge.Error), strings.Join(append(out.failed[i], out.repaired[i]...), "; ")

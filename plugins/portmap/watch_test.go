@@ -23,7 +23,7 @@ func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (p
 	h.localnet["veth-192.0.2.2"] = true
 	var mu sync.Mutex
 	passes := 0
-	h.sync = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		r := converge.NewReport(len(want))
 		if be != BackendIPTables || f != plan.IPv4 {
 			return r
