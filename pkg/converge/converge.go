@@ -1,8 +1,8 @@
 // Package converge holds what `portmap sync` asks of a backend and what a
 // backend answers: the options of one pass, and per attachment and orphan
 // what the pass found and did. Each backend brings one IP family of its
-// kernel state to the wanted plans with one listing and at most one write;
-// the plugin merges the families and backends into one report.
+// kernel state to the wanted plans with one read and at most one write per
+// table; the plugin merges the families and backends into one report.
 package converge
 
 import (

@@ -2,14 +2,12 @@ package portmap
 
 import (
 	"bytes"
-	"flag"
-	"os"
 	"testing"
+
+	"github.com/portmap-dev/portmap/test/nettest"
 
 	"github.com/portmap-dev/portmap/pkg/inventory"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 func TestWriteTableGolden(t *testing.T) {
 	entries := []inventory.Entry{
@@ -20,19 +18,7 @@ func TestWriteTableGolden(t *testing.T) {
 	if err := WriteTable(&b, entries); err != nil {
 		t.Fatal(err)
 	}
-	const path = "testdata/list.golden"
-	if *update {
-		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden (run with -update to create): %v", err)
-	}
-	if b.String() != string(want) {
-		t.Errorf("table differs from %s:\n--- got\n%s--- want\n%s", path, b.String(), want)
-	}
+	nettest.Golden(t, "testdata/list.golden", b.String())
 }
 
 func TestListRejectsUnknownArgument(t *testing.T) {

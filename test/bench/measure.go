@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -19,15 +20,21 @@ import (
 // fill (or the probe): a TCP and a UDP mapping of one host port, and a
 // prevResult with one IPv4 address.
 func conf(backend, ip string, port int) []byte {
-	return []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"bench","type":"portmap","backend":%q,
-"runtimeConfig":{"portMappings":[{"hostPort":%d,"containerPort":80,"protocol":"tcp"},{"hostPort":%d,"containerPort":80,"protocol":"udp"}]},
-"prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/var/run/netns/bench"}],
- "ips":[{"address":"%s/16","interface":0}]}}`, backend, port, port, ip))
+	return marshal(nettest.PortmapConf("bench", backend,
+		[]nettest.Mapping{{HostPort: port, ContainerPort: 80, Protocol: "tcp"}, {HostPort: port, ContainerPort: 80, Protocol: "udp"}}, ip+"/16"))
+}
+
+func marshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	return b
 }
 
 // confTCP is conf without the UDP mapping.
 func confTCP(backend, ip string, port int) []byte {
-	return bytes.Replace(conf(backend, ip, port), []byte(fmt.Sprintf(`,{"hostPort":%d,"containerPort":80,"protocol":"udp"}`, port)), nil, 1)
+	return marshal(nettest.PortmapConf("bench", backend, []nettest.Mapping{{HostPort: port, ContainerPort: 80, Protocol: "tcp"}}, ip+"/16"))
 }
 
 // verbs are the measured verbs: with the TCP and UDP mappings, then ADD

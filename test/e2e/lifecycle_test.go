@@ -67,11 +67,13 @@ func TestStatus(t *testing.T) {
 		if err := rt.CNI.GetStatusNetworkList(t.Context(), rt.List); err != nil {
 			t.Errorf("STATUS: %v", err)
 		}
-		conf := map[string]any{"cniVersion": "1.1.0", "name": "status", "type": "portmap", "backend": b.name}
+		conf := nettest.PortmapConf("status", b.name, nil)
+		conf["cniVersion"] = "1.1.0"
 		stdin, _ := json.Marshal(conf)
 		status := func(env string, cred *syscall.Credential) ([]byte, error) {
 			cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap"))
-			cmd.Env = append(os.Environ(), "CNI_COMMAND=STATUS", "CNI_PATH="+nettest.BinDir(), env)
+			// The last PATH in the list is the one the plugin gets.
+			cmd.Env = append(nettest.PluginEnv("STATUS", "", "", nettest.BinDir()), env)
 			cmd.Stdin = bytes.NewReader(stdin)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 			return cmd.Output()

@@ -24,15 +24,9 @@ var backends = []string{"iptables", "nftables"}
 // pluginConf is a configuration for container i of network net with one
 // TCP and one UDP mapping of port, in both families.
 func pluginConf(backend, network string, i, port int) map[string]any {
-	return map[string]any{
-		"cniVersion": "1.0.0", "name": network, "type": "portmap", "backend": backend,
-		"runtimeConfig": map[string]any{"portMappings": []map[string]any{
-			{"hostPort": port, "containerPort": 80, "protocol": "tcp"},
-			{"hostPort": port, "containerPort": 80, "protocol": "udp"},
-		}},
-		"prevResult": json.RawMessage(fmt.Sprintf(`{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],
-		  "ips":[{"address":"10.244.%d.%d/16","interface":0},{"address":"2001:db8:244::%x/64","interface":0}]}`, 1+i/250, 1+i%250, i+2)),
-	}
+	return nettest.PortmapConf(network, backend,
+		[]nettest.Mapping{{HostPort: port, ContainerPort: 80, Protocol: "tcp"}, {HostPort: port, ContainerPort: 80, Protocol: "udp"}},
+		fmt.Sprintf("10.244.%d.%d/16", 1+i/250, 1+i%250), fmt.Sprintf("2001:db8:244::%x/64", i+2))
 }
 
 // state is everything both backends keep, both families.

@@ -1,7 +1,6 @@
 package kernel
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -212,15 +211,9 @@ func TestUpstreamLeftoversRemoved(t *testing.T) {
 	for _, withMappings := range []bool{true, false} {
 		t.Run(fmt.Sprintf("mappings=%v", withMappings), func(t *testing.T) {
 			nettest.ResetNAT(t)
-			conf := map[string]any{
-				"cniVersion": "1.0.0", "name": "net1", "type": "portmap",
-				"runtimeConfig": map[string]any{"portMappings": []map[string]any{
-					{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
-					{"hostPort": 8053, "containerPort": 53, "protocol": "udp"},
-				}},
-				"prevResult": json.RawMessage(`{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],
-				  "ips":[{"address":"192.0.2.2/24","interface":0},{"address":"2001:db8::2/64","interface":0}]}`),
-			}
+			conf := nettest.PortmapConf("net1", "",
+				[]nettest.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 8053, ContainerPort: 53, Protocol: "udp"}},
+				"192.0.2.2/24", "2001:db8::2/64")
 			if out, err := nettest.Exec(t, "portmap-upstream", "ADD", "c1", "/x", conf); err != nil {
 				t.Fatalf("upstream ADD: %v\n%s", err, out)
 			}

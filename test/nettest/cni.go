@@ -208,3 +208,24 @@ func (r *Runtime) ExecPortmap(tb TB, c *Container, command string) ([]byte, erro
 	}
 	return Exec(tb, last.Network.Type, command, c.ID, c.NS.Path(), conf)
 }
+
+// PortmapConf is the stdin a runtime gives the portmap plugin of network
+// (backend "" leaves the key out): the mappings, and a prevResult naming
+// addrs (CIDRs) on eth0 of sandbox "/x". The one config builder of the
+// tests that run the plugin binary without libcni.
+func PortmapConf(network, backend string, mappings []Mapping, addrs ...string) map[string]any {
+	c := map[string]any{"cniVersion": "1.0.0", "name": network, "type": "portmap",
+		"runtimeConfig": map[string]any{"portMappings": mappings}}
+	if backend != "" {
+		c["backend"] = backend
+	}
+	if len(addrs) > 0 {
+		var ips []map[string]any
+		for _, a := range addrs {
+			ips = append(ips, map[string]any{"address": a, "interface": 0})
+		}
+		c["prevResult"] = map[string]any{"cniVersion": "1.0.0",
+			"interfaces": []map[string]any{{"name": "eth0", "sandbox": "/x"}}, "ips": ips}
+	}
+	return c
+}

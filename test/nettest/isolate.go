@@ -2,7 +2,10 @@
 // runs the test binary in a network namespace of its own (so nothing touches
 // the root namespace's rules, sysctls or interfaces), builds the real CNI
 // plugins, makes container and client namespaces, and sends real traffic
-// between them.
+// between them. It also holds what every test shares, once: the CNI_*
+// environment of a plugin run (PluginEnv), the plugin's stdin (PortmapConf),
+// the golden-file loop (Golden, -update) and the unit tests' IP plan
+// (TestPlan, SyncPlans).
 package nettest
 
 import (

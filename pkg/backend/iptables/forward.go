@@ -122,7 +122,7 @@ func (fw *Forward) Apply(p *plan.Plan) error {
 		return err
 	}
 	pl = filterPayload()
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.redeclare(chain, nil)
 	for _, r := range AcceptRules(p) {
 		pl.rule("-A", r)
 	}
@@ -151,16 +151,14 @@ func (fw *Forward) Remove(p *plan.Plan) error {
 	chain := ForwardChainName(p.Owner)
 	pl := filterPayload()
 	pl.rule("-D", forwardEntry(p.Owner))
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
-	pl.line("-X "+chain, "delete chain "+chain)
+	pl.drop(chain, nil)
 	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
 	}
 	// No jump (or no CNI-HOSTPORT-FWD at all): declaring the chain makes
 	// its deletion idempotent.
 	pl = filterPayload()
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
-	pl.line("-X "+chain, "delete chain "+chain)
+	pl.drop(chain, nil)
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
 		return fmt.Errorf("%s: forwardAccept: remove chain %s: %w", fw.Family, chain, err)
 	}
@@ -246,7 +244,7 @@ func (fw *Forward) GC(network string, valid []plan.Owner) error {
 		if !ok || o[0] != network || ids[o[1]] || chain != ForwardChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
 			continue
 		}
-		dropChain(pl, chain, l.refs[chain])
+		pl.drop(chain, l.refs[chain])
 	}
 	if len(pl.what) == 1 {
 		return nil
@@ -255,12 +253,6 @@ func (fw *Forward) GC(network string, valid []plan.Owner) error {
 		return fmt.Errorf("%s: forwardAccept gc: %w", fw.Family, err)
 	}
 	return nil
-}
-
-func dropChain(pl *payload, chain string, refs []string) {
-	deleteRefs(pl, refs)
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
-	pl.line("-X "+chain, "delete chain "+chain)
 }
 
 func sortedChains(m map[string]bool) []string {
@@ -348,8 +340,7 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 			continue
 		}
 		chain := ForwardChainName(p.Owner)
-		deleteRefs(pl, l.refs[chain])
-		pl.line(":"+chain+" - [0:0]", "chain "+chain)
+		pl.redeclare(chain, l.refs[chain])
 		for _, r := range AcceptRules(p) {
 			pl.rule("-A", r)
 		}
@@ -357,7 +348,7 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	}
 	if prune {
 		for _, chain := range orphans {
-			dropChain(pl, chain, l.refs[chain])
+			pl.drop(chain, l.refs[chain])
 		}
 	}
 	if len(pl.what) == 1 {

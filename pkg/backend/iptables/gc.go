@@ -56,9 +56,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	}
 	pl := newPayload()
 	for _, chain := range order {
-		deleteRefs(pl, refs[chain])
-		pl.line(":"+chain+" - [0:0]", "chain "+chain)
-		pl.line("-X "+chain, "delete chain "+chain)
+		pl.drop(chain, refs[chain])
 	}
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("gc", pl, err)

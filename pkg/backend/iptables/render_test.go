@@ -1,60 +1,19 @@
 package iptables
 
 import (
-	"flag"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/test/nettest"
+
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files")
-
-// The test IP plan, from the documentation ranges:
-//
-//	container      192.0.2.2/24, 2001:db8::2/64
-//	host address   198.51.100.1 (a mapping restricted to it)
-//	network "net1", container "c1", interface eth0
 var (
-	owner = plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"}
-	v4Net = mustCIDR("192.0.2.2/24")
-	v6Net = mustCIDR("2001:db8::2/64")
-	maps  = []plan.Mapping{
-		{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
-		{HostPort: 8443, ContainerPort: 443, Protocol: plan.TCP},
-		{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP},
-		{HostIP: net.ParseIP("2001:db8::1"), HostPort: 8054, ContainerPort: 54, Protocol: plan.UDP},
-		{HostPort: 9000, ContainerPort: 9000, Protocol: plan.SCTP},
-	}
-	masq = plan.Masquerade{Enabled: true, MarkBit: 13}
+	owner = nettest.Owner
+	build = nettest.TestPlan
 )
-
-func mustCIDR(s string) *net.IPNet {
-	ip, n, err := net.ParseCIDR(s)
-	if err != nil {
-		panic(err)
-	}
-	n.IP = ip
-	if v4 := ip.To4(); v4 != nil {
-		n.IP = v4
-	}
-	return n
-}
-
-func build(f plan.Family, mod func(*plan.Request)) *plan.Plan {
-	req := plan.Request{Owner: owner, Mappings: maps, Masquerade: masq}
-	if mod != nil {
-		mod(&req)
-	}
-	n := v4Net
-	if f == plan.IPv6 {
-		n = v6Net
-	}
-	return plan.Build(req, f, n)
-}
 
 func manyPorts(r *plan.Request) {
 	r.Mappings = nil
@@ -87,20 +46,7 @@ func TestGoldenPayloads(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := string(tt.pl.bytes())
-			path := filepath.Join("testdata", tt.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("read golden (run with -update to create): %v", err)
-			}
-			if got != string(want) {
-				t.Errorf("payload differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
-			}
+			nettest.Golden(t, filepath.Join("testdata", tt.name+".golden"), string(tt.pl.bytes()))
 		})
 	}
 }

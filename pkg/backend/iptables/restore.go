@@ -150,11 +150,24 @@ func addPayload(p *plan.Plan) *payload {
 // flushes the chain, fills it and inserts the entry rules.
 func replacePayload(p *plan.Plan, refs []string) *payload {
 	pl := newPayload()
-	deleteRefs(pl, refs)
-	chain := ChainName(p.Owner)
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+	pl.redeclare(ChainName(p.Owner), refs)
 	fillChain(pl, p)
 	return pl
+}
+
+// redeclare deletes the rules refs (iptables -S lines that jump to chain)
+// and declares chain, which creates it or empties it: what is left is to
+// fill it. Declaring also makes a following -X idempotent.
+func (pl *payload) redeclare(chain string, refs []string) {
+	deleteRefs(pl, refs)
+	pl.line(":"+chain+" - [0:0]", "chain "+chain)
+}
+
+// drop deletes the rules refs that jump to chain, then chain: whether it
+// exists or not, because it is declared first.
+func (pl *payload) drop(chain string, refs []string) {
+	pl.redeclare(chain, refs)
+	pl.line("-X "+chain, "delete chain "+chain)
 }
 
 func fillChain(pl *payload, p *plan.Plan) {
@@ -177,10 +190,7 @@ func delPayload(p *plan.Plan, entries []Rule, refs []string) *payload {
 	for _, r := range entries {
 		pl.rule("-D", r)
 	}
-	deleteRefs(pl, refs)
-	chain := ChainName(p.Owner)
-	pl.line(":"+chain+" - [0:0]", "chain "+chain)
-	pl.line("-X "+chain, "delete chain "+chain)
+	pl.drop(ChainName(p.Owner), refs)
 	return pl
 }
 

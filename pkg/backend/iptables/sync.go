@@ -99,16 +99,13 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			continue
 		}
 		chain := ChainName(p.Owner)
-		deleteRefs(pl, lt.refs[chain])
-		pl.line(":"+chain+" - [0:0]", "chain "+chain)
+		pl.redeclare(chain, lt.refs[chain])
 		fillChain(pl, p)
 	}
 	if prune {
 		for _, or := range orphans {
 			chain := strings.TrimPrefix(or.Object, "chain ")
-			deleteRefs(pl, lt.refs[chain])
-			pl.line(":"+chain+" - [0:0]", "chain "+chain)
-			pl.line("-X "+chain, "delete chain "+chain)
+			pl.drop(chain, lt.refs[chain])
 		}
 	}
 	// Last in the restore, which is all or nothing: by then the shared

@@ -91,7 +91,6 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
-	chain := ownChain(p)
 	prev, _, err := b.ownKeys(p)
 	if err != nil {
 		return err
@@ -102,11 +101,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	}
 	tx := newTx(b.Family)
 	addSkeleton(tx, p)
-	tx.add(opAdd, chain)
-	tx.add(opFlush, chain)
-	for _, r := range chainRules(p) {
-		tx.add(opAdd, r)
-	}
+	chain := rewriteChain(tx, p)
 	want := map[string]bool{}
 	for _, k := range Keys(p) {
 		want[k.ID()] = true

@@ -289,6 +289,18 @@ func ownChain(p *plan.Plan) chainObj {
 	return chainObj{name: ChainName(p.Owner), comment: OwnerComment(p.Owner)}
 }
 
+// rewriteChain makes the attachment's chain hold exactly its rules,
+// whether it exists or not (the slow path, sync's repair), and returns it.
+func rewriteChain(tx *Tx, p *plan.Plan) chainObj {
+	chain := ownChain(p)
+	tx.add(opAdd, chain)
+	tx.add(opFlush, chain)
+	for _, r := range chainRules(p) {
+		tx.add(opAdd, r)
+	}
+	return chain
+}
+
 // fastAddTx is ADD's fast path: create the attachment's chain (failing if
 // it exists), fill it, and add its map elements (failing if another
 // attachment holds a key, or the maps are missing).

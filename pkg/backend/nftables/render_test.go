@@ -1,51 +1,22 @@
 package nftables
 
 import (
-	"flag"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/portmap-dev/portmap/test/nettest"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files")
-
-// The test IP plan, from the documentation ranges:
-//
-//	container      192.0.2.2/24, 2001:db8::2/64
-//	host address   198.51.100.1 (a mapping restricted to it)
-//	network "net1", container "c1", interface eth0
 var (
-	owner = plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"}
-	maps  = []plan.Mapping{
-		{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
-		{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP},
-		{HostIP: net.ParseIP("2001:db8::1"), HostPort: 8054, ContainerPort: 54, Protocol: plan.UDP},
-		{HostPort: 9000, ContainerPort: 9000, Protocol: plan.SCTP},
-	}
+	owner = nettest.Owner
+	build = nettest.TestPlan
 )
-
-func build(f plan.Family, mod func(*plan.Request)) *plan.Plan {
-	req := plan.Request{Owner: owner, Mappings: maps, Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13}}
-	if mod != nil {
-		mod(&req)
-	}
-	cidr := "192.0.2.2/24"
-	if f == plan.IPv6 {
-		cidr = "2001:db8::2/64"
-	}
-	ip, n, _ := net.ParseCIDR(cidr)
-	n.IP = ip
-	if v4 := ip.To4(); v4 != nil {
-		n.IP = v4
-	}
-	return plan.Build(req, f, n)
-}
 
 // skeletonTx is what the slow path writes before an attachment.
 func skeletonTx(p *plan.Plan) string {
@@ -74,19 +45,7 @@ func TestGoldenTransactions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join("testdata", tt.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(tt.got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("read golden (run with -update to create): %v", err)
-			}
-			if tt.got != string(want) {
-				t.Errorf("transaction differs from %s:\n--- got\n%s--- want\n%s", path, tt.got, want)
-			}
+			nettest.Golden(t, filepath.Join("testdata", tt.name+".golden"), tt.got)
 		})
 	}
 }

@@ -141,12 +141,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		if !broken[i] {
 			continue
 		}
-		chain := ownChain(p)
-		tx.add(opAdd, chain)
-		tx.add(opFlush, chain)
-		for _, r := range chainRules(p) {
-			tx.add(opAdd, r)
-		}
+		chain := rewriteChain(tx, p)
 		mine := map[string]bool{}
 		for _, k := range Keys(p) {
 			mine[k.ID()] = true

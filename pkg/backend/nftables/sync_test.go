@@ -1,37 +1,22 @@
 package nftables
 
 import (
-	"net"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/test/nettest"
+
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
-
-func cidr(s string) *net.IPNet {
-	ip, n, _ := net.ParseCIDR(s)
-	n.IP = ip.To4()
-	return n
-}
 
 // The listing (testdata/sync-listing-v4.txt) is what nft -a printed after
 // this backend applied syncPlans(): a (8080/tcp and 198.51.100.1:8053/udp
 // to 192.0.2.2), b (9090/tcp to 192.0.2.3, condition "ip daddr !=
 // 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on network "old".
 func syncPlans(aIP string) (a, b, o *plan.Plan) {
-	m := plan.Masquerade{Enabled: true, MarkBit: 13}
-	ra := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "a", IfName: "eth0"}, Masquerade: m,
-		Mappings: []plan.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
-			{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("198.51.100.1").To4()}}}
-	rb := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "b", IfName: "eth0"}, Masquerade: m,
-		Mappings:     []plan.Mapping{{HostPort: 9090, ContainerPort: 90, Protocol: plan.TCP}},
-		ConditionsV4: []string{"ip daddr != 10.1.0.0/16"}}
-	ro := plan.Request{Owner: plan.Owner{Network: "old", ContainerID: "o", IfName: "eth0"}, Masquerade: m,
-		Mappings: []plan.Mapping{{HostPort: 7070, ContainerPort: 70, Protocol: plan.TCP}}}
-	return plan.Build(ra, plan.IPv4, cidr(aIP+"/24")), plan.Build(rb, plan.IPv4, cidr("192.0.2.3/24")),
-		plan.Build(ro, plan.IPv4, cidr("192.0.2.4/24"))
+	return nettest.SyncPlans(aIP, []string{"ip daddr != 10.1.0.0/16"})
 }
 
 func syncBackend(t *testing.T, listed bool) (*Backend, *fakeKernel) {
