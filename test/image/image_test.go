@@ -15,19 +15,10 @@ import (
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "image: the image tests must run as root under CI=true")
-			os.Exit(1)
-		}
-		fmt.Println("image: SKIP: the image tests need root (podman)")
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { nettest.MainInPlace(m, "the image tests", "podman") }
 
 // netns makes a named network namespace for one container, removed when
 // the test ends.
@@ -102,7 +93,7 @@ func TestImageInstalls(t *testing.T) {
 		t.Fatalf("installed file: %v %v", fi, err)
 	}
 	cmd := exec.Command(filepath.Join(dest, "portmap"))
-	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Env = nettest.PluginEnv("VERSION", "", "", dest)
 	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
 	got, err := cmd.Output()
 	if err != nil || !strings.Contains(string(got), `"supportedVersions"`) || !strings.Contains(string(got), "1.1.0") {

@@ -40,19 +40,35 @@ func Main(m *testing.M) {
 		}
 		os.Exit(m.Run())
 	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "nettest: privileged tests must run as root under CI=true")
-			os.Exit(1)
-		}
-		fmt.Println("nettest: SKIP: privileged tests need root (they make their own network namespaces)")
-		os.Exit(0)
-	}
+	requireRoot("privileged tests", "they make their own network namespaces")
 	if err := ensureBinaries(); err != nil {
 		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
 		os.Exit(1)
 	}
 	os.Exit(Reexec(os.Args))
+}
+
+// MainInPlace is TestMain for privileged packages that must stay in the
+// node's namespaces (the image tests: podman needs the node's cgroup
+// mounts): the same root rule as Main, without the re-run.
+func MainInPlace(m *testing.M, what, why string) {
+	requireRoot(what, why)
+	os.Exit(m.Run())
+}
+
+// requireRoot exits unless the process is root: with status 0 and a SKIP
+// line outside CI, with status 1 under CI=true, where privileged tests
+// must run.
+func requireRoot(what, why string) {
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		fmt.Fprintf(os.Stderr, "nettest: %s must run as root under CI=true\n", what)
+		os.Exit(1)
+	}
+	fmt.Printf("nettest: SKIP: %s need root (%s)\n", what, why)
+	os.Exit(0)
 }
 
 // Reexec runs argv in a new network and mount namespace with the isolation
