@@ -1,10 +1,13 @@
 package kernel
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -227,4 +230,37 @@ func TestReadyCommitsNothing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestBinaryStartsNoProcess runs the real binary with the nftables backend
+// and an empty PATH: nothing it could start is there, so ADD (the first,
+// which writes the skeleton, and the steady state), CHECK, DEL and STATUS
+// succeeding means the binary starts no process for them — conntrack
+// flush (UDP mapping) and route_localnet included.
+func TestBinaryStartsNoProcess(t *testing.T) {
+	nettest.ResetNAT(t)
+	empty := t.TempDir()
+	run := func(verb, id string, conf map[string]any) {
+		t.Helper()
+		stdin, _ := json.Marshal(conf)
+		cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap"))
+		cmd.Env = append(nettest.PluginEnv(verb, id, "/x", nettest.BinDir()), "PATH="+empty)
+		cmd.Stdin = bytes.NewReader(stdin)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s with an empty PATH: %v\n%s", verb, id, err, out)
+		}
+	}
+	mappings := []nettest.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 8053, ContainerPort: 53, Protocol: "udp"}}
+	for _, id := range []string{"first", "second"} {
+		conf := nettest.PortmapConf("net1", "nftables", mappings, "192.0.2.2/24", "2001:db8::2/64")
+		if id == "second" {
+			conf["runtimeConfig"] = map[string]any{"portMappings": []nettest.Mapping{{HostPort: 9090, ContainerPort: 90, Protocol: "udp"}}}
+		}
+		run("ADD", id, conf)
+		run("CHECK", id, conf)
+		run("DEL", id, conf)
+	}
+	status := nettest.PortmapConf("net1", "nftables", nil)
+	status["cniVersion"] = "1.1.0"
+	run("STATUS", "", status)
 }
