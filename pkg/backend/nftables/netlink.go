@@ -143,7 +143,8 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if err != nil {
 		return nil, &Error{Op: "get chain " + chain, Err: err}
 	}
-	cs := &ChainState{Comment: commentOf(nfnl.Find(reply.Attrs, nftaChainUserdata))}
+	ud, _ := nfnl.Find(reply.Attrs, nftaChainUserdata)
+	cs := &ChainState{Comment: commentOf(ud)}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
 	rules, err := c.Dump(nfnl.Msg{Type: msgType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
@@ -210,7 +211,8 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		return nil, &Error{Op: "list chains", Err: err}
 	}
 	for _, attrs := range chains {
-		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(find(attrs, nftaChainUserdata))}
+		ud, _ := find(attrs, nftaChainUserdata)
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(ud)}
 	}
 	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
 	if err != nil {
@@ -285,7 +287,7 @@ func str(attrs []nfnl.Attr, typ uint16) string {
 }
 
 // commentOf reads the comment out of libnftnl user data.
-func commentOf(b []byte, _ bool) string {
+func commentOf(b []byte) string {
 	for len(b) >= 2 {
 		t, l := b[0], int(b[1])
 		if 2+l > len(b) {
@@ -376,7 +378,7 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 				r.Handle = binary.BigEndian.Uint64(a.Value)
 			}
 		case nftaRuleUserdata:
-			r.Comment = commentOf(a.Value, true)
+			r.Comment = commentOf(a.Value)
 		case unix.NFTA_RULE_EXPRESSIONS:
 			list = a.Value
 		}

@@ -98,15 +98,15 @@ func TestBatchErrorNamesTheOperation(t *testing.T) {
 }
 
 func TestCommentOf(t *testing.T) {
-	if got := commentOf(comment("net=a id=b if=c"), true); got != "net=a id=b if=c" {
+	if got := commentOf(comment("net=a id=b if=c")); got != "net=a id=b if=c" {
 		t.Errorf("commentOf = %q", got)
 	}
 	// Other user data first (type 1, 2 bytes), then the comment.
 	ud := append([]byte{1, 2, 'z', 0}, comment("x")...)
-	if got := commentOf(ud, true); got != "x" {
+	if got := commentOf(ud); got != "x" {
 		t.Errorf("commentOf after other data = %q", got)
 	}
-	if got := commentOf([]byte{0, 200, 'a'}, true); got != "" {
+	if got := commentOf([]byte{0, 200, 'a'}); got != "" {
 		t.Errorf("commentOf of truncated data = %q", got)
 	}
 }
