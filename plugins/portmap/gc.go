@@ -80,7 +80,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	}
 	be, err := p.NewBackend(c.Backend, plan.IPv4)
 	if err == nil {
-		err = be.Ready()
+		err = be.Ready(plan.Build(c.Request, plan.IPv4, nil))
+	}
+	if err == nil && len(c.Request.ConditionsV6) > 0 {
+		err = be.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
 	}
 	if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")

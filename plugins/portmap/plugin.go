@@ -31,8 +31,8 @@ type Backend interface {
 	Check(*plan.Plan) error
 	// GC removes network's attachments that are not in valid.
 	GC(network string, valid []plan.Owner) error
-	// Ready reports whether the backend can serve ADD.
-	Ready() error
+	// Ready reports whether the backend can serve ADD of plans like p.
+	Ready(p *plan.Plan) error
 }
 
 // Forwarder keeps the forwardAccept rules of one family (in iptables'

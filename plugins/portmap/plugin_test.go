@@ -67,7 +67,7 @@ func (b fakeBackend) GC(network string, valid []plan.Owner) error {
 	b.h.calls = append(b.h.calls, fmt.Sprintf("gc %s %s [%s]", b.f, network, strings.Join(v, " ")))
 	return b.h.failAll
 }
-func (b fakeBackend) Ready() error {
+func (b fakeBackend) Ready(*plan.Plan) error {
 	b.h.calls = append(b.h.calls, "ready "+b.f.String())
 	return b.h.failAll
 }

@@ -218,7 +218,7 @@ func TestUpgradeInPlace(t *testing.T) {
 func TestReadyCommitsNothing(t *testing.T) {
 	n := nettest.NewNS(t)
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		inNS(t, n, f, false, func(b *nftables.Backend) error { return b.Ready() })
+		inNS(t, n, f, false, func(b *nftables.Backend) error { return b.Ready(plan.Build(plan.Request{}, f, nil)) })
 	}
 	if rs := listIn(t, n, "list", "ruleset"); strings.TrimSpace(rs) != "" {
 		t.Errorf("Ready left:\n%s", rs)

@@ -185,7 +185,7 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 
 func TestReady(t *testing.T) {
 	b, _, _ := lockedBackend(t, "")
-	if err := b.Ready(); err != nil {
+	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil {
 		t.Error(err)
 	}
 }

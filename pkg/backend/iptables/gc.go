@@ -64,10 +64,10 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	return nil
 }
 
-// Ready reports whether the backend can serve ADD: the restore tool runs
-// and may change the nat table (checked with --test, which commits
-// nothing).
-func (b *Backend) Ready() error {
+// Ready reports whether the backend can serve ADD (of any plan): the
+// restore tool runs and may change the nat table (checked with --test,
+// which commits nothing).
+func (b *Backend) Ready(*plan.Plan) error {
 	if err := b.Kernel.Test([]byte("*" + Table + "\nCOMMIT\n")); err != nil {
 		return fmt.Errorf("%s: %w", b.Family, err)
 	}

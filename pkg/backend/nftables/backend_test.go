@@ -180,7 +180,21 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 
 func TestReady(t *testing.T) {
 	b, k, _, _ := lockedBackend(t, false, nil)
-	if err := b.Ready(); err != nil || len(k.checks) != 1 || !strings.Contains(k.checks[0], "add table ip cni_portmap") {
+	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil || len(k.checks) != 1 || !strings.Contains(k.checks[0], "add table ip cni_portmap") {
 		t.Errorf("Ready: %v, checks %q", err, k.checks)
+	}
+}
+
+// TestReadyNeedsNftForConditions: conditions are nft syntax, so a config
+// with them is not ready without nft; one without them needs no program.
+func TestReadyNeedsNftForConditions(t *testing.T) {
+	b, _, _, _ := lockedBackend(t, false, nil)
+	t.Setenv("PATH", t.TempDir())
+	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil {
+		t.Errorf("Ready without conditions and without nft: %v", err)
+	}
+	withConds := plan.Build(plan.Request{ConditionsV4: []string{"ip daddr != 10.0.0.0/8"}}, plan.IPv4, nil)
+	if err := b.Ready(withConds); err == nil || !strings.Contains(err.Error(), "compiled by nft") {
+		t.Errorf("Ready with conditions and without nft: %v", err)
 	}
 }

@@ -66,10 +66,16 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 	}
 }
 
-// Ready reports whether the backend can serve ADD: the kernel takes
-// nf_tables messages from us and accepts the table — a batch it checks
-// and aborts, so nothing changes.
-func (b *Backend) Ready() error {
+// Ready reports whether the backend can serve ADD of p's kind: the kernel
+// takes nf_tables messages from us and accepts the table — a batch it
+// checks and aborts, so nothing changes — and, when p has conditions
+// (nft syntax), nft is there to compile them.
+func (b *Backend) Ready(p *plan.Plan) error {
+	if len(p.Conditions) > 0 {
+		if err := nftPresent(); err != nil {
+			return fmt.Errorf("%s: %w", b.Family, err)
+		}
+	}
 	tx := newTx(b.Family)
 	tx.add(opAdd, tableObj{tableComment})
 	if err := b.Kernel.Validate(tx); err != nil {

@@ -63,12 +63,20 @@ func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
 	return nil
 }
 
-// runNft feeds a script to nft: for rules holding conditions.
-func runNft(script string, commit bool) error {
-	path, err := exec.LookPath("nft")
-	if err != nil {
+// nftPresent says why rules holding conditions cannot be written, or nil.
+func nftPresent() error {
+	if _, err := exec.LookPath("nft"); err != nil {
 		return fmt.Errorf("conditionsV4/V6 are nft syntax, compiled by nft: %w", err)
 	}
+	return nil
+}
+
+// runNft feeds a script to nft: for rules holding conditions.
+func runNft(script string, commit bool) error {
+	if err := nftPresent(); err != nil {
+		return err
+	}
+	path, _ := exec.LookPath("nft")
 	args := []string{"-f", "-"}
 	if !commit {
 		args = []string{"--check", "-f", "-"}
