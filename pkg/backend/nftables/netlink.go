@@ -108,33 +108,13 @@ func IsNotFound(err error) bool { return errors.Is(err, unix.ENOENT) }
 func (tx *Tx) describe(err error) string {
 	var ne *nfnl.Error
 	if errors.As(err, &ne) {
-		if i := tx.opOfMessage(ne.Index); i >= 0 {
+		if ne.Index >= 0 && ne.Index < len(tx.msgOp) {
+			i := tx.msgOp[ne.Index]
 			one := &Tx{Family: tx.Family, Table: tx.Table, ops: tx.ops[i : i+1]}
 			return strings.TrimSpace(one.Text())
 		}
 	}
 	return fmt.Sprintf("%s transaction of %d operations", tx.Family, len(tx.ops))
-}
-
-// opOfMessage maps a batch message index back to its operation (a rule
-// with an anonymous set is preceded by two messages of its own).
-func (tx *Tx) opOfMessage(msg int) int {
-	n := 0
-	for i, o := range tx.ops {
-		count := 1
-		if r, ok := o.obj.(*Rule); ok {
-			for _, s := range r.stmts {
-				if _, ok := s.(guardDrop); ok {
-					count += 2
-				}
-			}
-		}
-		if msg < n+count {
-			return i
-		}
-		n += count
-	}
-	return -1
 }
 
 func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {

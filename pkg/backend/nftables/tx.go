@@ -22,6 +22,9 @@ type Tx struct {
 	ops    []op
 	nextID uint32
 	anon   []anonSet
+	// msgOp is, for each message Messages last returned, the index of the
+	// operation it belongs to (errors name the operation).
+	msgOp []int
 }
 
 type verb int
@@ -212,9 +215,9 @@ func msgType(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
 // holds conditions (NeedsNft).
 func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 	fam := uint8(nfproto(tx.Family))
-	tx.anon, tx.nextID = nil, 0
+	tx.anon, tx.nextID, tx.msgOp = nil, 0, nil
 	var out []nfnl.Msg
-	for _, o := range tx.ops {
+	for i, o := range tx.ops {
 		var a nfnl.Attrs
 		m := nfnl.Msg{Family: fam}
 		switch v := o.obj.(type) {
@@ -291,7 +294,10 @@ func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 				return nil, fmt.Errorf("rule %q holds conditions in nft syntax: only nft compiles them", v.Text(tx.Family))
 			}
 			for _, s := range tx.anon[before:] {
-				out = append(out, anonSetMsgs(fam, tx.Table, s)...)
+				for _, am := range anonSetMsgs(fam, tx.Table, s) {
+					out = append(out, am)
+					tx.msgOp = append(tx.msgOp, i)
+				}
 			}
 			m.Type = msgType(unix.NFT_MSG_NEWRULE)
 			a.String(unix.NFTA_RULE_TABLE, tx.Table)
@@ -310,6 +316,7 @@ func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 		}
 		m.Attrs = a.Bytes()
 		out = append(out, m)
+		tx.msgOp = append(tx.msgOp, i)
 	}
 	return out, nil
 }
