@@ -23,8 +23,8 @@ type Entry struct {
 	Backend       string `json:"backend"`
 }
 
-// FromForwards turns a backend's read-back mappings into entries.
-func FromForwards(fs []plan.Forward, backend string) []Entry {
+// FromInstalled turns a backend's read-back mappings into entries.
+func FromInstalled(fs []plan.Installed, backend string) []Entry {
 	out := make([]Entry, 0, len(fs))
 	for _, f := range fs {
 		e := Entry{HostIP: "*", HostPort: f.HostPort, Protocol: string(f.Protocol), ContainerPort: f.ContainerPort,

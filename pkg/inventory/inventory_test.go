@@ -8,8 +8,8 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-func TestFromForwards(t *testing.T) {
-	got := FromForwards([]plan.Forward{
+func TestFromInstalled(t *testing.T) {
+	got := FromInstalled([]plan.Installed{
 		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2"), ContainerPort: 80,
 			Owner: plan.Owner{Network: "net1", ContainerID: "c1"}},
 		{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, Protocol: plan.UDP, ContainerIP: net.ParseIP("192.0.2.2").To4(),
@@ -20,7 +20,7 @@ func TestFromForwards(t *testing.T) {
 		{HostIP: "198.51.100.1", HostPort: 8053, Protocol: "udp", ContainerIP: "192.0.2.2", ContainerPort: 53, Network: "?", ContainerID: "?", Backend: "iptables"},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("FromForwards:\n got %+v\nwant %+v", got, want)
+		t.Errorf("FromInstalled:\n got %+v\nwant %+v", got, want)
 	}
 }
 

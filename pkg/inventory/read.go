@@ -2,52 +2,60 @@ package inventory
 
 import (
 	"errors"
-	"io"
-	"os/exec"
 
-	"github.com/portmap-dev/portmap/pkg/backend/iptables"
-	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Read returns the host-port table of this host: both backends, both
-// families. A backend whose tool is not installed contributes nothing.
-func Read() ([]Entry, error) {
+// Read returns the host-port table of h: every backend and layer, both
+// families. One whose tools are not installed contributes nothing.
+func Read(h *host.Host) ([]Entry, error) {
 	var all []Entry
 	var errs []error
 	for _, f := range plan.Families {
-		ipt, err := ReadIPTables(f)
-		errs = append(errs, err)
-		nft, err := ReadNFTables(f)
-		errs = append(errs, err)
-		all = append(append(all, ipt...), nft...)
+		es, err := Family(h, f)
+		all, errs = append(all, es...), append(errs, err)
 	}
 	Sort(all)
 	return all, errors.Join(errs...)
 }
 
-// ReadIPTables reads the nat table of family f.
-func ReadIPTables(f plan.Family) ([]Entry, error) {
-	b, err := iptables.New(f)
-	if errors.Is(err, exec.ErrNotFound) {
-		return nil, nil
+// Family returns the host ports of family f that h's backends and layers
+// forward, each read back by the package that writes it.
+func Family(h *host.Host, f plan.Family) ([]Entry, error) {
+	var all []Entry
+	var errs []error
+	read := func(name string, b interface {
+		Mappings() ([]plan.Installed, error)
+	}, err error) {
+		if host.NotInstalled(err) {
+			return
+		}
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		ms, err := b.Mappings()
+		all, errs = append(all, FromInstalled(ms, name)...), append(errs, err)
 	}
-	if err != nil {
-		return nil, err
+	for _, k := range h.Kinds {
+		b, err := k.Open(f, h.Log)
+		read(string(k.Name), b, err)
 	}
-	fs, err := b.Forwards()
-	return FromForwards(fs, "iptables"), err
+	for _, l := range h.Layers {
+		b, err := l.Open(f, h.Log)
+		read(l.Name, b, err)
+	}
+	return all, errors.Join(errs...)
 }
 
-// ReadNFTables reads our nftables table of family f.
-func ReadNFTables(f plan.Family) ([]Entry, error) {
-	b, err := nftables.New(f, io.Discard)
-	if errors.Is(err, exec.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	fs, err := b.Forwards()
-	return FromForwards(fs, "nftables"), err
+// OnHost is what the "reject" host-port conflict policy reads of h.
+type OnHost struct{ Host *host.Host }
+
+// Mappings returns the host ports mapped in family f.
+func (o OnHost) Mappings(f plan.Family) ([]Entry, error) { return Family(o.Host, f) }
+
+// Listener names a host socket that would receive (hostIP, port), or "".
+func (OnHost) Listener(proto, hostIP string, port int) (string, error) {
+	return Listener(proto, hostIP, port)
 }

@@ -17,6 +17,13 @@ import (
 // DefaultPath is where the lock file lives. Both backends share it.
 const DefaultPath = "/run/cni-portmap.lock"
 
+// Timeout bounds the wait for the host-wide lock.
+const Timeout = 30 * time.Second
+
+// Host takes the host-wide lock at DefaultPath, waiting at most Timeout:
+// what the plugin, the agent and both backends take.
+func Host() (release func(), err error) { return Acquire(DefaultPath, Timeout) }
+
 // ErrTimeout is returned when the lock could not be taken in time.
 var ErrTimeout = errors.New("timed out waiting for the portmap lock")
 

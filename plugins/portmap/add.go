@@ -6,6 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -13,7 +14,7 @@ import (
 // prints the previous result back. It is all or nothing: when a step fails,
 // what this ADD applied is removed before the error is returned.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	c, err := p.parse(args)
 	if err != nil {
 		return err
 	}
@@ -22,7 +23,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			"missing prevResult: portmap must be called as a chained plugin, after one that assigns the container's addresses", "")
 	}
 	if c.HasMappings {
-		c.Request.Owner = owner(c, args)
+		c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
 		if err := p.add(c); err != nil {
 			return cniError(c, err)
 		}
@@ -34,81 +35,52 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	return res.PrintTo(p.Stdout)
 }
 
-type applied struct {
-	be interface{ Remove(*plan.Plan) error }
-	pl *plan.Plan
-	// forward marks the forwardAccept rules (no sysctl, no flush).
-	forward bool
-}
-
 func (p *Plugin) add(c *Config) error {
-	var done []applied
-	undo := func(cause error) error {
-		for _, a := range done {
-			if err := a.be.Remove(a.pl); err != nil {
-				fmt.Fprintf(p.Stderr, "portmap: undo %s after failed ADD: %v\n", a.pl.Family, err)
-			}
-		}
-		return cause
-	}
-	var plans []*plan.Plan
-	for _, f := range plan.Families {
-		if n := c.ContainerNets[f]; n != nil {
-			if pl := plan.Build(c.Request, f, n); !pl.Empty() {
-				plans = append(plans, pl)
-			}
-		}
-	}
+	plans := c.Plans()
 	if c.Conflict == ConflictReject {
 		if err := p.rejectConflicts(c, plans); err != nil {
 			return err
 		}
 	}
+	type applied struct {
+		s  backend.Stack
+		pl *plan.Plan
+	}
+	var done []applied
+	undo := func(cause error) error {
+		for _, a := range done {
+			if err := a.s.Remove(a.pl); err != nil {
+				fmt.Fprintf(p.Host.Log, "portmap: undo %s after failed ADD: %v\n", a.pl.Family, err)
+			}
+		}
+		return cause
+	}
 	for _, pl := range plans {
-		f := pl.Family
-		be, err := p.NewBackend(c.Backend, f)
+		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
 		if err != nil {
 			return undo(err)
 		}
-		if err := be.Apply(pl); err != nil {
+		if err := s.Apply(pl); err != nil {
 			return undo(err)
 		}
-		done = append(done, applied{be, pl, false})
-		if pl.ForwardAccept {
-			fw, err := p.forwarder(f)
-			if err != nil {
-				return undo(err)
-			}
-			if fw != nil {
-				if err := fw.Apply(pl); err != nil {
-					return undo(err)
-				}
-				done = append(done, applied{fw, pl, true})
-			}
-		}
+		done = append(done, applied{s, pl})
 	}
-	for _, a := range done {
-		if a.forward || !a.pl.LocalNet() {
+	for _, pl := range plans {
+		if !pl.LocalNet() {
 			continue
 		}
-		ifName, err := p.Sysctl.HostInterface(a.pl.ContainerNet.IP)
+		ifName, err := p.Host.Sysctl.HostInterface(pl.ContainerNet.IP)
 		if err != nil || ifName == "" {
 			// As upstream: without a route to the container only the
 			// localhost case cannot work; remote clients still can.
-			fmt.Fprintf(p.Stderr, "portmap: route_localnet not set, no host interface routes to %s: %v\n", a.pl.ContainerNet.IP, err)
+			fmt.Fprintf(p.Host.Log, "portmap: route_localnet not set, no host interface routes to %s: %v\n", pl.ContainerNet.IP, err)
 			continue
 		}
-		if err := p.Sysctl.EnableRouteLocalnet(ifName); err != nil {
+		if err := p.Host.Sysctl.EnableRouteLocalnet(ifName); err != nil {
 			return undo(err)
 		}
 	}
 	// After the rules: new packets must meet the new translation.
-	var flush []*plan.Plan
-	for _, a := range done {
-		if !a.forward {
-			flush = append(flush, a.pl)
-		}
-	}
-	p.flush(flush...)
+	p.Host.Flush(plans...)
 	return nil
 }

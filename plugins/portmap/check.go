@@ -5,14 +5,12 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Check verifies that every rule ADD made still exists, and that
 // route_localnet is still on where ADD turned it on.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	c, err := p.parse(args)
 	if err != nil {
 		return err
 	}
@@ -22,46 +20,27 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if !c.HasMappings {
 		return nil
 	}
-	c.Request.Owner = owner(c, args)
+	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
 	return cniError(c, p.check(c))
 }
 
 func (p *Plugin) check(c *Config) error {
-	for _, f := range plan.Families {
-		n := c.ContainerNets[f]
-		if n == nil {
-			continue
-		}
-		pl := plan.Build(c.Request, f, n)
-		if pl.Empty() {
-			continue
-		}
-		be, err := p.NewBackend(c.Backend, f)
+	for _, pl := range c.Plans() {
+		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
 		if err != nil {
 			return err
 		}
-		if err := be.Check(pl); err != nil {
+		if err := s.Check(pl); err != nil {
 			return err
-		}
-		if pl.ForwardAccept {
-			fw, err := p.forwarder(f)
-			if err != nil {
-				return err
-			}
-			if fw != nil {
-				if err := fw.Check(pl); err != nil {
-					return err
-				}
-			}
 		}
 		if !pl.LocalNet() {
 			continue
 		}
-		ifName, err := p.Sysctl.HostInterface(n.IP)
+		ifName, err := p.Host.Sysctl.HostInterface(pl.ContainerNet.IP)
 		if err != nil || ifName == "" {
 			continue // ADD set nothing either
 		}
-		on, err := p.Sysctl.RouteLocalnet(ifName)
+		on, err := p.Host.Sysctl.RouteLocalnet(ifName)
 		if err != nil {
 			return err
 		}

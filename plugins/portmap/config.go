@@ -14,18 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/portmap-dev/portmap/pkg/backend/iptables"
-	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
-)
-
-// BackendName is a value of the "backend" key.
-type BackendName string
-
-// The backends.
-const (
-	BackendIPTables BackendName = "iptables"
-	BackendNFTables BackendName = "nftables"
 )
 
 // ConflictPolicy is a value of the "hostPortConflict" key.
@@ -47,7 +37,7 @@ type Config struct {
 	Network    string
 	// Backend is the configured backend, or the default the caller passed
 	// when "backend" is absent.
-	Backend BackendName
+	Backend backend.Name
 	Request plan.Request
 	// HasMappings is false when runtimeConfig.portMappings is absent or
 	// empty.
@@ -100,7 +90,7 @@ func formatValue(v any) string {
 // ParseConfig parses stdin for the attachment's interface ifName;
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
-func ParseConfig(stdin []byte, ifName string, defaultBackend BackendName) (*Config, error) {
+func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
 	var nc netConf
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		var te *json.UnmarshalTypeError
@@ -131,12 +121,11 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend BackendName) (*Conf
 	}
 	c.Backend = defaultBackend
 	if nc.Backend != nil {
-		switch b := BackendName(*nc.Backend); b {
-		case BackendIPTables, BackendNFTables:
-			c.Backend = b
-		default:
+		k, ok := backend.Lookup(backend.Name(*nc.Backend))
+		if !ok {
 			return nil, invalid("backend", *nc.Backend, `must be "iptables" or "nftables"`)
 		}
+		c.Backend = k.Name
 	}
 
 	m := plan.Masquerade{Enabled: nc.SNAT == nil || *nc.SNAT, MarkBit: DefaultMarkBit, All: nc.MasqAll}
@@ -225,7 +214,7 @@ func (c *Config) parseConditions(nc netConf) error {
 		{"conditionsV6", nc.ConditionsV6, &c.Request.ConditionsV6},
 	}
 	var wrong []string
-	if c.Backend == BackendNFTables && nc.ExternalSetMarkChain != nil {
+	if c.Backend == backend.NFTables && nc.ExternalSetMarkChain != nil {
 		wrong = append(wrong, "externalSetMarkChain")
 	}
 	for _, cd := range conds {
@@ -233,18 +222,16 @@ func (c *Config) parseConditions(nc netConf) error {
 			continue
 		}
 		tokens := *cd.val
-		syntax := BackendNFTables
+		syntax := backend.NFTables
 		if first := tokens[0]; first != "" && (first[0] == '-' || first[0] == '!') {
-			syntax = BackendIPTables
+			syntax = backend.IPTables
 		}
 		if syntax != c.Backend {
 			wrong = append(wrong, cd.key)
 			continue
 		}
-		bad := iptables.BadConditionToken
-		if syntax == BackendNFTables {
-			bad = nftables.BadConditionToken
-		}
+		k, _ := backend.Lookup(syntax)
+		bad := k.BadConditionToken
 		for i, tok := range tokens {
 			if why := bad(tok); why != "" {
 				return invalid(fmt.Sprintf("%s[%d]", cd.key, i), tok, why)
@@ -253,9 +240,9 @@ func (c *Config) parseConditions(nc netConf) error {
 		*cd.dst = append([]string(nil), tokens...)
 	}
 	if len(wrong) > 0 {
-		other := BackendNFTables
-		if c.Backend == BackendNFTables {
-			other = BackendIPTables
+		other := backend.NFTables
+		if c.Backend == backend.NFTables {
+			other = backend.IPTables
 		}
 		hint := ""
 		if strings.Contains(strings.Join(wrong, ","), "conditions") {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -36,7 +37,7 @@ func mappings(list string) map[string]string {
 }
 
 func TestParseConfigDefaults(t *testing.T) {
-	c, err := ParseConfig(conf(t, nil), "eth0", BackendIPTables)
+	c, err := ParseConfig(conf(t, nil), "eth0", backend.IPTables)
 	if err != nil {
 		t.Fatalf("ParseConfig: %v", err)
 	}
@@ -44,7 +45,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if c.Request.Masquerade != want {
 		t.Errorf("masquerade = %+v, want %+v", c.Request.Masquerade, want)
 	}
-	if c.Backend != BackendIPTables || c.HasMappings || c.PrevResult != nil || len(c.ContainerNets) != 0 {
+	if c.Backend != backend.IPTables || c.HasMappings || c.PrevResult != nil || len(c.ContainerNets) != 0 {
 		t.Errorf("defaults: backend %q, mappings %v, prevResult %v, nets %v", c.Backend, c.HasMappings, c.PrevResult, c.ContainerNets)
 	}
 	if c.Request.ConditionsV4 != nil || c.Request.ConditionsV6 != nil {
@@ -102,7 +103,7 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := ParseConfig(conf(t, tt.extra), "eth0", BackendIPTables)
+			c, err := ParseConfig(conf(t, tt.extra), "eth0", backend.IPTables)
 			if err != nil {
 				t.Fatalf("ParseConfig: %v", err)
 			}
@@ -172,7 +173,7 @@ func TestParseConfigRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseConfig(conf(t, tt.extra), "eth0", BackendIPTables)
+			_, err := ParseConfig(conf(t, tt.extra), "eth0", backend.IPTables)
 			var te *types.Error
 			if !errors.As(err, &te) {
 				t.Fatalf("error %v (%T), want *types.Error", err, err)
@@ -193,7 +194,7 @@ func TestParseConfigContainerNets(t *testing.T) {
 	         {"address":"192.0.2.3/24","interface":1},
 	         {"address":"2001:db8::2/64","interface":1},
 	         {"address":"2001:db8::3/64"}]}`
-	c, err := ParseConfig(conf(t, map[string]string{"prevResult": prev}), "eth0", BackendIPTables)
+	c, err := ParseConfig(conf(t, map[string]string{"prevResult": prev}), "eth0", backend.IPTables)
 	if err != nil {
 		t.Fatalf("ParseConfig: %v", err)
 	}

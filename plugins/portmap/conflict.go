@@ -21,21 +21,6 @@ type Inventory interface {
 	Listener(proto, hostIP string, port int) (string, error)
 }
 
-type hostInventory struct{}
-
-func (hostInventory) Mappings(f plan.Family) ([]inventory.Entry, error) {
-	ipt, err := inventory.ReadIPTables(f)
-	if err != nil {
-		return nil, err
-	}
-	nft, err := inventory.ReadNFTables(f)
-	return append(ipt, nft...), err
-}
-
-func (hostInventory) Listener(proto, hostIP string, port int) (string, error) {
-	return inventory.Listener(proto, hostIP, port)
-}
-
 // rejectConflicts returns a code-101 error naming the first mapping of the
 // plans that another attachment or a host process already holds. The same
 // port with another protocol, or another specific host IP, is no conflict;

@@ -3,10 +3,10 @@ package portmap
 import (
 	"errors"
 	"fmt"
-	"os/exec"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -14,17 +14,17 @@ import (
 // and needs neither prevResult nor portMappings: without them the backend
 // finds the attachment's objects by their owner-derived names.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	c, err := p.parse(args)
 	if err != nil {
 		return err
 	}
-	c.Request.Owner = owner(c, args)
+	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
 	var errs, missing []error
 	var flush []*plan.Plan
 	usable := 0
 	for _, f := range plan.Families {
-		be, err := p.NewBackend(c.Backend, f)
-		if errors.Is(err, exec.ErrNotFound) {
+		s, err := p.Host.Stack(c.Backend, f, &c.Request)
+		if host.NotInstalled(err) {
 			// No tools for this family: nothing of it can exist.
 			missing = append(missing, err)
 			continue
@@ -34,14 +34,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		usable++
 		pl := plan.Build(c.Request, f, c.ContainerNets[f])
-		if pl.ForwardAccept {
-			if fw, err := p.forwarder(f); err != nil {
-				errs = append(errs, err)
-			} else if fw != nil {
-				errs = append(errs, fw.Remove(pl))
-			}
-		}
-		if err := be.Remove(pl); err != nil {
+		if err := s.Remove(pl); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -51,7 +44,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			flush = append(flush, pl)
 		}
 	}
-	p.flush(flush...)
+	p.Host.Flush(flush...)
 	if usable == 0 {
 		return cniError(c, fmt.Errorf("no family's tools are on PATH: %w", errors.Join(missing...)))
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/utils"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -27,7 +28,7 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, stdin []byte) {
-		c, err := ParseConfig(stdin, "eth0", BackendIPTables)
+		c, err := ParseConfig(stdin, "eth0", backend.IPTables)
 		if err != nil {
 			return
 		}
@@ -56,12 +57,12 @@ func FuzzRender(f *testing.F) {
 	f.Add("-m", "comment --comment \"x\"\n-A INPUT -j ACCEPT", "n", "c", uint16(80), "", "tcp", false)
 	f.Add("ip daddr 1.2.3.4", "; flush ruleset", "n", "c", uint16(80), "", "tcp", true)
 	f.Fuzz(func(t *testing.T, cond1, cond2, network, id string, port uint16, hostIP, proto string, nft bool) {
-		backend := BackendIPTables
+		be := backend.IPTables
 		if nft {
-			backend = BackendNFTables
+			be = backend.NFTables
 		}
 		conf := map[string]any{
-			"cniVersion": "1.0.0", "name": network, "type": "portmap", "backend": backend,
+			"cniVersion": "1.0.0", "name": network, "type": "portmap", "backend": be,
 			"conditionsV4": []string{cond1, cond2},
 			"runtimeConfig": map[string]any{"portMappings": []map[string]any{
 				{"hostPort": port, "containerPort": 80, "protocol": proto, "hostIP": hostIP},
@@ -71,7 +72,7 @@ func FuzzRender(f *testing.F) {
 		if err != nil {
 			return
 		}
-		c, err := ParseConfig(stdin, "eth0", BackendIPTables)
+		c, err := ParseConfig(stdin, "eth0", backend.IPTables)
 		if err != nil {
 			return
 		}

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -16,7 +16,7 @@ import (
 // attachment owns, in both families. It keeps going after an error and
 // returns them all joined; it prints nothing.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	c, err := p.parse(args)
 	if err != nil {
 		return err
 	}
@@ -26,24 +26,14 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	var errs []error
 	for _, f := range plan.Families {
-		be, err := p.NewBackend(c.Backend, f)
-		if errors.Is(err, exec.ErrNotFound) {
+		s, err := p.Host.Stack(c.Backend, f, &c.Request)
+		if host.NotInstalled(err) {
 			continue // no tools for this family: nothing of it can exist
 		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if err == nil {
+			err = s.GC(c.Network, valid)
 		}
-		if err := be.GC(c.Network, valid); err != nil {
-			errs = append(errs, err)
-		}
-		if c.Request.ForwardAccept {
-			if fw, err := p.forwarder(f); err != nil {
-				errs = append(errs, err)
-			} else if fw != nil {
-				errs = append(errs, fw.GC(c.Network, valid))
-			}
-		}
+		errs = append(errs, err)
 	}
 	return cniError(c, errors.Join(errs...))
 }
@@ -74,16 +64,16 @@ func validAttachments(stdin []byte, network string) ([]plan.Owner, error) {
 // Status (CNI 1.1) succeeds when the selected backend can serve ADD, and
 // otherwise answers code 50 with the reason.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.DefaultBackend())
+	c, err := p.parse(args)
 	if err != nil {
 		return err
 	}
-	be, err := p.NewBackend(c.Backend, plan.IPv4)
+	s, err := p.Host.Stack(c.Backend, plan.IPv4, &c.Request)
 	if err == nil {
-		err = be.Ready(plan.Build(c.Request, plan.IPv4, nil))
+		err = s.Ready(plan.Build(c.Request, plan.IPv4, nil))
 	}
 	if err == nil && len(c.Request.ConditionsV6) > 0 {
-		err = be.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
+		err = s.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
 	}
 	if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")

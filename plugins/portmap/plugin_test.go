@@ -5,141 +5,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/portmap-dev/portmap/pkg/conntrack"
-	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fakehost"
 )
 
-// fakeHost records every call the verbs make outside the process.
-type fakeHost struct {
-	calls []string
-	// sync answers a backend's Sync; nil: everything ok, nothing else.
-	sync      func(backend BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report
-	failApply map[plan.Family]error
-	failAll   error // returned by every backend call
-	localnet  map[string]bool
-	failSysct error
-	mu        sync.Mutex
-}
-
-type fakeBackend struct {
-	h    *fakeHost
-	f    plan.Family
-	name BackendName
-}
-
-func (b fakeBackend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
-	var ids []string
-	for _, p := range want {
-		ids = append(ids, p.Owner.ContainerID)
-	}
-	b.h.mu.Lock()
-	defer b.h.mu.Unlock()
-	b.h.calls = append(b.h.calls, fmt.Sprintf("sync %s %s [%s] prune=%v dry=%v", b.name, b.f, strings.Join(ids, " "), o.Prune, o.DryRun))
-	if b.h.failAll != nil {
-		return nil, b.h.failAll
-	}
-	if b.h.sync != nil {
-		return b.h.sync(b.name, b.f, want, o), nil
-	}
-	return converge.NewReport(len(want)), nil
-}
-
-func (b fakeBackend) Apply(p *plan.Plan) error  { return b.h.record("apply", p, b.h.failApply[b.f]) }
-func (b fakeBackend) Remove(p *plan.Plan) error { return b.h.record("remove", p, nil) }
-func (b fakeBackend) Check(p *plan.Plan) error  { return b.h.record("check", p, nil) }
-func (b fakeBackend) GC(network string, valid []plan.Owner) error {
-	var v []string
-	for _, o := range valid {
-		v = append(v, o.Network+"/"+o.ContainerID+"/"+o.IfName)
-	}
-	b.h.calls = append(b.h.calls, fmt.Sprintf("gc %s %s [%s]", b.f, network, strings.Join(v, " ")))
-	return b.h.failAll
-}
-func (b fakeBackend) Ready(*plan.Plan) error {
-	b.h.calls = append(b.h.calls, "ready "+b.f.String())
-	return b.h.failAll
-}
-
-func (h *fakeHost) record(op string, p *plan.Plan, err error) error {
-	var ms []string
-	for _, m := range p.Mappings {
-		ms = append(ms, m.String())
-	}
-	ip := "-"
-	if p.ContainerNet != nil {
-		ip = p.ContainerNet.IP.String()
-	}
-	h.calls = append(h.calls, fmt.Sprintf("%s %s %s/%s/%s %s [%s]", op, p.Family, p.Owner.Network, p.Owner.ContainerID, p.Owner.IfName, ip, strings.Join(ms, " ")))
-	if h.failAll != nil {
-		return h.failAll
-	}
-	return err
-}
-
-func (h *fakeHost) HostInterface(ip net.IP) (string, error) { return "veth-" + ip.String(), nil }
-func (h *fakeHost) HostInterfaces(ips []net.IP) ([]string, error) {
-	out := make([]string, len(ips))
-	for i, ip := range ips {
-		out[i], _ = h.HostInterface(ip)
-	}
-	return out, nil
-}
-func (h *fakeHost) EnableRouteLocalnet(ifName string) error {
-	h.calls = append(h.calls, "route_localnet "+ifName)
-	if h.failSysct != nil {
-		return h.failSysct
-	}
-	h.localnet[ifName] = true
-	return nil
-}
-func (h *fakeHost) RouteLocalnet(ifName string) (bool, error) { return h.localnet[ifName], nil }
-func (h *fakeHost) FlushDstPorts(ports []conntrack.Port) error {
-	for _, pp := range ports {
-		h.calls = append(h.calls, fmt.Sprintf("flush %s %s %d", pp.Family, pp.Protocol, pp.Port))
-	}
-	h.calls = append(h.calls, "flushed")
-	return nil
-}
-
-func newFake() (*Plugin, *fakeHost, *bytes.Buffer) {
-	h := &fakeHost{failApply: map[plan.Family]error{}, localnet: map[string]bool{}}
+func newFake() (*Plugin, *fakehost.Host, *bytes.Buffer) {
+	h, fh := fakehost.New()
 	out := &bytes.Buffer{}
-	p := &Plugin{
-		Stdout: out,
-		Stderr: &bytes.Buffer{},
-		NewBackend: func(name BackendName, f plan.Family) (Backend, error) {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.calls = append(h.calls, "backend "+string(name)+" "+f.String())
-			return fakeBackend{h, f, name}, nil
-		},
-		NewForward: func(f plan.Family) (Forwarder, error) {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			h.calls = append(h.calls, "forward "+f.String())
-			return fakeBackend{h, f, "forward"}, nil
-		},
-		DefaultBackend: func() BackendName { return BackendIPTables },
-		Sysctl:         h,
-		Conntrack:      h,
-		Lock: func() (func(), error) {
-			h.calls = append(h.calls, "lock")
-			return func() {}, nil
-		},
-	}
-	return p, h, out
+	return &Plugin{Stdout: out, Host: h}, fh, out
 }
 
 const prevDual = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],
@@ -180,7 +62,7 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 		"flush ipv6 udp 8053",
 		"flushed", // one walk of the conntrack table for both families
 	}
-	if got := strings.Join(h.calls, "\n"); got != strings.Join(want, "\n") {
+	if got := h.Calls(); got != strings.Join(want, "\n") {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
 	}
 	var printed map[string]any
@@ -194,14 +76,14 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 
 func TestBackendSelection(t *testing.T) {
 	p, h, _ := newFake()
-	p.DefaultBackend = func() BackendName { return BackendNFTables }
+	p.Host.DefaultBackend = func() backend.Name { return backend.NFTables }
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual, "backend": `"iptables"`}))); err != nil {
 		t.Fatal(err)
 	}
-	got := strings.Join(h.calls, "\n")
+	got := h.Calls()
 	if !strings.Contains(got, "backend nftables ipv4") || !strings.Contains(got, "backend iptables ipv4") {
 		t.Errorf("calls:\n%s\nwant the default (nftables) first, then the configured iptables", got)
 	}
@@ -224,8 +106,8 @@ func TestAddWithoutMappingsPassesThrough(t *testing.T) {
 	if err := p.Add(args(t, map[string]string{"prevResult": prevDual})); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	if len(h.calls) != 0 || !strings.Contains(out.String(), "192.0.2.2/24") {
-		t.Errorf("calls %v, stdout %q: want none and the prevResult", h.calls, out)
+	if h.Calls() != "" || !strings.Contains(out.String(), "192.0.2.2/24") {
+		t.Errorf("calls %v, stdout %q: want none and the prevResult", h.CallList(), out)
 	}
 }
 
@@ -245,8 +127,8 @@ func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
 			if codeOf(err) != tt.code {
 				t.Fatalf("error %v (code %d), want code %d", err, codeOf(err), tt.code)
 			}
-			if len(h.calls) != 0 || out.Len() != 0 {
-				t.Errorf("calls %v, stdout %q: want nothing", h.calls, out)
+			if h.Calls() != "" || out.Len() != 0 {
+				t.Errorf("calls %v, stdout %q: want nothing", h.CallList(), out)
 			}
 		})
 	}
@@ -255,29 +137,29 @@ func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
 func TestAddUndoesOnFailure(t *testing.T) {
 	t.Run("second family fails", func(t *testing.T) {
 		p, h, _ := newFake()
-		h.failApply[plan.IPv6] = errors.New("kernel says no")
+		h.FailApply["iptables ipv6"] = errors.New("kernel says no")
 		err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual})))
 		if err == nil || !strings.Contains(err.Error(), "iptables backend: kernel says no") {
 			t.Fatalf("error %v, want the ipv6 failure", err)
 		}
-		if last := h.calls[len(h.calls)-1]; !strings.HasPrefix(last, "remove ipv4 net1/c1/eth0 192.0.2.2") {
-			t.Errorf("calls %v: want ipv4 removed last", h.calls)
+		if last := h.CallList()[len(h.CallList())-1]; !strings.HasPrefix(last, "remove ipv4 net1/c1/eth0 192.0.2.2") {
+			t.Errorf("calls %v: want ipv4 removed last", h.CallList())
 		}
 	})
 	t.Run("route_localnet fails", func(t *testing.T) {
 		p, h, _ := newFake()
-		h.failSysct = errors.New("read-only /proc")
+		h.FailSysctl = errors.New("read-only /proc")
 		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err == nil {
 			t.Fatal("Add succeeded, want the sysctl error")
 		}
-		got := strings.Join(h.calls, "\n")
+		got := h.Calls()
 		if !strings.Contains(got, "remove ipv4") || !strings.Contains(got, "remove ipv6") || strings.Contains(got, "flush") {
 			t.Errorf("calls:\n%s\nwant both families removed and no flush", got)
 		}
 	})
 	t.Run("lock timeout is try again later", func(t *testing.T) {
 		p, h, _ := newFake()
-		h.failAll = fmt.Errorf("apply: %w", lock.ErrTimeout)
+		h.FailAll = fmt.Errorf("apply: %w", lock.ErrTimeout)
 		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); codeOf(err) != types.ErrTryAgainLater {
 			t.Errorf("error %v, want code 11", err)
 		}
@@ -290,7 +172,7 @@ func TestDelWithoutPrevResultOrMappings(t *testing.T) {
 		t.Fatalf("Del: %v", err)
 	}
 	want := "backend iptables ipv4\nremove ipv4 net1/c1/eth0 - []\nbackend iptables ipv6\nremove ipv6 net1/c1/eth0 - []"
-	if got := strings.Join(h.calls, "\n"); got != want {
+	if got := h.Calls(); got != want {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 	}
 	if out.Len() != 0 {
@@ -303,7 +185,7 @@ func TestDelFlushesKnownPorts(t *testing.T) {
 	if err := p.Del(args(t, withMappings(nil))); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	got := strings.Join(h.calls, "\n")
+	got := h.Calls()
 	if !strings.Contains(got, "flush ipv4 udp 8053") || !strings.Contains(got, "flush ipv6 udp 8053") || strings.Contains(got, "tcp 8080") {
 		t.Errorf("calls:\n%s\nwant UDP flushed in both families, TCP not", got)
 	}
@@ -313,7 +195,7 @@ func TestDelFlushesKnownPorts(t *testing.T) {
 	if err := p.Del(args(t, withMappings(map[string]string{"prevResult": prev4}))); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	got = strings.Join(h.calls, "\n")
+	got = h.Calls()
 	if !strings.Contains(got, "flush ipv4 udp 8053") || strings.Contains(got, "flush ipv6") || !strings.Contains(got, "remove ipv6") {
 		t.Errorf("calls:\n%s\nwant both families removed, only IPv4 flushed", got)
 	}
@@ -326,7 +208,7 @@ func TestCheck(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "net.ipv4.conf.veth-192.0.2.2.route_localnet is 0") {
 		t.Fatalf("Check before ADD's sysctl: %v, want route_localnet error", err)
 	}
-	h.localnet["veth-192.0.2.2"] = true
+	h.Localnet["veth-192.0.2.2"] = true
 	if err := p.Check(a); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
@@ -349,7 +231,7 @@ func TestGCReadsValidAttachments(t *testing.T) {
 				t.Fatalf("GC: %v", err)
 			}
 			want := "gc ipv4 net1 [net1/c1/eth0 net1/c2/net1]"
-			if got := strings.Join(h.calls, "\n"); !strings.Contains(got, want) || !strings.Contains(got, "gc ipv6 net1") {
+			if got := h.Calls(); !strings.Contains(got, want) || !strings.Contains(got, "gc ipv6 net1") {
 				t.Errorf("calls:\n%s\nwant %q in both families", got, want)
 			}
 			if out.Len() != 0 {
@@ -361,7 +243,7 @@ func TestGCReadsValidAttachments(t *testing.T) {
 
 func TestGCJoinsErrors(t *testing.T) {
 	p, h, _ := newFake()
-	h.failAll = errors.New("table busy")
+	h.FailAll = errors.New("table busy")
 	err := p.GC(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
 	if err == nil || strings.Count(err.Error(), "table busy") != 2 {
 		t.Errorf("GC error %v, want both families' errors", err)
@@ -373,7 +255,7 @@ func TestStatus(t *testing.T) {
 	if err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`})); err != nil {
 		t.Fatalf("Status: %v", err)
 	}
-	h.failAll = errors.New("permission denied")
+	h.FailAll = errors.New("permission denied")
 	err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
 	if codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "iptables backend cannot serve ADD: permission denied") {
 		t.Errorf("Status: %v, want code 50 naming the backend and reason", err)
@@ -438,14 +320,14 @@ func TestConflictPolicy(t *testing.T) {
 			if codeOf(err) != tt.wantCode || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Fatalf("Add: %v, want code %d with %q", err, tt.wantCode, tt.wantMsg)
 			}
-			for _, c := range h.calls {
+			for _, c := range h.CallList() {
 				if strings.HasPrefix(c, "apply") {
-					t.Errorf("a rejected ADD applied: %v", h.calls)
+					t.Errorf("a rejected ADD applied: %v", h.CallList())
 				}
 			}
 		})
 	}
-	if _, err := ParseConfig(conf(t, map[string]string{"hostPortConflict": `"first"`}), "eth0", BackendIPTables); codeOf(err) != 7 ||
+	if _, err := ParseConfig(conf(t, map[string]string{"hostPortConflict": `"first"`}), "eth0", backend.IPTables); codeOf(err) != 7 ||
 		!strings.Contains(err.Error(), `invalid hostPortConflict "first": must be "replace" or "reject"`) {
 		t.Errorf("hostPortConflict \"first\": %v", err)
 	}
@@ -459,9 +341,9 @@ func TestAddOtherFamilyOnlyIsNoOp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	for _, c := range h.calls {
+	for _, c := range h.CallList() {
 		if strings.HasPrefix(c, "apply") {
-			t.Errorf("an IPv6-only mapping was applied to an IPv4-only container: %v", h.calls)
+			t.Errorf("an IPv6-only mapping was applied to an IPv4-only container: %v", h.CallList())
 		}
 	}
 	if !strings.Contains(out.String(), "192.0.2.2/24") {
@@ -485,13 +367,13 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		if err := p.Del(args(t, fa(map[string]string{}))); err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Join(h.calls, "\n")
+		got := h.Calls()
 		for _, want := range []string{
-			"forward ipv4\napply ipv4 net1/c1/eth0 192.0.2.2",
-			"forward ipv6\napply ipv6 net1/c1/eth0 2001:db8::2",
-			"forward ipv4\ncheck ipv4",
-			"forward ipv4\nremove ipv4 net1/c1/eth0 -",
-			"forward ipv6\nremove ipv6 net1/c1/eth0 -",
+			"layer forwardAccept ipv4\napply ipv4 net1/c1/eth0 192.0.2.2",
+			"layer forwardAccept ipv6\napply ipv6 net1/c1/eth0 2001:db8::2",
+			"layer forwardAccept ipv4\ncheck ipv4",
+			"layer forwardAccept ipv4\nremove ipv4 net1/c1/eth0 -",
+			"layer forwardAccept ipv6\nremove ipv6 net1/c1/eth0 -",
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("calls lack %q:\n%s", want, got)
@@ -506,28 +388,24 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		if err := p.Del(args(t, map[string]string{})); err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Join(h.calls, "\n"); strings.Contains(got, "forward") {
+		if got := h.Calls(); strings.Contains(got, "forwardAccept") {
 			t.Errorf("forwardAccept rules touched without the key:\n%s", got)
-		}
-	})
-	t.Run("no iptables: nothing to open", func(t *testing.T) {
-		p, h, _ := newFake()
-		p.NewForward = func(plan.Family) (Forwarder, error) { return nil, fmt.Errorf("ipv4: %w", exec.ErrNotFound) }
-		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual, "backend": `"nftables"`})))); err != nil {
-			t.Fatalf("ADD on a host without iptables: %v", err)
-		}
-		if n := strings.Count(strings.Join(h.calls, "\n"), "apply"); n != 2 {
-			t.Errorf("calls %v: want the two families' mappings only", h.calls)
 		}
 	})
 	t.Run("a failing accept undoes the ADD", func(t *testing.T) {
 		p, h, _ := newFake()
-		p.NewForward = func(plan.Family) (Forwarder, error) { return nil, errors.New("filter table is read-only") }
+		h.FailApply["forwardAccept ipv6"] = errors.New("filter table is read-only")
 		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err == nil {
 			t.Fatal("ADD succeeded")
 		}
-		if last := h.calls[len(h.calls)-1]; !strings.HasPrefix(last, "remove ipv4") {
-			t.Errorf("calls %v: want the ipv4 mappings removed", h.calls)
+		// The ipv6 stack undoes its own backend; ADD undoes ipv4's stack.
+		got := h.CallList()
+		want := []string{"remove ipv6 net1/c1/eth0 2001:db8::2", "remove ipv4 net1/c1/eth0 192.0.2.2", "remove ipv4 net1/c1/eth0 192.0.2.2"}
+		if len(got) < 3 || !strings.HasPrefix(got[len(got)-3], want[0]) || !strings.HasPrefix(got[len(got)-2], want[1]) || !strings.HasPrefix(got[len(got)-1], want[2]) {
+			t.Errorf("calls:\n%s\nwant the ipv6 mappings, then the ipv4 accept rules and mappings removed", strings.Join(got, "\n"))
+		}
+		if strings.Contains(h.Calls(), "flush") || strings.Contains(h.Calls(), "route_localnet") {
+			t.Errorf("a failed ADD flushed or set route_localnet:\n%s", h.Calls())
 		}
 	})
 }

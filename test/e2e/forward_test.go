@@ -61,7 +61,7 @@ func TestForwardAccept(t *testing.T) {
 		if err := rt.Check(c); err != nil {
 			t.Errorf("CHECK: %v", err)
 		}
-		fw := iptables.ForwardChainName(plan.Owner{Network: "fwd", ContainerID: "c1", IfName: "eth0"})
+		fw := iptables.AcceptChainName(plan.Owner{Network: "fwd", ContainerID: "c1", IfName: "eth0"})
 		nettest.Run(t, "iptables", "-F", fw)
 		if err := rt.Check(c); err == nil || !strings.Contains(err.Error(), "forwardAccept") {
 			t.Errorf("CHECK after the accept rules were flushed: %v, want a forwardAccept error", err)

@@ -164,7 +164,7 @@ func TestUpgradeInPlace(t *testing.T) {
 		if err := b.Check(p); err != nil {
 			return fmt.Errorf("CHECK of the release's state: %w", err)
 		}
-		fs, err := b.Forwards()
+		fs, err := b.Mappings()
 		if err != nil || len(fs) != 3 {
 			return fmt.Errorf("Forwards of the release's state: %v, %v", fs, err)
 		}

@@ -31,7 +31,6 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"time"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
 
@@ -70,9 +69,6 @@ type Backend struct {
 	Lock func() (release func(), err error)
 }
 
-// LockTimeout bounds the wait for the host-wide lock.
-const LockTimeout = 30 * time.Second
-
 // New returns the backend of family f on the real kernel. It fails when the
 // family's iptables-restore is not on PATH.
 func New(f plan.Family) (*Backend, error) {
@@ -83,7 +79,7 @@ func New(f plan.Family) (*Backend, error) {
 	return &Backend{
 		Family: f,
 		Kernel: k,
-		Lock:   func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
+		Lock:   lock.Host,
 	}, nil
 }
 

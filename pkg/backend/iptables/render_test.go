@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/nettest"
+	"github.com/portmap-dev/portmap/test/fixture"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 var (
-	owner = nettest.Owner
-	build = nettest.TestPlan
+	owner = fixture.Owner
+	build = fixture.TestPlan
 )
 
 func manyPorts(r *plan.Request) {
@@ -46,7 +46,7 @@ func TestGoldenPayloads(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			nettest.Golden(t, filepath.Join("testdata", tt.name+".golden"), string(tt.pl.bytes()))
+			fixture.Golden(t, filepath.Join("testdata", tt.name+".golden"), string(tt.pl.bytes()))
 		})
 	}
 }

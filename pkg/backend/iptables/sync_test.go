@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/nettest"
+	"github.com/portmap-dev/portmap/test/fixture"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -62,7 +62,7 @@ func (k *fakeKernel) EnsureRule(r Rule) error {
 // condition "! -d 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on
 // network "old".
 func syncPlans(aIP string) (a, b, o *plan.Plan) {
-	return nettest.SyncPlans(aIP, []string{"!", "-d", "10.1.0.0/16"})
+	return fixture.SyncPlans(aIP, []string{"!", "-d", "10.1.0.0/16"})
 }
 
 func syncBackend(t *testing.T, failOn string) (*Backend, *fakeKernel) {

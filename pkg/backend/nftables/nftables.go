@@ -42,7 +42,6 @@ package nftables
 import (
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -57,9 +56,6 @@ type Backend struct {
 	Log io.Writer
 }
 
-// LockTimeout bounds the wait for the host-wide lock.
-const LockTimeout = 30 * time.Second
-
 // New returns the backend of family f on the real kernel: nf_tables over
 // netlink, in this process. It needs no nft binary (only conditions,
 // which are nft syntax, are compiled by nft).
@@ -67,7 +63,7 @@ func New(f plan.Family, log io.Writer) (*Backend, error) {
 	return &Backend{
 		Family: f,
 		Kernel: &netlinkKernel{},
-		Lock:   func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) },
+		Lock:   lock.Host,
 		Log:    log,
 	}, nil
 }

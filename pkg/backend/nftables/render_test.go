@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/nettest"
+	"github.com/portmap-dev/portmap/test/fixture"
 
 	"golang.org/x/sys/unix"
 
@@ -14,8 +14,8 @@ import (
 )
 
 var (
-	owner = nettest.Owner
-	build = nettest.TestPlan
+	owner = fixture.Owner
+	build = fixture.TestPlan
 )
 
 // skeletonTx is what the slow path writes before an attachment.
@@ -45,7 +45,7 @@ func TestGoldenTransactions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			nettest.Golden(t, filepath.Join("testdata", tt.name+".golden"), tt.got)
+			fixture.Golden(t, filepath.Join("testdata", tt.name+".golden"), tt.got)
 		})
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/nettest"
+	"github.com/portmap-dev/portmap/test/fixture"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -16,7 +16,7 @@ import (
 // to 192.0.2.2), b (9090/tcp to 192.0.2.3, condition "ip daddr !=
 // 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on network "old".
 func syncPlans(aIP string) (a, b, o *plan.Plan) {
-	return nettest.SyncPlans(aIP, []string{"ip daddr != 10.1.0.0/16"})
+	return fixture.SyncPlans(aIP, []string{"ip daddr != 10.1.0.0/16"})
 }
 
 func syncBackend(t *testing.T, listed bool) (*Backend, *fakeKernel) {

@@ -1,4 +1,4 @@
-package portmap
+package agent
 
 import (
 	"encoding/json"
@@ -11,19 +11,19 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// SyncReport is what one pass found and did; its JSON form is what
+// Report is what one pass found and did; its JSON form is what
 // `portmap sync --json` prints.
-type SyncReport struct {
-	DryRun      bool             `json:"dryRun"`
-	Attachments []SyncAttachment `json:"attachments"`
-	Orphans     []SyncOrphan     `json:"orphans"`
-	Shared      []SyncShared     `json:"shared"`
-	Skipped     []SyncSkipped    `json:"skipped"`
-	Summary     SyncSummary      `json:"summary"`
+type Report struct {
+	DryRun      bool         `json:"dryRun"`
+	Attachments []Attachment `json:"attachments"`
+	Orphans     []Orphan     `json:"orphans"`
+	Shared      []Shared     `json:"shared"`
+	Skipped     []Skipped    `json:"skipped"`
+	Summary     Summary      `json:"summary"`
 }
 
-// SyncAttachment is one cached attachment with port mappings.
-type SyncAttachment struct {
+// Attachment is one cached attachment with port mappings.
+type Attachment struct {
 	Network     string `json:"network"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
@@ -35,8 +35,8 @@ type SyncAttachment struct {
 	File  string `json:"file"`
 }
 
-// SyncOrphan is kernel state of an owner without a cache entry.
-type SyncOrphan struct {
+// Orphan is kernel state of an owner without a cache entry.
+type Orphan struct {
 	Network     string `json:"network"`
 	ContainerID string `json:"containerID"`
 	Backend     string `json:"backend"`
@@ -47,15 +47,15 @@ type SyncOrphan struct {
 	Error string `json:"error,omitempty"`
 }
 
-// SyncShared is a shared object (base chain, jump, map) found missing.
-type SyncShared struct {
+// Shared is a shared object (base chain, jump, map) found missing.
+type Shared struct {
 	Backend string `json:"backend"`
 	Family  string `json:"family"`
 	What    string `json:"what"`
 }
 
-// SyncSkipped is a cache file that was not synced.
-type SyncSkipped struct {
+// Skipped is a cache file that was not synced.
+type Skipped struct {
 	File string `json:"file"`
 	Why  string `json:"why"`
 	// Error is true for a file that should have been usable (corrupt, or
@@ -64,8 +64,8 @@ type SyncSkipped struct {
 	Error bool `json:"error"`
 }
 
-// SyncSummary counts the report.
-type SyncSummary struct {
+// Summary counts the report.
+type Summary struct {
 	Attachments int `json:"attachments"`
 	OK          int `json:"ok"`
 	Repaired    int `json:"repaired"`
@@ -79,7 +79,7 @@ type SyncSummary struct {
 }
 
 // Failed reports whether anything could not be brought to its state.
-func (r *SyncReport) Failed() bool {
+func (r *Report) Failed() bool {
 	if r.Summary.Errors > 0 {
 		return true
 	}
@@ -97,17 +97,17 @@ func (r *SyncReport) Failed() bool {
 }
 
 // Changed reports whether the pass wrote anything (or would have).
-func (r *SyncReport) Changed() bool {
+func (r *Report) Changed() bool {
 	return r.Summary.Repaired > 0 || r.Summary.Pruned > 0 || len(r.Shared) > 0
 }
 
 // addUnit takes one unit's shared objects and orphans into the report.
-func (r *SyncReport) addUnit(backend BackendName, f plan.Family, u *converge.Report) {
+func (r *Report) addUnit(backend string, f plan.Family, u *converge.Report) {
 	for _, s := range u.Shared {
-		r.Shared = append(r.Shared, SyncShared{Backend: string(backend), Family: f.String(), What: s})
+		r.Shared = append(r.Shared, Shared{Backend: backend, Family: f.String(), What: s})
 	}
 	for _, or := range u.Orphans {
-		so := SyncOrphan{Network: or.Network, ContainerID: or.ContainerID, Backend: string(backend),
+		so := Orphan{Network: or.Network, ContainerID: or.ContainerID, Backend: backend,
 			Family: f.String(), Object: or.Object, State: "orphan"}
 		switch {
 		case or.Err != "":
@@ -120,9 +120,9 @@ func (r *SyncReport) addUnit(backend BackendName, f plan.Family, u *converge.Rep
 }
 
 // finish adds one line per wanted attachment and the summary.
-func (r *SyncReport) finish(ws []*wanted, out *outcomes, dryRun bool) {
+func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 	for i, w := range ws {
-		a := SyncAttachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
+		a := Attachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
 			Backend: string(w.c.Backend), State: string(converge.OK), File: w.att.File}
 		switch {
 		case len(out.failed[i]) > 0:
@@ -139,7 +139,7 @@ func (r *SyncReport) finish(ws []*wanted, out *outcomes, dryRun bool) {
 		}
 		r.Attachments = append(r.Attachments, a)
 	}
-	slices.SortStableFunc(r.Orphans, func(a, b SyncOrphan) int {
+	slices.SortStableFunc(r.Orphans, func(a, b Orphan) int {
 		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
 	})
 	r.Summary.Attachments = len(r.Attachments)
@@ -154,7 +154,7 @@ func (r *SyncReport) finish(ws []*wanted, out *outcomes, dryRun bool) {
 
 // line is the attachment's report line: network, container, interface,
 // state and what.
-func (a SyncAttachment) line() string {
+func (a Attachment) line() string {
 	l := fmt.Sprintf("%s %s %s: %s", a.Network, a.ContainerID, a.IfName, a.State)
 	if a.What != "" {
 		l += ": " + a.What
@@ -162,7 +162,7 @@ func (a SyncAttachment) line() string {
 	return l
 }
 
-func (s SyncShared) line(dryRun bool) string {
+func (s Shared) line(dryRun bool) string {
 	verb := "repaired"
 	if dryRun {
 		verb = "would repair"
@@ -170,7 +170,7 @@ func (s SyncShared) line(dryRun bool) string {
 	return fmt.Sprintf("shared %s %s: %s: %s", s.Backend, s.Family, verb, s.What)
 }
 
-func (o SyncOrphan) line(dryRun bool) string {
+func (o Orphan) line(dryRun bool) string {
 	state := o.State
 	if state == "orphan" && dryRun {
 		state = "orphan (a pass with --prune would remove it)"
@@ -182,7 +182,7 @@ func (o SyncOrphan) line(dryRun bool) string {
 	return l
 }
 
-func (s SyncSkipped) line() string {
+func (s Skipped) line() string {
 	state := "skipped"
 	if s.Error {
 		state = "error"
@@ -190,9 +190,9 @@ func (s SyncSkipped) line() string {
 	return fmt.Sprintf("%s: %s: %s", s.File, state, s.Why)
 }
 
-// WriteSync prints the report: one line per attachment, orphan, shared
+// Write prints the report: one line per attachment, orphan, shared
 // repair and skipped cache file, then a summary (or the JSON form).
-func WriteSync(w io.Writer, r *SyncReport, asJSON bool) error {
+func (r *Report) Write(w io.Writer, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

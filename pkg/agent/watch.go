@@ -1,4 +1,4 @@
-package portmap
+package agent
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 // WatchOptions are the flags of `portmap sync --watch`.
 type WatchOptions struct {
-	SyncOptions
+	Options
 	// Interval is the time between passes without an event (iptables-legacy
 	// raises none).
 	Interval time.Duration
@@ -30,14 +30,14 @@ type WatchOptions struct {
 // nothing to repair writes nothing and raises none. With Prune, an orphan
 // is removed only when two passes in a row found it, so an ADD whose rules
 // exist a moment before the runtime caches it is never pruned.
-func (p *Plugin) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log io.Writer) error {
+func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log io.Writer) error {
 	seen := map[string]bool{}   // orphans of the last pass, by owner
 	logged := map[string]bool{} // orphans already logged
 	pass := func(reason string) bool {
 		if drain != nil {
 			drain()
 		}
-		so := o.SyncOptions
+		so := o.Options
 		current := map[string]bool{}
 		var mu sync.Mutex // backends run concurrently
 		if so.Prune {
@@ -50,7 +50,7 @@ func (p *Plugin) Watch(ctx context.Context, o WatchOptions, events <-chan struct
 			}
 		}
 		start := time.Now()
-		rep, err := p.Sync(so)
+		rep, err := a.Sync(so)
 		if so.Prune {
 			seen = current
 		}
@@ -107,7 +107,7 @@ func stamp() string { return time.Now().UTC().Format(time.RFC3339) }
 // logChanges writes what a pass found wrong or did, one line each, and a
 // summary; nothing when everything was right. Orphans that are only
 // listed are logged once.
-func logChanges(w io.Writer, r *SyncReport, reason string, took time.Duration, logged map[string]bool) {
+func logChanges(w io.Writer, r *Report, reason string, took time.Duration, logged map[string]bool) {
 	var lines []string
 	for _, a := range r.Attachments {
 		if a.State != "ok" {

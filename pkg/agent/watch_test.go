@@ -1,4 +1,4 @@
-package portmap
+package agent
 
 import (
 	"bytes"
@@ -17,15 +17,15 @@ import (
 // (one Sync of iptables ipv4 each).
 func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (passes int, log string)) {
 	t.Helper()
-	p, h, _ := newFake()
+	a, h := newFake()
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
-	h.localnet["veth-192.0.2.2"] = true
+	h.Localnet["veth-192.0.2.2"] = true
 	var mu sync.Mutex
 	passes := 0
-	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		r := converge.NewReport(len(want))
-		if be != BackendIPTables || f != plan.IPv4 {
+		if be != "iptables" || f != plan.IPv4 {
 			return r
 		}
 		mu.Lock()
@@ -40,7 +40,7 @@ func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (p
 	var log bytes.Buffer
 	done := make(chan error)
 	go func() {
-		done <- p.Watch(ctx, WatchOptions{SyncOptions: SyncOptions{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond},
+		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond},
 			events, nil, &log)
 	}()
 	return func() (int, string) {

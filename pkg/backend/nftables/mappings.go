@@ -11,7 +11,7 @@ import (
 
 // Forwards reads back the host ports this family's cni_portmap table
 // forwards, in one read; a missing table forwards nothing.
-func (b *Backend) Forwards() ([]plan.Forward, error) {
+func (b *Backend) Mappings() ([]plan.Installed, error) {
 	s, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
 		return nil, fmt.Errorf("%s: read table: %w", b.Family, err)
@@ -22,11 +22,11 @@ func (b *Backend) Forwards() ([]plan.Forward, error) {
 // forwardsOf reads each dn- chain's owner from its comment (OwnerComment)
 // and its mappings from its DNAT rules and their "hostport <key>"
 // comments.
-func forwardsOf(s *State) []plan.Forward {
+func forwardsOf(s *State) []plan.Installed {
 	if s == nil {
 		return nil
 	}
-	var fs []plan.Forward
+	var fs []plan.Installed
 	for _, name := range sortedChains(s) {
 		c := s.Chains[name]
 		if !strings.HasPrefix(name, "dn-") {
@@ -45,7 +45,7 @@ func forwardsOf(s *State) []plan.Forward {
 			if !ok {
 				continue
 			}
-			f := plan.Forward{HostIP: k.HostIP, HostPort: k.Port, Protocol: k.Protocol, Owner: owner}
+			f := plan.Installed{HostIP: k.HostIP, HostPort: k.Port, Protocol: k.Protocol, Owner: owner}
 			if host, port, err := net.SplitHostPort(r.DNAT); err == nil {
 				f.ContainerIP = net.ParseIP(host)
 				f.ContainerPort, _ = strconv.Atoi(port)

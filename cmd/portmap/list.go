@@ -1,19 +1,29 @@
-package portmap
+package main
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 )
 
-// List is `portmap list [--json]`, run by a person: the host-port table of
-// this host from the kernel state of both backends and both families,
+// listMain is `portmap list [--json]`: the host-port table of this host
+// from the kernel state of every backend and layer, both families,
 // including what the upstream plugin made (same iptables layout).
-func List(w io.Writer, args []string) error {
+func listMain(args []string) int {
+	if err := list(os.Stdout, host.Real(os.Stderr), args); err != nil {
+		fmt.Fprintln(os.Stderr, "portmap:", err)
+		return 1
+	}
+	return 0
+}
+
+func list(w io.Writer, h *host.Host, args []string) error {
 	asJSON := false
 	for _, a := range args {
 		switch a {
@@ -23,7 +33,7 @@ func List(w io.Writer, args []string) error {
 			return fmt.Errorf("usage: portmap list [--json] (unknown argument %q)", a)
 		}
 	}
-	entries, err := inventory.Read()
+	entries, err := inventory.Read(h)
 	if entries == nil {
 		entries = []inventory.Entry{}
 	}
@@ -33,14 +43,14 @@ func List(w io.Writer, args []string) error {
 		if e := enc.Encode(entries); e != nil {
 			return e
 		}
-	} else if e := WriteTable(w, entries); e != nil {
+	} else if e := writeTable(w, entries); e != nil {
 		return e
 	}
 	return err
 }
 
-// WriteTable prints entries as aligned columns.
-func WriteTable(w io.Writer, entries []inventory.Entry) error {
+// writeTable prints entries as aligned columns.
+func writeTable(w io.Writer, entries []inventory.Entry) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST IP\tHOST PORT\tPROTO\tCONTAINER IP\tCONTAINER PORT\tNETWORK\tCONTAINER ID\tBACKEND")
 	for _, e := range entries {

@@ -19,18 +19,18 @@ func TestForwardsOfListing(t *testing.T) {
 	got := forwardsOf(parseListing(plan.IPv6, string(b)))
 	sort.Slice(got, func(i, j int) bool { return got[i].HostPort < got[j].HostPort })
 	c2 := plan.Owner{Network: "net1", ContainerID: "c2"}
-	want := []plan.Forward{
+	want := []plan.Installed{
 		{HostPort: 8054, HostIP: net.ParseIP("2001:db8::1"), Protocol: plan.UDP, ContainerIP: net.ParseIP("2001:db8::2"), ContainerPort: 54, Owner: c2},
 		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("2001:db8::2"), ContainerPort: 80, Owner: c2},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseForwards:\n got %+v\nwant %+v", got, want)
+		t.Errorf("ParseMappings:\n got %+v\nwant %+v", got, want)
 	}
 }
 
 func TestForwardsReadsItsOwnRendering(t *testing.T) {
 	b, _ := syncBackend(t, true)
-	fs, err := b.Forwards()
+	fs, err := b.Mappings()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestForwardsReadsItsOwnRendering(t *testing.T) {
 	}
 	// A missing table forwards nothing, and is no error.
 	b, _ = syncBackend(t, false)
-	if fs, err := b.Forwards(); err != nil || fs != nil {
+	if fs, err := b.Mappings(); err != nil || fs != nil {
 		t.Errorf("missing table: %v, %v", fs, err)
 	}
 }

@@ -11,18 +11,18 @@ import (
 
 // Forwards reads back the host ports this family's nat table forwards —
 // ours and the upstream plugin's, which share the layout — in one listing.
-func (b *Backend) Forwards() ([]plan.Forward, error) {
+func (b *Backend) Mappings() ([]plan.Installed, error) {
 	lines, err := b.Kernel.ListTable()
 	if err != nil {
 		return nil, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
 	}
-	return ParseForwards(lines), nil
+	return ParseMappings(lines), nil
 }
 
-// ParseForwards reads `iptables -t nat -S` lines: the owner of each CNI-DN
+// ParseMappings reads `iptables -t nat -S` lines: the owner of each CNI-DN
 // chain from its entry rule's comment (EntryComment), the mappings from
 // its DNAT rules.
-func ParseForwards(lines []string) []plan.Forward {
+func ParseMappings(lines []string) []plan.Installed {
 	lt := parseListing(lines)
 	owners := map[string]plan.Owner{}
 	for chain, refs := range lt.refs {
@@ -33,7 +33,7 @@ func ParseForwards(lines []string) []plan.Forward {
 			}
 		}
 	}
-	var out []plan.Forward
+	var out []plan.Installed
 	for _, l := range lines {
 		rest, ok := strings.CutPrefix(l, "-A "+dnChain)
 		if !ok || !strings.Contains(rest, " -j DNAT ") {
@@ -41,7 +41,7 @@ func ParseForwards(lines []string) []plan.Forward {
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
 		id := idOf(splitRule(l))
-		f := plan.Forward{Protocol: plan.Protocol(id.proto), Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}}
+		f := plan.Installed{Protocol: plan.Protocol(id.proto), Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}}
 		if o, ok := owners[chain]; ok {
 			f.Owner = o
 		}

@@ -1,24 +1,37 @@
-package portmap
+// Package agent is the node agent: `portmap sync` brings every backend's
+// and layer's kernel state to what libcni's cache says the runtime made
+// (one pass), and Watch keeps it there (a pass after each firewall change
+// and on an interval). It reads each cache entry's configuration exactly as
+// ADD does (plugins/portmap.ParseConfig) and reaches the node only through
+// a *host.Host.
+package agent
 
 import (
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/workers"
+	"github.com/portmap-dev/portmap/plugins/portmap"
 )
 
-// SyncOptions are the flags of `portmap sync`.
-type SyncOptions struct {
+// Agent runs passes on a host.
+type Agent struct {
+	Host *host.Host
+}
+
+// Options are the flags of `portmap sync`.
+type Options struct {
 	// CacheDir is libcni's cache directory (its results/ holds the
 	// attachments).
 	CacheDir string
@@ -32,17 +45,10 @@ type SyncOptions struct {
 	protect func(network, containerID string) bool
 }
 
-// Syncer is the part of a backend `portmap sync` uses.
-type Syncer interface {
-	// Sync brings the family's state to want (oldest first); the caller
-	// holds the host-wide lock.
-	Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error)
-}
-
 // wanted is one cached attachment's plans.
 type wanted struct {
 	att   cnicache.Attachment
-	c     *Config
+	c     *portmap.Config
 	plans []*plan.Plan
 }
 
@@ -50,13 +56,13 @@ type wanted struct {
 // attachment's request as the runtime made it and brings both backends'
 // kernel state to it, one listing and at most one write per backend and
 // family.
-func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
-	rep := &SyncReport{DryRun: o.DryRun, Attachments: []SyncAttachment{}, Orphans: []SyncOrphan{},
-		Shared: []SyncShared{}, Skipped: []SyncSkipped{}}
+func (a *Agent) Sync(o Options) (*Report, error) {
+	rep := &Report{DryRun: o.DryRun, Attachments: []Attachment{}, Orphans: []Orphan{},
+		Shared: []Shared{}, Skipped: []Skipped{}}
 	inScope := func(network string) bool {
 		return len(o.Networks) == 0 || (network != "" && slices.Contains(o.Networks, network))
 	}
-	ws, initial, err := p.readWanted(o.CacheDir, inScope, rep)
+	ws, initial, err := a.readWanted(o.CacheDir, inScope, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -71,15 +77,15 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 	copts := converge.Options{InScope: inScope, Fresh: keep, Prune: o.Prune, DryRun: o.DryRun}
 
 	if !o.DryRun {
-		release, err := p.Lock()
+		release, err := a.Host.Lock()
 		if err != nil {
 			return nil, fmt.Errorf("take the host-wide lock: %w", err)
 		}
 		defer release()
 	}
 	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws))}
-	errs := p.runUnits(ws, copts, rep, out)
-	errs = append(errs, p.fixRouteLocalnet(ws, out, o.DryRun)...)
+	errs := a.runUnits(ws, copts, rep, out)
+	errs = append(errs, a.fixRouteLocalnet(ws, out, o.DryRun)...)
 	// A UDP flow that met no DNAT while the rules were missing must meet
 	// them now: the repaired attachments' ports, in one conntrack walk.
 	if !o.DryRun {
@@ -89,7 +95,7 @@ func (p *Plugin) Sync(o SyncOptions) (*SyncReport, error) {
 				repaired = append(repaired, w.plans...)
 			}
 		}
-		p.flush(repaired...)
+		a.Host.Flush(repaired...)
 	}
 	rep.finish(ws, out, o.DryRun)
 	return rep, errors.Join(errs...)
@@ -106,7 +112,7 @@ type outcomes struct {
 // readWanted reads the cache and parses each entry's configuration as ADD
 // parses it (one worker per core). Entries it cannot use go to the
 // report; initial holds every cache file name it saw.
-func (p *Plugin) readWanted(dir string, inScope func(string) bool, rep *SyncReport) ([]*wanted, map[string]bool, error) {
+func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) ([]*wanted, map[string]bool, error) {
 	atts, skipped, err := cnicache.Read(dir, "portmap")
 	if err != nil {
 		return nil, nil, err
@@ -114,45 +120,37 @@ func (p *Plugin) readWanted(dir string, inScope func(string) bool, rep *SyncRepo
 	initial := map[string]bool{}
 	for _, s := range skipped {
 		initial[filepath.Base(s.File)] = true
-		rep.Skipped = append(rep.Skipped, SyncSkipped{File: s.File, Why: s.Why, Error: s.Corrupt})
+		rep.Skipped = append(rep.Skipped, Skipped{File: s.File, Why: s.Why, Error: s.Corrupt})
 	}
-	defBackend := p.DefaultBackend()
-	configs := make([]*Config, len(atts))
+	defBackend := a.Host.DefaultBackend()
+	configs := make([]*portmap.Config, len(atts))
 	errs := make([]error, len(atts))
-	for _, a := range atts {
-		initial[filepath.Base(a.File)] = true
+	for _, at := range atts {
+		initial[filepath.Base(at.File)] = true
 	}
 	workers.Each(len(atts), func(i int) {
 		if inScope(atts[i].Network) {
-			configs[i], errs[i] = ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
+			configs[i], errs[i] = portmap.ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
 		}
 	})
 	var ws []*wanted
-	for i, a := range atts {
+	for i, at := range atts {
 		c, err := configs[i], errs[i]
 		switch {
-		case !inScope(a.Network):
+		case !inScope(at.Network):
 			continue
 		case err != nil:
-			rep.Skipped = append(rep.Skipped, SyncSkipped{File: a.File, Why: "invalid portmap configuration: " + err.Error(), Error: true})
+			rep.Skipped = append(rep.Skipped, Skipped{File: at.File, Why: "invalid portmap configuration: " + err.Error(), Error: true})
 			continue
 		case !c.HasMappings:
 			rep.Summary.NoMappings++
 			continue
 		case c.PrevResult == nil:
-			rep.Skipped = append(rep.Skipped, SyncSkipped{File: a.File, Why: "cache entry without a result", Error: true})
+			rep.Skipped = append(rep.Skipped, Skipped{File: at.File, Why: "cache entry without a result", Error: true})
 			continue
 		}
-		c.Request.Owner = plan.Owner{Network: c.Network, ContainerID: a.ContainerID, IfName: a.IfName}
-		w := &wanted{att: a, c: c}
-		for _, f := range plan.Families {
-			if n := c.ContainerNets[f]; n != nil {
-				if pl := plan.Build(c.Request, f, n); !pl.Empty() {
-					w.plans = append(w.plans, pl)
-				}
-			}
-		}
-		ws = append(ws, w)
+		c.Request.Owner = c.Owner(at.ContainerID, at.IfName)
+		ws = append(ws, &wanted{att: at, c: c, plans: c.Plans()})
 	}
 	return ws, initial, nil
 }
@@ -176,61 +174,55 @@ func fresh(dir string, initial map[string]bool, network, id string) bool {
 	return false
 }
 
-// unit is one Syncer of one family, and which plans it keeps.
+// unit is one backend or layer of one family, and which attachments it
+// keeps.
 type unit struct {
-	name   BackendName
-	f      plan.Family
-	want   func(*wanted, *plan.Plan) bool
-	syncer func() (Syncer, error)
+	name string // in the report
+	f    plan.Family
+	want func(*wanted) bool
+	open func() (backend.Backend, error)
 }
 
-// units are one per backend and family, and the forwardAccept rules of
-// each family (iptables' filter table, whichever backend maps).
-func (p *Plugin) units() []unit {
+// units are one per backend and family (each attachment's configured
+// backend), and one per layer and family (the attachments whose
+// configuration turns it on, whatever backend maps them).
+func (a *Agent) units() []unit {
 	var units []unit
-	for _, name := range []BackendName{BackendIPTables, BackendNFTables} {
+	for _, k := range a.Host.Kinds {
 		for _, f := range plan.Families {
-			units = append(units, unit{name, f,
-				func(w *wanted, _ *plan.Plan) bool { return w.c.Backend == name },
-				func() (Syncer, error) {
-					be, err := p.NewBackend(name, f)
-					if err != nil {
-						return nil, err
-					}
-					s, ok := be.(Syncer)
-					if !ok {
-						return nil, fmt.Errorf("%s backend cannot sync", name)
-					}
-					return s, nil
-				}})
+			units = append(units, unit{string(k.Name), f,
+				func(w *wanted) bool { return w.c.Backend == k.Name },
+				func() (backend.Backend, error) { return k.Open(f, a.Host.Log) }})
 		}
 	}
-	for _, f := range plan.Families {
-		units = append(units, unit{BackendIPTables, f,
-			func(_ *wanted, pl *plan.Plan) bool { return pl.ForwardAccept },
-			func() (Syncer, error) { return p.NewForward(f) }})
+	for _, l := range a.Host.Layers {
+		for _, f := range plan.Families {
+			units = append(units, unit{l.Name, f,
+				func(w *wanted) bool { return l.Wants(&w.c.Request) },
+				func() (backend.Backend, error) { return l.Open(f, a.Host.Log) }})
+		}
 	}
 	return units
 }
 
 // runUnits runs every unit's pass at once (each holds its own listing and
 // write) and gathers what they found into out and rep.
-func (p *Plugin) runUnits(ws []*wanted, copts converge.Options, rep *SyncReport, out *outcomes) []error {
+func (a *Agent) runUnits(ws []*wanted, copts converge.Options, rep *Report, out *outcomes) []error {
 	var errs []error
 	var wg sync.WaitGroup
-	for _, u := range p.units() {
+	for _, u := range a.units() {
 		var want []*plan.Plan
 		var idx []int
 		for i, w := range ws {
 			for _, pl := range w.plans {
-				if pl.Family == u.f && u.want(w, pl) {
+				if pl.Family == u.f && u.want(w) {
 					want = append(want, pl)
 					idx = append(idx, i)
 				}
 			}
 		}
-		syncer, err := u.syncer()
-		if errors.Is(err, exec.ErrNotFound) && len(want) == 0 {
+		be, err := u.open()
+		if host.NotInstalled(err) && len(want) == 0 {
 			continue // no tools: nothing of this backend can exist
 		}
 		if err != nil {
@@ -242,7 +234,7 @@ func (p *Plugin) runUnits(ws []*wanted, copts converge.Options, rep *SyncReport,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := syncer.Sync(want, copts)
+			r, err := be.Sync(want, copts)
 			out.mu.Lock()
 			defer out.mu.Unlock()
 			if err != nil {
@@ -271,7 +263,7 @@ func (p *Plugin) runUnits(ws []*wanted, copts converge.Options, rep *SyncReport,
 // (IPv4, masquerading): a firewall reload leaves it, a recreated
 // interface does not. All interfaces are found with one routing-table
 // dump.
-func (p *Plugin) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []error {
+func (a *Agent) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []error {
 	var idx []int
 	var ips []net.IP
 	for i, w := range ws {
@@ -284,7 +276,7 @@ func (p *Plugin) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []er
 	if len(ips) == 0 {
 		return nil
 	}
-	ifNames, err := p.Sysctl.HostInterfaces(ips)
+	ifNames, err := a.Host.Sysctl.HostInterfaces(ips)
 	if err != nil {
 		return []error{err}
 	}
@@ -297,10 +289,10 @@ func (p *Plugin) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []er
 		err, seen := state[ifName]
 		if !seen {
 			var on bool
-			if on, err = p.Sysctl.RouteLocalnet(ifName); err == nil && !on {
+			if on, err = a.Host.Sysctl.RouteLocalnet(ifName); err == nil && !on {
 				out.repaired[i] = append(out.repaired[i], "route_localnet off on "+ifName)
 				if !dryRun {
-					err = p.Sysctl.EnableRouteLocalnet(ifName)
+					err = a.Host.Sysctl.EnableRouteLocalnet(ifName)
 				}
 			}
 			state[ifName] = err

@@ -6,9 +6,9 @@ import "net"
 // records none (an iptables chain whose entry rule is gone).
 const Unknown = "?"
 
-// Forward is one forwarded host port as a backend reads it back from the
+// Installed is one forwarded host port as a backend reads it back from the
 // kernel: what `portmap list` shows and the "reject" policy compares.
-type Forward struct {
+type Installed struct {
 	// HostIP is nil for every address.
 	HostIP        net.IP
 	HostPort      int

@@ -16,9 +16,9 @@ func TestParseForwards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := ParseForwards(strings.Split(strings.TrimSpace(string(b)), "\n"))
+	got := ParseMappings(strings.Split(strings.TrimSpace(string(b)), "\n"))
 	c1 := plan.Owner{Network: "net1", ContainerID: "c1"}
-	want := []plan.Forward{
+	want := []plan.Installed{
 		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2"), ContainerPort: 80, Owner: c1},
 		{HostIP: net.ParseIP("198.51.100.1"), HostPort: 8053, Protocol: plan.UDP, ContainerIP: net.ParseIP("192.0.2.2"), ContainerPort: 53, Owner: c1},
 		// A chain without an entry rule: what it forwards, owner unknown.
@@ -26,7 +26,7 @@ func TestParseForwards(t *testing.T) {
 			Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}},
 	}
 	if len(got) != len(want) {
-		t.Fatalf("ParseForwards: %d mappings %+v, want %d", len(got), got, len(want))
+		t.Fatalf("ParseMappings: %d mappings %+v, want %d", len(got), got, len(want))
 	}
 	for i := range want {
 		if !reflect.DeepEqual(norm(got[i]), norm(want[i])) {
@@ -36,7 +36,7 @@ func TestParseForwards(t *testing.T) {
 }
 
 // norm spells addresses in one form, so 4-in-6 and 4-byte IPs compare.
-func norm(f plan.Forward) plan.Forward {
+func norm(f plan.Installed) plan.Installed {
 	if f.HostIP != nil {
 		f.HostIP = net.ParseIP(f.HostIP.String())
 	}
@@ -48,7 +48,7 @@ func TestForwardsReadsItsOwnRendering(t *testing.T) {
 	// What this backend writes, as iptables prints it (testdata of the
 	// sync tests), reads back as the plans that wrote it.
 	b, k := syncBackend(t, "")
-	fs, err := b.Forwards()
+	fs, err := b.Mappings()
 	if err != nil || len(k.restores) != 0 {
 		t.Fatalf("Forwards: %v, restores %q", err, k.restores)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Forward is forwardAccept: rules in iptables' filter table that let an
+// Accept is forwardAccept: rules in iptables' filter table that let an
 // attachment's DNAT'd connections through a FORWARD policy of DROP, for
 // either backend — an nftables accept in another table cannot overrule a
 // drop in this chain, so the accept must live here.
@@ -29,7 +29,7 @@ import (
 // still meets the policy), from this host port (and host IP) to this
 // container's address and port. Docker re-inserts its DOCKER-USER jump
 // at the top of FORWARD, so rules there still apply before ours.
-type Forward struct {
+type Accept struct {
 	Family plan.Family
 	Kernel Kernel
 	Lock   func() (release func(), err error)
@@ -42,19 +42,19 @@ const (
 	forwardChainPrefix = "FW-"
 )
 
-// NewForward returns the forwardAccept rules of family f on the real
+// NewAccept returns the forwardAccept rules of family f on the real
 // kernel; it fails when the family's iptables-restore is not on PATH.
-func NewForward(f plan.Family) (*Forward, error) {
+func NewAccept(f plan.Family) (*Accept, error) {
 	k, err := newExecKernel(f, FilterTable)
 	if err != nil {
 		return nil, err
 	}
-	return &Forward{Family: f, Kernel: k,
-		Lock: func() (func(), error) { return lock.Acquire(lock.DefaultPath, LockTimeout) }}, nil
+	return &Accept{Family: f, Kernel: k,
+		Lock: lock.Host}, nil
 }
 
-// ForwardChainName is the attachment's chain of accept rules.
-func ForwardChainName(o plan.Owner) string {
+// AcceptChainName is the attachment's chain of accept rules.
+func AcceptChainName(o plan.Owner) string {
 	return utils.MustFormatChainNameWithPrefix(o.Network, o.ContainerID, forwardChainPrefix)
 }
 
@@ -65,12 +65,12 @@ var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Args: []string{"-j"
 // only on the owner, so DEL can name it without a prevResult.
 func forwardEntry(o plan.Owner) Rule {
 	return Rule{Table: FilterTable, Chain: ForwardChain,
-		Args: []string{"-m", "comment", "--comment", EntryComment(o), "-j", ForwardChainName(o)}}
+		Args: []string{"-m", "comment", "--comment", EntryComment(o), "-j", AcceptChainName(o)}}
 }
 
 // AcceptRules are the attachment's accept rules, one per distinct mapping.
 func AcceptRules(p *plan.Plan) []Rule {
-	chain := ForwardChainName(p.Owner)
+	chain := AcceptChainName(p.Owner)
 	var out []Rule
 	seen := map[string]bool{}
 	for _, m := range p.Mappings {
@@ -98,11 +98,11 @@ func filterPayload() *payload {
 // fast path is one iptables-restore that checks the jump from FORWARD and
 // creates the attachment's chain (failing if it exists); otherwise, under
 // the lock, the shared chain and jump are ensured and the chain replaced.
-func (fw *Forward) Apply(p *plan.Plan) error {
+func (fw *Accept) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return fmt.Errorf("%s: no container address to accept forwarding to", fw.Family)
 	}
-	chain := ForwardChainName(p.Owner)
+	chain := AcceptChainName(p.Owner)
 	pl := filterPayload()
 	pl.rule("-C", forwardJump)
 	pl.line("-N "+chain, "new chain "+chain)
@@ -135,7 +135,7 @@ func (fw *Forward) Apply(p *plan.Plan) error {
 	return nil
 }
 
-func (fw *Forward) ensureShared() error {
+func (fw *Accept) ensureShared() error {
 	if err := fw.Kernel.EnsureChain(Chain{FilterTable, ForwardChain}); err != nil {
 		return fmt.Errorf("%s: create chain %q in table %s: %w", fw.Family, ForwardChain, FilterTable, err)
 	}
@@ -147,8 +147,8 @@ func (fw *Forward) ensureShared() error {
 
 // Remove deletes the attachment's accept rules; it is idempotent and needs
 // no prevResult: the jump and the chain are named by the owner alone.
-func (fw *Forward) Remove(p *plan.Plan) error {
-	chain := ForwardChainName(p.Owner)
+func (fw *Accept) Remove(p *plan.Plan) error {
+	chain := AcceptChainName(p.Owner)
 	pl := filterPayload()
 	pl.rule("-D", forwardEntry(p.Owner))
 	pl.drop(chain, nil)
@@ -167,7 +167,7 @@ func (fw *Forward) Remove(p *plan.Plan) error {
 
 // Check verifies the jump from FORWARD, the attachment's jump and its
 // accept rules, in one process.
-func (fw *Forward) Check(p *plan.Plan) error {
+func (fw *Accept) Check(p *plan.Plan) error {
 	pl := filterPayload()
 	pl.rule("-C", forwardJump)
 	pl.rule("-C", forwardEntry(p.Owner))
@@ -194,7 +194,7 @@ type fwListing struct {
 	shared bool // CNI-HOSTPORT-FWD exists and FORWARD jumps to it
 }
 
-func parseForward(lines []string) *fwListing {
+func parseAccept(lines []string) *fwListing {
 	l := &fwListing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}, owners: map[string][2]string{}}
 	hasChain, hasJump := false, false
 	for _, line := range lines {
@@ -223,7 +223,7 @@ func parseForward(lines []string) *fwListing {
 
 // GC removes the accept rules of network's attachments that are not in
 // valid: one listing, one write.
-func (fw *Forward) GC(network string, valid []plan.Owner) error {
+func (fw *Accept) GC(network string, valid []plan.Owner) error {
 	ids := map[string]bool{}
 	for _, o := range valid {
 		ids[o.ContainerID] = true
@@ -237,11 +237,11 @@ func (fw *Forward) GC(network string, valid []plan.Owner) error {
 	if err != nil {
 		return fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
 	}
-	l := parseForward(lines)
+	l := parseAccept(lines)
 	pl := filterPayload()
 	for _, chain := range sortedChains(l.chains) {
 		o, ok := l.owners[chain]
-		if !ok || o[0] != network || ids[o[1]] || chain != ForwardChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
+		if !ok || o[0] != network || ids[o[1]] || chain != AcceptChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
 			continue
 		}
 		pl.drop(chain, l.refs[chain])
@@ -268,17 +268,17 @@ func sortedChains(m map[string]bool) []string {
 // ForwardAccept): one listing of the filter table, at most one write; the
 // CNI-FW chains no wanted plan names are orphans. The caller holds the
 // host-wide lock.
-func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	rep := converge.NewReport(len(want))
 	lines, err := fw.Kernel.ListTable()
 	if err != nil {
 		return nil, fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
 	}
-	l := parseForward(lines)
+	l := parseAccept(lines)
 	broken := map[int]bool{}
 	wanted := map[string]bool{}
 	for i, p := range want {
-		chain := ForwardChainName(p.Owner)
+		chain := AcceptChainName(p.Owner)
 		wanted[chain] = true
 		why := ""
 		var w, h []ruleID
@@ -339,7 +339,7 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 		if !broken[i] {
 			continue
 		}
-		chain := ForwardChainName(p.Owner)
+		chain := AcceptChainName(p.Owner)
 		pl.redeclare(chain, l.refs[chain])
 		for _, r := range AcceptRules(p) {
 			pl.rule("-A", r)
@@ -362,3 +362,15 @@ func (fw *Forward) Sync(want []*plan.Plan, o converge.Options) (*converge.Report
 	rep.WriteDone(prune)
 	return rep, nil
 }
+
+// Ready reports whether the accept rules can be written: the restore tool
+// runs and may change the filter table (--test commits nothing).
+func (fw *Accept) Ready(*plan.Plan) error {
+	if err := fw.Kernel.Test(filterPayload().bytes()); err != nil {
+		return fmt.Errorf("%s: %w", fw.Family, err)
+	}
+	return nil
+}
+
+// Mappings is empty: the accept rules forward no host port themselves.
+func (fw *Accept) Mappings() ([]plan.Installed, error) { return nil, nil }

@@ -11,11 +11,11 @@ import (
 func TestForwardApplyRemove(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
 	k := &fakeKernel{}
-	fw := &Forward{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
+	fw := &Accept{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
 	if err := fw.Apply(a); err != nil {
 		t.Fatal(err)
 	}
-	chain := ForwardChainName(a.Owner)
+	chain := AcceptChainName(a.Owner)
 	want := "*filter\n" +
 		"-C FORWARD -j CNI-HOSTPORT-FWD\n" +
 		"-N " + chain + "\n" +
@@ -54,7 +54,7 @@ func TestForwardApplyRemove(t *testing.T) {
 
 func TestForwardSync(t *testing.T) {
 	a, bb, _ := syncPlans("192.0.2.2")
-	ca, cb := ForwardChainName(a.Owner), ForwardChainName(bb.Owner)
+	ca, cb := AcceptChainName(a.Owner), AcceptChainName(bb.Owner)
 	k := &fakeKernel{lines: []string{
 		"-P FORWARD DROP",
 		"-N CNI-HOSTPORT-FWD",
@@ -66,7 +66,7 @@ func TestForwardSync(t *testing.T) {
 		"-A " + ca + " -p tcp -m conntrack --ctstate DNAT --ctreplsrc 192.0.2.2/32 --ctorigdstport 8080 --ctreplsrcport 80 -j ACCEPT",
 		"-A " + ca + " -p udp -m conntrack --ctstate DNAT --ctorigdst 198.51.100.1/32 --ctreplsrc 192.0.2.2/32 --ctorigdstport 8053 --ctreplsrcport 53 -j ACCEPT",
 	}}
-	fw := &Forward{Family: plan.IPv4, Kernel: k}
+	fw := &Accept{Family: plan.IPv4, Kernel: k}
 	rep, err := fw.Sync([]*plan.Plan{a}, converge.Options{Prune: true})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestForwardSync(t *testing.T) {
 func TestForwardCheckAndGC(t *testing.T) {
 	a, bb, _ := syncPlans("192.0.2.2")
 	k := &fakeKernel{}
-	fw := &Forward{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
+	fw := &Accept{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
 	if err := fw.Check(a); err != nil {
 		t.Errorf("Check: %v", err)
 	}
@@ -101,7 +101,7 @@ func TestForwardCheckAndGC(t *testing.T) {
 	if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), `forwardAccept: missing rule "-A FORWARD -j CNI-HOSTPORT-FWD" (table filter) in table filter`) {
 		t.Errorf("Check: %v", err)
 	}
-	ca, cb := ForwardChainName(a.Owner), ForwardChainName(bb.Owner)
+	ca, cb := AcceptChainName(a.Owner), AcceptChainName(bb.Owner)
 	k = &fakeKernel{lines: []string{
 		"-N CNI-HOSTPORT-FWD", "-N " + ca, "-N " + cb, "-A FORWARD -j CNI-HOSTPORT-FWD",
 		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"a\"" -j ` + ca,

@@ -1,10 +1,10 @@
-package portmap
+package main
 
 import (
 	"bytes"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/nettest"
+	"github.com/portmap-dev/portmap/test/fixture"
 
 	"github.com/portmap-dev/portmap/pkg/inventory"
 )
@@ -15,14 +15,14 @@ func TestWriteTableGolden(t *testing.T) {
 		{HostIP: "198.51.100.1", HostPort: 8053, Protocol: "udp", ContainerIP: "2001:db8::2", ContainerPort: 53, Network: "a-longer-network", ContainerID: "0123456789abcdef", Backend: "nftables"},
 	}
 	var b bytes.Buffer
-	if err := WriteTable(&b, entries); err != nil {
+	if err := writeTable(&b, entries); err != nil {
 		t.Fatal(err)
 	}
-	nettest.Golden(t, "testdata/list.golden", b.String())
+	fixture.Golden(t, "testdata/list.golden", b.String())
 }
 
 func TestListRejectsUnknownArgument(t *testing.T) {
-	if err := List(&bytes.Buffer{}, []string{"--yaml"}); err == nil {
-		t.Error("List accepted --yaml")
+	if err := list(&bytes.Buffer{}, nil, []string{"--yaml"}); err == nil {
+		t.Error("list accepted --yaml")
 	}
 }

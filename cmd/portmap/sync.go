@@ -1,4 +1,4 @@
-package portmap
+package main
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
 )
 
@@ -20,13 +22,14 @@ type networks []string
 func (n *networks) String() string     { return strings.Join(*n, ",") }
 func (n *networks) Set(v string) error { *n = append(*n, v); return nil }
 
-// SyncMain is `portmap sync`: it parses args, runs one pass and prints its
-// report to p.Stdout. It returns the exit status: 0 when everything is
-// right or was repaired, 1 when anything could not be, 2 for bad usage.
-func SyncMain(p *Plugin, args []string) int {
+// syncMain is `portmap sync`: it parses args, chroots with --root, runs
+// one pass and prints its report (or, with --watch, runs the agent until
+// SIGTERM). It returns the exit status: 0 when everything is right or was
+// repaired, 1 when anything could not be, 2 for bad usage.
+func syncMain(args []string) int {
 	fs := flag.NewFlagSet("portmap sync", flag.ContinueOnError)
-	fs.SetOutput(p.Stderr)
-	var o SyncOptions
+	fs.SetOutput(os.Stderr)
+	var o agent.Options
 	var nets networks
 	fs.StringVar(&o.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
 	fs.Var(&nets, "network", "sync only this network (repeatable)")
@@ -38,48 +41,50 @@ func SyncMain(p *Plugin, args []string) int {
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
 	fs.Usage = func() {
-		fmt.Fprintln(p.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--dry-run] [--json]")
-		fmt.Fprintln(p.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
+		fmt.Fprintln(os.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--dry-run] [--json]")
+		fmt.Fprintln(os.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(p.Stderr, "portmap sync: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(os.Stderr, "portmap sync: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
 	o.Networks = nets
+	if *watch && (o.DryRun || o.JSON) {
+		fmt.Fprintln(os.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")
+		return 2
+	}
+	if *watch && (*interval <= 0 || *debounce < 0) {
+		fmt.Fprintln(os.Stderr, "portmap sync: --interval must be positive and --debounce not negative")
+		return 2
+	}
 	if *root != "" {
 		if err := syscall.Chroot(*root); err != nil {
-			fmt.Fprintf(p.Stderr, "portmap sync: chroot %s: %v\n", *root, err)
+			fmt.Fprintf(os.Stderr, "portmap sync: chroot %s: %v\n", *root, err)
 			return 1
 		}
 		if err := os.Chdir("/"); err != nil {
-			fmt.Fprintf(p.Stderr, "portmap sync: %v\n", err)
+			fmt.Fprintf(os.Stderr, "portmap sync: %v\n", err)
 			return 1
 		}
 	}
+	// After the chroot: the host handle finds the host's own tools.
+	a := &agent.Agent{Host: host.Real(os.Stderr)}
 	if *watch {
-		if o.DryRun || o.JSON {
-			fmt.Fprintln(p.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")
-			return 2
-		}
-		if *interval <= 0 || *debounce < 0 {
-			fmt.Fprintln(p.Stderr, "portmap sync: --interval must be positive and --debounce not negative")
-			return 2
-		}
-		return watchMain(p, WatchOptions{SyncOptions: o, Interval: *interval, Debounce: *debounce})
+		return runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce})
 	}
-	rep, err := p.Sync(o)
+	rep, err := a.Sync(o)
 	if rep != nil {
-		if werr := WriteSync(p.Stdout, rep, o.JSON); werr != nil {
-			fmt.Fprintln(p.Stderr, "portmap sync:", werr)
+		if werr := rep.Write(os.Stdout, o.JSON); werr != nil {
+			fmt.Fprintln(os.Stderr, "portmap sync:", werr)
 			return 1
 		}
 	}
 	if err != nil {
-		fmt.Fprintln(p.Stderr, "portmap sync:", err)
+		fmt.Fprintln(os.Stderr, "portmap sync:", err)
 		return 1
 	}
 	if rep.Failed() {
@@ -88,8 +93,8 @@ func SyncMain(p *Plugin, args []string) int {
 	return 0
 }
 
-// watchMain runs Watch until SIGTERM or SIGINT, logging to p.Stdout.
-func watchMain(p *Plugin, o WatchOptions) int {
+// runWatch runs the agent until SIGTERM or SIGINT, logging to stdout.
+func runWatch(a *agent.Agent, o agent.WatchOptions) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var events <-chan struct{}
@@ -97,13 +102,13 @@ func watchMain(p *Plugin, o WatchOptions) int {
 	sub, err := nfevents.Subscribe()
 	if err != nil {
 		// iptables-legacy hosts may lack nf_tables: the timer still works.
-		fmt.Fprintf(p.Stderr, "portmap sync --watch: %v; passes every %s only\n", err, o.Interval)
+		fmt.Fprintf(os.Stderr, "portmap sync --watch: %v; passes every %s only\n", err, o.Interval)
 	} else {
 		defer sub.Close()
 		events, drain = sub.C, sub.Drain
 	}
-	if err := p.Watch(ctx, o, events, drain, p.Stdout); err != nil {
-		fmt.Fprintln(p.Stderr, "portmap sync --watch:", err)
+	if err := a.Watch(ctx, o, events, drain, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "portmap sync --watch:", err)
 		return 1
 	}
 	return 0

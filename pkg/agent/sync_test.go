@@ -1,4 +1,4 @@
-package portmap
+package agent
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fakehost"
 )
 
 // cacheEntry caches an attachment of network with portmap keys extra and
@@ -38,6 +39,11 @@ func cacheEntry(t *testing.T, dir, network, id, extra, mappings string, age time
 	}
 }
 
+func newFake() (*Agent, *fakehost.Host) {
+	h, fh := fakehost.New()
+	return &Agent{Host: h}, fh
+}
+
 func jsonValue(t *testing.T, s string) any {
 	var v any
 	if err := json.Unmarshal([]byte(s), &v); err != nil {
@@ -47,7 +53,7 @@ func jsonValue(t *testing.T, s string) any {
 }
 
 func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
-	p, h, _ := newFake()
+	a, h := newFake()
 	dir := t.TempDir()
 	tcp := `[{"hostPort":8080,"containerPort":80}]`
 	udp := `[{"hostPort":53,"containerPort":53,"protocol":"udp"}]`
@@ -55,19 +61,19 @@ func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
 	cacheEntry(t, dir, "net1", "old", "", tcp, time.Hour)
 	cacheEntry(t, dir, "net2", "nft", `,"backend":"nftables"`, udp, time.Hour)
 	cacheEntry(t, dir, "net2", "none", "", "", time.Hour) // no mappings: nothing to keep
-	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		r := converge.NewReport(len(want))
 		for i, pl := range want {
 			if pl.Owner.ContainerID == "nft" {
 				r.Results[i] = converge.Result{State: converge.Repaired, What: "chain missing"}
 			}
 		}
-		if be == BackendIPTables {
+		if be == "iptables" {
 			r.Orphans = []converge.Orphan{{Network: "gone", ContainerID: "x", Object: "chain CNI-DN-1"}}
 		}
 		return r
 	}
-	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	rep, err := a.Sync(Options{CacheDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,12 +85,12 @@ func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
 		"route_localnet veth-192.0.2.2",
 		"flush ipv4 udp 53",
 	} {
-		if !slices.Contains(h.calls, want) {
-			t.Errorf("no call %q in %q", want, h.calls)
+		if !slices.Contains(h.CallList(), want) {
+			t.Errorf("no call %q in %q", want, h.CallList())
 		}
 	}
-	if h.calls[0] != "lock" {
-		t.Errorf("the pass does not start with the lock: %q", h.calls)
+	if h.CallList()[0] != "lock" {
+		t.Errorf("the pass does not start with the lock: %q", h.CallList())
 	}
 	got := map[string]string{}
 	for _, a := range rep.Attachments {
@@ -100,7 +106,7 @@ func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
 		t.Errorf("summary %+v", rep.Summary)
 	}
 	var out bytes.Buffer
-	if err := WriteSync(&out, rep, false); err != nil {
+	if err := rep.Write(&out, false); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
@@ -115,25 +121,25 @@ func TestSyncGroupsByBackendOldestFirst(t *testing.T) {
 }
 
 func TestSyncDryRunAndScope(t *testing.T) {
-	p, h, _ := newFake()
+	a, h := newFake()
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
 	cacheEntry(t, dir, "net2", "b", "", `[{"hostPort":8081,"containerPort":80}]`, time.Hour)
 	var scope func(string) bool
-	h.sync = func(be BackendName, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+	h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
 		scope = o.InScope
 		return converge.NewReport(len(want))
 	}
-	rep, err := p.Sync(SyncOptions{CacheDir: dir, DryRun: true, Networks: []string{"net2"}})
+	rep, err := a.Sync(Options{CacheDir: dir, DryRun: true, Networks: []string{"net2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slices.Contains(h.calls, "lock") || slices.ContainsFunc(h.calls, func(c string) bool { return strings.HasPrefix(c, "route_localnet ") }) {
-		t.Errorf("dry run locked or changed route_localnet: %q", h.calls)
+	if slices.Contains(h.CallList(), "lock") || slices.ContainsFunc(h.CallList(), func(c string) bool { return strings.HasPrefix(c, "route_localnet ") }) {
+		t.Errorf("dry run locked or changed route_localnet: %q", h.CallList())
 	}
-	if !slices.Contains(h.calls, "sync iptables ipv4 [b] prune=false dry=true") || len(rep.Attachments) != 1 ||
+	if !slices.Contains(h.CallList(), "sync iptables ipv4 [b] prune=false dry=true") || len(rep.Attachments) != 1 ||
 		rep.Attachments[0].State != "would repair" {
-		t.Errorf("calls %q, attachments %+v", h.calls, rep.Attachments)
+		t.Errorf("calls %q, attachments %+v", h.CallList(), rep.Attachments)
 	}
 	if scope("net1") || !scope("net2") || scope("") {
 		t.Error("--network net2: orphans of net1 or of unknown owners are in scope")
@@ -141,13 +147,13 @@ func TestSyncDryRunAndScope(t *testing.T) {
 }
 
 func TestSyncReportsBadEntries(t *testing.T) {
-	p, _, _ := newFake()
+	a, _ := newFake()
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "bad", `,"markMasqBit":40`, `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
 	if err := os.WriteFile(filepath.Join(dir, "results", "x-y-eth0"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	rep, err := a.Sync(Options{CacheDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,25 +167,12 @@ func TestSyncReportsBadEntries(t *testing.T) {
 	}
 }
 
-func TestSyncMainUsage(t *testing.T) {
-	p, _, _ := newFake()
-	if got := SyncMain(p, []string{"--bogus"}); got != 2 {
-		t.Errorf("bad flag: exit %d, want 2", got)
-	}
-	if got := SyncMain(p, []string{"extra"}); got != 2 {
-		t.Errorf("extra argument: exit %d, want 2", got)
-	}
-	if got := SyncMain(p, []string{"--cache-dir", t.TempDir(), "--json"}); got != 0 {
-		t.Errorf("empty cache: exit %d, want 0", got)
-	}
-}
-
 func TestSyncReportsBackendErrors(t *testing.T) {
-	p, h, _ := newFake()
+	a, h := newFake()
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
-	h.failAll = errors.New("nft: permission denied")
-	rep, err := p.Sync(SyncOptions{CacheDir: dir})
+	h.FailAll = errors.New("nft: permission denied")
+	rep, err := a.Sync(Options{CacheDir: dir})
 	if err == nil || !strings.Contains(err.Error(), "iptables backend: nft: permission denied") {
 		t.Errorf("error %v, want the backend's named", err)
 	}

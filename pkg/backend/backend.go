@@ -1,0 +1,215 @@
+// Package backend is the one seam between the programs (the CNI plugin,
+// the node agent, `portmap list`) and the kernel state they keep: what a
+// backend does for one IP family, the registry of backends and layers, and
+// the stack a CNI verb drives.
+//
+//	     plugin verbs (ADD, CHECK, DEL, GC, STATUS)       agent (sync, list)
+//	                    │                                      │
+//	              Stack(base + layers)                 every Backend and Layer
+//	                    │                                 of every family
+//	    ┌───────────────┼──────────────┐                       │
+//	 iptables        nftables     forwardAccept  …next: the socket path
+//	(nat DNAT)     (nat DNAT)   (filter FORWARD)
+//
+// A backend maps host ports (exactly one per attachment: the config's
+// "backend"). A layer is a mechanism beside those rules that a
+// configuration turns on for its attachments, whatever backend maps them;
+// it implements the same interface, so the verbs never name it and the
+// agent syncs it like a backend.
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Verbs is what the CNI verbs ask of one family.
+type Verbs interface {
+	// Apply installs the plan, replacing whatever the attachment had.
+	Apply(*plan.Plan) error
+	// Remove deletes what the attachment owns; idempotent, and the plan may
+	// lack the container's address and mappings (DEL without prevResult).
+	Remove(*plan.Plan) error
+	// Check names the first object of the plan that is missing or wrong.
+	Check(*plan.Plan) error
+	// GC removes network's attachments that are not in valid.
+	GC(network string, valid []plan.Owner) error
+	// Ready reports whether ADD of plans like p can be served.
+	Ready(p *plan.Plan) error
+}
+
+// Backend is everything one backend (or layer) does for one family.
+type Backend interface {
+	Verbs
+	// Sync brings the family's state to want (oldest first) for `portmap
+	// sync`: one read and at most one write; the caller holds the host-wide
+	// lock.
+	Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error)
+	// Mappings reads back the host ports the family's state forwards.
+	Mappings() ([]plan.Installed, error)
+}
+
+// Name is a value of the "backend" key.
+type Name string
+
+// The backends.
+const (
+	IPTables Name = "iptables"
+	NFTables Name = "nftables"
+)
+
+// Kind is one backend of the registry.
+type Kind struct {
+	Name Name
+	// Open returns the backend of family f on the real kernel; an error
+	// wrapping exec.ErrNotFound means its tools are not installed, so
+	// nothing of it can exist on this host.
+	Open func(f plan.Family, log io.Writer) (Backend, error)
+	// BadConditionToken says why tok cannot be one token of
+	// conditionsV4/V6 in this backend's syntax, or "".
+	BadConditionToken func(tok string) string
+}
+
+// Kinds is the registry of backends, in the order the agent syncs them.
+var Kinds = []Kind{
+	{IPTables, func(f plan.Family, _ io.Writer) (Backend, error) { return opened(iptables.New(f)) }, iptables.BadConditionToken},
+	{NFTables, func(f plan.Family, log io.Writer) (Backend, error) { return opened(nftables.New(f, log)) }, nftables.BadConditionToken},
+}
+
+// Lookup returns the registered backend called name.
+func Lookup(name Name) (Kind, bool) {
+	for _, k := range Kinds {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return Kind{}, false
+}
+
+// Layer is a mechanism beside the backends' DNAT rules that a
+// configuration turns on for its attachments (forwardAccept; next, the
+// socket path).
+type Layer struct {
+	// Name is the configuration key that turns it on; reports use it.
+	Name string
+	// Wants reports whether attachments of req use the layer.
+	Wants func(req *plan.Request) bool
+	// Open returns the layer of family f on the real kernel.
+	Open func(f plan.Family, log io.Writer) (Backend, error)
+}
+
+// Layers is the registry of layers, in the order a stack applies them.
+var Layers = []Layer{
+	{Name: "forwardAccept", Wants: func(r *plan.Request) bool { return r.ForwardAccept }, Open: openAccept},
+}
+
+// openAccept returns forwardAccept's rules, which live in iptables'
+// filter FORWARD whichever backend maps the ports. A host without
+// iptables has no FORWARD chain of it that could drop anything: the layer
+// is then Nothing.
+func openAccept(f plan.Family, _ io.Writer) (Backend, error) {
+	a, err := iptables.NewAccept(f)
+	if errors.Is(err, exec.ErrNotFound) {
+		return Nothing{}, nil
+	}
+	return opened(a, err)
+}
+
+// opened turns a typed constructor's answer into a Backend without
+// keeping a typed nil inside a non-nil interface.
+func opened[B Backend](b B, err error) (Backend, error) {
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Nothing is a layer with nothing to do on this host.
+type Nothing struct{}
+
+func (Nothing) Apply(*plan.Plan) error              { return nil }
+func (Nothing) Remove(*plan.Plan) error             { return nil }
+func (Nothing) Check(*plan.Plan) error              { return nil }
+func (Nothing) GC(string, []plan.Owner) error       { return nil }
+func (Nothing) Ready(*plan.Plan) error              { return nil }
+func (Nothing) Mappings() ([]plan.Installed, error) { return nil, nil }
+func (Nothing) Sync(want []*plan.Plan, _ converge.Options) (*converge.Report, error) {
+	return converge.NewReport(len(want)), nil
+}
+
+// Stack is what one CNI verb drives in one family: the configured backend
+// and the layers the configuration turned on, as one Verbs.
+type Stack struct {
+	Base   Backend
+	Layers []Backend
+}
+
+var _ Verbs = Stack{}
+
+// Apply applies the backend, then each layer; when one fails, what this
+// call applied is removed again.
+func (s Stack) Apply(p *plan.Plan) error {
+	if err := s.Base.Apply(p); err != nil {
+		return err
+	}
+	for i, l := range s.Layers {
+		if err := l.Apply(p); err != nil {
+			errs := []error{err}
+			for _, done := range append(s.Layers[:i:i], s.Base) {
+				if uerr := done.Remove(p); uerr != nil {
+					errs = append(errs, fmt.Errorf("undo: %w", uerr))
+				}
+			}
+			return errors.Join(errs...)
+		}
+	}
+	return nil
+}
+
+// Remove removes the layers' objects, then the backend's; it goes on
+// after an error and returns them all.
+func (s Stack) Remove(p *plan.Plan) error {
+	var errs []error
+	for _, l := range s.Layers {
+		errs = append(errs, l.Remove(p))
+	}
+	return errors.Join(append(errs, s.Base.Remove(p))...)
+}
+
+// Check checks the backend, then each layer.
+func (s Stack) Check(p *plan.Plan) error {
+	return s.each(func(b Backend) error { return b.Check(p) })
+}
+
+// Ready asks the backend, then each layer.
+func (s Stack) Ready(p *plan.Plan) error {
+	return s.each(func(b Backend) error { return b.Ready(p) })
+}
+
+// GC collects in the backend and every layer; it goes on after an error.
+func (s Stack) GC(network string, valid []plan.Owner) error {
+	errs := []error{s.Base.GC(network, valid)}
+	for _, l := range s.Layers {
+		errs = append(errs, l.GC(network, valid))
+	}
+	return errors.Join(errs...)
+}
+
+func (s Stack) each(do func(Backend) error) error {
+	if err := do(s.Base); err != nil {
+		return err
+	}
+	for _, l := range s.Layers {
+		if err := do(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+// Package host is the one handle on the node that the CNI plugin, the node
+// agent and `portmap list` are given: which backends and layers it can
+// open, its route_localnet switch, its conntrack table, the host-wide lock.
+// Real returns it wired to this host; tests build one from fakes.
+package host
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+
+	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/conntrack"
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/sysctl"
+)
+
+// Sysctl is the host's route_localnet switch.
+type Sysctl interface {
+	HostInterface(ip net.IP) (string, error)
+	// HostInterfaces is HostInterface for many addresses at once.
+	HostInterfaces(ips []net.IP) ([]string, error)
+	EnableRouteLocalnet(ifName string) error
+	RouteLocalnet(ifName string) (bool, error)
+}
+
+// Conntrack flushes stale flows of host ports.
+type Conntrack interface {
+	// FlushDstPorts flushes the flows to any of ports, in one walk of the
+	// table.
+	FlushDstPorts(ports []conntrack.Port) error
+}
+
+// Host is the node as the programs see it.
+type Host struct {
+	// Kinds and Layers are the backends and layers this host can open
+	// (backend.Kinds and backend.Layers on the real host).
+	Kinds  []backend.Kind
+	Layers []backend.Layer
+	// DefaultBackend names the backend used when a config has none.
+	DefaultBackend func() backend.Name
+	Sysctl         Sysctl
+	Conntrack      Conntrack
+	// Lock takes the host-wide lock.
+	Lock func() (release func(), err error)
+	// Log receives notes the kernel state is worth (port takeovers,
+	// failed flushes).
+	Log io.Writer
+}
+
+// Real returns the handle on this host; log receives its notes.
+func Real(log io.Writer) *Host {
+	return &Host{
+		Kinds:          backend.Kinds,
+		Layers:         backend.Layers,
+		DefaultBackend: defaultBackend,
+		Sysctl:         sysctl.Host{},
+		Conntrack:      conntrack.Host{},
+		Lock:           lock.Host,
+		Log:            log,
+	}
+}
+
+// defaultBackend is upstream's choice when "backend" is absent: iptables
+// if its tools are there, else nftables — which talks to the kernel over
+// netlink and needs no nft binary. It looks at PATH only, so the choice
+// costs no process.
+func defaultBackend() backend.Name {
+	if _, err := exec.LookPath(iptables.RestoreCommand(plan.IPv4)); err == nil {
+		return backend.IPTables
+	}
+	return backend.NFTables
+}
+
+// Open returns the backend called name for family f.
+func (h *Host) Open(name backend.Name, f plan.Family) (backend.Backend, error) {
+	for _, k := range h.Kinds {
+		if k.Name == name {
+			return k.Open(f, h.Log)
+		}
+	}
+	return nil, fmt.Errorf("unknown backend %q", name)
+}
+
+// Stack returns what a CNI verb of a request drives in family f: the
+// backend called name and the layers req turns on. An error wrapping
+// exec.ErrNotFound says the backend's tools are not installed.
+func (h *Host) Stack(name backend.Name, f plan.Family, req *plan.Request) (backend.Stack, error) {
+	base, err := h.Open(name, f)
+	if err != nil {
+		return backend.Stack{}, err
+	}
+	s := backend.Stack{Base: base}
+	for _, l := range h.Layers {
+		if !l.Wants(req) {
+			continue
+		}
+		lb, err := l.Open(f, h.Log)
+		if err != nil {
+			return backend.Stack{}, fmt.Errorf("%s: %w", l.Name, err)
+		}
+		s.Layers = append(s.Layers, lb)
+	}
+	return s, nil
+}
+
+// Flush removes stale UDP/SCTP conntrack entries of the plans' host
+// ports, both families in one walk of the table. Failures go to the log,
+// not to the caller: the rules are right either way.
+func (h *Host) Flush(pls ...*plan.Plan) {
+	var ports []conntrack.Port
+	seen := map[conntrack.Port]bool{}
+	for _, pl := range pls {
+		for _, pp := range pl.HostPorts() {
+			cp := conntrack.Port{Family: pl.Family, Protocol: pp.Protocol, Port: pp.Port}
+			if conntrack.NeedsFlush(pp.Protocol) && !seen[cp] {
+				seen[cp] = true
+				ports = append(ports, cp)
+			}
+		}
+	}
+	if len(ports) == 0 {
+		return
+	}
+	if err := h.Conntrack.FlushDstPorts(ports); err != nil {
+		fmt.Fprintf(h.Log, "portmap: %v\n", err)
+	}
+}
+
+// NotInstalled reports whether err says a backend's tools are missing
+// (then nothing of it can exist on this host).
+func NotInstalled(err error) bool { return errors.Is(err, exec.ErrNotFound) }

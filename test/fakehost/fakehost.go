@@ -1,0 +1,189 @@
+// Package fakehost is a host (pkg/host) whose backends and layers record
+// what the plugin's verbs and the agent ask of them, for their unit tests.
+package fakehost
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/conntrack"
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Host records every call the plugin's verbs and the agent make of a
+// host: opening a backend or layer, what each is asked, route_localnet,
+// conntrack flushes, the lock. Its knobs make calls fail.
+type Host struct {
+	mu    sync.Mutex
+	calls []string
+	// SyncAnswer answers a backend's Sync (name is the backend's or
+	// layer's); nil: everything ok, nothing else.
+	SyncAnswer func(name string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report
+	// FailApply fails Apply by backend or layer and family ("iptables
+	// ipv6"); FailAll fails every backend call.
+	FailApply map[string]error
+	FailAll   error
+	// FailOpen fails opening the backend or layer of that name.
+	FailOpen map[string]error
+	// Localnet is route_localnet per interface; FailSysctl fails turning
+	// it on.
+	Localnet   map[string]bool
+	FailSysctl error
+	Log        bytes.Buffer
+}
+
+// New returns a host whose registry holds recording fakes of the
+// real backends and layers (same names, same Wants), and the recorder.
+func New() (*host.Host, *Host) {
+	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Localnet: map[string]bool{}}
+	h := &host.Host{
+		DefaultBackend: func() backend.Name { return backend.IPTables },
+		Sysctl:         fh,
+		Conntrack:      fh,
+		Lock: func() (func(), error) {
+			fh.Record("lock")
+			return func() {}, nil
+		},
+		Log: &fh.Log,
+	}
+	for _, k := range backend.Kinds {
+		name := string(k.Name)
+		k.Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) {
+			return fh.open("backend "+name, name, f)
+		}
+		h.Kinds = append(h.Kinds, k)
+	}
+	for _, l := range backend.Layers {
+		name := l.Name
+		l.Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) {
+			return fh.open("layer "+name, name, f)
+		}
+		h.Layers = append(h.Layers, l)
+	}
+	return h, fh
+}
+
+func (h *Host) open(call, name string, f plan.Family) (backend.Backend, error) {
+	h.Record(call + " " + f.String())
+	if err := h.FailOpen[name]; err != nil {
+		return nil, err
+	}
+	return fakeBackend{h, f, name}, nil
+}
+
+// Record appends a call.
+func (h *Host) Record(call string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, call)
+}
+
+// Calls returns the calls so far, one a line.
+func (h *Host) Calls() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.Join(h.calls, "\n")
+}
+
+// CallList returns the calls so far.
+func (h *Host) CallList() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.calls...)
+}
+
+type fakeBackend struct {
+	h    *Host
+	f    plan.Family
+	name string
+}
+
+var _ backend.Backend = fakeBackend{}
+
+func (b fakeBackend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	var ids []string
+	for _, p := range want {
+		ids = append(ids, p.Owner.ContainerID)
+	}
+	b.h.Record(fmt.Sprintf("sync %s %s [%s] prune=%v dry=%v", b.name, b.f, strings.Join(ids, " "), o.Prune, o.DryRun))
+	if b.h.FailAll != nil {
+		return nil, b.h.FailAll
+	}
+	if b.h.SyncAnswer != nil {
+		return b.h.SyncAnswer(b.name, b.f, want, o), nil
+	}
+	return converge.NewReport(len(want)), nil
+}
+
+func (b fakeBackend) Apply(p *plan.Plan) error {
+	return b.record("apply", p, b.h.FailApply[b.name+" "+b.f.String()])
+}
+func (b fakeBackend) Remove(p *plan.Plan) error { return b.record("remove", p, nil) }
+func (b fakeBackend) Check(p *plan.Plan) error  { return b.record("check", p, nil) }
+func (b fakeBackend) GC(network string, valid []plan.Owner) error {
+	var v []string
+	for _, o := range valid {
+		v = append(v, o.Network+"/"+o.ContainerID+"/"+o.IfName)
+	}
+	b.h.Record(fmt.Sprintf("gc %s %s [%s]", b.f, network, strings.Join(v, " ")))
+	return b.h.FailAll
+}
+func (b fakeBackend) Ready(*plan.Plan) error {
+	b.h.Record("ready " + b.f.String())
+	return b.h.FailAll
+}
+func (b fakeBackend) Mappings() ([]plan.Installed, error) { return nil, b.h.FailAll }
+
+func (b fakeBackend) record(op string, p *plan.Plan, err error) error {
+	var ms []string
+	for _, m := range p.Mappings {
+		ms = append(ms, m.String())
+	}
+	ip := "-"
+	if p.ContainerNet != nil {
+		ip = p.ContainerNet.IP.String()
+	}
+	b.h.Record(fmt.Sprintf("%s %s %s/%s/%s %s [%s]", op, p.Family, p.Owner.Network, p.Owner.ContainerID, p.Owner.IfName, ip, strings.Join(ms, " ")))
+	if b.h.FailAll != nil {
+		return b.h.FailAll
+	}
+	return err
+}
+
+func (h *Host) HostInterface(ip net.IP) (string, error) { return "veth-" + ip.String(), nil }
+func (h *Host) HostInterfaces(ips []net.IP) ([]string, error) {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i], _ = h.HostInterface(ip)
+	}
+	return out, nil
+}
+func (h *Host) EnableRouteLocalnet(ifName string) error {
+	h.Record("route_localnet " + ifName)
+	if h.FailSysctl != nil {
+		return h.FailSysctl
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Localnet[ifName] = true
+	return nil
+}
+func (h *Host) RouteLocalnet(ifName string) (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.Localnet[ifName], nil
+}
+func (h *Host) FlushDstPorts(ports []conntrack.Port) error {
+	for _, pp := range ports {
+		h.Record(fmt.Sprintf("flush %s %s %d", pp.Family, pp.Protocol, pp.Port))
+	}
+	h.Record("flushed")
+	return nil
+}
