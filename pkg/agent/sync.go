@@ -227,7 +227,7 @@ func (a *Agent) runUnits(ws []*wanted, copts converge.Options, rep *Report, out 
 		}
 		if err != nil {
 			for _, i := range idx {
-				out.failed[i] = append(out.failed[i], fmt.Sprintf("%s: %v", u.f, err))
+				out.failed[i] = append(out.failed[i], err.Error()) // names its family
 			}
 			continue
 		}

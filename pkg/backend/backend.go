@@ -79,8 +79,18 @@ type Kind struct {
 
 // Kinds is the registry of backends, in the order the agent syncs them.
 var Kinds = []Kind{
-	{IPTables, func(f plan.Family, _ io.Writer) (Backend, error) { return opened(iptables.New(f)) }, iptables.BadConditionToken},
-	{NFTables, func(f plan.Family, log io.Writer) (Backend, error) { return opened(nftables.New(f, log)) }, nftables.BadConditionToken},
+	{IPTables, openIPTables, iptables.BadConditionToken},
+	{NFTables, openNFTables, nftables.BadConditionToken},
+}
+
+func openIPTables(f plan.Family, _ io.Writer) (Backend, error) {
+	b, err := iptables.New(f)
+	return opened(f, b, err)
+}
+
+func openNFTables(f plan.Family, log io.Writer) (Backend, error) {
+	b, err := nftables.New(f, log)
+	return opened(f, b, err)
 }
 
 // Lookup returns the registered backend called name.
@@ -119,16 +129,46 @@ func openAccept(f plan.Family, _ io.Writer) (Backend, error) {
 	if errors.Is(err, exec.ErrNotFound) {
 		return Nothing{}, nil
 	}
-	return opened(a, err)
+	return opened(f, a, err)
 }
 
-// opened turns a typed constructor's answer into a Backend without
+// opened turns a typed constructor's answer into a Backend that names
+// its family in every error (the one place that prefix is added), without
 // keeping a typed nil inside a non-nil interface.
-func opened[B Backend](b B, err error) (Backend, error) {
+func opened[B Backend](f plan.Family, b B, err error) (Backend, error) {
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", f, err)
 	}
-	return b, nil
+	return inFamily{b, f}, nil
+}
+
+// inFamily prefixes b's errors with its family: "ipv6: missing chain …".
+type inFamily struct {
+	b Backend
+	f plan.Family
+}
+
+func (x inFamily) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", x.f, err)
+}
+
+func (x inFamily) Apply(p *plan.Plan) error  { return x.wrap(x.b.Apply(p)) }
+func (x inFamily) Remove(p *plan.Plan) error { return x.wrap(x.b.Remove(p)) }
+func (x inFamily) Check(p *plan.Plan) error  { return x.wrap(x.b.Check(p)) }
+func (x inFamily) Ready(p *plan.Plan) error  { return x.wrap(x.b.Ready(p)) }
+func (x inFamily) GC(network string, valid []plan.Owner) error {
+	return x.wrap(x.b.GC(network, valid))
+}
+func (x inFamily) Mappings() ([]plan.Installed, error) {
+	ms, err := x.b.Mappings()
+	return ms, x.wrap(err)
+}
+func (x inFamily) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	r, err := x.b.Sync(want, o)
+	return r, x.wrap(err)
 }
 
 // Nothing is a layer with nothing to do on this host.

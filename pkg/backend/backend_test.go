@@ -98,6 +98,9 @@ func TestAcceptWithoutIPTablesIsNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
+		if _, ok := b.(inFamily); ok {
+			t.Errorf("%s: a real accept layer opened without iptables on PATH", f)
+		}
 		if _, ok := b.(Nothing); !ok {
 			t.Errorf("%s: opened %T, want Nothing", f, b)
 		}

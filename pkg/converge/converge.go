@@ -46,7 +46,7 @@ type Result struct {
 // Orphan is an attachment's state that no wanted plan owns.
 type Orphan struct {
 	// Network and ContainerID name the owner as the kernel state records
-	// it; "?" when it records none.
+	// it; plan.Unknown when it records none.
 	Network, ContainerID string
 	// Object names the kernel object, e.g. "iptables ipv4 chain CNI-DN-…".
 	Object string
@@ -74,6 +74,26 @@ func NewReport(n int) *Report {
 		r.Results[i].State = OK
 	}
 	return r
+}
+
+// AddOrphan adds kernel state of the owner (network, containerID; "" where
+// the state records none) that no wanted plan owns — unless the pass must
+// leave it alone: its network is out of scope, or its owner's cache entry
+// appeared during the pass. It reports whether it added it. The one orphan
+// rule of every backend and layer.
+func (r *Report) AddOrphan(o Options, network, containerID, object string) bool {
+	if (o.InScope != nil && !o.InScope(network)) || (o.Fresh != nil && containerID != "" && o.Fresh(network, containerID)) {
+		return false
+	}
+	r.Orphans = append(r.Orphans, Orphan{Network: orUnknown(network), ContainerID: orUnknown(containerID), Object: object})
+	return true
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return plan.Unknown
+	}
+	return s
 }
 
 // WriteFailed records that the pass's one write failed: the plans it was

@@ -46,3 +46,7 @@ func RuleJumps(b []byte) (handle uint64, chains []string) {
 	}
 	return handle, chains
 }
+
+// NftType is the netlink message type of nf_tables message m
+// (unix.NFT_MSG_*): the subsystem in the high byte.
+func NftType(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }

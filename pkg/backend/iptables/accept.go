@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -100,7 +101,7 @@ func filterPayload() *payload {
 // the lock, the shared chain and jump are ensured and the chain replaced.
 func (fw *Accept) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
-		return fmt.Errorf("%s: no container address to accept forwarding to", fw.Family)
+		return errors.New("no container address to accept forwarding to")
 	}
 	chain := AcceptChainName(p.Owner)
 	pl := filterPayload()
@@ -127,20 +128,20 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 		pl.rule("-A", r)
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		return fmt.Errorf("%s: forwardAccept: %w", fw.Family, err)
+		return fmt.Errorf("forwardAccept: %w", err)
 	}
 	if err := fw.Kernel.EnsureRule(forwardEntry(p.Owner)); err != nil {
-		return fmt.Errorf("%s: forwardAccept: ensure rule %s: %w", fw.Family, describe(forwardEntry(p.Owner)), err)
+		return fmt.Errorf("forwardAccept: ensure rule %s: %w", describe(forwardEntry(p.Owner)), err)
 	}
 	return nil
 }
 
 func (fw *Accept) ensureShared() error {
 	if err := fw.Kernel.EnsureChain(Chain{FilterTable, ForwardChain}); err != nil {
-		return fmt.Errorf("%s: create chain %q in table %s: %w", fw.Family, ForwardChain, FilterTable, err)
+		return fmt.Errorf("create chain %q in table %s: %w", ForwardChain, FilterTable, err)
 	}
 	if err := fw.Kernel.EnsureRule(forwardJump); err != nil {
-		return fmt.Errorf("%s: ensure rule %s: %w", fw.Family, describe(forwardJump), err)
+		return fmt.Errorf("ensure rule %s: %w", describe(forwardJump), err)
 	}
 	return nil
 }
@@ -160,7 +161,7 @@ func (fw *Accept) Remove(p *plan.Plan) error {
 	pl = filterPayload()
 	pl.drop(chain, nil)
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		return fmt.Errorf("%s: forwardAccept: remove chain %s: %w", fw.Family, chain, err)
+		return fmt.Errorf("forwardAccept: remove chain %s: %w", chain, err)
 	}
 	return nil
 }
@@ -176,9 +177,9 @@ func (fw *Accept) Check(p *plan.Plan) error {
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
 		if what := pl.explain(errorOutput(err)); what != "" {
-			return fmt.Errorf("%s: forwardAccept: missing %s in table %s", fw.Family, what, FilterTable)
+			return fmt.Errorf("forwardAccept: missing %s in table %s", what, FilterTable)
 		}
-		return fmt.Errorf("%s: forwardAccept: check: %w", fw.Family, err)
+		return fmt.Errorf("forwardAccept: check: %w", err)
 	}
 	return nil
 }
@@ -235,7 +236,7 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 	defer release()
 	lines, err := fw.Kernel.ListTable()
 	if err != nil {
-		return fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
+		return fmt.Errorf("list table %s: %w", FilterTable, err)
 	}
 	l := parseAccept(lines)
 	pl := filterPayload()
@@ -250,7 +251,7 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 		return nil
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		return fmt.Errorf("%s: forwardAccept gc: %w", fw.Family, err)
+		return fmt.Errorf("forwardAccept gc: %w", err)
 	}
 	return nil
 }
@@ -272,7 +273,7 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	rep := converge.NewReport(len(want))
 	lines, err := fw.Kernel.ListTable()
 	if err != nil {
-		return nil, fmt.Errorf("%s: list table %s: %w", fw.Family, FilterTable, err)
+		return nil, fmt.Errorf("list table %s: %w", FilterTable, err)
 	}
 	l := parseAccept(lines)
 	broken := map[int]bool{}
@@ -309,19 +310,10 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		if wanted[chain] {
 			continue
 		}
-		network, id := "?", "?"
-		if ow, ok := l.owners[chain]; ok {
-			network, id = ow[0], ow[1]
+		ow := l.owners[chain] // zero: no entry rule names the owner
+		if rep.AddOrphan(o, ow[0], ow[1], "chain "+chain+" (forwardAccept)") {
+			orphans = append(orphans, chain)
 		}
-		scope := network
-		if network == "?" {
-			scope = ""
-		}
-		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && o.Fresh(network, id)) {
-			continue
-		}
-		orphans = append(orphans, chain)
-		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + chain + " (forwardAccept)"})
 	}
 	prune := o.Prune && len(orphans) > 0
 	if o.DryRun || (len(broken) == 0 && len(rep.Shared) == 0 && !prune) {
@@ -355,7 +347,7 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		return rep, nil
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		err = fmt.Errorf("%s: forwardAccept sync: %w", fw.Family, err)
+		err = fmt.Errorf("forwardAccept sync: %w", err)
 		rep.WriteFailed(broken, prune, err)
 		return rep, nil
 	}
@@ -367,7 +359,7 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 // runs and may change the filter table (--test commits nothing).
 func (fw *Accept) Ready(*plan.Plan) error {
 	if err := fw.Kernel.Test(filterPayload().bytes()); err != nil {
-		return fmt.Errorf("%s: %w", fw.Family, err)
+		return err
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func TestApplySlowPathNamesTheFailingLine(t *testing.T) {
 	b, _, _ := lockedBackend(t, "--to-destination 192.0.2.9:53")
 	err := b.Apply(a)
 	var re *RestoreError
-	if err == nil || !errors.As(err, &re) || !strings.Contains(err.Error(), "ipv4: apply: rule") || !strings.Contains(err.Error(), "192.0.2.9:53") {
+	if err == nil || !errors.As(err, &re) || !strings.Contains(err.Error(), "apply: rule") || !strings.Contains(err.Error(), "192.0.2.9:53") {
 		t.Errorf("error %v, want the failing rule named", err)
 	}
 }
@@ -158,7 +158,7 @@ func TestCheckNamesWhatIsMissing(t *testing.T) {
 		t.Errorf("Check: %v", err)
 	}
 	b, _, _ = lockedBackend(t, "-C OUTPUT")
-	if err := b.Check(a); err == nil || !strings.Contains(err.Error(), `ipv4: missing rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT" in table nat`) {
+	if err := b.Check(a); err == nil || !strings.Contains(err.Error(), `missing rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT" in table nat`) {
 		t.Errorf("Check: %v", err)
 	}
 }

@@ -29,7 +29,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	defer release()
 	lines, err := b.Kernel.ListTable()
 	if err != nil {
-		return fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
+		return fmt.Errorf("list table %s: %w", Table, err)
 	}
 	refs := map[string][]string{} // stale chain -> its entry rules
 	var order []string
@@ -69,7 +69,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 // which commits nothing).
 func (b *Backend) Ready(*plan.Plan) error {
 	if err := b.Kernel.Test([]byte("*" + Table + "\nCOMMIT\n")); err != nil {
-		return fmt.Errorf("%s: %w", b.Family, err)
+		return err
 	}
 	return nil
 }

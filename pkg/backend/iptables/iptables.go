@@ -86,7 +86,7 @@ func New(f plan.Family) (*Backend, error) {
 // Apply installs the plan, replacing whatever the attachment had.
 func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
-		return fmt.Errorf("%s: no container address to forward to", b.Family)
+		return errors.New("no container address to forward to")
 	}
 	if err := b.Kernel.Restore(addPayload(p).bytes()); err == nil {
 		return nil
@@ -98,18 +98,18 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	defer release()
 	for _, c := range SharedChains(p) {
 		if err := b.Kernel.EnsureChain(c); err != nil {
-			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
 	}
 	for _, r := range append(GuardRules(p), SharedRules(p)...) {
 		if err := b.Kernel.EnsureRule(r); err != nil {
-			return fmt.Errorf("%s: ensure rule %s: %w", b.Family, describe(r), err)
+			return fmt.Errorf("ensure rule %s: %w", describe(r), err)
 		}
 	}
 	// Last: the witness says the rules above exist.
 	if c, ok := Witness(p); ok {
 		if err := b.Kernel.EnsureChain(c); err != nil {
-			return fmt.Errorf("%s: create chain %q in table %s: %w", b.Family, c.Name, c.Table, err)
+			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
 	}
 	refs, _, err := b.refs(p)
@@ -170,10 +170,10 @@ func (b *Backend) Check(p *plan.Plan) error {
 				if what == "chain "+GuardChain {
 					table = "filter"
 				}
-				return fmt.Errorf("%s: missing %s in table %s", b.Family, what, table)
+				return fmt.Errorf("missing %s in table %s", what, table)
 			}
 		}
-		return fmt.Errorf("%s: check: %w", b.Family, err)
+		return fmt.Errorf("check: %w", err)
 	}
 	return nil
 }
@@ -184,7 +184,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
 	lines, err := b.Kernel.ListTable()
 	if err != nil {
-		return nil, false, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
+		return nil, false, fmt.Errorf("list table %s: %w", Table, err)
 	}
 	chain := ChainName(p.Owner)
 	for _, l := range lines {
@@ -202,10 +202,10 @@ func (b *Backend) restoreError(op string, pl *payload, err error) error {
 	var re *RestoreError
 	if errors.As(err, &re) {
 		if what := pl.explain(re.Output); what != "" {
-			return fmt.Errorf("%s: %s: %s: %w", b.Family, op, what, err)
+			return fmt.Errorf("%s: %s: %w", op, what, err)
 		}
 	}
-	return fmt.Errorf("%s: %s: %w", b.Family, op, err)
+	return fmt.Errorf("%s: %w", op, err)
 }
 
 // RestoreError is a failed iptables-restore run with what it printed.

@@ -14,7 +14,7 @@ import (
 func (b *Backend) Mappings() ([]plan.Installed, error) {
 	lines, err := b.Kernel.ListTable()
 	if err != nil {
-		return nil, fmt.Errorf("%s: list table %s: %w", b.Family, Table, err)
+		return nil, fmt.Errorf("list table %s: %w", Table, err)
 	}
 	return ParseMappings(lines), nil
 }

@@ -36,8 +36,6 @@ func legacyTable(f plan.Family, table string) bool {
 	return slices.Contains(strings.Fields(string(b)), table)
 }
 
-func nftMsg(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
-
 // unlink removes chain of the nat table of family f, and the rules of
 // parent that jump to it, in one nf_tables transaction, without running
 // iptables: iptables-nft's nat table is an nf_tables table, and deleting
@@ -56,7 +54,7 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 	}
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
-	_, err = c.GetOne(nfnl.Msg{Type: nftMsg(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
+	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil // no table or no chain: nothing to remove
 	}
@@ -65,7 +63,7 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 	}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
-	rules, err := c.Dump(nfnl.Msg{Type: nftMsg(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
 	if err != nil {
 		return true, fmt.Errorf("list rules of %s: %w", parent, err)
 	}
@@ -77,7 +75,7 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 				var a nfnl.Attrs
 				a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
 				a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
-				msgs = append(msgs, nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
+				msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
 				break
 			}
 		}
@@ -86,8 +84,8 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 	flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
 	del.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
 	msgs = append(msgs,
-		nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELRULE), Family: fam, Attrs: flush.Bytes()},
-		nfnl.Msg{Type: nftMsg(unix.NFT_MSG_DELCHAIN), Family: fam, Attrs: del.Bytes()})
+		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: flush.Bytes()},
+		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELCHAIN), Family: fam, Attrs: del.Bytes()})
 	if err := c.Batch(msgs, true); err != nil {
 		return true, fmt.Errorf("remove chain %s and %d rules of %s: %w", chain, len(msgs)-2, parent, err)
 	}

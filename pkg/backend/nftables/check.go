@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -16,35 +17,35 @@ func (b *Backend) Check(p *plan.Plan) error {
 	for _, name := range skeletonOrder(skel) {
 		c, err := b.Kernel.Chain(b.Family, Table, name)
 		if err != nil {
-			return fmt.Errorf("%s: check chain %s: %w", b.Family, name, err)
+			return fmt.Errorf("check chain %s: %w", name, err)
 		}
 		if c == nil {
-			return fmt.Errorf("%s: missing chain %s in table %s %s", b.Family, name, fam, Table)
+			return fmt.Errorf("missing chain %s in table %s %s", name, fam, Table)
 		}
 		for _, r := range skel[name] {
 			if !hasRule(c, r) {
-				return fmt.Errorf("%s: missing rule %q in chain %s", b.Family, r.Text(b.Family), name)
+				return fmt.Errorf("missing rule %q in chain %s", r.Text(b.Family), name)
 			}
 		}
 	}
 	own := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, own)
 	if err != nil {
-		return fmt.Errorf("%s: check chain %s: %w", b.Family, own, err)
+		return fmt.Errorf("check chain %s: %w", own, err)
 	}
 	if c == nil {
-		return fmt.Errorf("%s: missing chain %s in table %s %s", b.Family, own, fam, Table)
+		return fmt.Errorf("missing chain %s in table %s %s", own, fam, Table)
 	}
 	if why := judgeChain(p, c); why != "" {
-		return fmt.Errorf("%s: %s", b.Family, why)
+		return errors.New(why)
 	}
 	holders, err := b.Kernel.Holders(b.Family, Keys(p))
 	if err != nil {
-		return fmt.Errorf("%s: check map elements: %w", b.Family, err)
+		return fmt.Errorf("check map elements: %w", err)
 	}
 	for _, k := range Keys(p) {
 		if h := holders[k.ID()]; h != own {
-			return fmt.Errorf("%s: map %s sends %s to %q, not to %s", b.Family, k.Map(), k, h, own)
+			return fmt.Errorf("map %s sends %s to %q, not to %s", k.Map(), k, h, own)
 		}
 	}
 	return nil

@@ -21,7 +21,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	defer release()
 	s, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
-		return fmt.Errorf("%s: read table: %w", b.Family, err)
+		return fmt.Errorf("read table: %w", err)
 	}
 	if s == nil {
 		return nil
@@ -43,7 +43,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 		return nil
 	}
 	if err := b.Kernel.Apply(tx); err != nil {
-		return fmt.Errorf("%s: gc: %w", b.Family, err)
+		return fmt.Errorf("gc: %w", err)
 	}
 	return nil
 }
@@ -73,13 +73,13 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 func (b *Backend) Ready(p *plan.Plan) error {
 	if len(p.Conditions) > 0 {
 		if err := nftPresent(); err != nil {
-			return fmt.Errorf("%s: %w", b.Family, err)
+			return err
 		}
 	}
 	tx := newTx(b.Family)
 	tx.add(opAdd, tableObj{tableComment})
 	if err := b.Kernel.Validate(tx); err != nil {
-		return fmt.Errorf("%s: %w", b.Family, err)
+		return err
 	}
 	return nil
 }

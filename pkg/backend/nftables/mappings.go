@@ -14,7 +14,7 @@ import (
 func (b *Backend) Mappings() ([]plan.Installed, error) {
 	s, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read table: %w", b.Family, err)
+		return nil, fmt.Errorf("read table: %w", err)
 	}
 	return forwardsOf(s), nil
 }

@@ -26,13 +26,13 @@ func TestSkeletonReadsBack(t *testing.T) {
 		for _, m := range msgs {
 			attrs := nfnl.Parse(m.Attrs)
 			switch m.Type {
-			case msgType(unix.NFT_MSG_NEWRULE):
+			case nfnl.NftType(unix.NFT_MSG_NEWRULE):
 				name := str(attrs, unix.NFTA_RULE_CHAIN)
 				if chains[name] == nil {
 					chains[name] = &ChainState{}
 				}
 				chains[name].Rules = append(chains[name].Rules, decodeRule(p.Family, m.Attrs))
-			case msgType(unix.NFT_MSG_NEWSET):
+			case nfnl.NftType(unix.NFT_MSG_NEWSET):
 				sets[str(attrs, unix.NFTA_SET_NAME)] = m.Flags
 			}
 		}

@@ -40,6 +40,7 @@
 package nftables
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -72,7 +73,7 @@ func New(f plan.Family, log io.Writer) (*Backend, error) {
 // another attachment holds is taken over (the newest ADD wins).
 func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
-		return fmt.Errorf("%s: no container address to forward to", b.Family)
+		return errors.New("no container address to forward to")
 	}
 	// Fast path: the skeleton is left alone (rewriting the base chains
 	// costs the kernel more than everything else); the elements fail while
@@ -93,7 +94,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	}
 	holders, err := b.Kernel.Holders(b.Family, append(Keys(p), prev...))
 	if err != nil {
-		return fmt.Errorf("%s: %w", b.Family, err)
+		return err
 	}
 	tx := newTx(b.Family)
 	addSkeleton(tx, p)
@@ -116,7 +117,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		tx.add(opAdd, elemObj{k, chain.name})
 	}
 	if err := b.Kernel.Apply(tx); err != nil {
-		return fmt.Errorf("%s: apply: %w", b.Family, err)
+		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
 }
@@ -132,7 +133,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, chain)
 	if err != nil {
-		return fmt.Errorf("%s: %w", b.Family, err)
+		return err
 	}
 	if c == nil {
 		return b.removeUpstreamLocked(p.Owner)
@@ -159,7 +160,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	keys = uniqueKeys(append(keys, c.keys()...))
 	holders, err := b.Kernel.Holders(b.Family, keys)
 	if err != nil {
-		return fmt.Errorf("%s: %w", b.Family, err)
+		return err
 	}
 	tx := newTx(b.Family)
 	for _, k := range keys {
@@ -170,7 +171,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	tx.add(opFlush, chainObj{name: chain})
 	tx.add(opDelete, chainObj{name: chain})
 	if err := b.Kernel.Apply(tx); err != nil {
-		return fmt.Errorf("%s: remove chain %s: %w", b.Family, chain, err)
+		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
 	return nil
 }
@@ -192,7 +193,7 @@ func uniqueKeys(keys []Key) []Key {
 func (b *Backend) removeUpstreamLocked(o plan.Owner) error {
 	up, err := b.Kernel.Table(b.Family, UpstreamTable)
 	if err != nil {
-		return fmt.Errorf("%s: read %s: %w", b.Family, UpstreamTable, err)
+		return fmt.Errorf("read %s: %w", UpstreamTable, err)
 	}
 	if up == nil {
 		return nil
@@ -224,7 +225,7 @@ func fastDelTx(f plan.Family, chain string, keys []Key) *Tx {
 func (b *Backend) ownKeys(p *plan.Plan) (keys []Key, exists bool, err error) {
 	c, err := b.Kernel.Chain(b.Family, Table, ChainName(p.Owner))
 	if err != nil {
-		return nil, false, fmt.Errorf("%s: %w", b.Family, err)
+		return nil, false, err
 	}
 	if c == nil {
 		return nil, false, nil
@@ -238,14 +239,14 @@ func (b *Backend) ownKeys(p *plan.Plan) (keys []Key, exists bool, err error) {
 func (b *Backend) removeUpstream(o plan.Owner) error {
 	up, err := b.Kernel.Table(b.Family, UpstreamTable)
 	if err != nil {
-		return fmt.Errorf("%s: read %s: %w", b.Family, UpstreamTable, err)
+		return fmt.Errorf("read %s: %w", UpstreamTable, err)
 	}
 	tx := upstreamTx(b.Family, up, map[string]bool{o.ContainerID: true})
 	if tx.Len() == 0 {
 		return nil
 	}
 	if err := b.Kernel.Apply(tx); err != nil {
-		return fmt.Errorf("%s: remove upstream rules of %q: %w", b.Family, o.ContainerID, err)
+		return fmt.Errorf("remove upstream rules of %q: %w", o.ContainerID, err)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -93,9 +94,9 @@ func TestNetlinkRoundTrip(t *testing.T) {
 		var elems []element
 		for _, m := range msgs {
 			switch m.Type {
-			case msgType(unix.NFT_MSG_NEWRULE):
+			case nfnl.NftType(unix.NFT_MSG_NEWRULE):
 				rules = append(rules, decodeRule(p.Family, m.Attrs))
-			case msgType(unix.NFT_MSG_NEWSETELEM):
+			case nfnl.NftType(unix.NFT_MSG_NEWSETELEM):
 				elems = append(elems, decodeElements(p.Family, m.Attrs)...)
 			}
 		}

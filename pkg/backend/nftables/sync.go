@@ -24,11 +24,11 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	fam := nftFamily(b.Family)
 	st, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read table: %w", b.Family, err)
+		return nil, fmt.Errorf("read table: %w", err)
 	}
 	up, err := b.Kernel.Table(b.Family, UpstreamTable)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read %s: %w", b.Family, UpstreamTable, err)
+		return nil, fmt.Errorf("read %s: %w", UpstreamTable, err)
 	}
 	exists := st != nil
 	if st == nil {
@@ -98,29 +98,18 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		if !strings.HasPrefix(name, "dn-") || wanted[name] {
 			continue
 		}
-		network, id, ok := st.Chains[name].owner()
-		if !ok {
-			network, id = "?", "?"
+		network, id, _ := st.Chains[name].owner()
+		if rep.AddOrphan(o, network, id, "chain "+name) {
+			orphanChains[name] = true
 		}
-		scope := network
-		if network == "?" {
-			scope = ""
-		}
-		if (o.InScope != nil && !o.InScope(scope)) || (o.Fresh != nil && o.Fresh(network, id)) {
-			continue
-		}
-		orphanChains[name] = true
-		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: network, ContainerID: id, Object: "chain " + name})
 	}
 	upRules := upstreamRules(up)
 	upIDs := map[string]bool{}
 	for _, id := range sortedStrings(upRules) {
-		if wantedIDs[id] || (o.InScope != nil && !o.InScope("")) || (o.Fresh != nil && o.Fresh("", id)) {
-			continue
+		// upstream's rules name the container only
+		if !wantedIDs[id] && rep.AddOrphan(o, "", id, fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable)) {
+			upIDs[id] = true
 		}
-		upIDs[id] = true
-		rep.Orphans = append(rep.Orphans, converge.Orphan{Network: "?", ContainerID: id,
-			Object: fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable)})
 	}
 
 	prune := o.Prune && len(rep.Orphans) > 0
@@ -199,7 +188,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	}
 	for _, t := range txs {
 		if err := b.Kernel.Apply(t); err != nil {
-			err = fmt.Errorf("%s: sync: %w", b.Family, err)
+			err = fmt.Errorf("sync: %w", err)
 			rep.WriteFailed(broken, prune, err)
 			return rep, nil
 		}

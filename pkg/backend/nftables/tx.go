@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"encoding/binary"
-	"fmt"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -38,7 +37,18 @@ const (
 
 type op struct {
 	verb verb
-	obj  any // tableObj, chainObj, mapObj, *Rule, elemObj
+	obj  object
+}
+
+// object is one kind of nf_tables object a transaction writes. Each kind
+// spells itself both ways — as knftables writes it (Text) and as netlink
+// attributes (Messages) — so a new kind is one type with two methods.
+type object interface {
+	// nft is the object as knftables writes it in tx.
+	nft(tx *Tx) knftables.Object
+	// encode sets m's type and attributes for verb v in tx; messages the
+	// object needs first (a rule's anonymous sets) are returned.
+	encode(tx *Tx, v verb, m *nfnl.Msg, a *nfnl.Attrs) (first []nfnl.Msg, err error)
 }
 
 type tableObj struct{ comment string }
@@ -81,7 +91,7 @@ type anonSet struct {
 
 func newTx(f plan.Family) *Tx { return &Tx{Family: f, Table: Table} }
 
-func (tx *Tx) add(v verb, obj any) { tx.ops = append(tx.ops, op{v, obj}) }
+func (tx *Tx) add(v verb, obj object) { tx.ops = append(tx.ops, op{v, obj}) }
 
 // Len is the number of operations.
 func (tx *Tx) Len() int { return len(tx.ops) }
@@ -105,37 +115,7 @@ func (tx *Tx) NeedsNft() bool {
 func (tx *Tx) Text() string {
 	kt := knftables.NewFake(nftFamily(tx.Family), tx.Table).NewTransaction()
 	for _, o := range tx.ops {
-		var obj knftables.Object
-		switch v := o.obj.(type) {
-		case tableObj:
-			obj = &knftables.Table{Comment: knftables.PtrTo(v.comment)}
-		case chainObj:
-			c := &knftables.Chain{Name: v.name}
-			if v.comment != "" {
-				c.Comment = knftables.PtrTo(v.comment)
-			}
-			if v.base != nil {
-				c.Type, c.Hook, c.Priority = knftables.PtrTo(v.base.typ), knftables.PtrTo(v.base.hook), knftables.PtrTo(v.base.priority)
-			}
-			obj = c
-		case mapObj:
-			obj = &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
-		case elemObj:
-			e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
-			if v.chain != "" {
-				e.Value = []string{"goto " + v.chain}
-			}
-			obj = e
-		case *Rule:
-			r := &knftables.Rule{Chain: v.Chain, Rule: v.Text(tx.Family)}
-			if v.Comment != "" {
-				r.Comment = knftables.PtrTo(v.Comment)
-			}
-			if v.Handle != 0 {
-				r.Handle = knftables.PtrTo(int(v.Handle))
-			}
-			obj = r
-		}
+		obj := o.obj.nft(tx)
 		switch o.verb {
 		case opAdd:
 			kt.Add(obj)
@@ -209,8 +189,6 @@ func comment(s string) []byte {
 	return append(append(b, s...), 0)
 }
 
-func msgType(m int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | m) }
-
 // Messages is the transaction as one netlink batch. It fails when a rule
 // holds conditions (NeedsNft).
 func (tx *Tx) Messages() ([]nfnl.Msg, error) {
@@ -220,93 +198,13 @@ func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 	for i, o := range tx.ops {
 		var a nfnl.Attrs
 		m := nfnl.Msg{Family: fam}
-		switch v := o.obj.(type) {
-		case tableObj:
-			m.Type = msgType(unix.NFT_MSG_NEWTABLE)
-			a.String(unix.NFTA_TABLE_NAME, tx.Table)
-			a.Raw(nftaTableUserdata, comment(v.comment))
-		case chainObj:
-			m.Type = msgType(unix.NFT_MSG_NEWCHAIN)
-			if o.verb == opDelete {
-				m.Type = msgType(unix.NFT_MSG_DELCHAIN)
-			}
-			if o.verb == opFlush {
-				m.Type = msgType(unix.NFT_MSG_DELRULE)
-				a.String(unix.NFTA_RULE_TABLE, tx.Table)
-				a.String(unix.NFTA_RULE_CHAIN, v.name)
-				break
-			}
-			a.String(unix.NFTA_CHAIN_TABLE, tx.Table)
-			a.String(unix.NFTA_CHAIN_NAME, v.name)
-			if o.verb == opDelete {
-				break
-			}
-			if v.base != nil {
-				a.Nested(unix.NFTA_CHAIN_HOOK, func(a *nfnl.Attrs) {
-					a.U32(unix.NFTA_HOOK_HOOKNUM, v.base.hookNum)
-					a.U32(unix.NFTA_HOOK_PRIORITY, uint32(v.base.prio))
-				})
-				a.String(unix.NFTA_CHAIN_TYPE, string(v.base.typ))
-			}
-			if v.comment != "" {
-				a.Raw(nftaChainUserdata, comment(v.comment))
-			}
-		case mapObj:
-			m.Type = msgType(unix.NFT_MSG_NEWSET)
-			tx.nextID++
-			keyType := concatType(typeInetProto, typeInetService)
-			keyLen := uint32(8)
-			if v.addr {
-				at, al := uint32(typeIPv4Addr), uint32(4)
-				if tx.Family == plan.IPv6 {
-					at, al = typeIPv6Addr, 16
-				}
-				keyType, keyLen = concatType(at, typeInetProto, typeInetService), al+8
-			}
-			a.String(unix.NFTA_SET_TABLE, tx.Table)
-			a.String(unix.NFTA_SET_NAME, v.name)
-			a.U32(unix.NFTA_SET_FLAGS, unix.NFT_SET_MAP)
-			a.U32(unix.NFTA_SET_KEY_TYPE, keyType)
-			a.U32(unix.NFTA_SET_KEY_LEN, keyLen)
-			a.U32(unix.NFTA_SET_DATA_TYPE, dataVerdict)
-			a.U32(unix.NFTA_SET_ID, tx.nextID)
-			a.Raw(nftaSetUserdata, setUserdata(byteorderBig))
-		case elemObj:
-			m.Type = msgType(unix.NFT_MSG_NEWSETELEM)
-			if o.verb == opDelete {
-				m.Type = msgType(unix.NFT_MSG_DELSETELEM)
-			}
-			elementAttrs(&a, tx.Table, v.key, v.chain)
-		case *Rule:
-			if v.Handle != 0 {
-				m.Type = msgType(unix.NFT_MSG_DELRULE)
-				a.String(unix.NFTA_RULE_TABLE, tx.Table)
-				a.String(unix.NFTA_RULE_CHAIN, v.Chain)
-				a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, v.Handle))
-				break
-			}
-			e := &exprs{fam: tx.Family, tx: tx}
-			before := len(tx.anon)
-			for _, s := range v.stmts {
-				s.encode(e)
-			}
-			if e.raw {
-				return nil, fmt.Errorf("rule %q holds conditions in nft syntax: only nft compiles them", v.Text(tx.Family))
-			}
-			for _, s := range tx.anon[before:] {
-				for _, am := range anonSetMsgs(fam, tx.Table, s) {
-					out = append(out, am)
-					tx.msgOp = append(tx.msgOp, i)
-				}
-			}
-			m.Type = msgType(unix.NFT_MSG_NEWRULE)
-			a.String(unix.NFTA_RULE_TABLE, tx.Table)
-			a.String(unix.NFTA_RULE_CHAIN, v.Chain)
-			a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, e.list.Bytes())
-			if v.Comment != "" {
-				a.Raw(nftaRuleUserdata, comment(v.Comment))
-			}
-			m.Flags = unix.NLM_F_APPEND
+		first, err := o.obj.encode(tx, o.verb, &m, &a)
+		if err != nil {
+			return nil, err
+		}
+		for _, fm := range first {
+			out = append(out, fm)
+			tx.msgOp = append(tx.msgOp, i)
 		}
 		switch o.verb {
 		case opAdd:
@@ -347,8 +245,8 @@ func anonSetMsgs(fam uint8, table string, s anonSet) []nfnl.Msg {
 		}
 	})
 	return []nfnl.Msg{
-		{Type: msgType(unix.NFT_MSG_NEWSET), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: set.Bytes()},
-		{Type: msgType(unix.NFT_MSG_NEWSETELEM), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: el.Bytes()},
+		{Type: nfnl.NftType(unix.NFT_MSG_NEWSET), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: set.Bytes()},
+		{Type: nfnl.NftType(unix.NFT_MSG_NEWSETELEM), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: el.Bytes()},
 	}
 }
 

@@ -1,0 +1,268 @@
+package iptables
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// listing is the nat table as iptables -S prints it, by chain.
+type listing struct {
+	chains map[string]bool
+	rules  map[string][]string // chain -> its "-A" lines
+	// refs are the rules of CNI-HOSTPORT-DNAT by the CNI-DN chain they
+	// jump to.
+	refs map[string][]string
+}
+
+func parseListing(lines []string) *listing {
+	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}}
+	for _, l := range lines {
+		if name, ok := strings.CutPrefix(l, "-N "); ok {
+			lt.chains[name] = true
+			continue
+		}
+		rest, ok := strings.CutPrefix(l, "-A ")
+		if !ok {
+			continue
+		}
+		chain, _, _ := strings.Cut(rest, " ")
+		lt.rules[chain] = append(lt.rules[chain], l)
+		if chain == TopLevelDNATChain {
+			if i := strings.LastIndex(l, " -j "); i > 0 {
+				lt.refs[l[i+4:]] = append(lt.refs[l[i+4:]], l)
+			}
+		}
+	}
+	return lt
+}
+
+// judge says what of p's own rules the listing shows missing or wrong, or
+// "" when they are all there. The attachment's chain must hold exactly
+// its rules; its entry rules are compared without conditions, which
+// exactCheck judges.
+func (lt *listing) judge(p *plan.Plan) string {
+	chain := ChainName(p.Owner)
+	if !lt.chains[chain] {
+		return "chain " + chain + " missing"
+	}
+	var want, have []ruleID
+	for _, r := range ChainRules(p) {
+		want = append(want, idOf(r.Args))
+	}
+	for _, l := range lt.rules[chain] {
+		have = append(have, idOf(splitRule(l)))
+	}
+	if d := diff(want, have); d != "" {
+		return "chain " + chain + ": " + d
+	}
+	want, have = want[:0], have[:0]
+	for _, r := range EntryRules(p) {
+		want = append(want, entryID(r.Args))
+	}
+	for _, l := range lt.refs[chain] {
+		have = append(have, entryID(splitRule(l)))
+	}
+	if d := diff(want, have); d != "" {
+		return "entry rules in " + TopLevelDNATChain + ": " + d
+	}
+	return ""
+}
+
+// diff compares two multisets of rule identities.
+func diff[K comparable](want, have []K) string {
+	count := make(map[K]int, len(have))
+	for _, k := range have {
+		count[k]++
+	}
+	var missing []K
+	for _, k := range want {
+		if count[k] > 0 {
+			count[k]--
+			continue
+		}
+		missing = append(missing, k)
+	}
+	extra := 0
+	for _, n := range count {
+		extra += n
+	}
+	switch {
+	case len(have) == 0:
+		return fmt.Sprintf("all %d rules missing", len(want))
+	case len(missing) > 0:
+		return fmt.Sprintf("%d of %d rules missing or wrong (first: %v)", len(missing), len(want), missing[0])
+	case extra > 0:
+		return fmt.Sprintf("%d unexpected rules", extra)
+	}
+	return ""
+}
+
+// ruleID is what identifies a rule of ours, in the same spelling for our
+// tokens and for iptables -S output: addresses with their prefix length,
+// and only the options our rules use (conditions are judged by -C).
+type ruleID struct {
+	neg                               bool
+	src, dst, proto, dport, dports    string
+	comment, target, to               string
+	ctstate, ctodst, ctodport, ctrsrc string
+	ctrsport                          string
+}
+
+// String spells the identity as iptables would, leaving out what is
+// absent.
+func (r ruleID) String() string {
+	var parts []string
+	add := func(opt, v string) {
+		if v != "" {
+			parts = append(parts, opt, v)
+		}
+	}
+	if r.neg {
+		parts = append(parts, "!")
+	}
+	add("-s", r.src)
+	add("-d", r.dst)
+	add("-p", r.proto)
+	add("--dport", r.dport)
+	add("--dports", r.dports)
+	if r.comment != "" {
+		add("--comment", strconv.Quote(r.comment))
+	}
+	add("--ctstate", r.ctstate)
+	add("--ctorigdst", r.ctodst)
+	add("--ctorigdstport", r.ctodport)
+	add("--ctreplsrc", r.ctrsrc)
+	add("--ctreplsrcport", r.ctrsport)
+	add("-j", r.target)
+	add("--to-destination", r.to)
+	return strings.Join(parts, " ")
+}
+
+// idOf reads a rule's identity from its tokens.
+func idOf(tokens []string) ruleID {
+	var r ruleID
+	for i := 0; i < len(tokens); i++ {
+		t := tokens[i]
+		if t == "!" {
+			r.neg = true
+			continue
+		}
+		if i+1 >= len(tokens) {
+			break
+		}
+		v := tokens[i+1]
+		switch t {
+		case "-s":
+			r.src = withPrefix(v)
+		case "-d":
+			r.dst = withPrefix(v)
+		case "-p":
+			r.proto = v
+		case "--dport":
+			r.dport = v
+		case "--dports", "--destination-ports":
+			r.dports = v
+		case "--comment":
+			r.comment = v
+		case "-j":
+			r.target = v
+		case "--to-destination":
+			r.to = v
+		case "--ctstate":
+			r.ctstate = v
+		case "--ctorigdst":
+			r.ctodst = withPrefix(v)
+		case "--ctorigdstport":
+			r.ctodport = v
+		case "--ctreplsrc":
+			r.ctrsrc = withPrefix(v)
+		case "--ctreplsrcport":
+			r.ctrsport = v
+		default:
+			continue
+		}
+		i++
+	}
+	return r
+}
+
+// entryID identifies an entry rule without its conditions.
+func entryID(tokens []string) ruleID {
+	r := idOf(tokens)
+	return ruleID{proto: r.proto, dports: r.dports, comment: r.comment, target: r.target}
+}
+
+func withPrefix(addr string) string {
+	if strings.Contains(addr, "/") {
+		return addr
+	}
+	if ip := net.ParseIP(addr); ip != nil && ip.To4() == nil {
+		return addr + "/128"
+	}
+	return addr + "/32"
+}
+
+// splitRule splits an iptables -S line into tokens, undoing its quoting
+// (double quotes, with backslash escapes inside).
+func splitRule(line string) []string {
+	if !strings.Contains(line, `"`) {
+		return strings.Fields(line)
+	}
+	var out []string
+	var cur strings.Builder
+	inTok, quoted := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quoted && c == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case c == '"':
+			quoted, inTok = !quoted, true
+		case !quoted && (c == ' ' || c == '\t'):
+			if inTok {
+				out = append(out, cur.String())
+				cur.Reset()
+				inTok = false
+			}
+		default:
+			cur.WriteByte(c)
+			inTok = true
+		}
+	}
+	if inTok {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// orphans are the CNI-DN chains no wanted plan names, in scope, and not
+// of an attachment whose cache entry appeared meanwhile. Their owner is
+// read from their entry rules' comment.
+func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converge.Orphan {
+	var names []string
+	for c := range lt.chains {
+		if strings.HasPrefix(c, dnChain) && !wanted[c] {
+			names = append(names, c)
+		}
+	}
+	sort.Strings(names)
+	r := &converge.Report{}
+	for _, c := range names {
+		var network, id string // "": no entry rule names the owner
+		for _, ref := range lt.refs[c] {
+			if m := entryOwnerRE.FindStringSubmatch(ref); m != nil && m[3] == c {
+				network, id = m[1], m[2]
+				break
+			}
+		}
+		r.AddOrphan(o, network, id, "chain "+c)
+	}
+	return r.Orphans
+}

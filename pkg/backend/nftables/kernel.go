@@ -1,0 +1,197 @@
+package nftables
+
+import (
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// netlinkKernel is the real kernel: nf_tables over netlink, in-process,
+// one socket for the life of the backend. Only a transaction holding
+// conditions (nft syntax) runs nft.
+type netlinkKernel struct {
+	mu   sync.Mutex
+	conn *nfnl.Conn
+}
+
+func (k *netlinkKernel) c() (*nfnl.Conn, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.conn == nil {
+		c, err := nfnl.Open()
+		if err != nil {
+			return nil, err
+		}
+		k.conn = c
+	}
+	return k.conn, nil
+}
+
+// Apply commits tx as one batch (or, for conditions, one nft -f).
+func (k *netlinkKernel) Apply(tx *Tx) error { return k.batch(tx, true) }
+
+// Validate sends tx without ending the batch: the kernel checks each
+// message, then aborts.
+func (k *netlinkKernel) Validate(tx *Tx) error { return k.batch(tx, false) }
+
+func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
+	if tx.NeedsNft() {
+		return runNft(tx.Text(), commit)
+	}
+	msgs, err := tx.Messages()
+	if err != nil {
+		return err
+	}
+	c, err := k.c()
+	if err != nil {
+		return err
+	}
+	if err := c.Batch(msgs, commit); err != nil {
+		return &Error{Op: tx.describe(err), Err: err}
+	}
+	return nil
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	var get nfnl.Attrs
+	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
+	reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()})
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &Error{Op: "get chain " + chain, Err: err}
+	}
+	ud, _ := nfnl.Find(reply.Attrs, nftaChainUserdata)
+	cs := &ChainState{Comment: commentOf(ud)}
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
+	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
+	if err != nil {
+		return nil, &Error{Op: "list rules of chain " + chain, Err: err}
+	}
+	for _, r := range rules {
+		cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
+	}
+	return cs, nil
+}
+
+func (k *netlinkKernel) Holders(f plan.Family, keys []Key) (map[string]string, error) {
+	out := map[string]string{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]nfnl.Msg, len(keys))
+	for i, key := range keys {
+		var a nfnl.Attrs
+		elementAttrs(&a, Table, key, "")
+		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()}
+	}
+	replies, errs, err := c.Get(reqs)
+	if err != nil {
+		return nil, err
+	}
+	for i, key := range keys {
+		if IsNotFound(errs[i]) {
+			continue
+		}
+		if errs[i] != nil {
+			return nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
+		}
+		for _, e := range decodeElements(f, replies[i].Attrs) {
+			out[key.ID()] = e.chain
+		}
+	}
+	return out, nil
+}
+
+func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	fam := uint8(nfproto(f))
+	var get nfnl.Attrs
+	get.String(unix.NFTA_TABLE_NAME, table)
+	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()})
+	if IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &Error{Op: "get table " + table, Err: err}
+	}
+	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
+	if err != nil {
+		return nil, &Error{Op: "list chains", Err: err}
+	}
+	for _, attrs := range chains {
+		ud, _ := find(attrs, nftaChainUserdata)
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(ud)}
+	}
+	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
+	if err != nil {
+		return nil, &Error{Op: "list rules", Err: err}
+	}
+	for _, attrs := range rules {
+		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
+			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
+		}
+	}
+	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
+	if err != nil {
+		return nil, &Error{Op: "list maps", Err: err}
+	}
+	for _, attrs := range sets {
+		name := str(attrs, unix.NFTA_SET_NAME)
+		s.Maps[name] = true
+		if table != Table || (name != HostPortsMap && name != HostIPPortsMap) {
+			continue
+		}
+		var el nfnl.Attrs
+		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
+		elems, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: fam, Attrs: el.Bytes()})
+		if err != nil {
+			return nil, &Error{Op: "list map " + name, Err: err}
+		}
+		for _, em := range elems {
+			for _, e := range decodeElements(f, em.Attrs) {
+				s.Holders[e.key.ID()] = e.chain
+			}
+		}
+	}
+	return s, nil
+}
+
+// dumpOf dumps the family's objects of one kind (GETCHAIN, GETRULE,
+// GETSET) and returns the attributes of those of table; tableAttr is the
+// kind's table attribute, which also asks the kernel to filter where it
+// can.
+func dumpOf(c *nfnl.Conn, typ int, fam uint8, tableAttr uint16, table string) ([][]nfnl.Attr, error) {
+	var req nfnl.Attrs
+	req.String(tableAttr, table)
+	msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(typ), Family: fam, Attrs: req.Bytes()})
+	if err != nil {
+		return nil, err
+	}
+	var out [][]nfnl.Attr
+	for _, m := range msgs {
+		if attrs := nfnl.Parse(m.Attrs); str(attrs, tableAttr) == table {
+			out = append(out, attrs)
+		}
+	}
+	return out, nil
+}
