@@ -113,6 +113,8 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 	pl.rule("-A", forwardEntry(p.Owner))
 	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
+	} else if !Refused(err) {
+		return fmt.Errorf("forwardAccept: %w", err)
 	}
 	release, err := fw.Lock()
 	if err != nil {
@@ -155,6 +157,8 @@ func (fw *Accept) Remove(p *plan.Plan) error {
 	pl.drop(chain, nil)
 	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
+	} else if !Refused(err) {
+		return fmt.Errorf("forwardAccept: remove chain %s: %w", chain, err)
 	}
 	// No jump (or no CNI-HOSTPORT-FWD at all): declaring the chain makes
 	// its deletion idempotent.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"golang.org/x/sys/unix"
 )
 
 // The fake kernel of sync_test.go (a canned listing of net1/a, net1/b and
@@ -115,7 +116,7 @@ func TestRemove(t *testing.T) {
 	})
 	t.Run("iptables-nft: a failed transaction goes to the slow path", func(t *testing.T) {
 		b, k, locks := lockedBackend(t, "")
-		k.unlink = func(string) (bool, error) { return true, errors.New("device or resource busy") }
+		k.unlink = func(string) (bool, error) { return true, unix.EBUSY }
 		if err := b.Remove(a); err != nil {
 			t.Fatal(err)
 		}
@@ -187,5 +188,43 @@ func TestReady(t *testing.T) {
 	b, _, _ := lockedBackend(t, "")
 	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil {
 		t.Error(err)
+	}
+}
+
+// A fast path falls back to the slow path only when iptables-restore
+// refused a line (exit status 1 or 2); the xtables lock held past -w or a
+// missing permission (exit status 4) goes back to the caller at once,
+// without the host-wide lock and without a second restore.
+func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
+	held := &RestoreError{Output: "Another app is currently holding the xtables lock.", Err: errors.New("exit status 4")}
+	a := build(plan.IPv4, nil)
+	for _, tt := range []struct {
+		name string
+		run  func(b *Backend, k *fakeKernel) error
+	}{
+		{"apply", func(b *Backend, _ *fakeKernel) error { return b.Apply(a) }},
+		{"remove on iptables-legacy", func(b *Backend, _ *fakeKernel) error { return b.Remove(a) }},
+		{"remove over netlink", func(b *Backend, k *fakeKernel) error {
+			k.unlink = func(string) (bool, error) { return false, unix.EPERM }
+			return b.Remove(a)
+		}},
+		{"accept apply", func(b *Backend, k *fakeKernel) error {
+			return (&Accept{Family: plan.IPv4, Kernel: k, Lock: b.Lock}).Apply(a)
+		}},
+		{"accept remove", func(b *Backend, k *fakeKernel) error {
+			return (&Accept{Family: plan.IPv4, Kernel: k, Lock: b.Lock}).Remove(a)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, k, locks := lockedBackend(t, "")
+			k.err = held
+			err := tt.run(b, k)
+			if err == nil || *locks != 0 || len(k.restores) > 1 {
+				t.Errorf("error %v, locks %d, restores %d: want the error, no lock, at most one restore", err, *locks, len(k.restores))
+			}
+			if !errors.Is(err, held) && !errors.Is(err, unix.EPERM) {
+				t.Errorf("error %v does not wrap the cause", err)
+			}
+		})
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
+	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -88,8 +89,11 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to forward to")
 	}
-	if err := b.Kernel.Restore(addPayload(p).bytes()); err == nil {
+	pl := addPayload(p)
+	if err := b.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
+	} else if !Refused(err) {
+		return b.restoreError("apply", pl, err)
 	}
 	release, err := b.Lock()
 	if err != nil {
@@ -116,7 +120,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	pl := replacePayload(p, refs)
+	pl = replacePayload(p, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("apply", pl, err)
 	}
@@ -132,13 +136,20 @@ func (b *Backend) Apply(p *plan.Plan) error {
 // one process. Otherwise (or when either fails) it looks them up.
 func (b *Backend) Remove(p *plan.Plan) error {
 	_, err := b.Kernel.Unlink(TopLevelDNATChain, ChainName(p.Owner))
-	if err == nil {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, ErrLegacy) && !p.Empty() {
-		if err := b.Kernel.Restore(delPayload(p, EntryRules(p), nil).bytes()); err == nil {
-			return nil
+	case errors.Is(err, ErrLegacy):
+		if !p.Empty() {
+			pl := delPayload(p, EntryRules(p), nil)
+			if err := b.Kernel.Restore(pl.bytes()); err == nil {
+				return nil
+			} else if !Refused(err) {
+				return b.restoreError("remove", pl, err)
+			}
 		}
+	case !unlinkMissed(err):
+		return fmt.Errorf("remove chain %s: %w", ChainName(p.Owner), err)
 	}
 	release, err := b.Lock()
 	if err != nil {
@@ -212,6 +223,29 @@ func (b *Backend) restoreError(op string, pl *payload, err error) error {
 type RestoreError struct {
 	Output string
 	Err    error
+	// Refused is true when iptables-restore refused a line of the payload:
+	// a chain that exists or a rule that is not there (exit status 1), a
+	// chain that is missing (exit status 2, "parameter problem"). Other
+	// failures — the xtables lock held past -w, no permission (exit
+	// status 4), the tool gone — are not.
+	Refused bool
+}
+
+// Refused reports whether err is iptables-restore refusing a line: how a
+// fast path fails when the node is not in the state it assumes (a fresh
+// node, a re-ADD, a missing witness), so the slow path may run. Any other
+// error is returned to the caller as it is (a kernel test holds the exit
+// statuses to this).
+func Refused(err error) bool {
+	var re *RestoreError
+	return errors.As(err, &re) && re.Refused
+}
+
+// unlinkMissed reports whether the netlink DEL failed the way its fast
+// path may (the slow path then looks the rules up): the chain is still
+// referenced from elsewhere (EBUSY), or changed under us (ENOENT).
+func unlinkMissed(err error) bool {
+	return errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOENT)
 }
 
 func (e *RestoreError) Error() string {
@@ -276,7 +310,9 @@ func (k *execKernel) run(payload []byte, extra ...string) error {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err)}
+		var ee *exec.ExitError
+		refused := errors.As(err, &ee) && (ee.ExitCode() == 1 || ee.ExitCode() == 2)
+		return &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
 	}
 	return nil
 }

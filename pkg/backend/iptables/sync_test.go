@@ -23,6 +23,8 @@ type fakeKernel struct {
 	failOn   string
 	unlink   func(chain string) (bool, error)
 	unlinked []string
+	// err, when set, is what every restore fails with.
+	err error
 }
 
 func (k *fakeKernel) Unlink(parent, chain string) (bool, error) {
@@ -35,12 +37,15 @@ func (k *fakeKernel) Unlink(parent, chain string) (bool, error) {
 
 func (k *fakeKernel) Restore(p []byte) error {
 	k.restores = append(k.restores, string(p))
+	if k.err != nil {
+		return k.err
+	}
 	if k.failOn == "" {
 		return nil
 	}
 	for i, l := range strings.Split(string(p), "\n") {
 		if strings.Contains(l, k.failOn) {
-			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1")}
+			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
 		}
 	}
 	return nil

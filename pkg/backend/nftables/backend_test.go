@@ -2,10 +2,12 @@ package nftables
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"golang.org/x/sys/unix"
 )
 
 // The fake kernel of sync_test.go answers listings of the canned table
@@ -196,5 +198,30 @@ func TestReadyNeedsNftForConditions(t *testing.T) {
 	withConds := plan.Build(plan.Request{ConditionsV4: []string{"ip daddr != 10.0.0.0/8"}}, plan.IPv4, nil)
 	if err := b.Ready(withConds); err == nil || !strings.Contains(err.Error(), "compiled by nft") {
 		t.Errorf("Ready with conditions and without nft: %v", err)
+	}
+}
+
+// A fast path falls back to the slow path only on the errnos of the states
+// it expects (EEXIST, ENOENT, EBUSY); anything else goes back at once,
+// without the host-wide lock.
+func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	for _, tt := range []struct {
+		name string
+		run  func(b *Backend) error
+	}{
+		{"apply", func(b *Backend) error { return b.Apply(a) }},
+		{"remove", func(b *Backend) error { return b.Remove(a) }},
+	} {
+		for _, errno := range []unix.Errno{unix.EPERM, unix.EMSGSIZE} {
+			t.Run(tt.name+" "+errno.Error(), func(t *testing.T) {
+				b, k, _, locks := lockedBackend(t, true, func(string) bool { return true })
+				k.errno = errno
+				err := tt.run(b)
+				if !errors.Is(err, errno) || *locks != 0 || len(k.scripts) != 1 {
+					t.Errorf("error %v, locks %d, transactions %d: want %v, no lock, one transaction", err, *locks, len(k.scripts), errno)
+				}
+			})
+		}
 	}
 }

@@ -20,13 +20,20 @@ type fakeKernel struct {
 	scripts []string
 	checks  []string
 	fail    func(script string) bool
+	// errno, when set, is what a failing transaction fails with (EEXIST
+	// when not).
+	errno unix.Errno
 }
 
 func (k *fakeKernel) Apply(tx *Tx) error {
 	s := tx.Text()
 	k.scripts = append(k.scripts, s)
 	if k.fail != nil && k.fail(s) {
-		return &Error{Op: tx.String(), Err: unix.EEXIST}
+		errno := k.errno
+		if errno == 0 {
+			errno = unix.EEXIST
+		}
+		return &Error{Op: tx.String(), Err: errno}
 	}
 	return nil
 }

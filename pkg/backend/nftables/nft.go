@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -30,7 +31,16 @@ func runNft(script string, commit bool) error {
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 1 {
+			err = fmt.Errorf("%w (%w)", err, errNftRefused)
+		}
 		return &Error{Op: "nft -f", Err: fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))}
 	}
 	return nil
 }
+
+// errNftRefused marks nft refusing a script (exit status 1): nft reports
+// the kernel's errno as text only, so a fast path holding conditions
+// treats any refusal as the expected kind.
+var errNftRefused = errors.New("refused")

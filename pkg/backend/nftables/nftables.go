@@ -81,6 +81,8 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	// skeleton is, which sends the first ADD on a node to the slow path.
 	if err := b.Kernel.Apply(fastAddTx(p)); err == nil {
 		return nil
+	} else if !missed(err) {
+		return fmt.Errorf("apply: %w", err)
 	}
 
 	release, err := b.Lock()
@@ -141,6 +143,8 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	keys := uniqueKeys(append(Keys(p), c.keys()...))
 	if err := b.Kernel.Apply(fastDelTx(p.Family, chain, keys)); err == nil {
 		return b.removeUpstreamLocked(p.Owner)
+	} else if !missed(err) {
+		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
 
 	// A key was taken over by another attachment (or the chain changed
