@@ -12,6 +12,7 @@
 //	CNI-HOSTPORT-SETMARK: -j MARK --set-xmark 0x2000/0x2000
 //	POSTROUTING:          -j CNI-HOSTPORT-MASQ   (at the top)
 //	CNI-HOSTPORT-MASQ:    -m mark --mark 0x2000/0x2000 -j MASQUERADE
+//	CNI-HOSTPORT-BIT13:   (empty) exists once bit 13's SETMARK and MASQ rules were ensured
 //
 // ADD's fast path is a single iptables-restore that flushes the mark bit's
 // empty witness chain (failing unless the bit's shared rules were
