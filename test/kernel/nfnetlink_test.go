@@ -27,7 +27,8 @@ func (viaNft) Apply(tx *nftables.Tx) error {
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(tx.Text())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return &nftables.Error{Op: "nft -f", Err: &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}}
+		// as the backend's own nft fallback says it: refused, kind unknown
+		return &nftables.Error{Op: "nft -f", Err: fmt.Errorf("%w (%w)", &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}, nftables.ErrNftRefused)}
 	}
 	return nil
 }

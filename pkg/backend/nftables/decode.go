@@ -129,9 +129,10 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 	var regs [16][]byte // by register number; nat reads the ones immediates loaded
 	saddrOffset, addrLen := addrOffset(f, false)
 	var load struct {
-		ok   bool
+		ok   bool // the source address is loaded
 		len  uint32
 		mask []byte
+		what string // "l4proto" or "dport" when that is loaded
 	}
 	for le := range nfnl.All(list) {
 		var name string
@@ -156,10 +157,21 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 		switch name {
 		case "payload":
 			load.ok = u32(unix.NFTA_PAYLOAD_BASE) == unix.NFT_PAYLOAD_NETWORK_HEADER && u32(unix.NFTA_PAYLOAD_OFFSET) == saddrOffset
-			load.len, load.mask = u32(unix.NFTA_PAYLOAD_LEN), nil
+			load.len, load.mask, load.what = u32(unix.NFTA_PAYLOAD_LEN), nil, ""
+			if u32(unix.NFTA_PAYLOAD_BASE) == unix.NFT_PAYLOAD_TRANSPORT_HEADER && u32(unix.NFTA_PAYLOAD_OFFSET) == 2 {
+				load.what = "dport"
+			}
 		case "bitwise":
 			load.mask = value(unix.NFTA_BITWISE_MASK)
 		case "cmp":
+			if u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
+				switch v := value(unix.NFTA_CMP_DATA); {
+				case load.what == "l4proto" && len(v) == 1:
+					r.Proto = protoName(v[0])
+				case load.what == "dport" && len(v) == 2:
+					r.Dport = int(binary.BigEndian.Uint16(v))
+				}
+			}
 			if load.ok && u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
 				ip := make(net.IP, addrLen)
 				copy(ip, value(unix.NFTA_CMP_DATA))
@@ -210,9 +222,23 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 			if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
 				r.SetMark = true
 			}
+			load.ok, load.what = false, ""
+			if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && u32(unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
+				load.what = "l4proto"
+			}
 		case "fib":
 			r.Fib = true
 		}
 	}
 	return r
+}
+
+// protoName is the protocol of an IP protocol number, "" for others.
+func protoName(n byte) plan.Protocol {
+	for _, p := range plan.Protocols {
+		if protoNum(p) == n {
+			return p
+		}
+	}
+	return ""
 }

@@ -43,5 +43,5 @@ func (tx *Tx) describe(err error) string {
 // goes back to the caller. A kernel test holds the errnos to this.
 func missed(err error) bool {
 	return errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY) ||
-		errors.Is(err, errNftRefused)
+		errors.Is(err, ErrNftRefused)
 }

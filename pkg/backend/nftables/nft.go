@@ -33,14 +33,14 @@ func runNft(script string, commit bool) error {
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() == 1 {
-			err = fmt.Errorf("%w (%w)", err, errNftRefused)
+			err = fmt.Errorf("%w (%w)", err, ErrNftRefused)
 		}
 		return &Error{Op: "nft -f", Err: fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))}
 	}
 	return nil
 }
 
-// errNftRefused marks nft refusing a script (exit status 1): nft reports
+// ErrNftRefused marks nft refusing a script (exit status 1): nft reports
 // the kernel's errno as text only, so a fast path holding conditions
 // treats any refusal as the expected kind.
-var errNftRefused = errors.New("refused")
+var ErrNftRefused = errors.New("refused")

@@ -31,10 +31,12 @@ type ChainState struct {
 type RuleState struct {
 	Handle  uint64
 	Comment string
-	Jump    string // chain of a jump or goto verdict
-	DNAT    string // "192.0.2.2:80", "[2001:db8::2]:80"
-	Saddr   string // source prefix matched, as a CIDR
-	Lookup  string // map of a verdict-map lookup
+	Jump    string        // chain of a jump or goto verdict
+	DNAT    string        // "192.0.2.2:80", "[2001:db8::2]:80"
+	Saddr   string        // source prefix matched, as a CIDR
+	Proto   plan.Protocol // meta l4proto matched
+	Dport   int           // th dport matched
+	Lookup  string        // map of a verdict-map lookup
 	Masq    bool
 	SetMark bool
 	Drop    bool
