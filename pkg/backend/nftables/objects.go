@@ -13,7 +13,8 @@ import (
 
 // The kinds of object a transaction writes, each with its two spellings
 // (nft text for the golden files and nft, netlink attributes for the
-// kernel). A kernel test holds the two equal for every plan shape.
+// kernel; a kernel test holds the two equal for every plan shape) and, in
+// memory.go, what applying it does to the in-memory kernel.
 
 func (v tableObj) nft(*Tx) knftables.Object {
 	return &knftables.Table{Comment: knftables.PtrTo(v.comment)}
@@ -129,25 +130,12 @@ func (v *Rule) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, e
 		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, v.Handle))
 		return nil, nil
 	}
-	e := &exprs{fam: tx.Family, tx: tx}
-	before := len(tx.anon)
-	for _, s := range v.stmts {
-		s.encode(e)
-	}
-	if e.raw {
+	first, ra, raw := v.attrs(tx)
+	if raw {
 		return nil, fmt.Errorf("rule %q holds conditions in nft syntax: only nft compiles them", v.Text(tx.Family))
 	}
-	var first []nfnl.Msg
-	for _, s := range tx.anon[before:] {
-		first = append(first, anonSetMsgs(m.Family, tx.Table, s)...)
-	}
 	m.Type = nfnl.NftType(unix.NFT_MSG_NEWRULE)
-	a.String(unix.NFTA_RULE_TABLE, tx.Table)
-	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
-	a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, e.list.Bytes())
-	if v.Comment != "" {
-		a.Raw(nftaRuleUserdata, comment(v.Comment))
-	}
+	*a = ra
 	m.Flags = unix.NLM_F_APPEND
 	return first, nil
 }

@@ -1,0 +1,490 @@
+package nftables
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Memory is nf_tables in memory, for tests without root: it applies a
+// transaction's operations to the tables it keeps, all or nothing, with
+// the errors the kernel gives for them (EEXIST for an object that exists
+// or a key another verdict holds, ENOENT for a missing table, chain, map,
+// element or jump target, EBUSY for a chain still referenced or holding
+// rules), and answers the backend's reads from them. A rule is kept as
+// the netlink attributes the kernel would get and read back through the
+// decoder the netlink reader uses, so Memory is no third reader of our
+// rules. Trace follows a packet through what it holds.
+type Memory struct {
+	tables     map[memKey]*memTable
+	nextHandle uint64
+	// Committed counts the transactions applied.
+	Committed int
+}
+
+var _ Kernel = (*Memory)(nil)
+
+type memKey struct {
+	f    plan.Family
+	name string
+}
+
+type memTable struct {
+	comment string
+	chains  map[string]*memChain
+	maps    map[string]map[string]string // map -> Key.ID() -> chain of the verdict
+}
+
+type memChain struct {
+	comment string
+	base    *baseChain
+	rules   []RuleState
+	// conditions marks rules holding conditionsV4/V6 (nft syntax), which
+	// Trace takes as matching.
+	conditions []bool
+}
+
+// FlushRuleset is `nft flush ruleset`: every table gone.
+func (m *Memory) FlushRuleset() { m.tables = map[memKey]*memTable{} }
+
+// NewMemory returns an empty nf_tables.
+func NewMemory() *Memory { return &Memory{tables: map[memKey]*memTable{}} }
+
+// Apply commits tx, or nothing when an operation fails.
+func (m *Memory) Apply(tx *Tx) error {
+	next, err := m.simulate(tx)
+	if err != nil {
+		return err
+	}
+	m.tables, m.nextHandle = next.tables, next.nextHandle
+	m.Committed++
+	return nil
+}
+
+// Validate checks tx as Apply would, committing nothing.
+func (m *Memory) Validate(tx *Tx) error {
+	_, err := m.simulate(tx)
+	return err
+}
+
+// memTx is a transaction being applied to a copy of the tables.
+type memTx struct {
+	*Memory
+	tx *Tx
+}
+
+func (m *Memory) simulate(tx *Tx) (*Memory, error) {
+	c := &Memory{tables: map[memKey]*memTable{}, nextHandle: m.nextHandle}
+	for k, t := range m.tables {
+		c.tables[k] = t.clone()
+	}
+	s := &memTx{c, tx}
+	for _, o := range tx.ops {
+		if err := o.obj.simulate(s, o.verb); err != nil {
+			return nil, &Error{Op: strings.TrimSpace((&Tx{Family: tx.Family, Table: tx.Table, ops: []op{o}}).Text()), Err: err}
+		}
+	}
+	return c, nil
+}
+
+func (t *memTable) clone() *memTable {
+	c := &memTable{comment: t.comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{}}
+	for n, ch := range t.chains {
+		cc := *ch
+		cc.rules = append([]RuleState(nil), ch.rules...)
+		cc.conditions = append([]bool(nil), ch.conditions...)
+		c.chains[n] = &cc
+	}
+	for n, els := range t.maps {
+		c.maps[n] = map[string]string{}
+		for k, v := range els {
+			c.maps[n][k] = v
+		}
+	}
+	return c
+}
+
+// table is the transaction's table; ENOENT when it does not exist.
+func (s *memTx) table() (*memTable, error) {
+	t := s.tables[memKey{s.tx.Family, s.tx.Table}]
+	if t == nil {
+		return nil, unix.ENOENT
+	}
+	return t, nil
+}
+
+// refs counts what points at chain: jumps of rules and map verdicts.
+func (t *memTable) refs(chain string) int {
+	n := 0
+	for _, c := range t.chains {
+		for _, r := range c.rules {
+			if r.Jump == chain {
+				n++
+			}
+		}
+	}
+	for _, els := range t.maps {
+		for _, to := range els {
+			if to == chain {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (v tableObj) simulate(s *memTx, vb verb) error {
+	k := memKey{s.tx.Family, s.tx.Table}
+	switch vb {
+	case opAdd, opCreate:
+		if s.tables[k] != nil {
+			if vb == opCreate {
+				return unix.EEXIST
+			}
+			return nil
+		}
+		s.tables[k] = &memTable{comment: v.comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{}}
+		return nil
+	case opDelete:
+		if s.tables[k] == nil {
+			return unix.ENOENT
+		}
+		delete(s.tables, k)
+		return nil
+	}
+	return unix.EINVAL
+}
+
+func (v chainObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	c := t.chains[v.name]
+	switch vb {
+	case opAdd, opCreate:
+		if c != nil {
+			if vb == opCreate {
+				return unix.EEXIST
+			}
+			return nil
+		}
+		t.chains[v.name] = &memChain{comment: v.comment, base: v.base}
+	case opFlush:
+		if c == nil {
+			return unix.ENOENT
+		}
+		c.rules, c.conditions = nil, nil
+	case opDelete:
+		if c == nil {
+			return unix.ENOENT
+		}
+		if len(c.rules) > 0 || t.refs(v.name) > 0 {
+			return unix.EBUSY
+		}
+		delete(t.chains, v.name)
+	}
+	return nil
+}
+
+func (v mapObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	switch vb {
+	case opAdd, opCreate:
+		if t.maps[v.name] != nil {
+			if vb == opCreate {
+				return unix.EEXIST
+			}
+			return nil
+		}
+		t.maps[v.name] = map[string]string{}
+	case opDelete:
+		if t.maps[v.name] == nil {
+			return unix.ENOENT
+		}
+		for _, c := range t.chains {
+			for _, r := range c.rules {
+				if r.Lookup == v.name {
+					return unix.EBUSY
+				}
+			}
+		}
+		delete(t.maps, v.name)
+	}
+	return nil
+}
+
+func (v elemObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	els := t.maps[v.key.Map()]
+	if els == nil {
+		return unix.ENOENT
+	}
+	id := v.key.ID()
+	held, exists := els[id]
+	switch vb {
+	case opAdd, opCreate:
+		if t.chains[v.chain] == nil {
+			return unix.ENOENT
+		}
+		if exists && (vb == opCreate || held != v.chain) {
+			return unix.EEXIST
+		}
+		els[id] = v.chain
+	case opDelete:
+		if !exists {
+			return unix.ENOENT
+		}
+		delete(els, id)
+	}
+	return nil
+}
+
+func (v *Rule) simulate(s *memTx, _ verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	c := t.chains[v.Chain]
+	if c == nil {
+		return unix.ENOENT
+	}
+	if v.Handle != 0 {
+		for i, r := range c.rules {
+			if r.Handle == v.Handle {
+				c.rules = append(c.rules[:i:i], c.rules[i+1:]...)
+				c.conditions = append(c.conditions[:i:i], c.conditions[i+1:]...)
+				return nil
+			}
+		}
+		return unix.ENOENT
+	}
+	_, a, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table})
+	r := decodeRule(s.tx.Family, a.Bytes())
+	if r.Jump != "" && t.chains[r.Jump] == nil {
+		return unix.ENOENT
+	}
+	if r.Lookup != "" && t.maps[r.Lookup] == nil {
+		return unix.ENOENT
+	}
+	s.nextHandle++
+	r.Handle = s.nextHandle
+	c.rules = append(c.rules, r)
+	c.conditions = append(c.conditions, raw)
+	return nil
+}
+
+func (m *Memory) state(f plan.Family, table string) *memTable { return m.tables[memKey{f, table}] }
+
+// Chain reads one chain; nil when it or its table is absent.
+func (m *Memory) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	t := m.state(f, table)
+	if t == nil || t.chains[chain] == nil {
+		return nil, nil
+	}
+	c := t.chains[chain]
+	return &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}, nil
+}
+
+// Holders returns the chain each of keys' elements names, where one exists.
+func (m *Memory) Holders(f plan.Family, keys []Key) (map[string]string, error) {
+	out := map[string]string{}
+	if t := m.state(f, Table); t != nil {
+		for _, k := range keys {
+			if h, ok := t.maps[k.Map()][k.ID()]; ok {
+				out[k.ID()] = h
+			}
+		}
+	}
+	return out, nil
+}
+
+// Table reads a table whole; nil when it is absent.
+func (m *Memory) Table(f plan.Family, table string) (*State, error) {
+	t := m.state(f, table)
+	if t == nil {
+		return nil, nil
+	}
+	st := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	for n := range t.chains {
+		st.Chains[n], _ = m.Chain(f, table, n)
+	}
+	for n, els := range t.maps {
+		st.Maps[n] = true
+		for id, c := range els {
+			st.Holders[id] = c
+		}
+	}
+	return st, nil
+}
+
+// Dump prints every table, sorted, one object a line: a whole-state
+// picture tests compare before and after a sequence.
+func (m *Memory) Dump() string {
+	var keys []memKey
+	for k := range m.tables {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].f != keys[j].f {
+			return keys[i].f < keys[j].f
+		}
+		return keys[i].name < keys[j].name
+	})
+	var b strings.Builder
+	for _, k := range keys {
+		t := m.tables[k]
+		fmt.Fprintf(&b, "table %s %s\n", nftFamily(k.f), k.name)
+		for _, n := range sortedKeys(t.chains) {
+			c := t.chains[n]
+			fmt.Fprintf(&b, "  chain %s %q\n", n, c.comment)
+			for _, r := range c.rules {
+				r.Handle = 0
+				fmt.Fprintf(&b, "    %+v\n", r)
+			}
+		}
+		for _, n := range sortedKeys(t.maps) {
+			fmt.Fprintf(&b, "  map %s\n", n)
+			for _, id := range sortedKeys(t.maps[n]) {
+				fmt.Fprintf(&b, "    %s : goto %s\n", strings.TrimPrefix(id, n+" "), t.maps[n][id])
+			}
+		}
+	}
+	return b.String()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Packet is what Trace follows: a new connection's first packet.
+type Packet struct {
+	Protocol plan.Protocol
+	Src, Dst net.IP
+	Dport    int
+	// FromHost is true for a packet this host sends (the output hook),
+	// false for one it receives (prerouting).
+	FromHost bool
+}
+
+// Verdict is what the nat hooks did to a packet.
+type Verdict struct {
+	// Chain is the attachment's chain the dispatch map sent it to; "" when
+	// no host port matched.
+	Chain string
+	// DNAT is where it goes ("192.0.2.2:80"); "" when not translated.
+	DNAT string
+	// Masquerade is true when postrouting masquerades it.
+	Masquerade bool
+}
+
+// Trace follows p through family f's cni_portmap table as the kernel's
+// nat hooks would: the base chain of its hook, the local-address check
+// (local says which addresses are this host's), the dispatch map, the
+// attachment's chain, the mark and masquerade chains. Rules holding
+// conditions are taken as matching.
+func (m *Memory) Trace(f plan.Family, p Packet, local func(net.IP) bool) Verdict {
+	var v Verdict
+	t := m.state(f, Table)
+	if t == nil {
+		return v
+	}
+	hook := "prerouting"
+	if p.FromHost {
+		hook = "output"
+	}
+	var base string
+	for n, c := range t.chains {
+		if c.base != nil && string(c.base.hook) == hook && c.base.typ == "nat" {
+			base = n
+		}
+	}
+	marked := map[string]bool{}
+	var walk func(chain string, depth int) bool // true: a terminal verdict
+	walk = func(chain string, depth int) bool {
+		c := t.chains[chain]
+		if c == nil || depth > 8 {
+			return false
+		}
+		for _, r := range c.rules {
+			switch {
+			case r.Fib && !local(p.Dst),
+				r.Proto != "" && r.Proto != p.Protocol,
+				r.Dport != 0 && r.Dport != p.Dport,
+				r.Saddr != "" && !parsePrefix(r.Saddr).Contains(p.Src):
+				continue
+			}
+			if r.Lookup != "" {
+				k := Key{Protocol: p.Protocol, Port: p.Dport}
+				if r.Lookup == HostIPPortsMap {
+					k.HostIP = p.Dst
+				}
+				if to, ok := t.maps[r.Lookup][k.ID()]; ok {
+					v.Chain = to
+					return walk(to, depth+1) || true // a goto does not come back
+				}
+				continue
+			}
+			if r.SetMark {
+				marked[chain] = true
+			}
+			if r.DNAT != "" {
+				v.DNAT = r.DNAT
+				return true
+			}
+			if r.Jump != "" && walk(r.Jump, depth+1) {
+				return true
+			}
+		}
+		return false
+	}
+	walk(base, 0)
+	for mark := range marked {
+		var bit int
+		if _, err := fmt.Sscanf(mark, "mark-bit%d", &bit); err == nil && v.DNAT != "" {
+			if mc := t.chains[MasqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
+				v.Masquerade = true
+			}
+		}
+	}
+	return v
+}
+
+// attrs is the rule as the kernel gets it (NFTA_RULE_* attributes), the
+// messages its anonymous sets need first, and whether it holds
+// conditions, which only nft can compile (their match is then missing
+// from the attributes).
+func (v *Rule) attrs(tx *Tx) (first []nfnl.Msg, a nfnl.Attrs, raw bool) {
+	e := &exprs{fam: tx.Family, tx: tx}
+	before := len(tx.anon)
+	for _, s := range v.stmts {
+		s.encode(e)
+	}
+	for _, s := range tx.anon[before:] {
+		first = append(first, anonSetMsgs(uint8(nfproto(tx.Family)), tx.Table, s)...)
+	}
+	a.String(unix.NFTA_RULE_TABLE, tx.Table)
+	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
+	a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, e.list.Bytes())
+	if v.Comment != "" {
+		a.Raw(nftaRuleUserdata, comment(v.Comment))
+	}
+	return first, a, e.raw
+}
