@@ -1,0 +1,475 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Memory is x_tables in memory, for tests without root: it applies
+// iptables-restore payloads — all or nothing, failing on the first line
+// the kernel would refuse (a chain that exists or is missing, a rule that
+// is not there, a jump to nowhere, a chain still referenced) with
+// iptables-restore's "line N failed" — and answers listings in the
+// spelling of iptables -S. Kernel(table) is the view a backend gets.
+// Trace follows a packet through the nat table.
+type Memory struct {
+	tables map[string]*xtable
+	// Restores counts the payloads committed.
+	Restores int
+}
+
+// xtable is one table: its chains in creation order, each rule as its
+// tokens after the chain name.
+type xtable struct {
+	order []string
+	rules map[string][][]string
+}
+
+var builtins = map[string][]string{
+	Table:       {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	FilterTable: {"INPUT", "FORWARD", "OUTPUT"},
+}
+
+// targets are the jumps that are not chains.
+var targets = map[string]bool{"ACCEPT": true, "DROP": true, "RETURN": true, "DNAT": true, "SNAT": true,
+	"MASQUERADE": true, "MARK": true, "REJECT": true, "LOG": true}
+
+// NewMemory returns an empty nat and filter table.
+func NewMemory() *Memory {
+	m := &Memory{tables: map[string]*xtable{}}
+	for t := range builtins {
+		m.table(t)
+	}
+	return m
+}
+
+func (m *Memory) table(name string) *xtable {
+	t := m.tables[name]
+	if t == nil {
+		t = &xtable{rules: map[string][][]string{}}
+		for _, c := range builtins[name] {
+			t.order, t.rules[c] = append(t.order, c), nil
+		}
+		m.tables[name] = t
+	}
+	return t
+}
+
+func (m *Memory) clone() *Memory {
+	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores}
+	for n, t := range m.tables {
+		ct := &xtable{order: slices.Clone(t.order), rules: map[string][][]string{}}
+		for ch, rs := range t.rules {
+			ct.rules[ch] = slices.Clone(rs)
+		}
+		c.tables[n] = ct
+	}
+	return c
+}
+
+// FlushTable is `iptables -t table -F`: every chain emptied, user chains
+// kept.
+func (m *Memory) FlushTable(table string) {
+	t := m.table(table)
+	for c := range t.rules {
+		t.rules[c] = nil
+	}
+}
+
+func (t *xtable) has(chain string) bool { _, ok := t.rules[chain]; return ok }
+
+// refs counts the rules that jump to chain.
+func (t *xtable) refs(chain string) int {
+	n := 0
+	for _, rs := range t.rules {
+		for _, r := range rs {
+			if jumpOf(r) == chain {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func jumpOf(tokens []string) string {
+	for i, tok := range tokens {
+		if (tok == "-j" || tok == "-g") && i+1 < len(tokens) {
+			return tokens[i+1]
+		}
+	}
+	return ""
+}
+
+func (t *xtable) find(chain string, rule []string) int {
+	return slices.IndexFunc(t.rules[chain], func(r []string) bool { return slices.Equal(r, rule) })
+}
+
+// apply runs one payload line on the table; false when the kernel would
+// refuse it.
+func (t *xtable) apply(line string) bool {
+	if name, ok := strings.CutPrefix(line, ":"); ok {
+		name, _, _ = strings.Cut(name, " ")
+		if !t.has(name) {
+			t.order = append(t.order, name)
+		}
+		t.rules[name] = nil
+		return true
+	}
+	tok := splitRule(line)
+	if len(tok) < 2 {
+		return false
+	}
+	cmd, chain, rule := tok[0], tok[1], tok[2:]
+	switch cmd {
+	case "-N":
+		if t.has(chain) {
+			return false
+		}
+		t.order, t.rules[chain] = append(t.order, chain), nil
+		return true
+	case "-X":
+		if !t.has(chain) || len(t.rules[chain]) > 0 || t.refs(chain) > 0 || slices.Contains(builtins[Table], chain) {
+			return false
+		}
+		delete(t.rules, chain)
+		t.order = slices.DeleteFunc(t.order, func(c string) bool { return c == chain })
+		return true
+	case "-F":
+		if !t.has(chain) {
+			return false
+		}
+		t.rules[chain] = nil
+		return true
+	}
+	if !t.has(chain) {
+		return false
+	}
+	switch cmd {
+	case "-C":
+		return t.find(chain, rule) >= 0
+	case "-D":
+		i := t.find(chain, rule)
+		if i < 0 {
+			return false
+		}
+		t.rules[chain] = slices.Delete(t.rules[chain], i, i+1)
+		return true
+	case "-A", "-I":
+		pos := len(t.rules[chain])
+		if cmd == "-I" {
+			pos = 0
+			if len(rule) > 0 {
+				if n, err := strconv.Atoi(rule[0]); err == nil {
+					pos, rule = min(n-1, len(t.rules[chain])), rule[1:]
+				}
+			}
+		}
+		if j := jumpOf(rule); j != "" && !targets[j] && !t.has(j) {
+			return false
+		}
+		t.rules[chain] = slices.Insert(t.rules[chain], pos, slices.Clone(rule))
+		return true
+	}
+	return false
+}
+
+// restore applies payload to a copy and commits it when every line went
+// through.
+func (m *Memory) restore(payload []byte, commit bool) error {
+	c := m.clone()
+	var t *xtable
+	for i, line := range strings.Split(strings.TrimRight(string(payload), "\n"), "\n") {
+		ok := true
+		switch {
+		case strings.HasPrefix(line, "*"):
+			t = c.table(line[1:])
+		case line == "COMMIT" || line == "" || strings.HasPrefix(line, "#"):
+		case t == nil:
+			ok = false
+		default:
+			ok = t.apply(line)
+		}
+		if !ok {
+			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
+				Err: errors.New("iptables-restore: exit status 1"), Refused: true}
+		}
+	}
+	if commit {
+		m.tables = c.tables
+		m.Restores++
+	}
+	return nil
+}
+
+// Kernel is the view of table a backend gets: restores reach every table,
+// listings and ensures this one.
+func (m *Memory) Kernel(table string) Kernel { return &memKernel{m, table} }
+
+type memKernel struct {
+	m     *Memory
+	table string
+}
+
+func (k *memKernel) Restore(payload []byte) error { return k.m.restore(payload, true) }
+func (k *memKernel) Test(payload []byte) error    { return k.m.restore(payload, false) }
+
+// ListTable prints the table as iptables -S does: policies, chains, rules.
+func (k *memKernel) ListTable() ([]string, error) {
+	t := k.m.table(k.table)
+	var out []string
+	for _, c := range builtins[k.table] {
+		out = append(out, "-P "+c+" ACCEPT")
+	}
+	for _, c := range t.order {
+		if !slices.Contains(builtins[k.table], c) {
+			out = append(out, "-N "+c)
+		}
+	}
+	for _, c := range t.order {
+		for _, r := range t.rules[c] {
+			out = append(out, "-A "+c+" "+quoteArgs(r))
+		}
+	}
+	return out, nil
+}
+
+func (k *memKernel) EnsureChain(c Chain) error {
+	t := k.m.table(tableOf(Rule{Table: c.Table}))
+	if !t.has(c.Name) {
+		t.order, t.rules[c.Name] = append(t.order, c.Name), nil
+	}
+	return nil
+}
+
+func (k *memKernel) EnsureRule(r Rule) error {
+	t := k.m.table(tableOf(r))
+	if !t.has(r.Chain) {
+		return unix.ENOENT
+	}
+	if t.find(r.Chain, r.Args) >= 0 {
+		return nil
+	}
+	cmd := "-A "
+	if r.Insert {
+		cmd = "-I "
+	}
+	if !t.apply(cmd + r.Chain + " " + quoteArgs(r.Args)) {
+		return unix.ENOENT
+	}
+	return nil
+}
+
+// Unlink deletes chain and parent's jumps to it in one step, as the
+// netlink DEL does on iptables-nft.
+func (k *memKernel) Unlink(parent, chain string) (bool, error) {
+	t := k.m.table(k.table)
+	if !t.has(chain) {
+		return false, nil
+	}
+	c := k.m.clone()
+	ct := c.table(k.table)
+	ct.rules[parent] = slices.DeleteFunc(ct.rules[parent], func(r []string) bool { return jumpOf(r) == chain })
+	ct.rules[chain] = nil
+	if !ct.apply("-X " + chain) {
+		return true, unix.EBUSY
+	}
+	k.m.tables = c.tables
+	return true, nil
+}
+
+// Packet is what Trace follows: a new connection's first packet.
+type Packet struct {
+	Protocol plan.Protocol
+	Src, Dst net.IP
+	Dport    int
+	// FromHost is true for a packet this host sends (OUTPUT), false for
+	// one it receives (PREROUTING).
+	FromHost bool
+}
+
+// Verdict is what the nat table did to a packet.
+type Verdict struct {
+	// Chain is the attachment's CNI-DN chain that took it; "" when none.
+	Chain string
+	// DNAT is where it goes ("192.0.2.2:80"); "" when not translated.
+	DNAT string
+	// Masquerade is true when POSTROUTING masquerades it.
+	Masquerade bool
+}
+
+// Trace follows p through the nat table as the kernel would: PREROUTING
+// or OUTPUT (local says which addresses are this host's, for addrtype),
+// the jumps to user chains, MARK and DNAT, then POSTROUTING with the mark
+// the packet got. It knows the matches this package writes; a rule with
+// any other match does not match.
+func (m *Memory) Trace(p Packet, local func(net.IP) bool) Verdict {
+	var v Verdict
+	t := m.table(Table)
+	var mark uint32
+	var walk func(chain string, depth int) bool // true: terminal
+	walk = func(chain string, depth int) bool {
+		if depth > 16 {
+			return false
+		}
+		for _, r := range t.rules[chain] {
+			x, ok := parseMatch(r)
+			if !ok || !x.matches(p, mark, local) {
+				continue
+			}
+			switch x.target {
+			case "RETURN":
+				return false
+			case "DNAT":
+				v.DNAT = x.to
+				return true
+			case "MARK":
+				mark = mark&^x.mask | x.value
+			case "MASQUERADE":
+				v.Masquerade = true
+				return true
+			case "ACCEPT", "DROP":
+				return true
+			default:
+				if strings.HasPrefix(x.target, dnChain) && v.Chain == "" {
+					v.Chain = x.target
+				}
+				if walk(x.target, depth+1) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	hook := "PREROUTING"
+	if p.FromHost {
+		hook = "OUTPUT"
+	}
+	walk(hook, 0)
+	if v.DNAT == "" {
+		v.Chain = ""
+		return v
+	}
+	walk("POSTROUTING", 0)
+	return v
+}
+
+// match is a rule as Trace reads it.
+type match struct {
+	proto          string
+	src, dst       *net.IPNet
+	notSrc, notDst bool
+	ports          []int // --dport, or multiport's list
+	localDst       bool
+	markValue      uint32
+	markMask       uint32
+	target, to     string
+	value, mask    uint32 // MARK --set-xmark
+}
+
+func (x match) matches(p Packet, mark uint32, local func(net.IP) bool) bool {
+	switch {
+	case x.proto != "" && x.proto != string(p.Protocol),
+		x.src != nil && x.src.Contains(p.Src) == x.notSrc,
+		x.dst != nil && x.dst.Contains(p.Dst) == x.notDst,
+		len(x.ports) > 0 && !slices.Contains(x.ports, p.Dport),
+		x.localDst && !local(p.Dst),
+		x.markMask != 0 && mark&x.markMask != x.markValue:
+		return false
+	}
+	return true
+}
+
+// parseMatch reads a rule's tokens; false for a match it does not know.
+func parseMatch(tok []string) (match, bool) {
+	var x match
+	neg := false
+	for i := 0; i < len(tok); i++ {
+		arg := func() string {
+			if i+1 < len(tok) {
+				i++
+				return tok[i]
+			}
+			return ""
+		}
+		switch t := tok[i]; t {
+		case "!":
+			neg = true
+			continue
+		case "-p":
+			x.proto = arg()
+		case "-s", "-d":
+			n := parsePrefix(arg())
+			if n == nil {
+				return x, false
+			}
+			if t == "-s" {
+				x.src, x.notSrc = n, neg
+			} else {
+				x.dst, x.notDst = n, neg
+			}
+		case "-m":
+			arg() // the module: its options follow
+		case "--dport", "--dports", "--destination-ports":
+			for _, s := range strings.Split(arg(), ",") {
+				n, err := strconv.Atoi(s)
+				if err != nil {
+					return x, false
+				}
+				x.ports = append(x.ports, n)
+			}
+		case "--dst-type":
+			x.localDst = arg() == "LOCAL"
+		case "--comment":
+			arg()
+		case "--mark":
+			x.markValue, x.markMask = parseMark(arg())
+		case "--set-xmark":
+			x.value, x.mask = parseMark(arg())
+		case "-j", "-g":
+			x.target = arg()
+		case "--to-destination":
+			x.to = arg()
+		default:
+			return x, false
+		}
+		neg = false
+	}
+	return x, true
+}
+
+func parsePrefix(s string) *net.IPNet {
+	if !strings.Contains(s, "/") {
+		if ip := net.ParseIP(s); ip != nil {
+			bits := 128
+			if ip.To4() != nil {
+				ip, bits = ip.To4(), 32
+			}
+			return &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+		}
+		return nil
+	}
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		return nil
+	}
+	return n
+}
+
+// parseMark reads "0x2000/0x2000".
+func parseMark(s string) (value, mask uint32) {
+	v, m, _ := strings.Cut(s, "/")
+	a, _ := strconv.ParseUint(v, 0, 32)
+	b, err := strconv.ParseUint(m, 0, 32)
+	if err != nil {
+		b = 0xffffffff
+	}
+	return uint32(a), uint32(b)
+}
