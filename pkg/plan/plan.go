@@ -158,21 +158,6 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 	return p
 }
 
-// WithIP returns the plan for a container at cidr instead (tests).
-func (p *Plan) WithIP(cidr string) *Plan {
-	ip, n, err := net.ParseCIDR(cidr)
-	if err != nil {
-		panic(err)
-	}
-	if v4 := ip.To4(); v4 != nil {
-		ip = v4
-	}
-	n.IP = ip
-	c := *p
-	c.ContainerNet = n
-	return &c
-}
-
 // Empty reports whether the plan forwards nothing.
 func (p *Plan) Empty() bool { return len(p.Mappings) == 0 }
 

@@ -285,33 +285,13 @@ func (k *memKernel) Unlink(parent, chain string) (bool, error) {
 	return true, nil
 }
 
-// Packet is what Trace follows: a new connection's first packet.
-type Packet struct {
-	Protocol plan.Protocol
-	Src, Dst net.IP
-	Dport    int
-	// FromHost is true for a packet this host sends (OUTPUT), false for
-	// one it receives (PREROUTING).
-	FromHost bool
-}
-
-// Verdict is what the nat table did to a packet.
-type Verdict struct {
-	// Chain is the attachment's CNI-DN chain that took it; "" when none.
-	Chain string
-	// DNAT is where it goes ("192.0.2.2:80"); "" when not translated.
-	DNAT string
-	// Masquerade is true when POSTROUTING masquerades it.
-	Masquerade bool
-}
-
 // Trace follows p through the nat table as the kernel would: PREROUTING
 // or OUTPUT (local says which addresses are this host's, for addrtype),
 // the jumps to user chains, MARK and DNAT, then POSTROUTING with the mark
 // the packet got. It knows the matches this package writes; a rule with
 // any other match does not match.
-func (m *Memory) Trace(p Packet, local func(net.IP) bool) Verdict {
-	var v Verdict
+func (m *Memory) Trace(p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	var v plan.Verdict
 	t := m.table(Table)
 	var mark uint32
 	var walk func(chain string, depth int) bool // true: terminal
@@ -374,7 +354,7 @@ type match struct {
 	value, mask    uint32 // MARK --set-xmark
 }
 
-func (x match) matches(p Packet, mark uint32, local func(net.IP) bool) bool {
+func (x match) matches(p plan.Packet, mark uint32, local func(net.IP) bool) bool {
 	switch {
 	case x.proto != "" && x.proto != string(p.Protocol),
 		x.src != nil && x.src.Contains(p.Src) == x.notSrc,

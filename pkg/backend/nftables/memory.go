@@ -347,7 +347,7 @@ func (m *Memory) Dump() string {
 	for _, k := range keys {
 		t := m.tables[k]
 		fmt.Fprintf(&b, "table %s %s\n", nftFamily(k.f), k.name)
-		for _, n := range sortedKeys(t.chains) {
+		for _, n := range sortedStrings(t.chains) {
 			c := t.chains[n]
 			fmt.Fprintf(&b, "  chain %s %q\n", n, c.comment)
 			for _, r := range c.rules {
@@ -355,9 +355,9 @@ func (m *Memory) Dump() string {
 				fmt.Fprintf(&b, "    %+v\n", r)
 			}
 		}
-		for _, n := range sortedKeys(t.maps) {
+		for _, n := range sortedStrings(t.maps) {
 			fmt.Fprintf(&b, "  map %s\n", n)
-			for _, id := range sortedKeys(t.maps[n]) {
+			for _, id := range sortedStrings(t.maps[n]) {
 				fmt.Fprintf(&b, "    %s : goto %s\n", strings.TrimPrefix(id, n+" "), t.maps[n][id])
 			}
 		}
@@ -365,43 +365,13 @@ func (m *Memory) Dump() string {
 	return b.String()
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Packet is what Trace follows: a new connection's first packet.
-type Packet struct {
-	Protocol plan.Protocol
-	Src, Dst net.IP
-	Dport    int
-	// FromHost is true for a packet this host sends (the output hook),
-	// false for one it receives (prerouting).
-	FromHost bool
-}
-
-// Verdict is what the nat hooks did to a packet.
-type Verdict struct {
-	// Chain is the attachment's chain the dispatch map sent it to; "" when
-	// no host port matched.
-	Chain string
-	// DNAT is where it goes ("192.0.2.2:80"); "" when not translated.
-	DNAT string
-	// Masquerade is true when postrouting masquerades it.
-	Masquerade bool
-}
-
 // Trace follows p through family f's cni_portmap table as the kernel's
 // nat hooks would: the base chain of its hook, the local-address check
 // (local says which addresses are this host's), the dispatch map, the
 // attachment's chain, the mark and masquerade chains. Rules holding
 // conditions are taken as matching.
-func (m *Memory) Trace(f plan.Family, p Packet, local func(net.IP) bool) Verdict {
-	var v Verdict
+func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	var v plan.Verdict
 	t := m.state(f, Table)
 	if t == nil {
 		return v
