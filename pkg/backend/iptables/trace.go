@@ -1,0 +1,179 @@
+package iptables
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Trace follows p through the nat table as the kernel would: PREROUTING
+// or OUTPUT (local says which addresses are this host's, for addrtype),
+// the jumps to user chains, MARK and DNAT, then POSTROUTING with the mark
+// the packet got. It knows the matches this package writes; a rule with
+// any other match does not match.
+func (m *Memory) Trace(p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	var v plan.Verdict
+	t := m.table(Table)
+	var mark uint32
+	var walk func(chain string, depth int) bool // true: terminal
+	walk = func(chain string, depth int) bool {
+		if depth > 16 {
+			return false
+		}
+		for _, r := range t.rules[chain] {
+			x, ok := parseMatch(r)
+			if !ok || !x.matches(p, mark, local) {
+				continue
+			}
+			switch x.target {
+			case "RETURN":
+				return false
+			case "DNAT":
+				v.DNAT = x.to
+				return true
+			case "MARK":
+				mark = mark&^x.mask | x.value
+			case "MASQUERADE":
+				v.Masquerade = true
+				return true
+			case "ACCEPT", "DROP":
+				return true
+			default:
+				if strings.HasPrefix(x.target, dnChain) && v.Chain == "" {
+					v.Chain = x.target
+				}
+				if walk(x.target, depth+1) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	hook := "PREROUTING"
+	if p.FromHost {
+		hook = "OUTPUT"
+	}
+	walk(hook, 0)
+	if v.DNAT == "" {
+		v.Chain = ""
+		return v
+	}
+	walk("POSTROUTING", 0)
+	return v
+}
+
+// match is a rule as Trace reads it.
+type match struct {
+	proto          string
+	src, dst       *net.IPNet
+	notSrc, notDst bool
+	ports          []int // --dport, or multiport's list
+	localDst       bool
+	markValue      uint32
+	markMask       uint32
+	target, to     string
+	value, mask    uint32 // MARK --set-xmark
+}
+
+func (x match) matches(p plan.Packet, mark uint32, local func(net.IP) bool) bool {
+	switch {
+	case x.proto != "" && x.proto != string(p.Protocol),
+		x.src != nil && x.src.Contains(p.Src) == x.notSrc,
+		x.dst != nil && x.dst.Contains(p.Dst) == x.notDst,
+		len(x.ports) > 0 && !slices.Contains(x.ports, p.Dport),
+		x.localDst && !local(p.Dst),
+		x.markMask != 0 && mark&x.markMask != x.markValue:
+		return false
+	}
+	return true
+}
+
+// parseMatch reads a rule's tokens; false for a match it does not know.
+func parseMatch(tok []string) (match, bool) {
+	var x match
+	neg := false
+	for i := 0; i < len(tok); i++ {
+		arg := func() string {
+			if i+1 < len(tok) {
+				i++
+				return tok[i]
+			}
+			return ""
+		}
+		switch t := tok[i]; t {
+		case "!":
+			neg = true
+			continue
+		case "-p":
+			x.proto = arg()
+		case "-s", "-d":
+			n := parsePrefix(arg())
+			if n == nil {
+				return x, false
+			}
+			if t == "-s" {
+				x.src, x.notSrc = n, neg
+			} else {
+				x.dst, x.notDst = n, neg
+			}
+		case "-m":
+			arg() // the module: its options follow
+		case "--dport", "--dports", "--destination-ports":
+			for _, s := range strings.Split(arg(), ",") {
+				n, err := strconv.Atoi(s)
+				if err != nil {
+					return x, false
+				}
+				x.ports = append(x.ports, n)
+			}
+		case "--dst-type":
+			x.localDst = arg() == "LOCAL"
+		case "--comment":
+			arg()
+		case "--mark":
+			x.markValue, x.markMask = parseMark(arg())
+		case "--set-xmark":
+			x.value, x.mask = parseMark(arg())
+		case "-j", "-g":
+			x.target = arg()
+		case "--to-destination":
+			x.to = arg()
+		default:
+			return x, false
+		}
+		neg = false
+	}
+	return x, true
+}
+
+func parsePrefix(s string) *net.IPNet {
+	if !strings.Contains(s, "/") {
+		if ip := net.ParseIP(s); ip != nil {
+			bits := 128
+			if ip.To4() != nil {
+				ip, bits = ip.To4(), 32
+			}
+			return &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+		}
+		return nil
+	}
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		return nil
+	}
+	return n
+}
+
+// parseMark reads "0x2000/0x2000".
+func parseMark(s string) (value, mask uint32) {
+	v, m, _ := strings.Cut(s, "/")
+	a, _ := strconv.ParseUint(v, 0, 32)
+	b, err := strconv.ParseUint(m, 0, 32)
+	if err != nil {
+		b = 0xffffffff
+	}
+	return uint32(a), uint32(b)
+}

@@ -1,0 +1,80 @@
+package nftables
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Trace follows p through family f's cni_portmap table as the kernel's
+// nat hooks would: the base chain of its hook, the local-address check
+// (local says which addresses are this host's), the dispatch map, the
+// attachment's chain, the mark and masquerade chains. Rules holding
+// conditions are taken as matching.
+func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	var v plan.Verdict
+	t := m.state(f, Table)
+	if t == nil {
+		return v
+	}
+	hook := "prerouting"
+	if p.FromHost {
+		hook = "output"
+	}
+	var base string
+	for n, c := range t.chains {
+		if c.base != nil && string(c.base.hook) == hook && c.base.typ == "nat" {
+			base = n
+		}
+	}
+	marked := map[string]bool{}
+	var walk func(chain string, depth int) bool // true: a terminal verdict
+	walk = func(chain string, depth int) bool {
+		c := t.chains[chain]
+		if c == nil || depth > 8 {
+			return false
+		}
+		for _, r := range c.rules {
+			switch {
+			case r.Fib && !local(p.Dst),
+				r.Proto != "" && r.Proto != p.Protocol,
+				r.Dport != 0 && r.Dport != p.Dport,
+				r.Saddr != "" && !parsePrefix(r.Saddr).Contains(p.Src):
+				continue
+			}
+			if r.Lookup != "" {
+				k := Key{Protocol: p.Protocol, Port: p.Dport}
+				if r.Lookup == HostIPPortsMap {
+					k.HostIP = p.Dst
+				}
+				if to, ok := t.maps[r.Lookup][k.ID()]; ok {
+					v.Chain = to
+					return walk(to, depth+1) || true // a goto does not come back
+				}
+				continue
+			}
+			if r.SetMark {
+				marked[chain] = true
+			}
+			if r.DNAT != "" {
+				v.DNAT = r.DNAT
+				return true
+			}
+			if r.Jump != "" && walk(r.Jump, depth+1) {
+				return true
+			}
+		}
+		return false
+	}
+	walk(base, 0)
+	for mark := range marked {
+		var bit int
+		if _, err := fmt.Sscanf(mark, "mark-bit%d", &bit); err == nil && v.DNAT != "" {
+			if mc := t.chains[MasqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
+				v.Masquerade = true
+			}
+		}
+	}
+	return v
+}
