@@ -122,11 +122,19 @@ func (c *Conn) Batch(msgs []Msg, commit bool) error {
 		return fmt.Errorf("send nf_tables batch: %w", err)
 	}
 	var firstErr *Error
+	lost := false
 	buf := make([]byte, 64<<10)
 	for {
 		n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.EAGAIN) {
 			break
+		}
+		if errors.Is(err, unix.ENOBUFS) {
+			// More errors than the receive buffer holds: the newest were
+			// dropped, the first are still queued. Only failures answer,
+			// so the batch failed.
+			lost = true
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("read nf_tables batch answer: %w", err)
@@ -148,6 +156,9 @@ func (c *Conn) Batch(msgs []Msg, commit bool) error {
 	if firstErr != nil {
 		return firstErr
 	}
+	if lost {
+		return fmt.Errorf("read nf_tables batch answer: %w", unix.ENOBUFS)
+	}
 	return nil
 }
 
@@ -158,25 +169,65 @@ type Reply struct {
 	Attrs  []byte
 }
 
-// Get sends requests (not dumps) in one write and returns, for each, its
-// reply or its error; the kernel answers them in order.
+// maxGetBytes bounds one write of Get: the kernel refuses a write larger
+// than the socket's send buffer, and its answers must fit the receive
+// buffer before they are read.
+const maxGetBytes = 32 << 10
+
+// Get sends requests (not dumps) and returns, for each, its reply or its
+// error; the kernel answers them in order. Requests are written in groups
+// of at most maxGetBytes, each group's answers read before the next is
+// sent, so any number of requests fits the socket's limits.
 func (c *Conn) Get(reqs []Msg) ([]Reply, []error, error) {
+	replies, errs := make([]Reply, len(reqs)), make([]error, len(reqs))
+	for _, g := range groups(reqs, maxGetBytes) {
+		if err := c.get(reqs[g[0]:g[1]], replies[g[0]:g[1]], errs[g[0]:g[1]]); err != nil {
+			return nil, nil, err
+		}
+		for i := g[0]; i < g[1]; i++ {
+			if e, ok := errs[i].(*Error); ok {
+				e.Index = i
+			}
+		}
+	}
+	return replies, errs, nil
+}
+
+// groups splits reqs into runs [from, to) whose framed size stays within
+// limit (a single larger request makes a group of its own).
+func groups(reqs []Msg, limit int) [][2]int {
+	var out [][2]int
+	from, size := 0, 0
+	for i, m := range reqs {
+		n := align(nlmsgHdrLen + nfgenLen + len(m.Attrs))
+		if i > from && size+n > limit {
+			out = append(out, [2]int{from, i})
+			from, size = i, 0
+		}
+		size += n
+	}
+	if from < len(reqs) {
+		out = append(out, [2]int{from, len(reqs)})
+	}
+	return out
+}
+
+func (c *Conn) get(reqs []Msg, replies []Reply, errs []error) error {
 	first := c.seq.Add(uint32(len(reqs))) - uint32(len(reqs)) + 1
 	var b []byte
 	for i, m := range reqs {
 		b = appendMsg(b, m, 0, first+uint32(i), 0)
 	}
 	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, nil, fmt.Errorf("send nf_tables request: %w", err)
+		return fmt.Errorf("send nf_tables request: %w", err)
 	}
-	replies, errs := make([]Reply, len(reqs)), make([]error, len(reqs))
 	done := make([]bool, len(reqs))
 	left := len(reqs)
 	buf := make([]byte, 64<<10)
 	for left > 0 {
 		n, _, err := unix.Recvfrom(c.fd, buf, 0)
 		if err != nil {
-			return nil, nil, fmt.Errorf("read nf_tables answer: %w", err)
+			return fmt.Errorf("read nf_tables answer: %w", err)
 		}
 		for _, m := range split(buf[:n]) {
 			i := int(m.seq) - int(first)
@@ -200,7 +251,7 @@ func (c *Conn) Get(reqs []Msg) ([]Reply, []error, error) {
 			left--
 		}
 	}
-	return replies, errs, nil
+	return nil
 }
 
 // GetOne sends one request and returns its reply, or the kernel's error

@@ -81,3 +81,35 @@ func TestAppendMsg(t *testing.T) {
 		t.Errorf("attrs = %x", msgs[0].attrs)
 	}
 }
+
+func TestGroups(t *testing.T) {
+	msg := func(attrs int) Msg { return Msg{Attrs: make([]byte, attrs)} }
+	each := align(nlmsgHdrLen + nfgenLen + 100)
+	many := make([]Msg, 10)
+	for i := range many {
+		many[i] = msg(100)
+	}
+	for _, tc := range []struct {
+		name  string
+		reqs  []Msg
+		limit int
+		want  [][2]int
+	}{
+		{"none", nil, 1000, nil},
+		{"all fit", many, 10 * each, [][2]int{{0, 10}}},
+		{"three a group", many, 3*each + 1, [][2]int{{0, 3}, {3, 6}, {6, 9}, {9, 10}}},
+		{"one larger than the limit", []Msg{msg(100), msg(5000), msg(100)}, 2 * each, [][2]int{{0, 1}, {1, 2}, {2, 3}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := groups(tc.reqs, tc.limit)
+			if len(got) != len(tc.want) {
+				t.Fatalf("groups = %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("groups = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -22,6 +22,7 @@ type rawMapping struct {
 // ports from 1 to 65535, tcp/udp/sctp in any case, a host IP that parses,
 // and no host port mapped to two container ports.
 func (c *Config) parseMappings(raw []json.RawMessage) error {
+	seen := make(map[hostPortKey]int, len(raw)) // host port -> first mapping's index
 	for i, r := range raw {
 		key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
 		var rm rawMapping
@@ -56,10 +57,11 @@ func (c *Config) parseMappings(raw []json.RawMessage) error {
 				m.HostIP = v4
 			}
 		}
-		for j, prev := range c.Request.Mappings {
-			if sameHostPort(prev, m) && prev.ContainerPort != m.ContainerPort {
-				return invalid(key, json.RawMessage(r), fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
-			}
+		hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
+		if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
+			return invalid(key, json.RawMessage(r), fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
+		} else if !ok {
+			seen[hk] = len(c.Request.Mappings)
 		}
 		c.Request.Mappings = append(c.Request.Mappings, m)
 	}
@@ -67,8 +69,12 @@ func (c *Config) parseMappings(raw []json.RawMessage) error {
 	return nil
 }
 
-func sameHostPort(a, b plan.Mapping) bool {
-	return a.HostPort == b.HostPort && a.Protocol == b.Protocol && a.HostIP.Equal(b.HostIP)
+// hostPortKey is what makes two mappings claim the same host port (the
+// host IP in its 4- or 16-byte form, as parsed).
+type hostPortKey struct {
+	hostIP   string
+	protocol plan.Protocol
+	port     int
 }
 
 // parsePort accepts a JSON integer from 1 to 65535.

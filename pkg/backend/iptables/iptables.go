@@ -52,6 +52,10 @@ type Kernel interface {
 	// for Forward) as iptables -S prints it: "-N chain" and "-A chain
 	// rule" lines.
 	ListTable() ([]string, error)
+	// ListChain returns one chain of the table as iptables -S prints it
+	// ("-N chain" and its "-A" lines), or found false when the chain
+	// does not exist.
+	ListChain(chain string) (lines []string, found bool, err error)
 	// EnsureChain creates the chain if it is missing.
 	EnsureChain(c Chain) error
 	// EnsureRule adds r if no identical rule exists.
@@ -171,7 +175,12 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	return nil
 }
 
-// Check verifies that every rule of the plan exists, in one process.
+// Check verifies that everything ADD made is there: the guard and shared
+// rules (and entry rules with conditions, which only iptables can compare)
+// through iptables' own -C in one process, then the attachment's chain and
+// its entry rules against one listing of each of the two chains — one
+// comparison per rule, whatever the number of mappings, where a -C per
+// rule reads the chain again each time.
 func (b *Backend) Check(p *plan.Plan) error {
 	pl := checkPayload(p)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
@@ -186,6 +195,20 @@ func (b *Backend) Check(p *plan.Plan) error {
 			}
 		}
 		return fmt.Errorf("check: %w", err)
+	}
+	var lines []string
+	for _, chain := range []string{TopLevelDNATChain, ChainName(p.Owner)} {
+		l, found, err := b.Kernel.ListChain(chain)
+		if err != nil {
+			return fmt.Errorf("check: list chain %s: %w", chain, err)
+		}
+		if !found {
+			return fmt.Errorf("missing chain %s in table %s", chain, Table)
+		}
+		lines = append(lines, l...)
+	}
+	if why := parseListing(lines).judge(p); why != "" {
+		return errors.New(why)
 	}
 	return nil
 }
@@ -291,14 +314,23 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	if k.table != Table || legacyTable(k.family, k.table) {
 		return false, ErrLegacy
 	}
+	c, err := k.netlink()
+	if err != nil {
+		return false, err
+	}
+	return unlink(c, k.family, parent, chain)
+}
+
+// netlink is the kernel's nf_tables socket, opened once.
+func (k *execKernel) netlink() (*nfnl.Conn, error) {
 	if k.nl == nil {
 		c, err := nfnl.Open()
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		k.nl = c
 	}
-	return unlink(k.nl, k.family, parent, chain)
+	return k.nl, nil
 }
 
 func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }
@@ -340,6 +372,35 @@ func (k *execKernel) ListTable() ([]string, error) {
 		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+func (k *execKernel) ListChain(chain string) ([]string, bool, error) {
+	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 1 {
+		// iptables-legacy says "No chain/target/match"; iptables-nft says
+		// "incompatible" for a chain that is missing too, so nf_tables is
+		// asked whether it exists.
+		if strings.Contains(stderr.String(), "No chain") {
+			return nil, false, nil
+		}
+		if k.table == Table && !legacyTable(k.family, k.table) {
+			c, cerr := k.netlink()
+			if cerr != nil {
+				return nil, false, cerr
+			}
+			if found, cerr := chainExists(c, k.family, chain); cerr == nil && !found {
+				return nil, false, nil
+			}
+		}
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("%s -t %s -S %s: %w: %s", k.list, k.table, chain, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), true, nil
 }
 
 func (k *execKernel) EnsureChain(c Chain) error {

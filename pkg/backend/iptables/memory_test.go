@@ -143,3 +143,35 @@ func TestMemoryRefusals(t *testing.T) {
 		t.Error("a refused payload changed the tables")
 	}
 }
+
+// CHECK judges the attachment's chain from one listing: it names the rule
+// that is missing or wrong, and finds a rule too many.
+func TestCheckJudgesTheChain(t *testing.T) {
+	p := fixture.TestPlan(plan.IPv4, nil)
+	chain := ChainName(p.Owner)
+	dnat8443 := "-A " + chain + " -p tcp --dport 8443 -j DNAT --to-destination 192.0.2.2:443"
+	for _, tc := range []struct {
+		name, change, want string
+	}{
+		{"a DNAT rule missing", "-D" + dnat8443[2:], "--dport 8443"},
+		{"a DNAT rule to another port", "-D" + dnat8443[2:] + "\n" + dnat8443 + "4", "--dport 8443"},
+		{"a rule too many", "-A " + chain + " -p tcp --dport 9999 -j DNAT --to-destination 192.0.2.2:1", "1 unexpected rules"},
+		{"the chain's entry rule missing", "-F " + TopLevelDNATChain, "entry rules in " + TopLevelDNATChain},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, m := memBackend()
+			if err := b.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Check(p); err != nil {
+				t.Fatalf("CHECK after ADD: %v", err)
+			}
+			if err := m.restore([]byte("*nat\n"+tc.change+"\nCOMMIT\n"), true); err != nil {
+				t.Fatalf("%s: %v", tc.change, err)
+			}
+			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("CHECK = %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}

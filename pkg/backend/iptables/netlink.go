@@ -36,6 +36,27 @@ func legacyTable(f plan.Family, table string) bool {
 	return slices.Contains(strings.Fields(string(b)), table)
 }
 
+func nfproto(f plan.Family) uint8 {
+	if f == plan.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// chainExists asks nf_tables whether the nat table of family f has chain.
+func chainExists(c *nfnl.Conn, f plan.Family, chain string) (bool, error) {
+	var get nfnl.Attrs
+	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	_, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get chain %s: %w", chain, err)
+	}
+	return true, nil
+}
+
 // unlink removes chain of the nat table of family f, and the rules of
 // parent that jump to it, in one nf_tables transaction, without running
 // iptables: iptables-nft's nat table is an nf_tables table, and deleting
@@ -48,19 +69,10 @@ func legacyTable(f plan.Family, table string) bool {
 // deleted (an RCU grace period, ~15 ms here), which the process's exit
 // pays anyway — later, overlapping its other work.
 func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err error) {
-	fam := uint8(unix.NFPROTO_IPV4)
-	if f == plan.IPv6 {
-		fam = unix.NFPROTO_IPV6
+	if found, err := chainExists(c, f, chain); !found || err != nil {
+		return false, err // no table or no chain: nothing to remove
 	}
-	var get nfnl.Attrs
-	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
-	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
-	if errors.Is(err, unix.ENOENT) {
-		return false, nil // no table or no chain: nothing to remove
-	}
-	if err != nil {
-		return false, fmt.Errorf("get chain %s: %w", chain, err)
-	}
+	fam := nfproto(f)
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
 	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})

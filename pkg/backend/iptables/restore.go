@@ -204,17 +204,18 @@ func deleteRefs(pl *payload, refs []string) {
 	}
 }
 
-// checkPayload asserts every rule of the plan exists; it changes nothing.
+// checkPayload asserts the guard, the shared rules and, with conditions,
+// the entry rules exist (iptables -C); it changes nothing. The
+// attachment's chain is judged from a listing (Check).
 func checkPayload(p *plan.Plan) *payload {
 	pl := guardPayload(p)
 	for _, r := range SharedRules(p) {
 		pl.rule("-C", r)
 	}
-	for _, r := range EntryRules(p) {
-		pl.rule("-C", r)
-	}
-	for _, r := range ChainRules(p) {
-		pl.rule("-C", r)
+	if len(p.Conditions) > 0 {
+		for _, r := range EntryRules(p) {
+			pl.rule("-C", r)
+		}
 	}
 	return pl
 }

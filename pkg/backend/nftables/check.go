@@ -85,8 +85,14 @@ func hasRule(c *ChainState, r *Rule) bool {
 func judgeChain(p *plan.Plan, c *ChainState) string {
 	own := ChainName(p.Owner)
 	rules := chainRules(p)
+	byComment := make(map[string]RuleState, len(c.Rules))
+	for _, r := range c.Rules {
+		if _, dup := byComment[r.Comment]; !dup {
+			byComment[r.Comment] = r
+		}
+	}
 	for _, r := range rules {
-		got, ok := c.rule(r.Comment)
+		got, ok := byComment[r.Comment]
 		if !ok {
 			return fmt.Sprintf("missing rule %q in chain %s", r.Comment, own)
 		}

@@ -68,16 +68,6 @@ func (c *ChainState) keys() []Key {
 	return out
 }
 
-// rule returns the chain's rule commented c.
-func (c *ChainState) rule(comment string) (RuleState, bool) {
-	for _, r := range c.Rules {
-		if r.Comment == comment {
-			return r, true
-		}
-	}
-	return RuleState{}, false
-}
-
 var ownerRE = regexp.MustCompile(`^net=(\S*) id=(\S*)`)
 
 // owner reads the chain's comment (OwnerComment).
