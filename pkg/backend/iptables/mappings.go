@@ -41,21 +41,29 @@ func ParseMappings(lines []string) []plan.Installed {
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
 		id := idOf(splitRule(l))
-		f := plan.Installed{Protocol: plan.Protocol(id.proto), Owner: plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}}
+		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if o, ok := owners[chain]; ok {
-			f.Owner = o
+			owner = o
 		}
+		var hostIP net.IP
 		if id.dst != "" {
 			if ip, _, err := net.ParseCIDR(id.dst); err == nil {
-				f.HostIP = ip
+				hostIP = ip
 			}
 		}
-		f.HostPort, _ = strconv.Atoi(id.dport)
-		if host, port, err := net.SplitHostPort(id.to); err == nil {
-			f.ContainerIP = net.ParseIP(host)
-			f.ContainerPort, _ = strconv.Atoi(port)
+		ports, ok := parsePortRange(id.dport, ":")
+		if !ok {
+			continue
 		}
-		out = append(out, f)
+		// A range rule stands for one mapping per port.
+		for h := ports[0]; h <= ports[1]; h++ {
+			f := plan.Installed{HostIP: hostIP, HostPort: h, Protocol: plan.Protocol(id.proto), Owner: owner}
+			if host, port, err := net.SplitHostPort(resolveTarget(id.to, h)); err == nil {
+				f.ContainerIP = net.ParseIP(host)
+				f.ContainerPort, _ = strconv.Atoi(port)
+			}
+			out = append(out, f)
+		}
 	}
 	return out
 }

@@ -175,3 +175,55 @@ func TestCheckJudgesTheChain(t *testing.T) {
 		})
 	}
 }
+
+// Ranges are one rule each; the tracer follows them to the first, a
+// middle and the last port, and listing expands them to one mapping per
+// port.
+func TestMemoryRanges(t *testing.T) {
+	b, m := memBackend()
+	p := fixture.TestPlan(plan.IPv4, fixture.Ranges)
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(p); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	lines, _, _ := b.Kernel.ListChain(ChainName(p.Owner))
+	if got, want := len(lines)-1, 3*4; got != want {
+		t.Errorf("the chain holds %d rules, want %d (three per run):\n%s", got, want, strings.Join(lines, "\n"))
+	}
+	host := net.ParseIP("198.51.100.1").To4()
+	for _, tc := range []struct {
+		proto plan.Protocol
+		dst   net.IP
+		port  int
+		want  string
+	}{
+		{plan.TCP, fixture.HostIP, 10000, "192.0.2.2:10000"},
+		{plan.TCP, fixture.HostIP, 10500, "192.0.2.2:10500"},
+		{plan.TCP, fixture.HostIP, 10999, "192.0.2.2:10999"},
+		{plan.TCP, fixture.HostIP, 11000, ""},
+		{plan.TCP, fixture.HostIP, 7070, "192.0.2.2:80"},
+		{plan.TCP, fixture.HostIP, 8000, "192.0.2.2:9000"},
+		{plan.TCP, fixture.HostIP, 8010, "192.0.2.2:9010"},
+		{plan.UDP, host, 5001, "192.0.2.2:5001"},
+		{plan.UDP, net.ParseIP("198.51.100.9").To4(), 5001, ""},
+		{plan.UDP, host, 10000, ""},
+	} {
+		if got := trace(m, tc.proto, fixture.Remote, tc.dst, tc.port, false); got.DNAT != tc.want {
+			t.Errorf("%s to %s:%d: DNAT %q, want %q", tc.proto, tc.dst, tc.port, got.DNAT, tc.want)
+		}
+	}
+	all, err := b.Mappings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(p.Mappings) {
+		t.Errorf("listing shows %d mappings, want %d", len(all), len(p.Mappings))
+	}
+	for _, f := range all {
+		if f.HostPort == 8005 && f.ContainerPort != 9005 {
+			t.Errorf("listing: 8005 -> %d, want 9005", f.ContainerPort)
+		}
+	}
+}

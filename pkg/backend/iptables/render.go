@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 
@@ -126,31 +127,55 @@ func SharedRules(p *plan.Plan) []Rule {
 }
 
 // EntryRules are the attachment's rules in CNI-HOSTPORT-DNAT: one per
-// protocol and group of up to 15 host ports, carrying the owner comment and
-// the configured conditions.
+// protocol and group of up to 15 multiport slots (a port takes one, a
+// range "first:last" two), carrying the owner comment and the configured
+// conditions.
 func EntryRules(p *plan.Plan) []Rule {
-	byProto := p.PortsByProtocol()
+	byProto := map[plan.Protocol][]string{}
+	seen := map[string]bool{}
+	for _, r := range p.Runs() {
+		spec := r.Ports(":")
+		if k := string(r.Protocol) + "/" + spec; !seen[k] {
+			seen[k] = true
+			byProto[r.Protocol] = append(byProto[r.Protocol], spec)
+		}
+	}
 	comment := EntryComment(p.Owner)
 	var rules []Rule
 	for _, proto := range plan.Protocols {
-		ports := byProto[proto]
-		for start := 0; start < len(ports); start += maxMultiport {
-			end := min(start+maxMultiport, len(ports))
+		specs := byProto[proto]
+		for len(specs) > 0 {
+			n, slots := 0, 0
+			for n < len(specs) && slots+multiportSlots(specs[n]) <= maxMultiport {
+				slots += multiportSlots(specs[n])
+				n++
+			}
 			args := []string{
 				"-m", "comment", "--comment", comment,
-				"-m", "multiport", "-p", string(proto), "--destination-ports", joinPorts(ports[start:end]),
+				"-m", "multiport", "-p", string(proto), "--destination-ports", strings.Join(specs[:n], ","),
 			}
 			args = append(args, p.Conditions...)
 			args = append(args, "-j", ChainName(p.Owner))
 			rules = append(rules, Rule{Chain: TopLevelDNATChain, Args: args, Insert: true})
+			specs = specs[n:]
 		}
 	}
 	return rules
 }
 
-// ChainRules are the rules of the attachment's own chain: per mapping, mark
-// hairpin and (IPv4) localhost connections for masquerading, then DNAT. The
-// mark rules must come before the DNAT rule, which ends the traversal.
+// multiportSlots is what a port or a range "first:last" takes of a
+// multiport match's 15.
+func multiportSlots(spec string) int {
+	if strings.Contains(spec, ":") {
+		return 2
+	}
+	return 1
+}
+
+// ChainRules are the rules of the attachment's own chain: per run of
+// mappings (plan.Runs; most often one mapping), mark hairpin and (IPv4)
+// localhost connections for masquerading, then DNAT. The mark rules must
+// come before the DNAT rule, which ends the traversal.
 func ChainRules(p *plan.Plan) []Rule {
 	chain := ChainName(p.Owner)
 	setMark := SetMarkChain
@@ -158,10 +183,10 @@ func ChainRules(p *plan.Plan) []Rule {
 		setMark = p.Masquerade.ExternalSetMarkChain
 	}
 	var rules []Rule
-	for _, m := range p.Mappings {
-		base := []string{"-p", string(m.Protocol), "--dport", strconv.Itoa(m.HostPort)}
-		if m.HostIP != nil {
-			base = append(base, "-d", m.HostIP.String())
+	for _, r := range p.Runs() {
+		base := []string{"-p", string(r.Protocol), "--dport", r.Ports(":")}
+		if r.HostIP != nil {
+			base = append(base, "-d", r.HostIP.String())
 		}
 		if p.Masquerade.Enabled {
 			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", p.HairpinSource(), "-j", setMark)})
@@ -169,9 +194,28 @@ func ChainRules(p *plan.Plan) []Rule {
 				rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", "127.0.0.1", "-j", setMark)})
 			}
 		}
-		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", p.Target(m))})
+		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", runTarget(p, r))})
 	}
 	return rules
+}
+
+// runTarget is the DNAT target of a run: the container's address and port
+// for one mapping, as upstream writes it; for a range, the address alone
+// when every port keeps its number, else the container's port range with
+// the first host port as base, which keeps the offset
+// (NF_NAT_RANGE_PROTO_OFFSET: "192.0.2.2:80-90/8000").
+func runTarget(p *plan.Plan, r plan.Run) string {
+	ip := p.ContainerNet.IP.String()
+	switch {
+	case r.Len == 1:
+		return net.JoinHostPort(ip, strconv.Itoa(r.ContainerPort))
+	case r.Identity():
+		return ip
+	}
+	if p.Family == plan.IPv6 {
+		ip = "[" + ip + "]"
+	}
+	return fmt.Sprintf("%s:%d-%d/%d", ip, r.ContainerPort, r.ContainerPortOf(r.Last()), r.HostPort)
 }
 
 // WitnessChain is an empty nat chain that exists once the mark and
@@ -201,14 +245,6 @@ func ownMarkChains(p *plan.Plan) bool {
 
 func markSpec(m plan.Masquerade) string {
 	return fmt.Sprintf("%#x/%#x", m.Mark(), m.Mark())
-}
-
-func joinPorts(ports []int) string {
-	s := make([]string, len(ports))
-	for i, p := range ports {
-		s[i] = strconv.Itoa(p)
-	}
-	return strings.Join(s, ",")
 }
 
 func concat(base []string, more ...string) []string {

@@ -39,6 +39,8 @@ func TestGoldenPayloads(t *testing.T) {
 			r.ConditionsV4 = []string{"!", "-s", "203.0.113.0/24", "-m", "comment", "--comment", "keep out"}
 		}))},
 		{"add-17-ports", addPayload(build(plan.IPv4, manyPorts))},
+		{"add-ranges-v4", addPayload(build(plan.IPv4, fixture.Ranges))},
+		{"add-ranges-v6", addPayload(build(plan.IPv6, fixture.Ranges))},
 		{"replace-v4", replacePayload(build(plan.IPv4, nil), []string{ref})},
 		{"del-fast-v4", delPayload(build(plan.IPv4, nil), EntryRules(build(plan.IPv4, nil)), nil)},
 		{"del-refs", delPayload(build(plan.IPv4, func(r *plan.Request) { r.Mappings = nil }), nil, []string{ref})},

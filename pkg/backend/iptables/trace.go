@@ -32,7 +32,7 @@ func (m *Memory) Trace(p plan.Packet, local func(net.IP) bool) plan.Verdict {
 			case "RETURN":
 				return false
 			case "DNAT":
-				v.DNAT = x.to
+				v.DNAT = resolveTarget(x.to, p.Dport)
 				return true
 			case "MARK":
 				mark = mark&^x.mask | x.value
@@ -70,7 +70,7 @@ type match struct {
 	proto          string
 	src, dst       *net.IPNet
 	notSrc, notDst bool
-	ports          []int // --dport, or multiport's list
+	ports          [][2]int // --dport, or multiport's list: first, last
 	localDst       bool
 	markValue      uint32
 	markMask       uint32
@@ -83,7 +83,7 @@ func (x match) matches(p plan.Packet, mark uint32, local func(net.IP) bool) bool
 	case x.proto != "" && x.proto != string(p.Protocol),
 		x.src != nil && x.src.Contains(p.Src) == x.notSrc,
 		x.dst != nil && x.dst.Contains(p.Dst) == x.notDst,
-		len(x.ports) > 0 && !slices.Contains(x.ports, p.Dport),
+		len(x.ports) > 0 && !slices.ContainsFunc(x.ports, func(r [2]int) bool { return r[0] <= p.Dport && p.Dport <= r[1] }),
 		x.localDst && !local(p.Dst),
 		x.markMask != 0 && mark&x.markMask != x.markValue:
 		return false
@@ -123,11 +123,11 @@ func parseMatch(tok []string) (match, bool) {
 			arg() // the module: its options follow
 		case "--dport", "--dports", "--destination-ports":
 			for _, s := range strings.Split(arg(), ",") {
-				n, err := strconv.Atoi(s)
-				if err != nil {
+				r, ok := parsePortRange(s, ":")
+				if !ok {
 					return x, false
 				}
-				x.ports = append(x.ports, n)
+				x.ports = append(x.ports, r)
 			}
 		case "--dst-type":
 			x.localDst = arg() == "LOCAL"
@@ -176,4 +176,44 @@ func parseMark(s string) (value, mask uint32) {
 		b = 0xffffffff
 	}
 	return uint32(a), uint32(b)
+}
+
+// parsePortRange reads "8080" or "20000:20999" (sep between first and
+// last).
+func parsePortRange(s, sep string) ([2]int, bool) {
+	a, b, isRange := strings.Cut(s, sep)
+	first, err := strconv.Atoi(a)
+	if err != nil {
+		return [2]int{}, false
+	}
+	last := first
+	if isRange {
+		if last, err = strconv.Atoi(b); err != nil {
+			return [2]int{}, false
+		}
+	}
+	return [2]int{first, last}, true
+}
+
+// resolveTarget is where a DNAT --to-destination sends a packet to port
+// dport: "ip:port" as given; "ip" keeps the port; "ip:first-last/base"
+// keeps the offset from base.
+func resolveTarget(to string, dport int) string {
+	host, port, err := net.SplitHostPort(to)
+	if err != nil { // no port
+		return net.JoinHostPort(strings.Trim(to, "[]"), strconv.Itoa(dport))
+	}
+	ports, base, shifted := strings.Cut(port, "/")
+	r, ok := parsePortRange(ports, "-")
+	if !ok {
+		return to
+	}
+	if shifted {
+		b, err := strconv.Atoi(base)
+		if err != nil {
+			return to
+		}
+		return net.JoinHostPort(host, strconv.Itoa(r[0]+dport-b))
+	}
+	return net.JoinHostPort(host, strconv.Itoa(r[0]))
 }

@@ -1,0 +1,90 @@
+package plan
+
+import (
+	"net"
+	"strconv"
+)
+
+// Run is a stretch of consecutive host ports of one protocol and host IP
+// forwarded to consecutive container ports — a constant offset, the shape
+// a Podman or nerdctl port range (-p 10000-10999:10000-10999) expands to.
+// A single mapping is a run of one. The backends render a run as one
+// rule, or one map element, whatever its length.
+type Run struct {
+	HostIP   net.IP // nil: every local address
+	Protocol Protocol
+	// HostPort and ContainerPort are those of the run's first mapping.
+	HostPort, ContainerPort int
+	Len                     int
+}
+
+// Last is the run's last host port.
+func (r Run) Last() int { return r.HostPort + r.Len - 1 }
+
+// Identity reports whether every host port of the run is forwarded to
+// the same container port.
+func (r Run) Identity() bool { return r.HostPort == r.ContainerPort }
+
+// Ports spells the host ports as "8080" or "20000-20999" (sep between
+// the first and the last).
+func (r Run) Ports(sep string) string {
+	if r.Len == 1 {
+		return strconv.Itoa(r.HostPort)
+	}
+	return strconv.Itoa(r.HostPort) + sep + strconv.Itoa(r.Last())
+}
+
+// ContainerPortOf is the container port host port h of the run goes to.
+func (r Run) ContainerPortOf(h int) int { return r.ContainerPort + h - r.HostPort }
+
+// Mappings expands the run.
+func (r Run) Mappings() []Mapping {
+	out := make([]Mapping, r.Len)
+	for i := range out {
+		out[i] = Mapping{HostIP: r.HostIP, Protocol: r.Protocol, HostPort: r.HostPort + i, ContainerPort: r.ContainerPort + i}
+	}
+	return out
+}
+
+// Runs coalesces mappings into the fewest runs: each starts at a mapping
+// whose host port and container port are not both one more than another
+// mapping's of the same protocol and host IP, and takes every mapping
+// that continues it. Runs come in the order of their first mapping, so
+// mappings that make no run keep their order; duplicates count once.
+func Runs(ms []Mapping) []Run {
+	type key struct {
+		hostIP   string
+		protocol Protocol
+		port     int
+	}
+	keyOf := func(m Mapping, port int) key { return key{string(m.HostIP.To16()), m.Protocol, port} }
+	to := make(map[key]int, len(ms)) // host port -> container port
+	for _, m := range ms {
+		to[keyOf(m, m.HostPort)] = m.ContainerPort
+	}
+	var out []Run
+	started := make(map[key]bool)
+	for _, m := range ms {
+		if cp, ok := to[keyOf(m, m.HostPort-1)]; ok && cp == m.ContainerPort-1 {
+			continue // a run that starts lower takes it
+		}
+		k := keyOf(m, m.HostPort)
+		if started[k] {
+			continue
+		}
+		started[k] = true
+		r := Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1}
+		for {
+			cp, ok := to[keyOf(m, r.HostPort+r.Len)]
+			if !ok || cp != r.ContainerPortOf(r.HostPort+r.Len) || r.HostPort+r.Len > 65535 {
+				break
+			}
+			r.Len++
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Runs are the plan's mappings coalesced (Runs).
+func (p *Plan) Runs() []Run { return Runs(p.Mappings) }

@@ -1,0 +1,84 @@
+package plan
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+)
+
+func spell(runs []Run) string {
+	var s []string
+	for _, r := range runs {
+		host := ""
+		if r.HostIP != nil {
+			host = r.HostIP.String() + ":"
+		}
+		s = append(s, fmt.Sprintf("%s%s/%s->%d", host, r.Ports("-"), r.Protocol, r.ContainerPort))
+	}
+	return strings.Join(s, " ")
+}
+
+func span(proto Protocol, host, container, n int) []Mapping {
+	var out []Mapping
+	for i := range n {
+		out = append(out, Mapping{Protocol: proto, HostPort: host + i, ContainerPort: container + i})
+	}
+	return out
+}
+
+func TestRuns(t *testing.T) {
+	hostIP := net.ParseIP("198.51.100.1").To4()
+	cat := func(parts ...[]Mapping) []Mapping {
+		var out []Mapping
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		in   []Mapping
+		want string
+	}{
+		{"none", nil, ""},
+		{"one mapping", span(TCP, 8080, 80, 1), "8080/tcp->80"},
+		{"an identity range", span(TCP, 10000, 10000, 1000), "10000-10999/tcp->10000"},
+		{"an offset range", span(TCP, 8000, 80, 11), "8000-8010/tcp->80"},
+		{"many host ports to one container port make no run", cat(span(TCP, 20000, 80, 1), span(TCP, 20001, 80, 1)), "20000/tcp->80 20001/tcp->80"},
+		{"singles keep their order", cat(span(TCP, 8443, 443, 1), span(TCP, 8080, 80, 1)), "8443/tcp->443 8080/tcp->80"},
+		{"given backwards", cat(span(TCP, 8081, 81, 1), span(TCP, 8080, 80, 1)), "8080-8081/tcp->80"},
+		{"mixed protocols", cat(span(TCP, 5000, 5000, 3), span(UDP, 5000, 5000, 3)), "5000-5002/tcp->5000 5000-5002/udp->5000"},
+		{"interleaved protocols", []Mapping{{Protocol: TCP, HostPort: 1, ContainerPort: 1}, {Protocol: UDP, HostPort: 1, ContainerPort: 1}, {Protocol: TCP, HostPort: 2, ContainerPort: 2}, {Protocol: UDP, HostPort: 2, ContainerPort: 2}}, "1-2/tcp->1 1-2/udp->1"},
+		{"a gap in the middle", cat(span(TCP, 100, 100, 5), span(TCP, 106, 106, 5)), "100-104/tcp->100 106-110/tcp->106"},
+		{"the offset changes", cat(span(TCP, 100, 100, 5), span(TCP, 105, 205, 5)), "100-104/tcp->100 105-109/tcp->205"},
+		{"a host IP splits", cat(span(TCP, 100, 100, 2), []Mapping{{HostIP: hostIP, Protocol: TCP, HostPort: 102, ContainerPort: 102}}), "100-101/tcp->100 198.51.100.1:102/tcp->102"},
+		{"duplicates count once", cat(span(TCP, 100, 100, 3), span(TCP, 100, 100, 3)), "100-102/tcp->100"},
+		{"up to the last port", span(SCTP, 65530, 65530, 6), "65530-65535/sctp->65530"},
+		{"every port", span(UDP, 1, 1, 65535), "1-65535/udp->1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := Runs(tc.in)
+			if got := spell(runs); got != tc.want {
+				t.Errorf("Runs = %q, want %q", got, tc.want)
+			}
+			// Expanded again, the runs are the distinct mappings.
+			n := 0
+			for _, r := range runs {
+				for _, m := range r.Mappings() {
+					if r.ContainerPortOf(m.HostPort) != m.ContainerPort {
+						t.Errorf("%v: ContainerPortOf(%d) = %d", r, m.HostPort, r.ContainerPortOf(m.HostPort))
+					}
+					n++
+				}
+			}
+			distinct := map[string]bool{}
+			for _, m := range tc.in {
+				distinct[m.String()] = true
+			}
+			if n != len(distinct) {
+				t.Errorf("runs expand to %d mappings, want %d", n, len(distinct))
+			}
+		})
+	}
+}
