@@ -30,6 +30,7 @@ type options struct {
 	out      string
 	backends []string
 	syncN    []int
+	ms       []int
 }
 
 func main() {
@@ -41,9 +42,11 @@ func main() {
 	flag.StringVar(&o.out, "out", "test/bench/results", "directory for results.json, results.md and latency.svg")
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
 	syncList := flag.String("sync-n", "1000", "numbers of cached attachments for the sync passes (empty: none)")
+	mList := flag.String("m", "1,100,1000,5000", "numbers of mappings of one container for the M axis (empty: none)")
 	flag.Parse()
 	o.ns = intList(*nList)
 	o.syncN = intList(*syncList)
+	o.ms = intList(*mList)
 	o.backends = strings.Split(*backends, ",")
 
 	if !nettest.Isolated() {
@@ -94,6 +97,7 @@ type report struct {
 	Latency  []latency     `json:"latency"`
 	Conns    []connRate    `json:"connections"`
 	Sync     []syncTiming  `json:"sync,omitempty"`
+	Many     []manyRow     `json:"many,omitempty"`
 	Notes    []string      `json:"notes,omitempty"`
 	start    time.Time     `json:"-"`
 	elapsed  time.Duration `json:"-"`
@@ -102,6 +106,8 @@ type report struct {
 type floor struct {
 	Plugin string  `json:"plugin"`
 	P50    float64 `json:"p50_ms"`
+	RSS    int64   `json:"max_rss_kb"`
+	Size   int64   `json:"binary_bytes"`
 }
 
 type latency struct {
@@ -143,13 +149,30 @@ func run(tb *benchTB, o options) *report {
 		start:    time.Now(),
 	}
 	for _, p := range plugins {
-		r.Floor = append(r.Floor, floor{Plugin: p, P50: versionFloor(binary(p), o.samples)})
+		f := floor{Plugin: p}
+		f.P50, f.RSS = versionFloor(binary(p), o.samples)
+		if st, err := os.Stat(binary(p)); err == nil {
+			f.Size = st.Size()
+		}
+		r.Floor = append(r.Floor, f)
 	}
 	for _, be := range o.backends {
 		for _, p := range plugins {
 			for _, n := range o.ns {
 				progress("latency %s %s N=%d", p, be, n)
 				r.Latency = append(r.Latency, measureVerbs(tb, p, be, n, o.samples)...)
+			}
+		}
+	}
+	for _, be := range o.backends {
+		for _, shape := range manyShapes {
+			for _, m := range o.ms {
+				for _, p := range plugins {
+					if n := manySamples(p, be, m, o.samples); n > 0 {
+						progress("many %s %s %s M=%d", p, be, shape, m)
+						r.Many = append(r.Many, measureMany(tb, p, be, shape, m, n)...)
+					}
+				}
 			}
 		}
 	}

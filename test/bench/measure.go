@@ -61,6 +61,13 @@ const probeIP, probePort = "10.244.0.2", 9999
 // invoke runs one verb of a plugin binary, as a runtime does, and returns
 // its duration.
 func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, error) {
+	d, _, err := invokeUsage(bin, verb, id, stdin, env...)
+	return d, err
+}
+
+// invokeUsage is invoke that also returns the process's peak resident
+// memory (KiB).
+func invokeUsage(bin, verb, id string, stdin []byte, env ...string) (time.Duration, int64, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(nettest.PluginEnv(verb, id, "/var/run/netns/bench", filepath.Dir(bin)), env...)
 	cmd.Stdin = bytes.NewReader(stdin)
@@ -70,9 +77,9 @@ func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, e
 	err := cmd.Run()
 	d := time.Since(start)
 	if err != nil {
-		return d, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
+		return d, 0, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
 	}
-	return d, nil
+	return d, maxRSS(cmd), nil
 }
 
 // fill maps n containers with the plugin under test.
@@ -130,16 +137,17 @@ func measureVerbs(tb *benchTB, plugin, backend string, n, samples int) []latency
 }
 
 // versionFloor is the plugin's own start: VERSION does no work.
-func versionFloor(bin string, samples int) float64 {
+func versionFloor(bin string, samples int) (p50 float64, rssKB int64) {
 	var t []float64
 	for range samples {
-		d, err := invoke(bin, "VERSION", "", nil)
+		d, kb, err := invokeUsage(bin, "VERSION", "", nil)
 		if err != nil {
 			fatalf("%v", err)
 		}
 		t = append(t, ms(d))
+		rssKB = max(rssKB, kb)
 	}
-	return percentile(t, 50)
+	return percentile(t, 50), rssKB
 }
 
 // counted are the tools either plugin runs.

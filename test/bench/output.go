@@ -12,7 +12,7 @@ func (r *report) header() string {
 		r.Date, r.Cores, r.Kernel, r.Tools, r.Upstream, r.Samples, r.elapsed.Round(1e9))
 	var fl []string
 	for _, f := range r.Floor {
-		fl = append(fl, fmt.Sprintf("%s %.1f ms", f.Plugin, f.P50))
+		fl = append(fl, fmt.Sprintf("%s %.1f ms, %.1f MiB resident, binary %.1f MB", f.Plugin, f.P50, float64(f.RSS)/1024, float64(f.Size)/1e6))
 	}
 	fmt.Fprintf(&b, "no-op start (VERSION, p50): %s\n", strings.Join(fl, ", "))
 	return b.String()
@@ -129,6 +129,7 @@ func (r *report) text() string {
 		b.WriteString("\nportmap sync (ours; upstream has none) with N cached attachments\n")
 		b.WriteString(textTable(syncHead, r.syncRows()))
 	}
+	b.WriteString(manyText(r))
 	b.WriteString("\nNew TCP connections per second from a client namespace\n")
 	b.WriteString(textTable(connHead, r.connRows()))
 	if g := r.goals(); g != nil {
@@ -153,6 +154,7 @@ func (r *report) markdown() string {
 		b.WriteString("\n### portmap sync (ours; upstream has none) with N cached attachments\n\n")
 		b.WriteString(mdTable(syncHead, r.syncRows()))
 	}
+	b.WriteString(manyMarkdown(r))
 	b.WriteString("\n### New TCP connections per second\n\n")
 	b.WriteString(mdTable(connHead, r.connRows()))
 	if g := r.goals(); g != nil {
@@ -344,5 +346,6 @@ func (r *report) goals() [][]string {
 			add(fmt.Sprintf("%s data path: (host port ÷ direct) at N=%d ≥ 0.95× at N=0", be, atN.N), fmt.Sprintf("%.2f×", rel), rel >= 0.95)
 		}
 	}
+	r.manyGoals(add)
 	return rows
 }

@@ -93,10 +93,10 @@ func diff[K comparable](want, have []K) string {
 		extra += n
 	}
 	switch {
-	case len(have) == 0:
-		return fmt.Sprintf("all %d rules missing", len(want))
+	case len(have) == 0 && len(missing) > 0:
+		return fmt.Sprintf("missing rule %q: all %d rules missing", fmt.Sprint(missing[0]), len(want))
 	case len(missing) > 0:
-		return fmt.Sprintf("%d of %d rules missing or wrong (first: %v)", len(missing), len(want), missing[0])
+		return fmt.Sprintf("missing rule %q: %d of %d rules missing or wrong", fmt.Sprint(missing[0]), len(missing), len(want))
 	case extra > 0:
 		return fmt.Sprintf("%d unexpected rules", extra)
 	}
