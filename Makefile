@@ -2,7 +2,8 @@
 #   make build     bin/portmap
 #   make test      unit, kernel and end-to-end tests (root: they make their own netns)
 #   make demo      the main job end to end, in namespaces of its own (root)
-#   make bench     ours vs upstream, both backends, N = 0, 100, 1000 (root; minutes)
+#   make bench     ours vs upstream, both backends, N = 0, 100, 1000 containers
+#                  and M = 1, 100, 1000, 5000 mappings in one (root; ~20 minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap
 #   make image     the container image (FROM scratch, static binary) with podman
@@ -53,7 +54,7 @@ bench: deps plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100,1000 -samples 20 -conns 5000 -conn-n 1000 -out $(BENCH_OUT)
 
 bench-quick: deps plugins
-	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100 -samples 5 -conns 1000 -conn-n 100 -sync-n 100 -out $(CURDIR)/build/bench-quick
+	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100 -samples 5 -m 1,100 -conns 1000 -conn-n 100 -sync-n 100 -out $(CURDIR)/build/bench-quick
 
 install: build
 	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap
