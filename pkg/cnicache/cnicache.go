@@ -18,16 +18,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
-
 	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
 // DefaultDir is libcni's default cache directory (libcni.CacheDir).
 const DefaultDir = "/var/lib/cni"
 
-// kindV1 is the only cache format libcni writes.
-const kindV1 = libcni.CNICacheV1
+// kindV1 is the only cache format libcni writes (libcni.CNICacheV1; not
+// imported: libcni brings net/http and TLS into a binary that needs
+// neither, a third of its size).
+const kindV1 = "cniCacheV1"
 
 // Attachment is one cached attachment whose configuration list holds the
 // plugin.
@@ -188,27 +188,39 @@ func parseList(conflist []byte, pluginType string) *parsedList {
 	if len(conflist) == 0 {
 		return &parsedList{err: errors.New("cache entry without a network configuration")}
 	}
-	list, err := libcni.NetworkConfFromBytes(conflist)
-	if err != nil {
+	// The cached configuration is a list ({"plugins": [...]}) or, from a
+	// runtime that ran one plugin (AddNetwork), that plugin's own.
+	var list struct {
+		Name       string            `json:"name"`
+		CNIVersion string            `json:"cniVersion"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(conflist, &list); err != nil {
 		return &parsedList{err: fmt.Errorf("cached network configuration: %w", err)}
 	}
-	if len(list.Plugins) == 0 {
-		// A runtime that ran one plugin (AddNetwork) cached its config.
-		pc, err := libcni.ConfFromBytes(conflist)
-		if err != nil {
-			return &parsedList{err: fmt.Errorf("cached network configuration: %w", err)}
-		}
-		list.Plugins = []*libcni.PluginConfig{pc}
+	if list.Name == "" {
+		return &parsedList{err: errors.New("cached network configuration: no name")}
 	}
-	for _, pc := range list.Plugins {
-		if pc.Network.Type != pluginType {
+	plugins := list.Plugins
+	if plugins == nil {
+		plugins = []json.RawMessage{conflist}
+	}
+	for i, raw := range plugins {
+		var pc struct {
+			Type         string          `json:"type"`
+			Capabilities map[string]bool `json:"capabilities"`
+		}
+		if err := json.Unmarshal(raw, &pc); err != nil {
+			return &parsedList{err: fmt.Errorf("cached network configuration: plugins[%d]: %w", i, err)}
+		}
+		if pc.Type != pluginType {
 			continue
 		}
 		var keys map[string]json.RawMessage
-		if err := json.Unmarshal(pc.Bytes, &keys); err != nil {
+		if err := json.Unmarshal(raw, &keys); err != nil {
 			return &parsedList{err: fmt.Errorf("cached %s configuration: %w", pluginType, err)}
 		}
-		return &parsedList{name: list.Name, cniVersion: list.CNIVersion, keys: keys, capabilities: pc.Network.Capabilities}
+		return &parsedList{name: list.Name, cniVersion: list.CNIVersion, keys: keys, capabilities: pc.Capabilities}
 	}
 	return &parsedList{err: errNoPlugin}
 }
