@@ -3,6 +3,7 @@ package nfnl
 import (
 	"encoding/binary"
 	"iter"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -14,31 +15,57 @@ type Attrs struct{ b []byte }
 // Bytes returns the encoded attributes.
 func (a *Attrs) Bytes() []byte { return a.b }
 
-// Raw appends attribute typ holding v.
-func (a *Attrs) Raw(typ uint16, v []byte) *Attrs {
-	a.b = binary.NativeEndian.AppendUint16(a.b, uint16(4+len(v)))
+// Grow makes room for n more bytes, so that building a large message
+// does not copy it over and over.
+func (a *Attrs) Grow(n int) { a.b = slices.Grow(a.b, n) }
+
+// header appends an attribute header for a value of n bytes.
+func (a *Attrs) header(typ uint16, n int) {
+	a.b = binary.NativeEndian.AppendUint16(a.b, uint16(4+n))
 	a.b = binary.NativeEndian.AppendUint16(a.b, typ)
-	a.b = append(a.b, v...)
+}
+
+// pad aligns the end to 4 bytes.
+func (a *Attrs) pad() {
 	for len(a.b)%4 != 0 {
 		a.b = append(a.b, 0)
 	}
+}
+
+// Raw appends attribute typ holding v.
+func (a *Attrs) Raw(typ uint16, v []byte) *Attrs {
+	a.header(typ, len(v))
+	a.b = append(a.b, v...)
+	a.pad()
 	return a
 }
 
 // String appends a NUL-terminated string.
-func (a *Attrs) String(typ uint16, s string) *Attrs { return a.Raw(typ, append([]byte(s), 0)) }
+func (a *Attrs) String(typ uint16, s string) *Attrs {
+	a.header(typ, len(s)+1)
+	a.b = append(a.b, s...)
+	a.b = append(a.b, 0)
+	a.pad()
+	return a
+}
 
 // U32 appends a big-endian (network order) 32-bit value, as nf_tables
 // expects its integers.
 func (a *Attrs) U32(typ uint16, v uint32) *Attrs {
-	return a.Raw(typ, binary.BigEndian.AppendUint32(nil, v))
+	a.header(typ, 4)
+	a.b = binary.BigEndian.AppendUint32(a.b, v)
+	return a
 }
 
-// Nested appends attribute typ holding the attributes fill builds.
+// Nested appends attribute typ holding the attributes fill appends to
+// the same builder (in place: its header's length is set after).
 func (a *Attrs) Nested(typ uint16, fill func(*Attrs)) *Attrs {
-	var in Attrs
-	fill(&in)
-	return a.Raw(typ|unix.NLA_F_NESTED, in.b)
+	start := len(a.b)
+	a.header(typ|unix.NLA_F_NESTED, 0)
+	fill(a)
+	a.pad()
+	binary.NativeEndian.PutUint16(a.b[start:], uint16(len(a.b)-start))
+	return a
 }
 
 // nlaTypeMask strips the nested and byte-order flags from a type.

@@ -107,7 +107,11 @@ func (c *Conn) Batch(msgs []Msg, commit bool) error {
 	n := uint32(len(msgs))
 	begin := c.seq.Add(n+2) - n - 1 // begin, the messages, end
 	first := begin + 1
-	var b []byte
+	size := 2 * (nlmsgHdrLen + nfgenLen)
+	for _, m := range msgs {
+		size += nlmsgHdrLen + nfgenLen + align(len(m.Attrs))
+	}
+	b := make([]byte, 0, size)
 	b = appendMsg(b, Msg{Type: unix.NFNL_MSG_BATCH_BEGIN}, 0, begin, unix.NFNL_SUBSYS_NFTABLES)
 	for i, m := range msgs {
 		b = appendMsg(b, m, 0, first+uint32(i), 0)

@@ -53,11 +53,15 @@ func (r Run) Mappings() []Mapping {
 // mappings that make no run keep their order; duplicates count once.
 func Runs(ms []Mapping) []Run {
 	type key struct {
-		hostIP   string
+		hostIP   [16]byte // zero: every address
 		protocol Protocol
 		port     int
 	}
-	keyOf := func(m Mapping, port int) key { return key{string(m.HostIP.To16()), m.Protocol, port} }
+	keyOf := func(m Mapping, port int) key {
+		k := key{protocol: m.Protocol, port: port}
+		copy(k.hostIP[:], m.HostIP.To16())
+		return k
+	}
 	to := make(map[key]int, len(ms)) // host port -> container port
 	for _, m := range ms {
 		to[keyOf(m, m.HostPort)] = m.ContainerPort

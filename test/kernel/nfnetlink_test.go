@@ -15,6 +15,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -86,7 +87,21 @@ func equivalencePlans() map[string][]*plan.Plan {
 			plan.Mapping{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("2001:db8:1::1")})},
 		"masqall-bit5": {m("c1", "192.0.2.2/24", plan.Masquerade{Enabled: true, All: true, MarkBit: 5}, tcp)},
 		"snat-off":     {m("c1", "192.0.2.2/24", plan.Masquerade{}, tcp)},
+		// Runs: an identity range (one rule, dnat to the address), an
+		// offset range (a rule per port), a UDP range on a host IP.
+		"ranges-v4": {m("c1", "192.0.2.2/24", on, ranges(net.ParseIP("198.51.100.1").To4())...)},
+		"ranges-v6": {m("c1", "2001:db8::2/64", on, ranges(net.ParseIP("2001:db8:1::1"))...)},
 	}
+}
+
+func ranges(hostIP net.IP) []plan.Mapping {
+	ms := fixture.Span(plan.TCP, 10000, 10000, 50)
+	ms = append(ms, fixture.Span(plan.TCP, 8000, 9000, 3)...)
+	for _, m := range fixture.Span(plan.UDP, 5000, 5000, 3) {
+		m.HostIP = hostIP
+		ms = append(ms, m)
+	}
+	return ms
 }
 
 // TestNetlinkWritesWhatNftWrites applies the same plans through the

@@ -3,6 +3,7 @@ package nftables
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -81,10 +82,61 @@ func hasRule(c *ChainState, r *Rule) bool {
 
 // judgeChain says what of the attachment's own chain is missing or
 // wrong, or "": each rule by its comment, what it jumps to or DNATs to,
-// the hairpin source, and no rule more.
+// the hairpin source, and no rule more. A chain in the layout releases
+// before port ranges wrote (legacyChainRules) is right too, so that CHECK
+// passes on an upgraded node until the next ADD rewrites the chain.
 func judgeChain(p *plan.Plan, c *ChainState) string {
+	why := judgeRules(p, c, chainRules(p))
+	if why == "" {
+		return ""
+	}
+	legacy := judgeRules(p, c, legacyChainRules(p))
+	if legacy == "" {
+		return ""
+	}
+	for _, r := range c.Rules {
+		if strings.HasPrefix(r.Comment, hairpinRule+" ") || strings.HasPrefix(r.Comment, localhostRule+" ") {
+			return legacy // the chain is in the older layout: say what is wrong there
+		}
+	}
+	return why
+}
+
+// legacyChainRules is the attachment chain's layout before port ranges:
+// per mapping, the hairpin and localhost marks with the mapping's match,
+// each commented with its key, then its DNAT.
+func legacyChainRules(p *plan.Plan) []*Rule {
+	chain := ChainName(p.Owner)
+	var rules []*Rule
+	for _, m := range p.Mappings {
+		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
+		var match []stmt
+		if len(p.Conditions) > 0 {
+			match = append(match, conditions{strings.Join(p.Conditions, " ")})
+		}
+		match = append(match, protoIs{m.Protocol}, dportIs{m.HostPort, m.HostPort})
+		if m.HostIP != nil {
+			match = append(match, addrIs{dst: true, spec: m.HostIP.String()})
+		}
+		with := func(more ...stmt) []stmt { return append(append([]stmt(nil), match...), more...) }
+		if p.Masquerade.Enabled {
+			setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
+			rules = append(rules, &Rule{Chain: chain, Comment: hairpinRule + " " + k.String(),
+				stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
+			if p.LocalhostRule() {
+				rules = append(rules, &Rule{Chain: chain, Comment: localhostRule + " " + k.String(),
+					stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
+			}
+		}
+		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + k.String(),
+			stmts: with(dnatTo{p.ContainerNet.IP, m.ContainerPort})})
+	}
+	return rules
+}
+
+// judgeRules judges chain c against the rules it should hold.
+func judgeRules(p *plan.Plan, c *ChainState, rules []*Rule) string {
 	own := ChainName(p.Owner)
-	rules := chainRules(p)
 	byComment := make(map[string]RuleState, len(c.Rules))
 	for _, r := range c.Rules {
 		if _, dup := byComment[r.Comment]; !dup {

@@ -164,13 +164,13 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 		case "bitwise":
 			load.mask = value(unix.NFTA_BITWISE_MASK)
 		case "cmp":
-			if u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
-				switch v := value(unix.NFTA_CMP_DATA); {
-				case load.what == "l4proto" && len(v) == 1:
-					r.Proto = protoName(v[0])
-				case load.what == "dport" && len(v) == 2:
-					r.Dport = int(binary.BigEndian.Uint16(v))
-				}
+			switch v, op := value(unix.NFTA_CMP_DATA), u32(unix.NFTA_CMP_OP); {
+			case op == unix.NFT_CMP_EQ && load.what == "l4proto" && len(v) == 1:
+				r.Proto = protoName(v[0])
+			case (op == unix.NFT_CMP_EQ || op == unix.NFT_CMP_GTE) && load.what == "dport" && len(v) == 2:
+				r.Dport = int(binary.BigEndian.Uint16(v))
+			case op == unix.NFT_CMP_LTE && load.what == "dport" && len(v) == 2:
+				r.DportLast = int(binary.BigEndian.Uint16(v))
 			}
 			if load.ok && u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
 				ip := make(net.IP, addrLen)
@@ -205,11 +205,10 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 		case "nat":
 			ar, pr := u32(unix.NFTA_NAT_REG_ADDR_MIN), u32(unix.NFTA_NAT_REG_PROTO_MIN)
 			if u32(unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(regs)) && pr < uint32(len(regs)) {
-				port := 0
-				if p := regs[pr]; len(p) >= 2 {
-					port = int(binary.BigEndian.Uint16(p))
+				r.DNAT = net.IP(regs[ar]).String()
+				if p := regs[pr]; pr != regVerdict && len(p) >= 2 {
+					r.DNAT = net.JoinHostPort(r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
 				}
-				r.DNAT = net.JoinHostPort(net.IP(regs[ar]).String(), strconv.Itoa(port))
 			}
 		case "lookup":
 			if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {

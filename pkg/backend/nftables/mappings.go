@@ -41,16 +41,22 @@ func forwardsOf(s *State) []plan.Installed {
 			if !ok || r.DNAT == "" {
 				continue
 			}
-			k, ok := parseKey(ks)
+			k, last, ok := parseKeys(ks)
 			if !ok {
 				continue
 			}
-			f := plan.Installed{HostIP: k.HostIP, HostPort: k.Port, Protocol: k.Protocol, Owner: owner}
-			if host, port, err := net.SplitHostPort(r.DNAT); err == nil {
-				f.ContainerIP = net.ParseIP(host)
-				f.ContainerPort, _ = strconv.Atoi(port)
+			ip, port := net.ParseIP(r.DNAT), -1 // an address alone: the port stays
+			if host, p, err := net.SplitHostPort(r.DNAT); err == nil {
+				ip = net.ParseIP(host)
+				port, _ = strconv.Atoi(p)
 			}
-			fs = append(fs, f)
+			for h := k.Port; h <= last; h++ {
+				f := plan.Installed{HostIP: k.HostIP, HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
+				if port < 0 {
+					f.ContainerPort = h
+				}
+				fs = append(fs, f)
+			}
 		}
 	}
 	return fs

@@ -369,17 +369,19 @@ func (m *Memory) Dump() string {
 // conditions, which only nft can compile (their match is then missing
 // from the attributes).
 func (v *Rule) attrs(tx *Tx) (first []nfnl.Msg, a nfnl.Attrs, raw bool) {
-	e := &exprs{fam: tx.Family, tx: tx}
+	a.Grow(256)
+	e := &exprs{fam: tx.Family, tx: tx, list: &a}
 	before := len(tx.anon)
-	for _, s := range v.stmts {
-		s.encode(e)
-	}
+	a.String(unix.NFTA_RULE_TABLE, tx.Table)
+	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
+	a.Nested(unix.NFTA_RULE_EXPRESSIONS, func(*nfnl.Attrs) {
+		for _, s := range v.stmts {
+			s.encode(e)
+		}
+	})
 	for _, s := range tx.anon[before:] {
 		first = append(first, anonSetMsgs(uint8(nfproto(tx.Family)), tx.Table, s)...)
 	}
-	a.String(unix.NFTA_RULE_TABLE, tx.Table)
-	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
-	a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, e.list.Bytes())
 	if v.Comment != "" {
 		a.Raw(nftaRuleUserdata, comment(v.Comment))
 	}

@@ -10,14 +10,18 @@
 //	  chain dispatch   { ip daddr . meta l4proto . th dport vmap @hostip_hostports
 //	                     meta l4proto . th dport vmap @hostports }
 //	  chain dn-<hash(net)>-<hash(if:cid)> {                         one per attachment
-//	    [conditions] meta l4proto tcp th dport 8080 ip saddr <subnet> jump mark-bit13     (hairpin)
-//	    [conditions] meta l4proto tcp th dport 8080 ip saddr 127.0.0.1 jump mark-bit13    (localhost)
-//	    [conditions] meta l4proto tcp th dport 8080 dnat to 192.0.2.2:80 comment "hostport tcp . 8080" }
+//	    [conditions] ip saddr <subnet> jump mark-bit13 comment "hairpin"       once: only own keys lead here
+//	    [conditions] ip saddr 127.0.0.1 jump mark-bit13 comment "localhost"
+//	    [conditions] meta l4proto tcp th dport 8080 dnat to 192.0.2.2:80 comment "hostport tcp . 8080"
+//	    [conditions] meta l4proto tcp th dport 20000-20999 dnat to 192.0.2.2 comment "hostport tcp . 20000-20999" }
 //	  chain mark-bit13 { meta mark set meta mark | 0x2000 }
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
 //
-// A map element's verdict (goto dn-...) names its owner. ADD's fast path is
+// A map element (one per host port) names its owner in its verdict (goto
+// dn-...); the attachment's chain holds one DNAT rule per run of
+// consecutive ports (plan.Runs), so a Podman range is one rule whatever
+// its length. ADD's fast path is
 // one transaction that creates the attachment's chain (failing if it
 // exists) and adds its elements (failing if another attachment holds a
 // key). DEL reads the attachment's chain (nothing there: nothing to

@@ -26,9 +26,9 @@ const (
 	// Rule comments that name what a rule is for; the "hostport" ones
 	// record the map keys an attachment claims, so DEL needs no other
 	// state than its own chain.
-	keyComment       = "hostport "
-	hairpinComment   = "hairpin "
-	localhostComment = "localhost "
+	keyComment    = "hostport "
+	hairpinRule   = "hairpin"
+	localhostRule = "localhost"
 )
 
 // UpstreamTable is the upstream plugin's nftables table; DEL cleans it of
@@ -253,36 +253,70 @@ func OwnerComment(o plan.Owner) string {
 	return c
 }
 
-// chainRules are the rules of the attachment's chain: per mapping, the
-// conditions, then mark hairpin and (IPv4) localhost connections for
-// masquerading, then DNAT. Each rule's comment says what it is for.
+// chainRules are the rules of the attachment's chain. The chain is
+// entered only through the map elements of the attachment's own keys, so
+// what holds for all of them is said once: mark hairpin and (IPv4)
+// localhost connections for masquerading, with no port match. Then DNAT,
+// one rule per run of mappings (plan.Runs): a single mapping, or a range
+// whose host and container ports are the same (`th dport 20000-20999
+// dnat to 192.0.2.2`, the port kept); a range with an offset becomes one
+// rule per port, as nft has no shifted port range. The conditions lead
+// every rule. A "hostport" comment names the keys of its rule.
 func chainRules(p *plan.Plan) []*Rule {
 	chain := ChainName(p.Owner)
+	var cond []stmt
+	if len(p.Conditions) > 0 {
+		cond = []stmt{conditions{strings.Join(p.Conditions, " ")}}
+	}
+	with := func(more ...stmt) []stmt { return append(append([]stmt(nil), cond...), more...) }
 	var rules []*Rule
-	for _, m := range p.Mappings {
-		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		var match []stmt
-		if len(p.Conditions) > 0 {
-			match = append(match, conditions{strings.Join(p.Conditions, " ")})
+	if p.Masquerade.Enabled && len(p.Mappings) > 0 {
+		setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
+		rules = append(rules, &Rule{Chain: chain, Comment: hairpinRule,
+			stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
+		if p.LocalhostRule() {
+			rules = append(rules, &Rule{Chain: chain, Comment: localhostRule,
+				stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
 		}
-		match = append(match, protoIs{m.Protocol}, dportIs{m.HostPort})
-		if m.HostIP != nil {
-			match = append(match, addrIs{dst: true, spec: m.HostIP.String()})
+	}
+	for _, run := range dnatRuns(p.Runs()) {
+		match := with(protoIs{run.Protocol}, dportIs{run.HostPort, run.Last()})
+		if run.HostIP != nil {
+			match = append(match, addrIs{dst: true, spec: run.HostIP.String()})
 		}
-		with := func(more ...stmt) []stmt { return append(append([]stmt(nil), match...), more...) }
-		if p.Masquerade.Enabled {
-			setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
-			rules = append(rules, &Rule{Chain: chain, Comment: hairpinComment + k.String(),
-				stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
-			if p.LocalhostRule() {
-				rules = append(rules, &Rule{Chain: chain, Comment: localhostComment + k.String(),
-					stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
-			}
+		target := dnatTo{p.ContainerNet.IP, run.ContainerPort}
+		if run.Len > 1 {
+			target.port = 0 // an identity range: the port stays
 		}
-		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + k.String(),
-			stmts: with(dnatTo{p.ContainerNet.IP, m.ContainerPort})})
+		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + runKeys(run),
+			stmts: append(match, target)})
 	}
 	return rules
+}
+
+// dnatRuns splits the runs with an offset into single mappings.
+func dnatRuns(runs []plan.Run) []plan.Run {
+	out := make([]plan.Run, 0, len(runs))
+	for _, r := range runs {
+		if r.Len == 1 || r.Identity() {
+			out = append(out, r)
+			continue
+		}
+		for _, m := range r.Mappings() {
+			out = append(out, plan.Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
+		}
+	}
+	return out
+}
+
+// runKeys spells the keys of a run as a "hostport" comment holds them:
+// a key (Key.String), or one whose port is a range ("tcp . 20000-20999").
+func runKeys(r plan.Run) string {
+	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
+	if r.Len == 1 {
+		return k.String()
+	}
+	return k.String() + "-" + strconv.Itoa(r.Last())
 }
 
 func ownChain(p *plan.Plan) chainObj {

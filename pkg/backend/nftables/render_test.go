@@ -43,12 +43,23 @@ func TestGoldenTransactions(t *testing.T) {
 			r.ConditionsV4 = []string{"ip saddr != 203.0.113.0/24"}
 		}))},
 		{"del-v4", delTx(build(plan.IPv4, nil))},
+		{"add-ranges-v4", addTx(build(plan.IPv4, smallRanges))},
+		{"add-ranges-v6", addTx(build(plan.IPv6, smallRanges))},
+		{"del-ranges-v4", delTx(build(plan.IPv4, smallRanges))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fixture.Golden(t, filepath.Join("testdata", tt.name+".golden"), tt.got)
 		})
 	}
+}
+
+// smallRanges has the shapes of fixture.Ranges with a range of 5 ports
+// in place of 1000 (the map holds an element per port): an identity
+// range, a single mapping, an offset range, a UDP range on one host IP.
+func smallRanges(r *plan.Request) {
+	fixture.Ranges(r)
+	r.Mappings = append(fixture.Span(plan.TCP, 10000, 10000, 5), r.Mappings[1000:]...)
 }
 
 func TestNames(t *testing.T) {
@@ -85,21 +96,9 @@ func TestKeysRoundTrip(t *testing.T) {
 // without a kernel (the kernel test holds both to nft).
 func TestNetlinkRoundTrip(t *testing.T) {
 	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, nil),
-		build(plan.IPv4, func(r *plan.Request) { r.Masquerade.All, r.Masquerade.MarkBit = true, 5 })} {
-		msgs, err := fastAddTx(p).Messages()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rules []RuleState
-		var elems []element
-		for _, m := range msgs {
-			switch m.Type {
-			case nfnl.NftType(unix.NFT_MSG_NEWRULE):
-				rules = append(rules, decodeRule(p.Family, m.Attrs))
-			case nfnl.NftType(unix.NFT_MSG_NEWSETELEM):
-				elems = append(elems, decodeElements(p.Family, m.Attrs)...)
-			}
-		}
+		build(plan.IPv4, func(r *plan.Request) { r.Masquerade.All, r.Masquerade.MarkBit = true, 5 }),
+		build(plan.IPv4, smallRanges), build(plan.IPv6, smallRanges)} {
+		rules, elems := roundTrip(t, p.Family, fastAddTx(p))
 		want := chainRules(p)
 		if len(rules) != len(want) {
 			t.Fatalf("%s: %d rules decoded, want %d", p.Family, len(rules), len(want))
@@ -129,6 +128,54 @@ func TestNetlinkRoundTrip(t *testing.T) {
 		}
 		if why := judgeChain(&moved, c); !strings.Contains(why, "does not dnat to") {
 			t.Errorf("%s: a moved container judged %q", p.Family, why)
+		}
+	}
+}
+
+// roundTrip encodes tx and decodes its rules and elements.
+func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []element) {
+	t.Helper()
+	msgs, err := tx.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		switch m.Type {
+		case nfnl.NftType(unix.NFT_MSG_NEWRULE):
+			rules = append(rules, decodeRule(f, m.Attrs))
+		case nfnl.NftType(unix.NFT_MSG_NEWSETELEM):
+			elems = append(elems, decodeElements(f, m.Attrs)...)
+		}
+	}
+	return rules, elems
+}
+
+// TestJudgeLegacyLayout: a chain an older release wrote (marks per
+// mapping) passes CHECK, names its keys for DEL, and a wrong target in it
+// is named; a chain of the current layout missing its hairpin rule fails.
+func TestJudgeLegacyLayout(t *testing.T) {
+	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, smallRanges)} {
+		tx := newTx(p.Family)
+		for _, r := range legacyChainRules(p) {
+			tx.add(opAdd, r)
+		}
+		rules, _ := roundTrip(t, p.Family, tx)
+		c := &ChainState{Rules: rules}
+		if why := judgeChain(p, c); why != "" {
+			t.Errorf("%s: the older layout does not pass: %s", p.Family, why)
+		}
+		if got, want := len(c.keys()), len(Keys(p)); got != want {
+			t.Errorf("%s: the older layout names %d keys, want %d", p.Family, got, want)
+		}
+		moved := *p
+		moved.Mappings = append([]plan.Mapping(nil), p.Mappings...)
+		moved.Mappings[0].ContainerPort++
+		if why := judgeChain(&moved, c); !strings.Contains(why, "does not dnat to") {
+			t.Errorf("%s: a changed container port in the older layout judged %q", p.Family, why)
+		}
+		current, _ := roundTrip(t, p.Family, fastAddTx(p))
+		if why := judgeChain(p, &ChainState{Rules: current[1:]}); !strings.Contains(why, `missing rule "hairpin"`) {
+			t.Errorf("%s: a current chain without its hairpin rule judged %q", p.Family, why)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -32,15 +33,17 @@ type RuleState struct {
 	Handle  uint64
 	Comment string
 	Jump    string        // chain of a jump or goto verdict
-	DNAT    string        // "192.0.2.2:80", "[2001:db8::2]:80"
+	DNAT    string        // "192.0.2.2:80", "[2001:db8::2]:80"; "192.0.2.2": the port stays
 	Saddr   string        // source prefix matched, as a CIDR
 	Proto   plan.Protocol // meta l4proto matched
-	Dport   int           // th dport matched
-	Lookup  string        // map of a verdict-map lookup
-	Masq    bool
-	SetMark bool
-	Drop    bool
-	Fib     bool
+	Dport   int           // th dport matched, the first of a range
+	// DportLast is the last port of a th dport range, 0 for one port.
+	DportLast int
+	Lookup    string // map of a verdict-map lookup
+	Masq      bool
+	SetMark   bool
+	Drop      bool
+	Fib       bool
 }
 
 // ID is how maps of keys are indexed: the map and the key.
@@ -60,12 +63,37 @@ func (c *ChainState) keys() []Key {
 	var out []Key
 	for _, r := range c.Rules {
 		if s, ok := strings.CutPrefix(r.Comment, keyComment); ok {
-			if k, ok := parseKey(s); ok {
-				out = append(out, k)
+			if k, last, ok := parseKeys(s); ok {
+				for ; k.Port <= last; k.Port++ {
+					out = append(out, k)
+				}
 			}
 		}
 	}
 	return out
+}
+
+// parseKeys reads a "hostport" comment's keys (runKeys): the first key
+// and the last port.
+func parseKeys(s string) (first Key, last int, ok bool) {
+	i := strings.LastIndex(s, " . ")
+	if i < 0 {
+		return Key{}, 0, false
+	}
+	from, to, isRange := strings.Cut(s[i+3:], "-")
+	k, ok := parseKey(s[:i+3] + from)
+	if !ok {
+		return Key{}, 0, false
+	}
+	last = k.Port
+	if isRange {
+		n, err := strconv.Atoi(to)
+		if err != nil || n < k.Port || n > 65535 {
+			return Key{}, 0, false
+		}
+		last = n
+	}
+	return k, last, true
 }
 
 var ownerRE = regexp.MustCompile(`^net=(\S*) id=(\S*)`)

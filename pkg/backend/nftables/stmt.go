@@ -34,7 +34,7 @@ const (
 // exprs collects a rule's expressions and the anonymous sets it needs.
 type exprs struct {
 	fam  plan.Family
-	list nfnl.Attrs
+	list *nfnl.Attrs // the rule's expression list, being written
 	anon []anonSet
 	raw  bool // a condition in nft syntax: only nft can compile it
 	tx   *Tx
@@ -137,14 +137,26 @@ func (s protoIs) encode(e *exprs) {
 	e.cmp(unix.NFT_CMP_EQ, reg1, []byte{protoNum(s.p)})
 }
 
-// dportIs: th dport 8080 (the transport header's destination port, which
-// TCP, UDP and SCTP keep at the same place)
-type dportIs struct{ port int }
+// dportIs: th dport 8080, th dport 20000-20999 (the transport header's
+// destination port, which TCP, UDP and SCTP keep at the same place)
+type dportIs struct{ port, last int }
 
-func (s dportIs) text(plan.Family) string { return "th dport " + strconv.Itoa(s.port) }
+func (s dportIs) text(plan.Family) string {
+	if s.last > s.port {
+		return "th dport " + strconv.Itoa(s.port) + "-" + strconv.Itoa(s.last)
+	}
+	return "th dport " + strconv.Itoa(s.port)
+}
+
 func (s dportIs) encode(e *exprs) {
+	be16 := func(v int) []byte { return binary.BigEndian.AppendUint16(nil, uint16(v)) }
 	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg1)
-	e.cmp(unix.NFT_CMP_EQ, reg1, binary.BigEndian.AppendUint16(nil, uint16(s.port)))
+	if s.last > s.port {
+		e.cmp(unix.NFT_CMP_GTE, reg1, be16(s.port))
+		e.cmp(unix.NFT_CMP_LTE, reg1, be16(s.last))
+		return
+	}
+	e.cmp(unix.NFT_CMP_EQ, reg1, be16(s.port))
 }
 
 // addrIs: ip daddr 198.51.100.1, ip saddr 192.0.2.0/24 — spelled as
@@ -204,13 +216,17 @@ type jumpTo struct{ chain string }
 func (s jumpTo) text(plan.Family) string { return "jump " + s.chain }
 func (s jumpTo) encode(e *exprs)         { e.verdict(unix.NFT_JUMP, s.chain) }
 
-// dnatTo: dnat to 192.0.2.2:80
+// dnatTo: dnat to 192.0.2.2:80, or with port 0 dnat to 192.0.2.2 (the
+// port stays)
 type dnatTo struct {
 	ip   net.IP
 	port int
 }
 
 func (s dnatTo) text(plan.Family) string {
+	if s.port == 0 {
+		return "dnat to " + s.ip.String()
+	}
 	return "dnat to " + net.JoinHostPort(s.ip.String(), strconv.Itoa(s.port))
 }
 
@@ -223,16 +239,20 @@ func (s dnatTo) encode(e *exprs) {
 		a.U32(unix.NFTA_IMMEDIATE_DREG, reg1)
 		dataValue(a, unix.NFTA_IMMEDIATE_DATA, ip)
 	})
-	e.add("immediate", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_IMMEDIATE_DREG, reg2)
-		dataValue(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, uint16(s.port)))
-	})
+	if s.port != 0 {
+		e.add("immediate", func(a *nfnl.Attrs) {
+			a.U32(unix.NFTA_IMMEDIATE_DREG, reg2)
+			dataValue(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, uint16(s.port)))
+		})
+	}
 	e.add("nat", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
 		a.U32(unix.NFTA_NAT_FAMILY, fam)
 		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
-		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, reg2)
-		a.U32(unix.NFTA_NAT_FLAGS, natRangeProtoSpecified)
+		if s.port != 0 {
+			a.U32(unix.NFTA_NAT_REG_PROTO_MIN, reg2)
+			a.U32(unix.NFTA_NAT_FLAGS, natRangeProtoSpecified)
+		}
 	})
 }
 

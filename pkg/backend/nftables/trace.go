@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"net"
+	"strconv"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -39,7 +40,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			switch {
 			case r.Fib && !local(p.Dst),
 				r.Proto != "" && r.Proto != p.Protocol,
-				r.Dport != 0 && r.Dport != p.Dport,
+				r.Dport != 0 && (p.Dport < r.Dport || p.Dport > max(r.Dport, r.DportLast)),
 				r.Saddr != "" && !parsePrefix(r.Saddr).Contains(p.Src):
 				continue
 			}
@@ -59,6 +60,9 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			}
 			if r.DNAT != "" {
 				v.DNAT = r.DNAT
+				if ip := net.ParseIP(r.DNAT); ip != nil { // the port stays
+					v.DNAT = net.JoinHostPort(r.DNAT, strconv.Itoa(p.Dport))
+				}
 				return true
 			}
 			if r.Jump != "" && walk(r.Jump, depth+1) {

@@ -198,9 +198,11 @@ func comment(s string) []byte {
 func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 	fam := uint8(nfproto(tx.Family))
 	tx.anon, tx.nextID, tx.msgOp = nil, 0, nil
-	var out []nfnl.Msg
+	out := make([]nfnl.Msg, 0, len(tx.ops))
+	tx.msgOp = make([]int, 0, len(tx.ops))
 	for i, o := range tx.ops {
 		var a nfnl.Attrs
+		a.Grow(256)
 		m := nfnl.Msg{Family: fam}
 		first, err := o.obj.encode(tx, o.verb, &m, &a)
 		if err != nil {
