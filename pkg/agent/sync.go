@@ -192,14 +192,14 @@ func (a *Agent) units() []unit {
 		for _, f := range plan.Families {
 			units = append(units, unit{string(k.Name), f,
 				func(w *wanted) bool { return w.c.Backend == k.Name },
-				func() (backend.Backend, error) { return k.Open(f, a.Host.Log) }})
+				func() (backend.Backend, error) { return a.Host.Open(k.Name, f) }})
 		}
 	}
 	for _, l := range a.Host.Layers {
 		for _, f := range plan.Families {
 			units = append(units, unit{l.Name, f,
 				func(w *wanted) bool { return l.Wants(&w.c.Request) },
-				func() (backend.Backend, error) { return l.Open(f, a.Host.Log) }})
+				func() (backend.Backend, error) { return a.Host.OpenLayer(l, f) }})
 		}
 	}
 	return units

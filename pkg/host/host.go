@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
@@ -50,6 +51,37 @@ type Host struct {
 	// Log receives notes the kernel state is worth (port takeovers,
 	// failed flushes).
 	Log io.Writer
+
+	mu     sync.Mutex
+	opened map[openKey]backend.Backend
+}
+
+// openKey names one backend or layer of one family.
+type openKey struct {
+	name string
+	f    plan.Family
+}
+
+// cached returns what open returns for key, opening it once for the life
+// of h: a backend holds a netlink socket, so a long-lived user (the
+// agent's passes, a process driving many verbs) keeps one per backend and
+// family instead of one per call. Failures are not kept: the tools may be
+// installed later.
+func (h *Host) cached(key openKey, open func(plan.Family, io.Writer) (backend.Backend, error)) (backend.Backend, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b, ok := h.opened[key]; ok {
+		return b, nil
+	}
+	b, err := open(key.f, h.Log)
+	if err != nil {
+		return nil, err
+	}
+	if h.opened == nil {
+		h.opened = map[openKey]backend.Backend{}
+	}
+	h.opened[key] = b
+	return b, nil
 }
 
 // Real returns the handle on this host; log receives its notes.
@@ -80,10 +112,15 @@ func defaultBackend() backend.Name {
 func (h *Host) Open(name backend.Name, f plan.Family) (backend.Backend, error) {
 	for _, k := range h.Kinds {
 		if k.Name == name {
-			return k.Open(f, h.Log)
+			return h.cached(openKey{"backend " + string(name), f}, k.Open)
 		}
 	}
 	return nil, fmt.Errorf("unknown backend %q", name)
+}
+
+// OpenLayer returns layer l of family f, opened once for the life of h.
+func (h *Host) OpenLayer(l backend.Layer, f plan.Family) (backend.Backend, error) {
+	return h.cached(openKey{"layer " + l.Name, f}, l.Open)
 }
 
 // Stack returns what a CNI verb of a request drives in family f: the
@@ -99,7 +136,7 @@ func (h *Host) Stack(name backend.Name, f plan.Family, req *plan.Request) (backe
 		if !l.Wants(req) {
 			continue
 		}
-		lb, err := l.Open(f, h.Log)
+		lb, err := h.OpenLayer(l, f)
 		if err != nil {
 			return backend.Stack{}, fmt.Errorf("%s: %w", l.Name, err)
 		}

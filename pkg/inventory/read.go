@@ -39,11 +39,11 @@ func Family(h *host.Host, f plan.Family) ([]Entry, error) {
 		all, errs = append(all, FromInstalled(ms, name)...), append(errs, err)
 	}
 	for _, k := range h.Kinds {
-		b, err := k.Open(f, h.Log)
+		b, err := h.Open(k.Name, f)
 		read(string(k.Name), b, err)
 	}
 	for _, l := range h.Layers {
-		b, err := l.Open(f, h.Log)
+		b, err := h.OpenLayer(l, f)
 		read(l.Name, b, err)
 	}
 	return all, errors.Join(errs...)

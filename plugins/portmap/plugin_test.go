@@ -371,13 +371,20 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		for _, want := range []string{
 			"layer forwardAccept ipv4\napply ipv4 net1/c1/eth0 192.0.2.2",
 			"layer forwardAccept ipv6\napply ipv6 net1/c1/eth0 2001:db8::2",
-			"layer forwardAccept ipv4\ncheck ipv4",
-			"layer forwardAccept ipv4\nremove ipv4 net1/c1/eth0 -",
-			"layer forwardAccept ipv6\nremove ipv6 net1/c1/eth0 -",
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("calls lack %q:\n%s", want, got)
 			}
+		}
+		// The host opens each once; CHECK and DEL reach the backend and
+		// the layer.
+		for _, verb := range []string{"check ipv4 ", "remove ipv4 ", "remove ipv6 "} {
+			if n := strings.Count(got, verb); n != 2 {
+				t.Errorf("%q %d times, want 2 (backend and layer):\n%s", verb, n, got)
+			}
+		}
+		if n := strings.Count(got, "layer forwardAccept ipv4\n"); n != 1 {
+			t.Errorf("the layer opened %d times, want once:\n%s", n, got)
 		}
 	})
 	t.Run("off by default", func(t *testing.T) {
