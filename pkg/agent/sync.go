@@ -28,6 +28,23 @@ import (
 // Agent runs passes on a host.
 type Agent struct {
 	Host *host.Host
+	// parsed, in watch mode, keeps what passes parsed of the cache.
+	parsed *parsedCache
+}
+
+// parsedCache is what a pass parsed of each cache file, for the next
+// passes: the cache entries (cnicache.Reader) and the plugin
+// configurations rebuilt from them, by file and version of the file.
+type parsedCache struct {
+	reader  *cnicache.Reader
+	configs map[string]parsedConfig
+}
+
+type parsedConfig struct {
+	stamp   cnicache.Stamp
+	backend backend.Name // the default backend it was parsed with
+	c       *portmap.Config
+	err     error
 }
 
 // Options are the flags of `portmap sync`.
@@ -113,7 +130,13 @@ type outcomes struct {
 // parses it (one worker per core). Entries it cannot use go to the
 // report; initial holds every cache file name it saw.
 func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) ([]*wanted, map[string]bool, error) {
-	atts, skipped, err := cnicache.Read(dir, "portmap")
+	read := func(dir string) ([]cnicache.Attachment, []cnicache.Skipped, error) {
+		return cnicache.Read(dir, "portmap")
+	}
+	if a.parsed != nil {
+		read = a.parsed.reader.Read
+	}
+	atts, skipped, err := read(dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -128,11 +151,28 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 	for _, at := range atts {
 		initial[filepath.Base(at.File)] = true
 	}
+	var memo map[string]parsedConfig
+	if a.parsed != nil {
+		memo = a.parsed.configs
+	}
 	workers.Each(len(atts), func(i int) {
-		if inScope(atts[i].Network) {
-			configs[i], errs[i] = portmap.ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
+		if !inScope(atts[i].Network) {
+			return
 		}
+		if m, ok := memo[atts[i].File]; ok && m.stamp == atts[i].Stamp && m.backend == defBackend {
+			configs[i], errs[i] = m.c, m.err
+			return
+		}
+		configs[i], errs[i] = portmap.ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
 	})
+	if a.parsed != nil {
+		a.parsed.configs = make(map[string]parsedConfig, len(atts))
+		for i, at := range atts {
+			if inScope(at.Network) {
+				a.parsed.configs[at.File] = parsedConfig{at.Stamp, defBackend, configs[i], errs[i]}
+			}
+		}
+	}
 	var ws []*wanted
 	for i, at := range atts {
 		c, err := configs[i], errs[i]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -178,5 +179,43 @@ func TestSyncReportsBackendErrors(t *testing.T) {
 	}
 	if rep == nil || len(rep.Attachments) != 1 || rep.Attachments[0].State != "error" || !rep.Failed() {
 		t.Errorf("report %+v, want the attachment in error", rep)
+	}
+}
+
+// TestPassesKeepParsedEntries: in watch mode a pass parses only the cache
+// files that changed since the last one, and reaches the same plans.
+func TestPassesKeepParsedEntries(t *testing.T) {
+	a, h := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	cacheEntry(t, dir, "net1", "b", "", `[{"hostPort":9090,"containerPort":90}]`, time.Minute)
+	var wanted []string // what the backends were asked to keep, pass by pass
+	h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		for _, pl := range want {
+			wanted = append(wanted, fmt.Sprintf("%s %s %s %v", be, f, pl.Owner.ContainerID, pl.Mappings))
+		}
+		return converge.NewReport(len(want))
+	}
+	a.parsed = &parsedCache{reader: &cnicache.Reader{PluginType: "portmap"}}
+	pass := func(wantParsed int) []string {
+		t.Helper()
+		wanted = nil
+		if _, err := a.Sync(Options{CacheDir: dir}); err != nil {
+			t.Fatal(err)
+		}
+		if a.parsed.reader.Parsed != wantParsed || len(a.parsed.configs) != 2 {
+			t.Errorf("the pass parsed %d files and keeps %d configurations, want %d and 2", a.parsed.reader.Parsed, len(a.parsed.configs), wantParsed)
+		}
+		slices.Sort(wanted)
+		return wanted
+	}
+	first, second := pass(2), pass(0)
+	if len(first) != 2 || !slices.Equal(first, second) {
+		t.Errorf("a pass from kept entries wants\n%q\nthe first wanted\n%q", second, first)
+	}
+	// A rewritten entry is parsed again, and its new mappings are used.
+	cacheEntry(t, dir, "net1", "b", "", `[{"hostPort":9191,"containerPort":91}]`, time.Second)
+	if got := pass(1); !strings.Contains(strings.Join(got, "\n"), "9191") {
+		t.Errorf("after a rewrite the pass wants %q", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
 )
 
 // WatchOptions are the flags of `portmap sync --watch`.
@@ -33,6 +35,9 @@ type WatchOptions struct {
 func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log io.Writer) error {
 	seen := map[string]bool{}   // orphans of the last pass, by owner
 	logged := map[string]bool{} // orphans already logged
+	// Passes keep what they parsed of unchanged cache files.
+	a.parsed = &parsedCache{reader: &cnicache.Reader{PluginType: "portmap"}}
+	defer func() { a.parsed = nil }()
 	pass := func(reason string) bool {
 		if drain != nil {
 			drain()

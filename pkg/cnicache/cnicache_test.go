@@ -100,3 +100,78 @@ func TestRead(t *testing.T) {
 		t.Errorf("a missing cache: %v %v %v, want empty", atts, skipped, err)
 	}
 }
+
+// TestReaderKeepsUnchangedFiles: a Reader parses a file again only when
+// it changed (new modification time, or replaced by another inode), and
+// forgets removed files.
+func TestReaderKeepsUnchangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	file := func(id string) string { return filepath.Join(dir, "results", "net1-"+id+"-eth0") }
+	write := func(id, conf string) {
+		t.Helper()
+		if err := Write(dir, Entry{Network: "net1", ContainerID: id, IfName: "eth0", Conflist: []byte(conf), Result: result}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		write(id, conflist)
+	}
+	r := &Reader{PluginType: "portmap"}
+	read := func(wantParsed, wantAtts int) []Attachment {
+		t.Helper()
+		atts, _, err := r.Read(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Parsed != wantParsed || len(atts) != wantAtts {
+			t.Fatalf("parsed %d files and found %d attachments, want %d and %d", r.Parsed, len(atts), wantParsed, wantAtts)
+		}
+		return atts
+	}
+	first := read(3, 3)
+	again := read(0, 3)
+	for i := range first {
+		if first[i].File != again[i].File || string(first[i].Stdin) != string(again[i].Stdin) {
+			t.Errorf("a kept entry differs: %+v, then %+v", first[i], again[i])
+		}
+	}
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(file("a"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	read(1, 3)
+	// Replaced by a rename, as atomic writers do (another inode), with
+	// the modification time it had.
+	fi, err := os.Stat(file("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := t.TempDir()
+	if err := Write(other, Entry{Network: "net1", ContainerID: "b", IfName: "eth0", Result: result,
+		Conflist: []byte(strings.Replace(conflist, `"portmap"`, `"portmap", "snat": false`, 1))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(other, "results", "net1-b-eth0"), file("b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(file("b"), fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	atts := read(1, 3)
+	var b Attachment
+	for _, a := range atts {
+		if a.ContainerID == "b" {
+			b = a
+		}
+	}
+	if !strings.Contains(string(b.Stdin), `"snat":false`) {
+		t.Errorf("the replaced entry reads as before: %s", b.Stdin)
+	}
+	if err := os.Remove(file("c")); err != nil {
+		t.Fatal(err)
+	}
+	read(0, 2)
+	if _, ok := r.memo[file("c")]; ok {
+		t.Error("a removed file is still kept")
+	}
+}
