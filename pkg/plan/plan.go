@@ -138,7 +138,13 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 		n := *containerNet
 		p.ContainerNet = &n
 	}
-	seen := map[string]bool{}
+	type mappingKey struct {
+		hostIP                  [16]byte
+		protocol                Protocol
+		hostPort, containerPort int
+	}
+	seen := make(map[mappingKey]bool, len(req.Mappings))
+	p.Mappings = make([]Mapping, 0, len(req.Mappings))
 	for _, m := range req.Mappings {
 		if m.HostIP != nil {
 			if FamilyOf(m.HostIP) != f {
@@ -148,7 +154,8 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 				m.HostIP = nil
 			}
 		}
-		key := m.String()
+		key := mappingKey{protocol: m.Protocol, hostPort: m.HostPort, containerPort: m.ContainerPort}
+		copy(key.hostIP[:], m.HostIP.To16())
 		if seen[key] {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -49,6 +50,17 @@ type Config struct {
 	// ContainerNets holds the container's first address of each family on
 	// CNI_IFNAME, from prevResult.
 	ContainerNets map[plan.Family]*net.IPNet
+	// seen is, while the mappings are read, the index of the first
+	// mapping of each host port.
+	seen map[hostPortKey]int
+}
+
+// typedConf is netConf with its mappings' values typed.
+type typedConf struct {
+	netConf
+	RuntimeConfig struct {
+		PortMappings []typedMapping `json:"portMappings"`
+	} `json:"runtimeConfig"`
 }
 
 // netConf is the JSON shape of the configuration, drop-in compatible with the
@@ -66,7 +78,7 @@ type netConf struct {
 	HostPortConflict     *string   `json:"hostPortConflict"`
 	ForwardAccept        bool      `json:"forwardAccept"`
 	RuntimeConfig        struct {
-		PortMappings []json.RawMessage `json:"portMappings"`
+		PortMappings json.RawMessage `json:"portMappings"`
 	} `json:"runtimeConfig"`
 }
 
@@ -91,8 +103,15 @@ func formatValue(v any) string {
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
 func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
+	// One pass when every value has its type (the mappings decoded with
+	// the rest: a Podman range sends thousands); else the values are
+	// kept as sent, so that an error can show them.
 	var nc netConf
-	if err := json.Unmarshal(stdin, &nc); err != nil {
+	var typed *[]typedMapping
+	var tc typedConf
+	if err := json.Unmarshal(stdin, &tc); err == nil {
+		nc, typed = tc.netConf, &tc.RuntimeConfig.PortMappings
+	} else if err := json.Unmarshal(stdin, &nc); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return nil, invalid(te.Field, rawValue(stdin, te.Field, te.Value), "must be of type "+jsonType(te.Type.Kind().String()))
@@ -139,7 +158,7 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 		m.MarkBit = *nc.MarkMasqBit
 	}
 	if nc.ExternalSetMarkChain != nil {
-		if !chainName.MatchString(*nc.ExternalSetMarkChain) {
+		if !chainName().MatchString(*nc.ExternalSetMarkChain) {
 			return nil, invalid("externalSetMarkChain", *nc.ExternalSetMarkChain,
 				"must be an iptables chain name: 1 to 28 letters, digits, '_', '.' or '-', not starting with '-'")
 		}
@@ -151,8 +170,15 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 	if err := c.parseConditions(nc); err != nil {
 		return nil, err
 	}
-	if err := c.parseMappings(nc.RuntimeConfig.PortMappings); err != nil {
-		return nil, err
+	if typed == nil || !c.takeMappings(*typed) {
+		if typed != nil { // a value out of range: read again, as sent
+			if err := json.Unmarshal(stdin, &nc); err != nil {
+				return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+			}
+		}
+		if err := c.parseMappings(nc.RuntimeConfig.PortMappings); err != nil {
+			return nil, err
+		}
 	}
 
 	if nc.RawPrevResult != nil {
@@ -184,7 +210,7 @@ func rawValue(stdin []byte, field, jsonKind string) any {
 }
 
 // chainName is what iptables accepts as a user chain name.
-var chainName = regexp.MustCompile(`^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}$`)
+var chainName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}$`) })
 
 func jsonType(kind string) string {
 	switch kind {

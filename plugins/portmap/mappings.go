@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -18,54 +19,116 @@ type rawMapping struct {
 	HostIP        json.RawMessage `json:"hostIP"`
 }
 
-// parseMappings validates runtimeConfig.portMappings into the request:
-// ports from 1 to 65535, tcp/udp/sctp in any case, a host IP that parses,
-// and no host port mapped to two container ports.
-func (c *Config) parseMappings(raw []json.RawMessage) error {
-	seen := make(map[hostPortKey]int, len(raw)) // host port -> first mapping's index
-	for i, r := range raw {
-		key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
+// takeMappings takes mappings whose values all have their types and
+// pass the checks of parseMappings; false, with nothing taken, when one
+// does not (parseMappings then says why).
+func (c *Config) takeMappings(typed []typedMapping) bool {
+	for _, t := range typed {
+		if c.addMapping(t.HostPort, t.ContainerPort, t.Protocol, t.HostIP, nil) != nil {
+			c.Request.Mappings, c.seen = nil, nil
+			return false
+		}
+	}
+	c.HasMappings, c.seen = len(c.Request.Mappings) > 0, nil
+	return true
+}
+
+// parseMappings validates runtimeConfig.portMappings, as sent, into the
+// request: ports from 1 to 65535, tcp/udp/sctp in any case, a host IP
+// that parses, and no host port mapped to two container ports; an error
+// shows the value as it was sent.
+func (c *Config) parseMappings(raw json.RawMessage) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return invalid("runtimeConfig.portMappings", raw, "must be of type array")
+	}
+	for i, r := range list {
+		key := func() string { return fmt.Sprintf("runtimeConfig.portMappings[%d]", i) }
 		var rm rawMapping
 		if err := json.Unmarshal(r, &rm); err != nil {
-			return invalid(key, json.RawMessage(r), "must be an object")
+			return invalid(key(), r, "must be an object")
 		}
-		var m plan.Mapping
-		var err error
-		if m.HostPort, err = parsePort(key+".hostPort", rm.HostPort); err != nil {
-			return err
-		}
-		if m.ContainerPort, err = parsePort(key+".containerPort", rm.ContainerPort); err != nil {
-			return err
-		}
-		proto, err := parseString(key+".protocol", rm.Protocol)
+		hostPort, err := parsePort(key()+".hostPort", rm.HostPort)
 		if err != nil {
 			return err
 		}
-		var ok bool
-		if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
-			return invalid(key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
-		}
-		hostIP, err := parseString(key+".hostIP", rm.HostIP)
+		containerPort, err := parsePort(key()+".containerPort", rm.ContainerPort)
 		if err != nil {
 			return err
 		}
-		if hostIP != "" {
-			if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
-				return invalid(key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
-			}
-			if v4 := m.HostIP.To4(); v4 != nil {
-				m.HostIP = v4
-			}
+		proto, err := parseString(key()+".protocol", rm.Protocol)
+		if err != nil {
+			return err
 		}
-		hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
-		if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
-			return invalid(key, json.RawMessage(r), fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
-		} else if !ok {
-			seen[hk] = len(c.Request.Mappings)
+		hostIP, err := parseString(key()+".hostIP", rm.HostIP)
+		if err != nil {
+			return err
 		}
-		c.Request.Mappings = append(c.Request.Mappings, m)
+		if err := c.addMapping(hostPort, containerPort, proto, hostIP, &mappingText{key(), r}); err != nil {
+			return err
+		}
 	}
 	c.HasMappings = len(c.Request.Mappings) > 0
+	c.seen = nil
+	return nil
+}
+
+// typedMapping is a portMappings entry whose values have their types.
+type typedMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP"`
+}
+
+// mappingText is an entry as sent and its key, for errors.
+type mappingText struct {
+	key string
+	raw json.RawMessage
+}
+
+// addMapping checks one entry's values and appends it; sent, when there,
+// is how the entry was sent (errors name it). The ports were checked when
+// sent is there; without it, a port out of range is an error too.
+func (c *Config) addMapping(hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
+	if sent == nil && (hostPort < 1 || hostPort > 65535 || containerPort < 1 || containerPort > 65535) {
+		return errors.New("port out of range")
+	}
+	m := plan.Mapping{HostPort: hostPort, ContainerPort: containerPort}
+	var ok bool
+	if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
+		if sent == nil {
+			return errors.New("bad protocol")
+		}
+		return invalid(sent.key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
+	}
+	if hostIP != "" {
+		if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
+			if sent == nil {
+				return errors.New("bad host IP")
+			}
+			return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
+		}
+		if v4 := m.HostIP.To4(); v4 != nil {
+			m.HostIP = v4
+		}
+	}
+	if c.seen == nil {
+		c.seen = map[hostPortKey]int{}
+	}
+	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
+	if j, ok := c.seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
+		if sent == nil {
+			return errors.New("duplicate host port")
+		}
+		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
+	} else if !ok {
+		c.seen[hk] = len(c.Request.Mappings)
+	}
+	c.Request.Mappings = append(c.Request.Mappings, m)
 	return nil
 }
 

@@ -91,6 +91,26 @@ func equivalencePlans() map[string][]*plan.Plan {
 		// offset range (a rule per port), a UDP range on a host IP.
 		"ranges-v4": {m("c1", "192.0.2.2/24", on, ranges(net.ParseIP("198.51.100.1").To4())...)},
 		"ranges-v6": {m("c1", "2001:db8::2/64", on, ranges(net.ParseIP("2001:db8:1::1"))...)},
+		// Intervals taken over: c2 cuts c1's range in two, c3's port
+		// shadows c1's interval, c4 takes c2's range whole and a piece
+		// of c1's, leaving it one port.
+		"ranges-takeover": {m("c1", "192.0.2.2/24", on, fixture.Span(plan.TCP, 10000, 10000, 50)...),
+			m("c2", "192.0.2.3/24", on, fixture.Span(plan.TCP, 10010, 10010, 10)...),
+			m("c3", "192.0.2.4/24", on, plan.Mapping{HostPort: 10030, ContainerPort: 10030, Protocol: plan.TCP}),
+			m("c4", "192.0.2.5/24", on, fixture.Span(plan.TCP, 10001, 10001, 25)...)},
+	}
+}
+
+// wantElements are map elements the listing of plans must show: for the
+// takeover of intervals, what is left of each.
+func wantElements(name string, plans []*plan.Plan) []string {
+	if name != "ranges-takeover" {
+		return nil
+	}
+	c := func(i int) string { return nftables.ChainName(plans[i].Owner) }
+	return []string{
+		"tcp . 10000 : goto " + c(0), "tcp . 10030 : goto " + c(2), // one port each
+		"tcp . 10001-10025 : goto " + c(3), "tcp . 10026-10049 : goto " + c(0),
 	}
 }
 
@@ -127,14 +147,20 @@ func TestNetlinkWritesWhatNftWrites(t *testing.T) {
 					return nil
 				})
 			}
-			if got, want := listIn(t, nl, "list", "ruleset"), listIn(t, ref, "list", "ruleset"); got != want {
+			got, want := listIn(t, nl, "list", "ruleset"), listIn(t, ref, "list", "ruleset")
+			if got != want {
 				t.Errorf("netlink wrote:\n%s\nnft wrote:\n%s", got, want)
+			}
+			for _, el := range wantElements(name, plans) {
+				if !strings.Contains(got, el) {
+					t.Errorf("no element %q in:\n%s", el, got)
+				}
 			}
 			// --debug=netlink also prints each rule's expressions: the same
 			// text from other expressions would show. (Its element lines
 			// come in hash order, which differs between namespaces; the
 			// listing above compares the elements.)
-			got, want := rules(listIn(t, nl, "--debug=netlink", "list", "ruleset")), rules(listIn(t, ref, "--debug=netlink", "list", "ruleset"))
+			got, want = rules(listIn(t, nl, "--debug=netlink", "list", "ruleset")), rules(listIn(t, ref, "--debug=netlink", "list", "ruleset"))
 			if got != want {
 				t.Errorf("netlink wrote the expressions:\n%s\nnft wrote:\n%s", got, want)
 			}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
@@ -188,7 +189,9 @@ func (fw *Accept) Check(p *plan.Plan) error {
 	return nil
 }
 
-var fwOwnerRE = regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-FW-\S+)$`)
+var fwOwnerRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-FW-\S+)$`)
+})
 
 // fwListing is the filter table's forwardAccept state.
 type fwListing struct {
@@ -214,7 +217,7 @@ func parseAccept(lines []string) *fwListing {
 			chain, _, _ := strings.Cut(line[3:], " ")
 			l.rules[chain] = append(l.rules[chain], line)
 		case strings.HasPrefix(line, "-A "+ForwardChain+" "):
-			if m := fwOwnerRE.FindStringSubmatch(line); m != nil {
+			if m := fwOwnerRE().FindStringSubmatch(line); m != nil {
 				l.refs[m[3]] = append(l.refs[m[3]], line)
 				l.owners[m[3]] = [2]string{m[1], m[2]}
 			} else if i := strings.LastIndex(line, " -j "); i > 0 {

@@ -68,7 +68,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 			// A jump to a missing chain fails at COMMIT in iptables-nft,
 			// naming the chain, not the line: the shared objects if they
 			// are still unjudged, else everything left.
-			if !missingChain.MatchString(errorOutput(err)) {
+			if !missingChain().MatchString(errorOutput(err)) {
 				return "", nil, fmt.Errorf("check: %w", err)
 			}
 			what := pl.explain(errorOutput(err)) + " missing"
@@ -106,7 +106,7 @@ func errorOutput(err error) string {
 
 // failedLineNumber is the payload line iptables-restore names in out, or 0.
 func (p *payload) failedLineNumber(out string) int {
-	m := failedLine.FindStringSubmatch(out)
+	m := failedLine().FindStringSubmatch(out)
 	if m == nil {
 		return 0
 	}

@@ -4,13 +4,16 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // entryOwnerRE reads the owner back from an entry rule as iptables -S
 // prints it: --comment "dnat name: \"net\" id: \"cid\"" ... -j CNI-DN-...
-var entryOwnerRE = regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-DN-\S+)$`)
+var entryOwnerRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-DN-\S+)$`)
+})
 
 // GC removes every attachment of network that no valid attachment owns.
 // Ownership comes from the entry rules' comments, so other networks' rules
@@ -37,7 +40,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 		if !strings.HasPrefix(l, "-A "+TopLevelDNATChain+" ") {
 			continue
 		}
-		m := entryOwnerRE.FindStringSubmatch(l)
+		m := entryOwnerRE().FindStringSubmatch(l)
 		if m == nil || m[1] != network || ids[m[2]] {
 			continue
 		}

@@ -257,7 +257,7 @@ func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converg
 	for _, c := range names {
 		var network, id string // "": no entry rule names the owner
 		for _, ref := range lt.refs[c] {
-			if m := entryOwnerRE.FindStringSubmatch(ref); m != nil && m[3] == c {
+			if m := entryOwnerRE().FindStringSubmatch(ref); m != nil && m[3] == c {
 				network, id = m[1], m[2]
 				break
 			}

@@ -27,7 +27,7 @@ func ParseMappings(lines []string) []plan.Installed {
 	owners := map[string]plan.Owner{}
 	for chain, refs := range lt.refs {
 		for _, ref := range refs {
-			if m := entryOwnerRE.FindStringSubmatch(ref); m != nil && m[3] == chain {
+			if m := entryOwnerRE().FindStringSubmatch(ref); m != nil && m[3] == chain {
 				owners[chain] = plan.Owner{Network: m[1], ContainerID: m[2]}
 				break
 			}

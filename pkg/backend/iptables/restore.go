@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -79,19 +80,19 @@ func describe(r Rule) string {
 // failedLine matches iptables-restore's diagnostics that name a line: "line
 // N failed" (the kernel refused it) and "Error occurred at line: N" (it did
 // not parse, e.g. a jump to a missing chain).
-var failedLine = regexp.MustCompile(`line:? (\d+)`)
+var failedLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`line:? (\d+)`) })
 
-var missingChain = regexp.MustCompile(`Chain '([^']+)' does not exist`)
+var missingChain = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`Chain '([^']+)' does not exist`) })
 
 // explain maps an iptables-restore failure to the payload line that caused
 // it, or "" when the output names none.
 func (p *payload) explain(out string) string {
 	// iptables-nft blames COMMIT for a jump to a missing chain; the chain's
 	// name says more.
-	if m := missingChain.FindStringSubmatch(out); m != nil {
+	if m := missingChain().FindStringSubmatch(out); m != nil {
 		return "chain " + m[1]
 	}
-	m := failedLine.FindStringSubmatch(out)
+	m := failedLine().FindStringSubmatch(out)
 	if m == nil {
 		return ""
 	}

@@ -10,11 +10,12 @@ import (
 
 // Check verifies that everything ADD made is there, reading only the
 // shared chains, the attachment's own chain and its own keys' elements
-// (single-element gets): its cost does not grow with the number of
-// attachments.
+// (single-element gets; a dump of its class for an interval key): its
+// cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	fam := nftFamily(b.Family)
 	skel := skeletonRules(p)
+	var lookups map[string]bool
 	for _, name := range skeletonOrder(skel) {
 		c, err := b.Kernel.Chain(b.Family, Table, name)
 		if err != nil {
@@ -23,8 +24,14 @@ func (b *Backend) Check(p *plan.Plan) error {
 		if c == nil {
 			return fmt.Errorf("missing chain %s in table %s %s", name, fam, Table)
 		}
+		if name == DispatchChain {
+			lookups = map[string]bool{}
+			for _, r := range c.Rules {
+				lookups[r.Lookup] = true
+			}
+		}
 		for _, r := range skel[name] {
-			if !hasRule(c, r) {
+			if !hasRule(c, r) && !rangesLookup(r) {
 				return fmt.Errorf("missing rule %q in chain %s", r.Text(b.Family), name)
 			}
 		}
@@ -40,13 +47,46 @@ func (b *Backend) Check(p *plan.Plan) error {
 	if why := judgeChain(p, c); why != "" {
 		return errors.New(why)
 	}
-	holders, err := b.Kernel.Holders(b.Family, Keys(p))
+	keys := Keys(p)
+	els, err := b.Kernel.Elements(b.Family, keys)
 	if err != nil {
 		return fmt.Errorf("check map elements: %w", err)
 	}
-	for _, k := range Keys(p) {
-		if h := holders[k.ID()]; h != own {
-			return fmt.Errorf("map %s sends %s to %q, not to %s", k.Map(), k, h, own)
+	looked := func(k Key) bool { return lookups[k.Map()] }
+	v := newView(els, looked)
+	for _, k := range keys {
+		if why := v.missingPort(k, own); why != "" {
+			// an interval of the chain's that the dispatch chain does not
+			// look up: say that, not that the port goes nowhere
+			for _, e := range els {
+				if e.Chain == own && e.Key.IsRange() && overlaps(e.Key, k) && !looked(e.Key) {
+					return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).Text(b.Family), DispatchChain)
+				}
+			}
+			return errors.New(why)
+		}
+	}
+	return nil
+}
+
+// rangesLookup reports whether r is the dispatch chain's lookup of an
+// interval map. Its absence is judged by the elements that need it: a
+// node set up before interval maps has none, and its attachments (which
+// hold an element for each port) need none.
+func rangesLookup(r *Rule) bool {
+	for _, s := range r.stmts {
+		if v, ok := s.(vmapLookup); ok && v.interval {
+			return true
+		}
+	}
+	return false
+}
+
+// dispatchRule is the dispatch chain's lookup of map name.
+func dispatchRule(name string) *Rule {
+	for _, r := range dispatchRules() {
+		if r.stmts[0].(vmapLookup).set == name {
+			return r
 		}
 	}
 	return nil

@@ -45,39 +45,47 @@ func commentOf(b []byte) string {
 	return ""
 }
 
-type element struct {
-	key   Key
-	chain string
+// Element is one element of a dispatch map: its key (an interval key in
+// the ranges maps) and the chain its verdict names.
+type Element struct {
+	Key   Key
+	Chain string
 }
 
 // decodeElements reads the elements of a GETSETELEM answer.
-func decodeElements(f plan.Family, b []byte) []element {
+func decodeElements(f plan.Family, b []byte) []Element {
 	attrs := nfnl.Parse(b)
 	set := str(attrs, unix.NFTA_SET_ELEM_LIST_SET)
 	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-	var out []element
+	var out []Element
 	for _, le := range nfnl.Parse(list) {
-		var e element
 		keyAttr, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_KEY)
 		val, _ := nfnl.Find(keyAttr, unix.NFTA_DATA_VALUE)
 		k, ok := keyFromBytes(f, set, val)
 		if !ok {
 			continue
 		}
-		e.key = k
+		if endAttr, ok := nfnl.Find(le.Value, nftaSetElemKeyEnd); ok {
+			end, _ := nfnl.Find(endAttr, unix.NFTA_DATA_VALUE)
+			if e, ok := keyFromBytes(f, set, end); ok && e.Port > k.Port {
+				k.Last = e.Port
+			}
+		}
 		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
 		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
 		ch, _ := nfnl.Find(v, unix.NFTA_VERDICT_CHAIN)
-		e.chain, _, _ = strings.Cut(string(ch), "\x00")
-		out = append(out, e)
+		chain, _, _ := strings.Cut(string(ch), "\x00")
+		out = append(out, Element{Key: k, Chain: chain})
 	}
 	return out
 }
 
-// keyFromBytes reads a key of map set back (Key.bytes).
+// keyFromBytes reads a key of map set back (Key.bytes): the first port of
+// an interval key.
 func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 	var k Key
-	if set == HostIPPortsMap {
+	switch set {
+	case HostIPPortsMap, HostIPPortRangesMap:
 		n := 4
 		if f == plan.IPv6 {
 			n = 16
@@ -87,7 +95,8 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 		}
 		k.HostIP = append(net.IP(nil), b[:n]...)
 		b = b[n:]
-	} else if set != HostPortsMap {
+	case HostPortsMap, HostPortRangesMap:
+	default:
 		return k, false
 	}
 	if len(b) < 6 {

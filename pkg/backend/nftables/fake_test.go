@@ -59,18 +59,12 @@ func (k *fakeKernel) Chain(f plan.Family, table, chain string) (*ChainState, err
 	return s.Chains[chain], nil
 }
 
-func (k *fakeKernel) Holders(f plan.Family, keys []Key) (map[string]string, error) {
-	out := map[string]string{}
+func (k *fakeKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	s, _ := k.Table(f, Table)
 	if s == nil {
-		return out, nil
+		return nil, nil
 	}
-	for _, key := range keys {
-		if h, ok := s.Holders[key.ID()]; ok {
-			out[key.ID()] = h
-		}
-	}
-	return out, nil
+	return elementsFor(keys, elementsOfState(s)), nil
 }
 
 var (
@@ -110,10 +104,8 @@ func parseListing(f plan.Family, out string) *State {
 		}
 		if currentMap != "" {
 			for _, m := range elementRE.FindAllStringSubmatch(line, -1) {
-				if k, ok := parseKey(m[1]); ok {
-					if (currentMap == HostIPPortsMap) == (k.HostIP != nil) {
-						s.Holders[currentMap+" "+k.String()] = m[2]
-					}
+				if k, ok := parseKey(m[1]); ok && k.Map() == currentMap {
+					s.Holders[k.ID()] = m[2]
 				}
 			}
 			continue

@@ -85,24 +85,44 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	return cs, nil
 }
 
-// holdersByDump is the number of keys above which Holders reads the maps
+// holdersByDump is the number of keys above which Elements reads the maps
 // whole instead of one element at a time: the kernel answers each
 // element get with a message of its own (a read each, ~14 µs here), and
 // packs a dump's elements some hundred to a message, so past this many
 // keys a dump costs less even on a node with thousands of elements.
 const holdersByDump = 128
 
-func (k *netlinkKernel) Holders(f plan.Family, keys []Key) (map[string]string, error) {
-	out := map[string]string{}
+func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	if len(keys) == 0 {
-		return out, nil
+		return nil, nil
 	}
 	c, err := k.c()
 	if err != nil {
 		return nil, err
 	}
-	if len(keys) > holdersByDump {
-		return holdersOfDump(c, f, keys)
+	maps := map[string]bool{}
+	byDump := len(keys) > holdersByDump
+	for _, key := range keys {
+		maps[key.Map()] = true
+		if key.IsRange() {
+			// an interval key's class: both maps of its host IP kind
+			byDump = true
+			maps[Key{HostIP: key.HostIP}.Map()] = true
+		}
+	}
+	if byDump {
+		var all []Element
+		for _, name := range []string{HostIPPortsMap, HostIPPortRangesMap, HostPortsMap, HostPortRangesMap} {
+			if !maps[name] {
+				continue
+			}
+			els, err := dumpElements(c, f, name)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, els...)
+		}
+		return elementsFor(keys, all), nil
 	}
 	reqs := make([]nfnl.Msg, len(keys))
 	for i, key := range keys {
@@ -114,6 +134,7 @@ func (k *netlinkKernel) Holders(f plan.Family, keys []Key) (map[string]string, e
 	if err != nil {
 		return nil, err
 	}
+	var out []Element
 	for i, key := range keys {
 		if IsNotFound(errs[i]) {
 			continue
@@ -121,42 +142,26 @@ func (k *netlinkKernel) Holders(f plan.Family, keys []Key) (map[string]string, e
 		if errs[i] != nil {
 			return nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
 		}
-		for _, e := range decodeElements(f, replies[i].Attrs) {
-			out[key.ID()] = e.chain
-		}
+		out = append(out, decodeElements(f, replies[i].Attrs)...)
 	}
 	return out, nil
 }
 
-// holdersOfDump is Holders from a dump of each map the keys live in.
-func holdersOfDump(c *nfnl.Conn, f plan.Family, keys []Key) (map[string]string, error) {
-	want := make(map[string]bool, len(keys))
-	maps := map[string]bool{}
-	for _, k := range keys {
-		want[k.ID()] = true
-		maps[k.Map()] = true
+// dumpElements lists the elements of one map of the family's cni_portmap
+// table; a missing map has none (a node set up before the interval maps).
+func dumpElements(c *nfnl.Conn, f plan.Family, name string) ([]Element, error) {
+	var el nfnl.Attrs
+	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, Table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
+	msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+	if IsNotFound(err) {
+		return nil, nil
 	}
-	out := map[string]string{}
-	for _, name := range []string{HostPortsMap, HostIPPortsMap} {
-		if !maps[name] {
-			continue
-		}
-		var el nfnl.Attrs
-		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, Table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
-		elems, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
-		if IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return nil, &Error{Op: "list map " + name, Err: err}
-		}
-		for _, em := range elems {
-			for _, e := range decodeElements(f, em.Attrs) {
-				if id := e.key.ID(); want[id] {
-					out[id] = e.chain
-				}
-			}
-		}
+	if err != nil {
+		return nil, &Error{Op: "list map " + name, Err: err}
+	}
+	var out []Element
+	for _, m := range msgs {
+		out = append(out, decodeElements(f, m.Attrs)...)
 	}
 	return out, nil
 }
@@ -201,19 +206,15 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	for _, attrs := range sets {
 		name := str(attrs, unix.NFTA_SET_NAME)
 		s.Maps[name] = true
-		if table != Table || (name != HostPortsMap && name != HostIPPortsMap) {
+		if table != Table || !isDispatchMap(name) {
 			continue
 		}
-		var el nfnl.Attrs
-		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
-		elems, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: fam, Attrs: el.Bytes()})
+		els, err := dumpElements(c, f, name)
 		if err != nil {
-			return nil, &Error{Op: "list map " + name, Err: err}
+			return nil, err
 		}
-		for _, em := range elems {
-			for _, e := range decodeElements(f, em.Attrs) {
-				s.Holders[e.key.ID()] = e.chain
-			}
+		for _, e := range els {
+			s.Holders[e.Key.ID()] = e.Chain
 		}
 	}
 	return s, nil

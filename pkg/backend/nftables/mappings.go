@@ -41,7 +41,7 @@ func forwardsOf(s *State) []plan.Installed {
 			if !ok || r.DNAT == "" {
 				continue
 			}
-			k, last, ok := parseKeys(ks)
+			k, ok := parseKey(ks)
 			if !ok {
 				continue
 			}
@@ -50,7 +50,7 @@ func forwardsOf(s *State) []plan.Installed {
 				ip = net.ParseIP(host)
 				port, _ = strconv.Atoi(p)
 			}
-			for h := k.Port; h <= last; h++ {
+			for h := k.Port; h <= k.last(); h++ {
 				f := plan.Installed{HostIP: k.HostIP, HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
 				if port < 0 {
 					f.ContainerPort = h

@@ -241,6 +241,17 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 		if exists && (vb == opCreate || held != v.chain) {
 			return unix.EEXIST
 		}
+		if !exists && v.key.IsRange() {
+			// The kernel refuses an interval whose ends fall inside
+			// another (EEXIST); this one refuses any overlap, so that
+			// a test catches a transaction that would leave the
+			// kernel two intervals for a port.
+			for other := range els {
+				if k, ok := keyFromID(other); ok && overlaps(k, v.key) {
+					return unix.EEXIST
+				}
+			}
+		}
 		els[id] = v.chain
 	case opDelete:
 		if !exists {
@@ -297,17 +308,21 @@ func (m *Memory) Chain(f plan.Family, table, chain string) (*ChainState, error) 
 	return &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}, nil
 }
 
-// Holders returns the chain each of keys' elements names, where one exists.
-func (m *Memory) Holders(f plan.Family, keys []Key) (map[string]string, error) {
-	out := map[string]string{}
-	if t := m.state(f, Table); t != nil {
-		for _, k := range keys {
-			if h, ok := t.maps[k.Map()][k.ID()]; ok {
-				out[k.ID()] = h
+// Elements answers as the kernel's reads do (Kernel.Elements).
+func (m *Memory) Elements(f plan.Family, keys []Key) ([]Element, error) {
+	t := m.state(f, Table)
+	if t == nil {
+		return nil, nil
+	}
+	var all []Element
+	for _, name := range sortedStrings(t.maps) {
+		for _, id := range sortedStrings(t.maps[name]) {
+			if k, ok := keyFromID(id); ok {
+				all = append(all, Element{k, t.maps[name][id]})
 			}
 		}
 	}
-	return out, nil
+	return elementsFor(keys, all), nil
 }
 
 // Table reads a table whole; nil when it is absent.

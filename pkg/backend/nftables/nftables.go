@@ -79,14 +79,22 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to forward to")
 	}
+	keys := Keys(p)
+	ranges := false
+	for _, k := range keys {
+		ranges = ranges || k.IsRange()
+	}
 	// Fast path: the skeleton is left alone (rewriting the base chains
 	// costs the kernel more than everything else); the elements fail while
 	// the maps are missing, and the jumps to mark-bitN while that bit's
 	// skeleton is, which sends the first ADD on a node to the slow path.
-	if err := b.Kernel.Apply(fastAddTx(p)); err == nil {
-		return nil
-	} else if !missed(err) {
-		return fmt.Errorf("apply: %w", err)
+	// A plan with intervals reads what shares its ports first (ranges.go).
+	if !ranges {
+		if err := b.Kernel.Apply(fastAddTx(p)); err == nil {
+			return nil
+		} else if !missed(err) {
+			return fmt.Errorf("apply: %w", err)
+		}
 	}
 
 	release, err := b.Lock()
@@ -98,31 +106,28 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	holders, err := b.Kernel.Holders(b.Family, append(Keys(p), prev...))
+	els, err := b.Kernel.Elements(b.Family, uniqueKeys(append(keys[:len(keys):len(keys)], prev...)))
 	if err != nil {
 		return err
 	}
-	tx := newTx(b.Family)
-	addSkeleton(tx, p)
-	chain := rewriteChain(tx, p)
-	want := map[string]bool{}
-	for _, k := range Keys(p) {
-		want[k.ID()] = true
+	write := func(skeleton bool) error {
+		tx := newTx(b.Family)
+		if skeleton {
+			addSkeleton(tx, p)
+		}
+		chain := rewriteChain(tx, p)
+		place(tx, chain.name, keys, els, b.Log)
+		return b.Kernel.Apply(tx)
 	}
-	for _, k := range prev {
-		if !want[k.ID()] && holders[k.ID()] == chain.name {
-			tx.add(opDelete, elemObj{key: k})
-			want[k.ID()] = true // once, even when the chain claims it twice
+	if ranges {
+		// the skeleton in place, as on the fast path
+		if err := write(false); err == nil {
+			return nil
+		} else if !missed(err) {
+			return fmt.Errorf("apply: %w", err)
 		}
 	}
-	for _, k := range Keys(p) {
-		if h := holders[k.ID()]; h != "" && h != chain.name {
-			fmt.Fprintf(b.Log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", b.Family, k, h, chain.name)
-			tx.add(opDelete, elemObj{key: k})
-		}
-		tx.add(opAdd, elemObj{k, chain.name})
-	}
-	if err := b.Kernel.Apply(tx); err != nil {
+	if err := write(true); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
@@ -151,8 +156,9 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
 
-	// A key was taken over by another attachment (or the chain changed
-	// under us): release, under the lock, only what still points here.
+	// A key was taken over by another attachment, an interval cut down
+	// (or the chain changed under us): release, under the lock, only what
+	// still points here.
 	release, err := b.Lock()
 	if err != nil {
 		return err
@@ -166,14 +172,14 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return err
 	}
 	keys = uniqueKeys(append(keys, c.keys()...))
-	holders, err := b.Kernel.Holders(b.Family, keys)
+	els, err := b.Kernel.Elements(b.Family, keys)
 	if err != nil {
 		return err
 	}
 	tx := newTx(b.Family)
-	for _, k := range keys {
-		if holders[k.ID()] == chain {
-			tx.add(opDelete, elemObj{key: k})
+	for _, e := range els {
+		if e.Chain == chain {
+			tx.add(opDelete, elemObj{key: e.Key})
 		}
 	}
 	tx.add(opFlush, chainObj{name: chain})
@@ -216,7 +222,9 @@ func (b *Backend) removeUpstreamLocked(o plan.Owner) error {
 
 // fastDelTx is DEL's fast path: release each of the attachment's keys
 // while it still points at its chain, then delete the chain (which the
-// kernel refuses while any element still points at it).
+// kernel refuses while any element still points at it: an interval of
+// its that another ADD cut down, an element an older release wrote for
+// each port of a range).
 func fastDelTx(f plan.Family, chain string, keys []Key) *Tx {
 	tx := newTx(f)
 	for _, k := range keys {

@@ -68,7 +68,11 @@ func (v chainObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Ms
 }
 
 func (v mapObj) nft(tx *Tx) knftables.Object {
-	return &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
+	m := &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
+	if v.interval {
+		m.Flags = []knftables.SetFlag{knftables.IntervalFlag}
+	}
+	return m
 }
 
 func (v mapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
@@ -76,20 +80,40 @@ func (v mapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, 
 	tx.nextID++
 	keyType := concatType(typeInetProto, typeInetService)
 	keyLen := uint32(8)
+	fields := []uint32{1, 2} // the fields' lengths: protocol, port
 	if v.addr {
 		at, al := uint32(typeIPv4Addr), uint32(4)
 		if tx.Family == plan.IPv6 {
 			at, al = typeIPv6Addr, 16
 		}
 		keyType, keyLen = concatType(at, typeInetProto, typeInetService), al+8
+		fields = append([]uint32{al}, fields...)
+	}
+	flags := uint32(unix.NFT_SET_MAP)
+	if v.interval {
+		// a concatenation of ranges, as nft declares it: the kernel picks
+		// the pipapo set, which needs each field's length
+		flags |= unix.NFT_SET_INTERVAL | nftSetConcat
 	}
 	a.String(unix.NFTA_SET_TABLE, tx.Table)
 	a.String(unix.NFTA_SET_NAME, v.name)
-	a.U32(unix.NFTA_SET_FLAGS, unix.NFT_SET_MAP)
+	a.U32(unix.NFTA_SET_FLAGS, flags)
 	a.U32(unix.NFTA_SET_KEY_TYPE, keyType)
 	a.U32(unix.NFTA_SET_KEY_LEN, keyLen)
 	a.U32(unix.NFTA_SET_DATA_TYPE, dataVerdict)
+	if v.interval {
+		a.U32(unix.NFTA_SET_DATA_LEN, 0)
+	}
 	a.U32(unix.NFTA_SET_ID, tx.nextID)
+	if v.interval {
+		a.Nested(unix.NFTA_SET_DESC, func(a *nfnl.Attrs) {
+			a.Nested(nftaSetDescConcat, func(a *nfnl.Attrs) {
+				for _, l := range fields {
+					a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { a.U32(nftaSetFieldLen, l) })
+				}
+			})
+		})
+	}
 	a.Raw(nftaSetUserdata, setUserdata(byteorderBig))
 	return nil, nil
 }

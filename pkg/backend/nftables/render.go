@@ -21,8 +21,13 @@ const (
 	Table          = "cni_portmap"
 	HostPortsMap   = "hostports"
 	HostIPPortsMap = "hostip_hostports"
-	DispatchChain  = "dispatch"
-	tableComment   = "CNI portmap: host ports to containers"
+	// The interval maps: one element per identity run of ports (a Podman
+	// range), consulted after the exact maps of the same host IP kind, so
+	// a single port shadows a range that covers it.
+	HostPortRangesMap   = "hostport_ranges"
+	HostIPPortRangesMap = "hostip_hostport_ranges"
+	DispatchChain       = "dispatch"
+	tableComment        = "CNI portmap: host ports to containers"
 	// Rule comments that name what a rule is for; the "hostport" ones
 	// record the map keys an attachment claims, so DEL needs no other
 	// state than its own chain.
@@ -83,24 +88,43 @@ const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { establishe
 // skeleton) while the skeleton for that bit is missing.
 func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
-// Key is a map key an attachment claims: (host IP,) protocol, host port.
+// Key is a map key an attachment claims: (host IP,) protocol, host port
+// — or, with Last, the interval of host ports Port-Last.
 type Key struct {
-	HostIP   net.IP // nil: the wildcard map
+	HostIP   net.IP // nil: the wildcard maps
 	Protocol plan.Protocol
 	Port     int
+	// Last is the last port of an interval key (an identity run of ports,
+	// in the ranges maps); 0 for a key of one port.
+	Last int
 }
+
+// IsRange reports whether the key is an interval of ports.
+func (k Key) IsRange() bool { return k.Last > k.Port }
+
+// last is the key's last port (Port for a key of one port).
+func (k Key) last() int { return max(k.Port, k.Last) }
 
 // Map is the map the key lives in.
 func (k Key) Map() string {
-	if k.HostIP != nil {
+	switch {
+	case k.HostIP != nil && k.IsRange():
+		return HostIPPortRangesMap
+	case k.HostIP != nil:
 		return HostIPPortsMap
+	case k.IsRange():
+		return HostPortRangesMap
 	}
 	return HostPortsMap
 }
 
 // Fields are the key's concatenation, as nft prints it.
 func (k Key) Fields() []string {
-	f := []string{string(k.Protocol), strconv.Itoa(k.Port)}
+	port := strconv.Itoa(k.Port)
+	if k.IsRange() {
+		port += "-" + strconv.Itoa(k.Last)
+	}
+	f := []string{string(k.Protocol), port}
 	if k.HostIP != nil {
 		f = append([]string{k.HostIP.String()}, f...)
 	}
@@ -109,13 +133,34 @@ func (k Key) Fields() []string {
 
 func (k Key) String() string { return strings.Join(k.Fields(), " . ") }
 
-// Keys are the map keys of the plan, in mapping order.
+// Keys are the map keys of the plan, one per DNAT rule (dnatRuns): an
+// identity run of ports is one interval key, any other mapping one key.
 func Keys(p *plan.Plan) []Key {
-	out := make([]Key, 0, len(p.Mappings))
-	for _, m := range p.Mappings {
-		out = append(out, Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort})
+	runs := dnatRuns(p.Runs())
+	out := make([]Key, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, runKey(r))
 	}
 	return out
+}
+
+// runKey is the key of a run dnatRuns returns.
+func runKey(r plan.Run) Key {
+	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
+	if r.Len > 1 {
+		k.Last = r.Last()
+	}
+	return k
+}
+
+// hasRanges reports whether p claims an interval key.
+func hasRanges(p *plan.Plan) bool {
+	for _, r := range p.Runs() {
+		if r.Len > 1 && r.Identity() {
+			return true
+		}
+	}
+	return false
 }
 
 // parseKey reads a key back from its String form.
@@ -135,11 +180,19 @@ func parseKey(s string) (Key, bool) {
 		return k, false
 	}
 	proto, ok := plan.ParseProtocol(f[0])
-	port, err := strconv.Atoi(f[1])
-	if !ok || f[0] == "" || err != nil {
+	from, to, isRange := strings.Cut(f[1], "-")
+	port, err := strconv.Atoi(from)
+	if !ok || f[0] == "" || err != nil || port < 0 || port > 65535 {
 		return k, false
 	}
 	k.Protocol, k.Port = proto, port
+	if isRange {
+		last, err := strconv.Atoi(to)
+		if err != nil || last <= port || last > 65535 {
+			return k, false
+		}
+		k.Last = last
+	}
 	return k, true
 }
 
@@ -164,14 +217,18 @@ var (
 	guardBase = baseChain{GuardChain, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, unix.NF_INET_LOCAL_IN, 0}
 )
 
+// dispatchRules look up the dispatch maps, in order.
+func dispatchRules() []*Rule {
+	out := make([]*Rule, 0, len(dispatchMaps))
+	for _, m := range dispatchMaps {
+		out = append(out, &Rule{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: m.name, addr: m.addr, interval: m.interval}}})
+	}
+	return out
+}
+
 // skeletonRules lists each shared chain with its exact rules.
 func skeletonRules(p *plan.Plan) map[string][]*Rule {
-	rules := map[string][]*Rule{
-		DispatchChain: {
-			{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: HostIPPortsMap, addr: true}}},
-			{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: HostPortsMap}}},
-		},
-	}
+	rules := map[string][]*Rule{DispatchChain: dispatchRules()}
 	for _, bc := range baseChains {
 		rules[bc.name] = []*Rule{{Chain: bc.name, stmts: []stmt{fibLocal{}, jumpTo{DispatchChain}}}}
 	}
@@ -196,8 +253,9 @@ func marksOwnBit(p *plan.Plan) bool { return p.Masquerade.Enabled }
 // repairs them.
 func addSkeleton(tx *Tx, p *plan.Plan) {
 	tx.add(opAdd, tableObj{tableComment})
-	tx.add(opAdd, mapObj{name: HostPortsMap})
-	tx.add(opAdd, mapObj{name: HostIPPortsMap, addr: true})
+	for _, m := range dispatchMaps {
+		tx.add(opAdd, m)
+	}
 	rules := skeletonRules(p)
 	tx.add(opAdd, chainObj{name: DispatchChain})
 	if marksOwnBit(p) {
@@ -310,14 +368,8 @@ func dnatRuns(runs []plan.Run) []plan.Run {
 }
 
 // runKeys spells the keys of a run as a "hostport" comment holds them:
-// a key (Key.String), or one whose port is a range ("tcp . 20000-20999").
-func runKeys(r plan.Run) string {
-	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
-	if r.Len == 1 {
-		return k.String()
-	}
-	return k.String() + "-" + strconv.Itoa(r.Last())
-}
+// its key (Key.String), "tcp . 8080" or "tcp . 20000-20999".
+func runKeys(r plan.Run) string { return runKey(r).String() }
 
 func ownChain(p *plan.Plan) chainObj {
 	return chainObj{name: ChainName(p.Owner), comment: OwnerComment(p.Owner)}

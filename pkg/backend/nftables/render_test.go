@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -26,8 +27,18 @@ func skeletonTx(p *plan.Plan) string {
 	return tx.Text()
 }
 
-// addTx is the fast-path ADD transaction, as Apply sends it.
-func addTx(p *plan.Plan) string { return fastAddTx(p).Text() }
+// addTx is the ADD transaction Apply sends on a node with the skeleton
+// and no other attachment: the fast path's, or for a plan with intervals
+// the one written under the lock after reading what shares its ports.
+func addTx(p *plan.Plan) string {
+	if !hasRanges(p) {
+		return fastAddTx(p).Text()
+	}
+	tx := newTx(p.Family)
+	chain := rewriteChain(tx, p)
+	place(tx, chain.name, Keys(p), nil, io.Discard)
+	return tx.Text()
+}
 
 func delTx(p *plan.Plan) string { return fastDelTx(p.Family, ChainName(p.Owner), Keys(p)).Text() }
 
@@ -55,8 +66,9 @@ func TestGoldenTransactions(t *testing.T) {
 }
 
 // smallRanges has the shapes of fixture.Ranges with a range of 5 ports
-// in place of 1000 (the map holds an element per port): an identity
-// range, a single mapping, an offset range, a UDP range on one host IP.
+// in place of 1000 (an offset range holds a rule and an element per
+// port): an identity range, a single mapping, an offset range, a UDP
+// range on one host IP.
 func smallRanges(r *plan.Request) {
 	fixture.Ranges(r)
 	r.Mappings = append(fixture.Span(plan.TCP, 10000, 10000, 5), r.Mappings[1000:]...)
@@ -116,8 +128,8 @@ func TestNetlinkRoundTrip(t *testing.T) {
 			t.Fatalf("%s: %d elements decoded, want %d", p.Family, len(elems), len(Keys(p)))
 		}
 		for i, k := range Keys(p) {
-			if elems[i].key.ID() != k.ID() || elems[i].chain != ChainName(p.Owner) {
-				t.Errorf("%s element %d: %v -> %s, want %v -> %s", p.Family, i, elems[i].key, elems[i].chain, k, ChainName(p.Owner))
+			if elems[i].Key.ID() != k.ID() || elems[i].Chain != ChainName(p.Owner) {
+				t.Errorf("%s element %d: %v -> %s, want %v -> %s", p.Family, i, elems[i].Key, elems[i].Chain, k, ChainName(p.Owner))
 			}
 		}
 		// A wrong target is what CHECK must see.
@@ -133,7 +145,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 }
 
 // roundTrip encodes tx and decodes its rules and elements.
-func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []element) {
+func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []Element) {
 	t.Helper()
 	msgs, err := tx.Messages()
 	if err != nil {
@@ -164,8 +176,8 @@ func TestJudgeLegacyLayout(t *testing.T) {
 		if why := judgeChain(p, c); why != "" {
 			t.Errorf("%s: the older layout does not pass: %s", p.Family, why)
 		}
-		if got, want := len(c.keys()), len(Keys(p)); got != want {
-			t.Errorf("%s: the older layout names %d keys, want %d", p.Family, got, want)
+		if got, want := ports(c.keys()), len(p.Mappings); got != want {
+			t.Errorf("%s: the older layout names %d ports, want %d", p.Family, got, want)
 		}
 		moved := *p
 		moved.Mappings = append([]plan.Mapping(nil), p.Mappings...)
@@ -192,4 +204,13 @@ func TestConditionsNeedNft(t *testing.T) {
 	if fastAddTx(build(plan.IPv4, nil)).NeedsNft() {
 		t.Error("a transaction without conditions asks for nft")
 	}
+}
+
+// ports counts the ports of keys.
+func ports(keys []Key) int {
+	n := 0
+	for _, k := range keys {
+		n += k.last() - k.Port + 1
+	}
+	return n
 }

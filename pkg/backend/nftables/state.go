@@ -4,8 +4,8 @@ import (
 	"net"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -63,44 +63,19 @@ func (c *ChainState) keys() []Key {
 	var out []Key
 	for _, r := range c.Rules {
 		if s, ok := strings.CutPrefix(r.Comment, keyComment); ok {
-			if k, last, ok := parseKeys(s); ok {
-				for ; k.Port <= last; k.Port++ {
-					out = append(out, k)
-				}
+			if k, ok := parseKey(s); ok {
+				out = append(out, k)
 			}
 		}
 	}
 	return out
 }
 
-// parseKeys reads a "hostport" comment's keys (runKeys): the first key
-// and the last port.
-func parseKeys(s string) (first Key, last int, ok bool) {
-	i := strings.LastIndex(s, " . ")
-	if i < 0 {
-		return Key{}, 0, false
-	}
-	from, to, isRange := strings.Cut(s[i+3:], "-")
-	k, ok := parseKey(s[:i+3] + from)
-	if !ok {
-		return Key{}, 0, false
-	}
-	last = k.Port
-	if isRange {
-		n, err := strconv.Atoi(to)
-		if err != nil || n < k.Port || n > 65535 {
-			return Key{}, 0, false
-		}
-		last = n
-	}
-	return k, last, true
-}
-
-var ownerRE = regexp.MustCompile(`^net=(\S*) id=(\S*)`)
+var ownerRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^net=(\S*) id=(\S*)`) })
 
 // owner reads the chain's comment (OwnerComment).
 func (c *ChainState) owner() (network, id string, ok bool) {
-	m := ownerRE.FindStringSubmatch(c.Comment)
+	m := ownerRE().FindStringSubmatch(c.Comment)
 	if m == nil {
 		return "", "", false
 	}
@@ -138,9 +113,11 @@ type Kernel interface {
 	Validate(tx *Tx) error
 	// Chain reads one chain of the family's table; nil when it is absent.
 	Chain(f plan.Family, table, chain string) (*ChainState, error)
-	// Holders returns, for those of keys whose element exists in the
-	// family's cni_portmap table, the chain its verdict names.
-	Holders(f plan.Family, keys []Key) (map[string]string, error)
+	// Elements returns elements of the family's cni_portmap maps: for a
+	// key of one port its own element, where it exists; for an interval
+	// key every element of the same host IP and protocol, of one port or
+	// an interval (what ADD must know to take its ports over).
+	Elements(f plan.Family, keys []Key) ([]Element, error)
 	// Table reads the family's table whole; nil when it is absent.
 	Table(f plan.Family, table string) (*State, error)
 }

@@ -277,8 +277,9 @@ func (fibLocal) encode(e *exprs) {
 // vmapLookup: [ip daddr .] meta l4proto . th dport vmap @map — the
 // dispatch of a packet to the chain of the attachment that owns its key.
 type vmapLookup struct {
-	set  string
-	addr bool
+	set      string
+	addr     bool
+	interval bool // the map's keys are intervals of ports
 }
 
 func (s vmapLookup) text(f plan.Family) string {
@@ -302,6 +303,17 @@ func (s vmapLookup) encode(e *exprs) {
 		protoReg = reg1
 	}
 	e.meta(unix.NFT_META_L4PROTO, protoReg)
+	if s.interval {
+		// nft turns host-order fields of a concatenation of ranges to
+		// network order; for the one byte of a protocol it moves nothing
+		e.add("byteorder", func(a *nfnl.Attrs) {
+			a.U32(unix.NFTA_BYTEORDER_SREG, protoReg)
+			a.U32(unix.NFTA_BYTEORDER_DREG, protoReg)
+			a.U32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
+			a.U32(unix.NFTA_BYTEORDER_LEN, 1)
+			a.U32(unix.NFTA_BYTEORDER_SIZE, 2)
+		})
+	}
 	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
 	e.add("lookup", func(a *nfnl.Attrs) {
 		a.String(unix.NFTA_LOOKUP_SET, s.set)

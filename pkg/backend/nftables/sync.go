@@ -35,13 +35,19 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		st = &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
 	}
 
-	winner := converge.Winners(want, func(p *plan.Plan) []string {
-		var ks []string
-		for _, k := range Keys(p) {
-			ks = append(ks, k.ID())
-		}
-		return ks
-	})
+	// the newest plan of each port wins it, the ports of an interval
+	// one by one
+	winner := converge.Winners(want, portIDs)
+	anyRanges := false
+	for _, p := range want {
+		anyRanges = anyRanges || hasRanges(p)
+	}
+	var all []Element
+	var served *view
+	if anyRanges {
+		all = elementsOfState(st)
+		served = newView(all, func(Key) bool { return true })
+	}
 
 	// The skeleton every wanted plan relies on.
 	var shared []string
@@ -54,9 +60,9 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	case !exists:
 		shared = append(shared, fmt.Sprintf("table %s %s missing", fam, Table))
 	default:
-		for _, m := range []string{HostPortsMap, HostIPPortsMap} {
-			if !st.Maps[m] {
-				shared = append(shared, "map "+m+" missing")
+		for _, m := range dispatchMaps {
+			if !st.Maps[m.name] && (anyRanges || !m.interval) {
+				shared = append(shared, "map "+m.name+" missing")
 			}
 		}
 		for _, k := range sortedStrings(kinds) {
@@ -70,7 +76,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 					continue
 				}
 				for _, r := range skel[c] {
-					if !hasRule(cs, r) && !contains(shared, "chain "+c) {
+					if !hasRule(cs, r) && !contains(shared, "chain "+c) && (anyRanges || !rangesLookup(r)) {
 						shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(b.Family)))
 					}
 				}
@@ -80,7 +86,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	rep.Shared = shared
 
 	broken := map[int]bool{}
-	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], st, winner, i) })
+	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], st, served, winner, i) })
 	for i, why := range whys {
 		if why != "" {
 			broken[i] = true
@@ -133,9 +139,24 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		chain := rewriteChain(tx, p)
 		mine := map[string]bool{}
 		for _, k := range Keys(p) {
-			mine[k.ID()] = true
-			if winner[k.ID()] == i {
-				desired[k.ID()] = chain.name
+			if !k.IsRange() {
+				mine[k.ID()] = true
+				if winner[k.ID()] == i {
+					desired[k.ID()] = chain.name
+				}
+				continue
+			}
+			// the pieces of the interval the plan wins; an element of
+			// one port that would shadow a won port goes
+			for _, piece := range wonPieces(k, winner, i) {
+				mine[piece.ID()] = true
+				desired[piece.ID()] = chain.name
+				for port := piece.Port; port <= piece.last(); port++ {
+					one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()
+					if h := st.Holders[one]; h != "" && h != chain.name {
+						desired[one] = ""
+					}
+				}
 			}
 		}
 		for id, h := range st.Holders {
@@ -146,6 +167,7 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			}
 		}
 	}
+	cutIntervals(st, all, desired)
 	if prune {
 		for id, h := range st.Holders {
 			if _, set := desired[id]; orphanChains[h] && !set {
@@ -153,20 +175,21 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			}
 		}
 	}
-	for _, id := range sortedStrings(desired) {
-		k, ok := keyFromID(id)
-		if !ok {
-			continue
-		}
-		cur, want := st.Holders[id], desired[id]
-		if cur == want {
-			continue
-		}
-		if cur != "" {
-			tx.add(opDelete, elemObj{key: k})
-		}
-		if want != "" {
-			tx.add(opAdd, elemObj{k, want})
+	// deletions first: the kernel checks an interval against the
+	// elements the transaction leaves
+	for _, deleting := range []bool{true, false} {
+		for _, id := range sortedStrings(desired) {
+			k, ok := keyFromID(id)
+			cur, want := st.Holders[id], desired[id]
+			if !ok || cur == want {
+				continue
+			}
+			if deleting && cur != "" {
+				tx.add(opDelete, elemObj{key: k})
+			}
+			if !deleting && want != "" {
+				tx.add(opAdd, elemObj{k, want})
+			}
 		}
 	}
 	if prune {
@@ -201,7 +224,8 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 }
 
 // judge says what of plan i the table shows missing or wrong, or "".
-func judge(p *plan.Plan, st *State, winner map[string]int, i int) string {
+// served is the table's elements (when a wanted plan has intervals).
+func judge(p *plan.Plan, st *State, served *view, winner map[string]int, i int) string {
 	own := ChainName(p.Owner)
 	c, ok := st.Chains[own]
 	if !ok {
@@ -211,6 +235,21 @@ func judge(p *plan.Plan, st *State, winner map[string]int, i int) string {
 		return "chain " + own + ": " + why
 	}
 	for _, k := range Keys(p) {
+		if k.IsRange() {
+			c := classOf(k)
+			for port := k.Port; port <= k.Last; port++ {
+				one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
+				if winner[one.ID()] != i {
+					continue
+				}
+				if e, ok := served.at(c, port); !ok {
+					return fmt.Sprintf("map %s has no element for %s", k.Map(), one)
+				} else if e.Chain != own {
+					return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), one, e.Chain, own)
+				}
+			}
+			continue
+		}
 		if winner[k.ID()] != i {
 			continue // a newer attachment holds it
 		}
@@ -222,6 +261,79 @@ func judge(p *plan.Plan, st *State, winner map[string]int, i int) string {
 		}
 	}
 	return ""
+}
+
+// portIDs are the IDs a plan's ports are won by: its keys of one port,
+// and each port of its intervals as a key of one port.
+func portIDs(p *plan.Plan) []string {
+	var ids []string
+	for _, k := range Keys(p) {
+		for port := k.Port; port <= k.last(); port++ {
+			ids = append(ids, Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID())
+		}
+	}
+	return ids
+}
+
+// wonPieces are the stretches of interval k's ports plan i wins, as keys.
+func wonPieces(k Key, winner map[string]int, i int) []Key {
+	var out []Key
+	start := -1
+	for port := k.Port; port <= k.Last+1; port++ {
+		won := port <= k.Last && winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()] == i
+		switch {
+		case won && start < 0:
+			start = port
+		case !won && start >= 0:
+			piece := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: start}
+			if port-1 > start {
+				piece.Last = port - 1
+			}
+			out = append(out, piece)
+			start = -1
+		}
+	}
+	return out
+}
+
+// cutIntervals makes room for the intervals desired adds: an interval
+// element of another chain sharing ports with one goes, and what is left
+// of it is added back for its owner (unless desired says otherwise).
+func cutIntervals(st *State, all []Element, desired map[string]string) {
+	var adding []Key
+	for id, to := range desired {
+		if k, ok := keyFromID(id); ok && k.IsRange() && to != "" && st.Holders[id] != to {
+			adding = append(adding, k)
+		}
+	}
+	if len(adding) == 0 {
+		return
+	}
+	for _, e := range all {
+		if !e.Key.IsRange() || !overlapsAny(e.Key, adding) {
+			continue
+		}
+		if _, set := desired[e.Key.ID()]; set {
+			continue
+		}
+		desired[e.Key.ID()] = ""
+		for _, piece := range subtract(e.Key, adding) {
+			if _, set := desired[piece.ID()]; !set && st.Holders[piece.ID()] == "" {
+				desired[piece.ID()] = e.Chain
+			}
+		}
+	}
+}
+
+// elementsOfState lists the elements of a table read whole.
+func elementsOfState(st *State) []Element {
+	out := make([]Element, 0, len(st.Holders))
+	for _, id := range sortedStrings(st.Holders) {
+		if k, ok := keyFromID(id); ok {
+			out = append(out, Element{k, st.Holders[id]})
+		}
+	}
+	return out
 }
 
 // upstreamRules counts the upstream plugin's cni_hostport rules by the

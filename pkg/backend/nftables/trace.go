@@ -46,10 +46,10 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			}
 			if r.Lookup != "" {
 				k := Key{Protocol: p.Protocol, Port: p.Dport}
-				if r.Lookup == HostIPPortsMap {
+				if r.Lookup == HostIPPortsMap || r.Lookup == HostIPPortRangesMap {
 					k.HostIP = p.Dst
 				}
-				if to, ok := t.maps[r.Lookup][k.ID()]; ok {
+				if to, ok := lookup(t.maps[r.Lookup], k); ok {
 					v.Chain = to
 					return walk(to, depth+1) || true // a goto does not come back
 				}
@@ -81,4 +81,18 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 		}
 	}
 	return v
+}
+
+// lookup finds the element of map els holding k: its own, or an interval
+// holding its port.
+func lookup(els map[string]string, k Key) (string, bool) {
+	if to, ok := els[k.ID()]; ok {
+		return to, true
+	}
+	for id, to := range els {
+		if e, ok := keyFromID(id); ok && e.IsRange() && overlaps(e, k) {
+			return to, true
+		}
+	}
+	return "", false
 }

@@ -64,8 +64,9 @@ type chainObj struct {
 }
 
 type mapObj struct {
-	name string
-	addr bool // keyed by host address too
+	name     string
+	addr     bool // keyed by host address too
+	interval bool // keys are intervals of ports
 }
 
 type elemObj struct {
@@ -134,6 +135,25 @@ func (tx *Tx) Text() string {
 	return kt.String()
 }
 
+// dispatchMaps are the skeleton's maps, in the order the dispatch chain
+// looks them up: a specific host IP before the wildcard, an exact port
+// before an interval.
+var dispatchMaps = []mapObj{
+	{name: HostIPPortsMap, addr: true},
+	{name: HostIPPortRangesMap, addr: true, interval: true},
+	{name: HostPortsMap},
+	{name: HostPortRangesMap, interval: true},
+}
+
+func isDispatchMap(name string) bool {
+	for _, m := range dispatchMaps {
+		if m.name == name {
+			return true
+		}
+	}
+	return false
+}
+
 func mapType(f plan.Family, addr bool) string {
 	if !addr {
 		return "inet_proto . inet_service : verdict"
@@ -178,10 +198,14 @@ const (
 	nftaTableUserdata = 6  // NFTA_TABLE_USERDATA
 	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
 	nftaRuleUserdata  = unix.NFTA_RULE_USERDATA
-	nftaSetUserdata   = 13 // NFTA_SET_USERDATA
-	udataComment      = 0  // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
-	udataSetKeyOrder  = 0  // NFTNL_UDATA_SET_KEYBYTEORDER
-	udataSetDataOrder = 1  // NFTNL_UDATA_SET_DATABYTEORDER
+	nftaSetUserdata   = 13   // NFTA_SET_USERDATA
+	nftSetConcat      = 0x80 // NFT_SET_CONCAT
+	nftaSetDescConcat = 2    // NFTA_SET_DESC_CONCAT
+	nftaSetFieldLen   = 1    // NFTA_SET_FIELD_LEN
+	nftaSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
+	udataComment      = 0    // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
+	udataSetKeyOrder  = 0    // NFTNL_UDATA_SET_KEYBYTEORDER
+	udataSetDataOrder = 1    // NFTNL_UDATA_SET_DATABYTEORDER
 	byteorderHost     = 1
 	byteorderBig      = 2
 )
@@ -263,6 +287,11 @@ func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
 			dataValue(a, unix.NFTA_SET_ELEM_KEY, k.bytes())
+			if k.IsRange() {
+				end := k
+				end.Port = k.Last
+				dataValue(a, nftaSetElemKeyEnd, end.bytes())
+			}
 			if chain != "" {
 				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
 			}

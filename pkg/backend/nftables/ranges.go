@@ -1,0 +1,238 @@
+package nftables
+
+import (
+	"fmt"
+	"io"
+	"sort"
+)
+
+// Interval keys. An identity run of ports (a Podman range) is one element
+// of an interval map, consulted after the exact map of the same host IP
+// kind, so a key of one port shadows an interval that covers it. The
+// ownership rules stay those of single keys, per port:
+//   - ADD takes over every port of its intervals: another attachment's
+//     element of one port inside is deleted, an interval sharing ports is
+//     deleted and what is left of it added back for its owner. A key of
+//     one port takes over only that key's element: it shadows an interval.
+//   - DEL deletes only the elements that name its own chain.
+//   - CHECK follows each port as the dispatch chain would (exact element
+//     first) and names the first port that does not reach the chain.
+// The kernel's interval map (pipapo) refuses a new interval whose ends
+// fall inside another, but not one that covers another whole, so ADD
+// reads the elements of its host IP kind and protocol before it writes.
+
+// sameClass reports whether a and b are keys of the same host IP and
+// protocol: the keys that can share a port.
+func sameClass(a, b Key) bool {
+	return a.Protocol == b.Protocol && a.HostIP.Equal(b.HostIP) && (a.HostIP == nil) == (b.HostIP == nil)
+}
+
+// overlaps reports whether a and b share a port.
+func overlaps(a, b Key) bool {
+	return sameClass(a, b) && a.Port <= b.last() && b.Port <= a.last()
+}
+
+func overlapsAny(k Key, ks []Key) bool {
+	for _, o := range ks {
+		if overlaps(k, o) {
+			return true
+		}
+	}
+	return false
+}
+
+// subtract is what is left of k's ports outside those of cut (keys of
+// k's class), as keys: intervals, or keys of one port.
+func subtract(k Key, cut []Key) []Key {
+	var holes []Key
+	for _, c := range cut {
+		if overlaps(k, c) {
+			holes = append(holes, c)
+		}
+	}
+	sort.Slice(holes, func(i, j int) bool { return holes[i].Port < holes[j].Port })
+	var out []Key
+	from := k.Port
+	emit := func(to int) {
+		if to < from {
+			return
+		}
+		p := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: from}
+		if to > from {
+			p.Last = to
+		}
+		out = append(out, p)
+	}
+	for _, h := range holes {
+		emit(min(h.Port-1, k.last()))
+		from = max(from, h.last()+1)
+	}
+	emit(k.last())
+	return out
+}
+
+// view answers, from elements read, which element the dispatch chain
+// finds for a port: the element of that one port, else an interval of
+// its class holding it. Interval elements count only when ranges says
+// their map is looked up. It is read-only once built.
+type view struct {
+	exact     map[portKey]Element
+	intervals map[string][]Element // by class
+	ranges    func(Key) bool
+}
+
+type portKey struct {
+	class string
+	port  int
+}
+
+// classOf names k's host IP and protocol.
+func classOf(k Key) string {
+	if k.HostIP == nil {
+		return string(k.Protocol)
+	}
+	return k.HostIP.String() + " " + string(k.Protocol)
+}
+
+func newView(els []Element, ranges func(Key) bool) *view {
+	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[string][]Element{}, ranges: ranges}
+	for _, e := range els {
+		c := classOf(e.Key)
+		if e.Key.IsRange() {
+			v.intervals[c] = append(v.intervals[c], e)
+		} else {
+			v.exact[portKey{c, e.Key.Port}] = e
+		}
+	}
+	return v
+}
+
+// at is the element the dispatch finds for port in class c.
+func (v *view) at(c string, port int) (Element, bool) {
+	if e, ok := v.exact[portKey{c, port}]; ok {
+		return e, true
+	}
+	for _, e := range v.intervals[c] {
+		if e.Key.Port <= port && port <= e.Key.Last && v.ranges(e.Key) {
+			return e, true
+		}
+	}
+	return Element{}, false
+}
+
+// missingPort says which port of k does not reach chain, or "".
+func (v *view) missingPort(k Key, chain string) string {
+	c := classOf(k)
+	if !k.IsRange() {
+		e, ok := v.exact[portKey{c, k.Port}]
+		if ok && e.Chain == chain {
+			return ""
+		}
+		return fmt.Sprintf("map %s sends %s to %q, not to %s", k.Map(), k, e.Chain, chain)
+	}
+	for port := k.Port; port <= k.Last; port++ {
+		e, ok := v.at(c, port)
+		if ok && e.Chain == chain {
+			continue
+		}
+		one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
+		in := k.Map()
+		if ok && !e.Key.IsRange() {
+			in = e.Key.Map()
+		}
+		return fmt.Sprintf("map %s sends %s to %q, not to %s", in, one, e.Chain, chain)
+	}
+	return ""
+}
+
+// place writes into tx the element changes that make chain hold keys,
+// given els, the elements Kernel.Elements returns for keys and for what
+// the chain held before: the chain's other elements go; an element
+// another attachment holds for one of keys, or sharing a port with one
+// of its intervals, is taken over (logged to log); an interval that loses
+// ports is added back, for its owner, as what is left of it. Deletions
+// come first: the kernel checks an interval against the elements the
+// transaction leaves.
+func place(tx *Tx, chain string, keys []Key, els []Element, log io.Writer) {
+	want := make(map[string]bool, len(keys))
+	var intervals []Key
+	for _, k := range keys {
+		want[k.ID()] = true
+		if k.IsRange() {
+			intervals = append(intervals, k)
+		}
+	}
+	// the ports elements of one port hold, by class: a piece of one port
+	// left of an interval is not added under another's element
+	held := map[string]bool{}
+	for _, k := range keys {
+		if !k.IsRange() {
+			held[k.ID()] = true
+		}
+	}
+	for _, e := range els {
+		if !e.Key.IsRange() {
+			held[e.Key.ID()] = true
+		}
+	}
+	have := map[string]bool{}
+	var back []Element
+	for _, e := range els {
+		id := e.Key.ID()
+		switch {
+		case e.Chain == chain && want[id]:
+			have[id] = true
+		case e.Chain == chain:
+			tx.add(opDelete, elemObj{key: e.Key})
+		case want[id] || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
+			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, e.Key, e.Chain, chain)
+			tx.add(opDelete, elemObj{key: e.Key})
+			if e.Key.IsRange() {
+				for _, k := range subtract(e.Key, intervals) {
+					if !held[k.ID()] {
+						back = append(back, Element{k, e.Chain})
+					}
+				}
+			}
+		}
+	}
+	for _, e := range back {
+		tx.add(opAdd, elemObj{e.Key, e.Chain})
+	}
+	for _, k := range keys {
+		if !have[k.ID()] {
+			tx.add(opAdd, elemObj{k, chain})
+		}
+	}
+}
+
+// elementsFor is what Kernel.Elements returns for keys out of all the
+// elements of a table: for a key of one port its own element, for an
+// interval key every element of its class.
+func elementsFor(keys []Key, all []Element) []Element {
+	ids := map[string]bool{}
+	var intervals []Key
+	for _, k := range keys {
+		if k.IsRange() {
+			intervals = append(intervals, k)
+		} else {
+			ids[k.ID()] = true
+		}
+	}
+	var out []Element
+	for _, e := range all {
+		if ids[e.Key.ID()] || inClassOf(e.Key, intervals) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func inClassOf(k Key, ks []Key) bool {
+	for _, o := range ks {
+		if sameClass(k, o) {
+			return true
+		}
+	}
+	return false
+}

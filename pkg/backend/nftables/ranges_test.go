@@ -1,0 +1,316 @@
+package nftables
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
+)
+
+func TestSubtract(t *testing.T) {
+	k := func(from, to int) Key {
+		key := Key{Protocol: plan.TCP, Port: from}
+		if to > from {
+			key.Last = to
+		}
+		return key
+	}
+	udp := k(20000, 20009)
+	udp.Protocol = plan.UDP
+	onIP := k(20000, 20009)
+	onIP.HostIP = net.ParseIP("198.51.100.1").To4()
+	tests := []struct {
+		name string
+		cut  []Key
+		want string
+	}{
+		{"nothing cut", nil, "[tcp . 20000-20099]"},
+		{"the start", []Key{k(19990, 20009)}, "[tcp . 20010-20099]"},
+		{"the end", []Key{k(20090, 20200)}, "[tcp . 20000-20089]"},
+		{"the middle", []Key{k(20010, 20019)}, "[tcp . 20000-20009 tcp . 20020-20099]"},
+		{"all", []Key{k(19000, 21000)}, "[]"},
+		{"exactly", []Key{k(20000, 20099)}, "[]"},
+		{"one port left at each end", []Key{k(20001, 20098)}, "[tcp . 20000 tcp . 20099]"},
+		{"two holes, unsorted", []Key{k(20050, 20059), k(20010, 20019)}, "[tcp . 20000-20009 tcp . 20020-20049 tcp . 20060-20099]"},
+		{"holes that touch", []Key{k(20010, 20019), k(20020, 20029)}, "[tcp . 20000-20009 tcp . 20030-20099]"},
+		{"a key of one port", []Key{k(20000, 0)}, "[tcp . 20001-20099]"},
+		{"another protocol", []Key{udp}, "[tcp . 20000-20099]"},
+		{"another host IP kind", []Key{onIP}, "[tcp . 20000-20099]"},
+	}
+	for _, tt := range tests {
+		if got := fmt.Sprint(subtract(k(20000, 20099), tt.cut)); got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+// rangePlan is an attachment of container id at ip forwarding spans of
+// TCP host ports [first, last] to the same container ports.
+func rangePlan(id, ip string, spans ...[2]int) *plan.Plan {
+	return fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Owner.ContainerID = id
+		r.Mappings = nil
+		for _, s := range spans {
+			r.Mappings = append(r.Mappings, fixture.Span(plan.TCP, s[0], s[0], s[1]-s[0]+1)...)
+		}
+	})
+}
+
+// Ownership of interval keys on the in-memory kernel: the newest ADD wins
+// each port, a single port shadows an interval, an interval cut by a
+// newer one keeps its other ports, CHECK names the port lost, DEL
+// removes only its own elements, and each port goes where the last
+// writer of it says.
+func TestRangeOwnership(t *testing.T) {
+	a := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099})
+	b := rangePlan("b", "192.0.2.3/24", [2]int{20040, 20059})
+	c := fixture.Attachment("c", "192.0.2.4/24", 20070)
+	d := rangePlan("d", "192.0.2.5/24", [2]int{20001, 20099})
+	to := func(p *plan.Plan) string { return p.ContainerNet.IP.String() }
+	type step struct {
+		verb string // add, del
+		p    *plan.Plan
+		// where ports go after the step ("" none), and the CHECKs
+		ports map[int]string
+		ok    []*plan.Plan
+		lost  map[*plan.Plan]string // the port CHECK names
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"an interval cut in the middle, then deleted", []step{
+			{"add", a, map[int]string{20000: to(a), 20099: to(a)}, []*plan.Plan{a}, nil},
+			{"add", b, map[int]string{20039: to(a), 20040: to(b), 20059: to(b), 20060: to(a)}, []*plan.Plan{b}, map[*plan.Plan]string{a: "tcp . 20040"}},
+			{"del", a, map[int]string{20000: "", 20040: to(b), 20060: ""}, []*plan.Plan{b}, nil},
+			{"del", b, map[int]string{20040: ""}, nil, nil},
+		}},
+		{"a single port shadows an interval, and gives it back", []step{
+			{"add", a, nil, []*plan.Plan{a}, nil},
+			{"add", c, map[int]string{20069: to(a), 20070: to(c), 20071: to(a)}, []*plan.Plan{c}, map[*plan.Plan]string{a: "tcp . 20070"}},
+			{"del", c, map[int]string{20070: to(a)}, []*plan.Plan{a}, nil},
+		}},
+		{"an interval takes over a single port", []step{
+			{"add", c, map[int]string{20070: to(c)}, []*plan.Plan{c}, nil},
+			{"add", a, map[int]string{20070: to(a)}, []*plan.Plan{a}, map[*plan.Plan]string{c: "tcp . 20070"}},
+			{"del", c, map[int]string{20070: to(a)}, []*plan.Plan{a}, nil},
+		}},
+		{"an interval cut to one port, which a shadowing port keeps", []step{
+			{"add", a, nil, []*plan.Plan{a}, nil},
+			{"add", d, map[int]string{20000: to(a), 20001: to(d), 20099: to(d)}, []*plan.Plan{d}, map[*plan.Plan]string{a: "tcp . 20001"}},
+			{"del", d, map[int]string{20000: to(a), 20001: ""}, nil, nil},
+			{"del", a, map[int]string{20000: ""}, nil, nil},
+		}},
+		{"the older DELs first", []step{
+			{"add", a, nil, nil, nil},
+			{"add", b, nil, nil, nil},
+			{"add", c, nil, nil, nil},
+			{"del", a, map[int]string{20000: "", 20045: to(b), 20070: to(c)}, []*plan.Plan{b, c}, nil},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			be, m := memBackend()
+			for i, s := range tt.steps {
+				var err error
+				if s.verb == "add" {
+					err = be.Apply(s.p)
+				} else {
+					err = be.Remove(s.p)
+				}
+				if err != nil {
+					t.Fatalf("step %d: %s %s: %v", i, s.verb, s.p.Owner.ContainerID, err)
+				}
+				for port, want := range s.ports {
+					got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
+					if host, _, err := net.SplitHostPort(got); err == nil {
+						got = host
+					}
+					if got != want {
+						t.Errorf("step %d: port %d goes to %q, want %q", i, port, got, want)
+					}
+				}
+				for _, p := range s.ok {
+					if err := be.Check(p); err != nil {
+						t.Errorf("step %d: CHECK %s: %v", i, p.Owner.ContainerID, err)
+					}
+				}
+				for p, port := range s.lost {
+					if err := be.Check(p); err == nil || !strings.Contains(err.Error(), port+" ") {
+						t.Errorf("step %d: CHECK %s: %v, want %s named", i, p.Owner.ContainerID, err, port)
+					}
+				}
+			}
+			st, _ := m.Table(plan.IPv4, Table)
+			for id, h := range st.Holders {
+				if _, ok := st.Chains[h]; !ok {
+					t.Errorf("element %s names a deleted chain %s", id, h)
+				}
+			}
+		})
+	}
+}
+
+// A plan whose intervals change, re-ADDed: what it no longer claims goes,
+// and a second ADD of the same plan changes nothing.
+func TestRangeReAdd(t *testing.T) {
+	be, m := memBackend()
+	first := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099}, [2]int{30000, 30000})
+	second := rangePlan("a", "192.0.2.2/24", [2]int{20050, 20149})
+	for _, p := range []*plan.Plan{first, second} {
+		if err := be.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dump := m.Dump()
+	if err := be.Apply(second); err != nil {
+		t.Fatal(err)
+	}
+	if m.Dump() != dump {
+		t.Errorf("a second ADD of the same plan changed the state")
+	}
+	if err := be.Check(second); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	st, _ := m.Table(plan.IPv4, Table)
+	if got := fmt.Sprint(elementsOfState(st)); got != "[{tcp . 20050-20149 "+ChainName(second.Owner)+"}]" {
+		t.Errorf("elements %s, want the one interval of the second plan", got)
+	}
+}
+
+// A node set up before the interval maps: its skeleton has no interval
+// map, and an attachment of an older release holds an element per port
+// of its range. CHECK passes on it; an ADD with an interval writes the
+// skeleton anew; DEL of the older attachment removes its elements.
+func TestRangesOnAnOlderNode(t *testing.T) {
+	be, m := memBackend()
+	old := rangePlan("old", "192.0.2.2/24", [2]int{20000, 20009})
+	tx := newTx(plan.IPv4)
+	addSkeleton(tx, old)
+	chain := rewriteChain(tx, old)
+	for port := 20000; port <= 20009; port++ {
+		tx.add(opAdd, elemObj{Key{Protocol: plan.TCP, Port: port}, chain.name})
+	}
+	if err := m.Apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	// the older skeleton: no interval maps, two lookups
+	for _, name := range []string{HostPortRangesMap, HostIPPortRangesMap} {
+		tx := newTx(plan.IPv4)
+		tx.add(opFlush, chainObj{name: DispatchChain})
+		for _, r := range dispatchRules() {
+			if !rangesLookup(r) {
+				tx.add(opAdd, r)
+			}
+		}
+		tx.add(opDelete, mapObj{name: name})
+		if err := m.Apply(tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := be.Check(old); err != nil {
+		t.Errorf("CHECK of the older attachment: %v", err)
+	}
+	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 20005, false).DNAT; got != "192.0.2.2:20005" {
+		t.Errorf("port 20005 goes to %q", got)
+	}
+	newer := rangePlan("new", "192.0.2.3/24", [2]int{30000, 30009})
+	if err := be.Apply(newer); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*plan.Plan{old, newer} {
+		if err := be.Check(p); err != nil {
+			t.Errorf("CHECK %s after the newer ADD: %v", p.Owner.ContainerID, err)
+		}
+	}
+	if err := be.Remove(old); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := m.Table(plan.IPv4, Table)
+	if got := fmt.Sprint(elementsOfState(st)); got != "[{tcp . 30000-30009 "+ChainName(newer.Owner)+"}]" {
+		t.Errorf("elements after DEL of the older: %s", got)
+	}
+}
+
+// CHECK of an interval whose lookup the dispatch chain lost names the rule.
+func TestRangeCheckNamesTheLookup(t *testing.T) {
+	be, m := memBackend()
+	p := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20009})
+	if err := be.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	tx := newTx(plan.IPv4)
+	tx.add(opFlush, chainObj{name: DispatchChain})
+	for _, r := range dispatchRules() {
+		if !rangesLookup(r) {
+			tx.add(opAdd, r)
+		}
+	}
+	if err := m.Apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Check(p); err == nil || !strings.Contains(err.Error(), "vmap @hostport_ranges") {
+		t.Errorf("CHECK: %v, want the missing lookup named", err)
+	}
+}
+
+// sync after a flush puts back the intervals as ADD left them — pieces
+// of a cut interval included — and a second pass writes nothing; and a
+// wrong interval (another chain's) is repaired.
+func TestRangeSync(t *testing.T) {
+	be, m := memBackend()
+	a := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099})
+	b := rangePlan("b", "192.0.2.3/24", [2]int{20040, 20059})
+	c := fixture.Attachment("c", "192.0.2.4/24", 20070)
+	want := []*plan.Plan{a, b, c}
+	for _, p := range want {
+		if err := be.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	traces := func() string {
+		var out []string
+		for _, port := range []int{20000, 20039, 20040, 20059, 20060, 20070, 20099} {
+			out = append(out, fmt.Sprintf("%d:%s", port, trace(m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT))
+		}
+		return strings.Join(out, " ")
+	}
+	afterAdd := traces()
+	m.FlushRuleset()
+	rep, err := be.Sync(want, converge.Options{})
+	if err != nil || !rep.Wrote {
+		t.Fatalf("sync: %+v, %v", rep, err)
+	}
+	if got := traces(); got != afterAdd {
+		t.Errorf("after sync: %s\nwant as after ADD: %s", got, afterAdd)
+	}
+	for _, p := range []*plan.Plan{b, c} {
+		if err := be.Check(p); err != nil {
+			t.Errorf("CHECK %s after sync: %v", p.Owner.ContainerID, err)
+		}
+	}
+	n := m.Committed
+	if rep, err := be.Sync(want, converge.Options{}); err != nil || rep.Wrote || m.Committed != n {
+		t.Errorf("a second pass wrote: %+v, %v", rep, err)
+	}
+
+	// b's interval sent to a: sync gives it back to b
+	tx := newTx(plan.IPv4)
+	k := Keys(b)[0]
+	tx.add(opDelete, elemObj{key: k})
+	tx.add(opAdd, elemObj{k, ChainName(a.Owner)})
+	if err := m.Apply(tx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = be.Sync(want, converge.Options{})
+	if err != nil || rep.Results[1].State != converge.Repaired {
+		t.Fatalf("sync of a stolen interval: %+v, %v", rep, err)
+	}
+	if got := traces(); got != afterAdd {
+		t.Errorf("after the repair: %s\nwant: %s", got, afterAdd)
+	}
+}
