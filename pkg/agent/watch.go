@@ -21,6 +21,14 @@ type WatchOptions struct {
 	Debounce time.Duration
 }
 
+// KeepParsed makes the agent's passes keep what they parsed of each
+// cache file and parse only files that changed, as Watch's passes do,
+// until the returned function is called.
+func (a *Agent) KeepParsed() (stop func()) {
+	a.parsed = &parsedCache{reader: &cnicache.Reader{PluginType: "portmap"}}
+	return func() { a.parsed = nil }
+}
+
 // Watch syncs once, then again after the firewall changes (a token on
 // events, debounced) and every Interval, until ctx ends; it returns nil
 // then. It logs to log what a pass found wrong and did, and nothing for a
@@ -35,9 +43,7 @@ type WatchOptions struct {
 func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log io.Writer) error {
 	seen := map[string]bool{}   // orphans of the last pass, by owner
 	logged := map[string]bool{} // orphans already logged
-	// Passes keep what they parsed of unchanged cache files.
-	a.parsed = &parsedCache{reader: &cnicache.Reader{PluginType: "portmap"}}
-	defer func() { a.parsed = nil }()
+	defer a.KeepParsed()()
 	pass := func(reason string) bool {
 		if drain != nil {
 			drain()

@@ -254,7 +254,7 @@ func (r *report) svg() string {
 	return b.String()
 }
 
-var syncHead = []string{"backend", "N", "nothing to repair p50 ms", "÷ ADD at N=0 (goal ≤ 3)", "after a full flush p50 ms", "÷ ADD at N=0 (goal ≤ 30)"}
+var syncHead = []string{"backend", "N", "nothing to repair p50 ms", "÷ ADD at N=0", "a --watch pass, nothing to repair, p50 ms", "÷ ADD at N=0 (goal ≤ 3)", "after a full flush p50 ms", "÷ ADD at N=0 (goal ≤ 30)"}
 
 // syncRows relate each sync pass to one ADD of ours at N=0 of the same
 // backend, the yardstick of the goals.
@@ -268,6 +268,7 @@ func (r *report) syncRows() [][]string {
 			return "-"
 		}
 		rows = append(rows, []string{s.Backend, fmt.Sprint(s.N), fmt.Sprintf("%.1f", s.NothingP50), ratio(s.NothingP50),
+			fmt.Sprintf("%.1f", s.WatchP50), ratio(s.WatchP50),
 			fmt.Sprintf("%.1f (%d samples)", s.RepairP50, s.RepairCount), ratio(s.RepairP50)})
 	}
 	return rows

@@ -65,3 +65,35 @@ func TestPortRange(t *testing.T) {
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 8005))
 	})
 }
+
+// TestAllPorts is the boundary of a range: one container forwarding every
+// TCP port, 1 to 65535, to the same port (65,535 mappings through libcni,
+// as Podman sends -p 1-65535:1-65535). Traffic reaches the first, a
+// middle and the last port from a client and over IPv6; CHECK passes;
+// DEL leaves the ruleset as it was before the ADD.
+func TestAllPorts(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		cl := client(t)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "allports", Main: "ptp",
+			V4: "192.0.2.0/27", V6: "2001:db8:1:1::/64", Extra: extra})
+		rt.MustAdd(t, "first", nettest.Mapping{HostPort: 7000, ContainerPort: srvPort, Protocol: "udp"})
+		before := b.ruleset(t) // the node's shared rules in place
+		c := rt.MustAdd(t, "c-all", podmanRange("tcp", 1, 65535, 1)...)
+		for _, port := range []int{1, 32768, 65535} {
+			nettest.Serve(t, c.NS, fmt.Sprint("c", port), port)
+			expectReply(t, cl, "tcp", addr(nodeIP, port), fmt.Sprint("c", port), clientIP)
+			expectReply(t, cl, "tcp", addr(nodeIP6, port), fmt.Sprint("c", port), clientV6)
+		}
+		expectNoReply(t, cl, "udp", addr(nodeIP, 32768))
+		if err := rt.Check(c); err != nil {
+			t.Errorf("CHECK: %v", err)
+		}
+		if err := rt.Del(c); err != nil {
+			t.Fatalf("DEL: %v", err)
+		}
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 32768))
+		if after := b.ruleset(t); after != before {
+			t.Errorf("ruleset after DEL differs:\n--- before\n%s\n--- after\n%s", before, after)
+		}
+	})
+}
