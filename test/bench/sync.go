@@ -18,9 +18,9 @@ import (
 // cached attachments: a pass with nothing to repair, and a pass after the
 // backend's whole state was flushed.
 type syncTiming struct {
-	Backend     string  `json:"backend"`
-	N           int     `json:"n"`
-	NothingP50  float64 `json:"nothing_to_repair_p50_ms"`
+	Backend    string  `json:"backend"`
+	N          int     `json:"n"`
+	NothingP50 float64 `json:"nothing_to_repair_p50_ms"`
 	// WatchP50 is a pass of `sync --watch` with nothing to repair: the
 	// agent in this (isolated) process, keeping what it parsed of the
 	// unchanged cache files.
