@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"sort"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
@@ -152,9 +153,12 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	var ports []conntrack.Port
 	seen := map[conntrack.Port]bool{}
 	for _, pl := range pls {
-		for _, pp := range pl.HostPorts() {
-			cp := conntrack.Port{Family: pl.Family, Protocol: pp.Protocol, Port: pp.Port}
-			if conntrack.NeedsFlush(pp.Protocol) && !seen[cp] {
+		for _, m := range pl.Mappings {
+			if !conntrack.NeedsFlush(m.Protocol) {
+				continue
+			}
+			cp := conntrack.Port{Family: pl.Family, Protocol: m.Protocol, Port: m.HostPort}
+			if !seen[cp] {
 				seen[cp] = true
 				ports = append(ports, cp)
 			}
@@ -163,6 +167,16 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	if len(ports) == 0 {
 		return
 	}
+	sort.Slice(ports, func(i, j int) bool {
+		a, b := ports[i], ports[j]
+		if a.Family != b.Family {
+			return a.Family < b.Family
+		}
+		if a.Protocol != b.Protocol {
+			return a.Protocol < b.Protocol
+		}
+		return a.Port < b.Port
+	})
 	if err := h.Conntrack.FlushDstPorts(ports); err != nil {
 		fmt.Fprintf(h.Log, "portmap: %v\n", err)
 	}

@@ -23,6 +23,8 @@ type rawMapping struct {
 // pass the checks of parseMappings; false, with nothing taken, when one
 // does not (parseMappings then says why).
 func (c *Config) takeMappings(typed []typedMapping) bool {
+	c.seen = make(map[hostPortKey]int, len(typed))
+	c.Request.Mappings = make([]plan.Mapping, 0, len(typed))
 	for _, t := range typed {
 		if c.addMapping(t.HostPort, t.ContainerPort, t.Protocol, t.HostIP, nil) != nil {
 			c.Request.Mappings, c.seen = nil, nil
