@@ -52,10 +52,6 @@ type Kernel interface {
 	// for Forward) as iptables -S prints it: "-N chain" and "-A chain
 	// rule" lines.
 	ListTable() ([]string, error)
-	// ListChain returns one chain of the table as iptables -S prints it
-	// ("-N chain" and its "-A" lines), or found false when the chain
-	// does not exist.
-	ListChain(chain string) (lines []string, found bool, err error)
 	// EnsureChain creates the chain if it is missing.
 	EnsureChain(c Chain) error
 	// EnsureRule adds r if no identical rule exists.
@@ -196,18 +192,19 @@ func (b *Backend) Check(p *plan.Plan) error {
 		}
 		return fmt.Errorf("check: %w", err)
 	}
-	var lines []string
+	// One listing of the table (one process): with iptables-nft a
+	// listing of one chain fetches the whole table anyway.
+	lines, err := b.Kernel.ListTable()
+	if err != nil {
+		return fmt.Errorf("check: list table %s: %w", Table, err)
+	}
+	lt := parseListing(lines)
 	for _, chain := range []string{TopLevelDNATChain, ChainName(p.Owner)} {
-		l, found, err := b.Kernel.ListChain(chain)
-		if err != nil {
-			return fmt.Errorf("check: list chain %s: %w", chain, err)
-		}
-		if !found {
+		if !lt.chains[chain] {
 			return fmt.Errorf("missing chain %s in table %s", chain, Table)
 		}
-		lines = append(lines, l...)
 	}
-	if why := parseListing(lines).judge(p); why != "" {
+	if why := lt.judge(p); why != "" {
 		return errors.New(why)
 	}
 	return nil
@@ -372,35 +369,6 @@ func (k *execKernel) ListTable() ([]string, error) {
 		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
-}
-
-func (k *execKernel) ListChain(chain string) ([]string, bool, error) {
-	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == 1 {
-		// iptables-legacy says "No chain/target/match"; iptables-nft says
-		// "incompatible" for a chain that is missing too, so nf_tables is
-		// asked whether it exists.
-		if strings.Contains(stderr.String(), "No chain") {
-			return nil, false, nil
-		}
-		if k.table == Table && !legacyTable(k.family, k.table) {
-			c, cerr := k.netlink()
-			if cerr != nil {
-				return nil, false, cerr
-			}
-			if found, cerr := chainExists(c, k.family, chain); cerr == nil && !found {
-				return nil, false, nil
-			}
-		}
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("%s -t %s -S %s: %w: %s", k.list, k.table, chain, err, strings.TrimSpace(stderr.String()))
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n"), true, nil
 }
 
 func (k *execKernel) EnsureChain(c Chain) error {

@@ -218,22 +218,6 @@ type memKernel struct {
 func (k *memKernel) Restore(payload []byte) error { return k.m.restore(payload, true) }
 func (k *memKernel) Test(payload []byte) error    { return k.m.restore(payload, false) }
 
-// ListChain prints one chain as iptables -S CHAIN does.
-func (k *memKernel) ListChain(chain string) ([]string, bool, error) {
-	t := k.m.table(k.table)
-	if !slices.Contains(t.order, chain) {
-		return nil, false, nil
-	}
-	out := []string{"-N " + chain}
-	if slices.Contains(builtins[k.table], chain) {
-		out[0] = "-P " + chain + " ACCEPT"
-	}
-	for _, r := range t.rules[chain] {
-		out = append(out, "-A "+chain+" "+quoteArgs(r))
-	}
-	return out, true, nil
-}
-
 // ListTable prints the table as iptables -S does: policies, chains, rules.
 func (k *memKernel) ListTable() ([]string, error) {
 	t := k.m.table(k.table)

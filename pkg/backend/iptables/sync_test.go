@@ -52,17 +52,6 @@ func (k *fakeKernel) Restore(p []byte) error {
 }
 func (k *fakeKernel) Test([]byte) error            { return nil }
 func (k *fakeKernel) ListTable() ([]string, error) { return k.lines, nil }
-func (k *fakeKernel) ListChain(chain string) ([]string, bool, error) {
-	var out []string
-	for _, l := range k.lines {
-		if l == "-N "+chain {
-			out = append([]string{l}, out...)
-		} else if strings.HasPrefix(l, "-A "+chain+" ") {
-			out = append(out, l)
-		}
-	}
-	return out, len(out) > 0 && out[0] == "-N "+chain, nil
-}
 func (k *fakeKernel) EnsureChain(c Chain) error {
 	k.ensures = append(k.ensures, "chain "+c.Name)
 	return nil
