@@ -29,6 +29,10 @@ import (
 var (
 	soakN      = flag.Int("soak.n", 100, "attachments in place while the soak cycles")
 	soakCycles = flag.Int("soak.cycles", 300, "ADD/DEL cycles per backend (a multiple of 100, at least 200)")
+	// The time check is a measurement: make soak asks for it, on a quiet
+	// machine; the short soak of make test only reports the times (a
+	// timed check beside other work fails on the machine's load).
+	soakTiming = flag.Bool("soak.timing", false, "fail when the last 100 cycles cost more than 1.2x the first 100")
 )
 
 const (
@@ -44,9 +48,10 @@ const (
 // soak.cycles ADD/DEL cycles of containers with 1 to 100 mappings (a
 // range with and without an offset, and a UDP port that gets a packet
 // each cycle), then checks that the ruleset is what it was, that no
-// conntrack entry of a cycled port is left, that the last 100 cycles cost
-// at most 1.2x the first 100 (medians, the same sizes in the same order),
-// and that no file descriptor or mount was left behind.
+// conntrack entry of a cycled port is left, and that no file descriptor
+// or mount was left behind; with -soak.timing (make soak), also that the
+// last 100 cycles cost at most 1.2x the first 100 (medians, the same
+// sizes in the same order).
 func TestSoak(t *testing.T) {
 	cycles := *soakCycles
 	if cycles < 200 || cycles%100 != 0 {
@@ -107,7 +112,7 @@ func TestSoak(t *testing.T) {
 			first, last := median(times[:100]), median(times[cycles-100:])
 			t.Logf("%s: N=%d, %d cycles: median cycle %v in the first 100, %v in the last 100 (%.2fx)",
 				kind.Name, *soakN, cycles, first, last, float64(last)/float64(first))
-			if float64(last) > 1.2*float64(first) {
+			if *soakTiming && float64(last) > 1.2*float64(first) {
 				t.Errorf("the last 100 cycles cost %v each, the first 100 %v: more than 1.2x", last, first)
 			}
 		})
