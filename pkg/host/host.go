@@ -5,12 +5,13 @@
 package host
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os/exec"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
@@ -167,15 +168,8 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	if len(ports) == 0 {
 		return
 	}
-	sort.Slice(ports, func(i, j int) bool {
-		a, b := ports[i], ports[j]
-		if a.Family != b.Family {
-			return a.Family < b.Family
-		}
-		if a.Protocol != b.Protocol {
-			return a.Protocol < b.Protocol
-		}
-		return a.Port < b.Port
+	slices.SortFunc(ports, func(a, b conntrack.Port) int {
+		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
 	if err := h.Conntrack.FlushDstPorts(ports); err != nil {
 		fmt.Fprintf(h.Log, "portmap: %v\n", err)

@@ -199,19 +199,7 @@ func TestRangesOnAnOlderNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the older skeleton: no interval maps, two lookups
-	for _, name := range []string{HostPortRangesMap, HostIPPortRangesMap} {
-		tx := newTx(plan.IPv4)
-		tx.add(opFlush, chainObj{name: DispatchChain})
-		for _, r := range dispatchRules() {
-			if !rangesLookup(r) {
-				tx.add(opAdd, r)
-			}
-		}
-		tx.add(opDelete, mapObj{name: name})
-		if err := m.Apply(tx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dropRangeLookups(t, m, HostPortRangesMap, HostIPPortRangesMap)
 	if err := be.Check(old); err != nil {
 		t.Errorf("CHECK of the older attachment: %v", err)
 	}
@@ -236,13 +224,10 @@ func TestRangesOnAnOlderNode(t *testing.T) {
 	}
 }
 
-// CHECK of an interval whose lookup the dispatch chain lost names the rule.
-func TestRangeCheckNamesTheLookup(t *testing.T) {
-	be, m := memBackend()
-	p := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20009})
-	if err := be.Apply(p); err != nil {
-		t.Fatal(err)
-	}
+// dropRangeLookups leaves the dispatch chain without its interval
+// lookups, and deletes the maps named, as on a node set up before them.
+func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {
+	t.Helper()
 	tx := newTx(plan.IPv4)
 	tx.add(opFlush, chainObj{name: DispatchChain})
 	for _, r := range dispatchRules() {
@@ -250,9 +235,22 @@ func TestRangeCheckNamesTheLookup(t *testing.T) {
 			tx.add(opAdd, r)
 		}
 	}
+	for _, name := range maps {
+		tx.add(opDelete, mapObj{name: name})
+	}
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// CHECK of an interval whose lookup the dispatch chain lost names the rule.
+func TestRangeCheckNamesTheLookup(t *testing.T) {
+	be, m := memBackend()
+	p := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20009})
+	if err := be.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	dropRangeLookups(t, m)
 	if err := be.Check(p); err == nil || !strings.Contains(err.Error(), "vmap @hostport_ranges") {
 		t.Errorf("CHECK: %v, want the missing lookup named", err)
 	}
