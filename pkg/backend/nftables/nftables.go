@@ -5,10 +5,13 @@
 //	table ip cni_portmap {
 //	  map hostports        { type inet_proto . inet_service : verdict }              wildcard host IP
 //	  map hostip_hostports { type ipv4_addr . inet_proto . inet_service : verdict }  one host IP
+//	  map hostport_ranges, hostip_hostport_ranges { the same types; flags interval } a range of ports
 //	  chain prerouting { type nat hook prerouting priority dstnat; fib daddr type local jump dispatch }
 //	  chain output     { type nat hook output priority dstnat;     fib daddr type local jump dispatch }
 //	  chain dispatch   { ip daddr . meta l4proto . th dport vmap @hostip_hostports
-//	                     meta l4proto . th dport vmap @hostports }
+//	                     ip daddr . meta l4proto . th dport vmap @hostip_hostport_ranges
+//	                     meta l4proto . th dport vmap @hostports
+//	                     meta l4proto . th dport vmap @hostport_ranges }
 //	  chain dn-<hash(net)>-<hash(if:cid)> {                         one per attachment
 //	    [conditions] ip saddr <subnet> jump mark-bit13 comment "hairpin"       once: only own keys lead here
 //	    [conditions] ip saddr 127.0.0.1 jump mark-bit13 comment "localhost"
@@ -18,10 +21,11 @@
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
 //
-// A map element (one per host port) names its owner in its verdict (goto
-// dn-...); the attachment's chain holds one DNAT rule per run of
-// consecutive ports (plan.Runs), so a Podman range is one rule whatever
-// its length. ADD's fast path is
+// A map element (one per host port, or per range of ports: ranges.go)
+// names its owner in its verdict (goto dn-...); the attachment's chain
+// holds one DNAT rule per run of consecutive ports (plan.Runs), so a
+// Podman range is one rule and one element whatever its length. ADD's
+// fast path (plans without ranges) is
 // one transaction that creates the attachment's chain (failing if it
 // exists) and adds its elements (failing if another attachment holds a
 // key). DEL reads the attachment's chain (nothing there: nothing to
