@@ -107,6 +107,35 @@ type Plan struct {
 	// ForwardAccept lets the attachment's DNAT'd connections through a
 	// DROP policy of iptables' filter FORWARD chain (forwardAccept).
 	ForwardAccept bool
+	// Localhost says how the node's own clients reach the host ports
+	// ("localhost"); Socket is where the socket path lives when it is
+	// LocalhostSocket.
+	Localhost Localhost
+	Socket    Socket
+}
+
+// Localhost is a value of the "localhost" key: how a process on the node
+// reaches a host port at a loopback address.
+type Localhost string
+
+const (
+	// LocalhostNAT DNATs the connection out of the host, with
+	// route_localnet on for 127.0.0.1 (IPv4 only): the default.
+	LocalhostNAT Localhost = "nat"
+	// LocalhostSocket rewrites the destination at connect()/sendmsg() in
+	// cgroup socket hooks: 127.0.0.1 and ::1, no route_localnet.
+	LocalhostSocket Localhost = "socket"
+	// LocalhostAuto is LocalhostSocket where the host can, else
+	// LocalhostNAT; it is resolved before plans are built.
+	LocalhostAuto Localhost = "auto"
+)
+
+// Socket is where the socket path's programs attach and are pinned.
+type Socket struct {
+	// CgroupPath is the cgroup v2 directory the programs attach to.
+	CgroupPath string
+	// PinDir is the bpffs directory their maps and links are pinned in.
+	PinDir string
 }
 
 // Request is the family-independent input of Build.
@@ -117,6 +146,8 @@ type Request struct {
 	ConditionsV4,
 	ConditionsV6 []string
 	ForwardAccept bool
+	Localhost     Localhost
+	Socket        Socket
 }
 
 // Build makes the plan of family f for containerNet (which may be nil on DEL
@@ -130,6 +161,8 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 		Masquerade:    req.Masquerade,
 		Conditions:    req.ConditionsV4,
 		ForwardAccept: req.ForwardAccept,
+		Localhost:     req.Localhost,
+		Socket:        req.Socket,
 	}
 	if f == IPv6 {
 		p.Conditions = req.ConditionsV6
@@ -184,8 +217,11 @@ func (p *Plan) HairpinSource() string {
 // LocalNet reports whether the attachment relies on route_localnet: IPv4
 // with masquerading, where connections from 127.0.0.1 are DNATed out of
 // the host. ADD turns route_localnet on for it, and the backends guard
-// 127.0.0.0/8 against traffic from outside while it is on.
-func (p *Plan) LocalNet() bool { return p.Family == IPv4 && p.Masquerade.Enabled }
+// 127.0.0.0/8 against traffic from outside while it is on. The socket
+// path needs none of it: its clients talk to the container directly.
+func (p *Plan) LocalNet() bool {
+	return p.Family == IPv4 && p.Masquerade.Enabled && p.Localhost != LocalhostSocket
+}
 
 // LocalhostRule reports whether connections from 127.0.0.1 get their own
 // mark rule: IPv4 with masquerading, unless masqAll already marks every

@@ -1,0 +1,199 @@
+package socket
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// Offsets in struct bpf_sock_addr (include/uapi/linux/bpf.h).
+const (
+	ctxUserIP4  = 4
+	ctxUserIP6  = 8 // [4]u32
+	ctxUserPort = 24
+	ctxProtocol = 36
+)
+
+// Stack slots of the programs (offsets from the frame pointer).
+const (
+	stKey    = -32 // a svc key, or a rev key in the reverse hooks
+	stRevKey = -64 // connect/sendmsg: the rev key they write
+	stRevVal = -88 // connect/sendmsg: the rev value
+)
+
+// Hook is one cgroup socket-address hook the socket path attaches to.
+type Hook struct {
+	// Name is the link's pin name and, with the program's version, the
+	// program's name.
+	Name   string
+	Attach ebpf.AttachType
+	// Forward hooks rewrite a destination (connect, sendmsg); the others
+	// rewrite it back (recvmsg, getpeername).
+	Forward bool
+	V6      bool
+}
+
+// Hooks are the eight hooks, both families: an IPv6 socket dialling
+// ::ffff:127.0.0.1 goes through connect6 to the IPv4 entry.
+var Hooks = []Hook{
+	{"connect4", ebpf.AttachCGroupInet4Connect, true, false},
+	{"connect6", ebpf.AttachCGroupInet6Connect, true, true},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, true, false},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, true, true},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, false, false},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, false, true},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, false, false},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, false, true},
+}
+
+// loadAddr copies the socket address of ctx (r6) into the 16 bytes at
+// stack offset off, IPv4 as ::ffff:a.b.c.d.
+func loadAddr(v6 bool, off int16) asm.Instructions {
+	if v6 {
+		var out asm.Instructions
+		for i := int16(0); i < 4; i++ {
+			out = append(out,
+				asm.LoadMem(asm.R7, asm.R6, ctxUserIP6+4*i, asm.Word),
+				asm.StoreMem(asm.RFP, off+4*i, asm.R7, asm.Word))
+		}
+		return out
+	}
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, off, 0, asm.Word),
+		asm.StoreImm(asm.RFP, off+4, 0, asm.Word),
+		asm.StoreImm(asm.RFP, off+8, 0xffff0000, asm.Word), // 00 00 ff ff
+		asm.LoadMem(asm.R7, asm.R6, ctxUserIP4, asm.Word),
+		asm.StoreMem(asm.RFP, off+12, asm.R7, asm.Word),
+	}
+}
+
+// storeAddr writes the address and port at r8 (a map value: address,
+// then port) into ctx: the destination (forward hooks) or the peer
+// (reverse hooks) the socket sees.
+func storeAddr(v6 bool) asm.Instructions {
+	var out asm.Instructions
+	if v6 {
+		for i := int16(0); i < 4; i++ {
+			out = append(out,
+				asm.LoadMem(asm.R7, asm.R8, 4*i, asm.Word),
+				asm.StoreMem(asm.R6, ctxUserIP6+4*i, asm.R7, asm.Word))
+		}
+	} else {
+		out = append(out,
+			asm.LoadMem(asm.R7, asm.R8, 12, asm.Word),
+			asm.StoreMem(asm.R6, ctxUserIP4, asm.R7, asm.Word))
+	}
+	return append(out,
+		asm.LoadMem(asm.R7, asm.R8, 16, asm.Word),
+		asm.StoreMem(asm.R6, ctxUserPort, asm.R7, asm.Word))
+}
+
+// copyWords copies n 4-byte words from src+from to the stack at to.
+func copyWords(src asm.Register, from, to int16, n int) asm.Instructions {
+	var out asm.Instructions
+	for i := int16(0); i < int16(n); i++ {
+		out = append(out,
+			asm.LoadMem(asm.R7, src, from+4*i, asm.Word),
+			asm.StoreMem(asm.RFP, to+4*i, asm.R7, asm.Word))
+	}
+	return out
+}
+
+// program is hook h's instructions, reading svc and writing rev (forward)
+// or reading rev (reverse). Every program returns 1: it never refuses a
+// socket call, it only rewrites an address.
+//
+// Forward (connect, sendmsg): key = {netns cookie, destination, port,
+// protocol}; when svc has it, rev[{socket cookie, target}] = the
+// destination the client used, and the destination becomes the target.
+// Reverse (recvmsg, getpeername): when rev has {socket cookie, peer},
+// the peer becomes the address the client used.
+func program(h Hook, svc, rev int) asm.Instructions {
+	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	if h.Forward {
+		insns = append(insns,
+			asm.FnGetNetnsCookie.Call(),
+			asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord))
+		insns = append(insns, loadAddr(h.V6, stKey+8)...)
+		insns = append(insns,
+			asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
+			asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word),
+			asm.LoadMem(asm.R7, asm.R6, ctxProtocol, asm.Word),
+			asm.StoreMem(asm.RFP, stKey+28, asm.R7, asm.Word),
+			asm.LoadMapPtr(asm.R1, svc),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, stKey),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.Mov.Reg(asm.R8, asm.R0),
+			// the reverse entry: {socket cookie, target} → what was dialled
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.FnGetSocketCookie.Call(),
+			asm.StoreMem(asm.RFP, stRevKey, asm.R0, asm.DWord))
+		insns = append(insns, copyWords(asm.R8, 0, stRevKey+8, 5)...)          // target address, port
+		insns = append(insns, asm.StoreImm(asm.RFP, stRevKey+28, 0, asm.Word)) // zero
+		insns = append(insns, copyWords(asm.RFP, stKey+8, stRevVal, 5)...)     // dialled address, port
+		insns = append(insns,
+			asm.StoreImm(asm.RFP, stRevVal+20, 0, asm.Word),
+			asm.LoadMapPtr(asm.R1, rev),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, stRevKey),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, stRevVal),
+			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
+			asm.FnMapUpdateElem.Call())
+		insns = append(insns, storeAddr(h.V6)...)
+	} else {
+		insns = append(insns,
+			asm.FnGetSocketCookie.Call(),
+			asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord))
+		insns = append(insns, loadAddr(h.V6, stKey+8)...)
+		insns = append(insns,
+			asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
+			asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word),
+			asm.StoreImm(asm.RFP, stKey+28, 0, asm.Word),
+			asm.LoadMapPtr(asm.R1, rev),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, stKey),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.Mov.Reg(asm.R8, asm.R0))
+		insns = append(insns, storeAddr(h.V6)...)
+	}
+	return append(insns,
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+		asm.Return())
+}
+
+// Version names this build's programs: a hash of all eight. A link
+// whose program carries another version was attached by another build
+// and is updated in place.
+var Version = func() string {
+	h := sha256.New()
+	for _, hk := range Hooks {
+		fmt.Fprintf(h, "%s\n%v\n", hk.Name, program(hk, 0, 0))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:8]
+}()
+
+// progName is hook h's program name: at most 15 characters, carrying
+// the version ("pm_c4_1a2b3c4d").
+func progName(h Hook, version string) string {
+	short := map[string]string{"connect": "c", "sendmsg": "s", "recvmsg": "r", "getpeername": "p"}
+	base := h.Name[:len(h.Name)-1]
+	return "pm_" + short[base] + h.Name[len(h.Name)-1:] + "_" + version
+}
+
+// spec is hook h's program for maps svc and rev.
+func spec(h Hook, svc, rev *ebpf.Map, version string) *ebpf.ProgramSpec {
+	return &ebpf.ProgramSpec{
+		Name:         progName(h, version),
+		Type:         ebpf.CGroupSockAddr,
+		AttachType:   h.Attach,
+		Instructions: program(h, svc.FD(), rev.FD()),
+		License:      "Apache-2.0",
+	}
+}

@@ -1,0 +1,260 @@
+// Package socket is the socket path: a process on the node reaches a
+// host port at 127.0.0.1 or [::1] because cgroup v2 socket-address
+// programs rewrite its destination to the container's address when it
+// calls connect() or sendmsg(), and rewrite it back for recvmsg() and
+// getpeername(). No NAT, no route_localnet, no proxy: the client talks to
+// the container directly.
+//
+//	<cgroupPath>  ── links ──►  connect4/6, sendmsg4/6     svc: {netns cookie, addr, port, proto}
+//	                            (forward: dialled → target)      → {container addr, port, rank, owner}
+//	                            recvmsg4/6, getpeername4/6  rev: {socket cookie, target}
+//	                            (reverse: target → dialled)      → dialled addr, port   (LRU)
+//	<pinDir>/v1/  svc, rev, owners, and one pinned link per hook
+//
+// It is a layer (see pkg/backend): the configured backend still maps the
+// host ports for remote clients; "localhost": "socket" adds this layer
+// and drops the backend's localhost rule and route_localnet.
+//
+// Scope: the key holds the cookie of the network namespace the verb ran
+// in, so only sockets of the node's namespace are rewritten — a
+// container's own localhost never is, and several node namespaces on one
+// kernel do not see each other's ports. A wildcard mapping is served at
+// 127.0.0.1 (and ::ffff:127.0.0.1) and ::1; a mapping with a host IP at
+// that address. The rest of 127.0.0.0/8 is left alone.
+//
+// Ownership is the NAT path's: an entry names its attachment (OwnerID);
+// ADD takes the keys it wants (newest wins; an exact host IP beats a
+// wildcard's loopback entry), DEL deletes only entries that name it,
+// CHECK compares, GC and sync judge entries by owner.
+package socket
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Layer is the socket path of one family at one site.
+type Layer struct {
+	Family plan.Family
+	Site   Site
+	// Netns returns the cookie of the namespace the process runs in.
+	Netns func() (uint64, error)
+	// Lock takes the host-wide lock.
+	Lock func() (release func(), err error)
+}
+
+// New returns the socket path of family f at the site of cfg on the
+// running kernel.
+func New(f plan.Family, cfg plan.Socket) (*Layer, error) {
+	s, err := OpenSite(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host}, nil
+}
+
+// NetnsCookie is the cookie of the calling thread's network namespace
+// (SO_NETNS_COOKIE, Linux 5.14).
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("socket path: netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("socket path: netns cookie (SO_NETNS_COOKIE, Linux 5.14): %w", err)
+	}
+	return c, nil
+}
+
+// locked runs do under the host-wide lock, with the namespace's state.
+func (l *Layer) locked(do func(st *State, netns uint64) error) error {
+	netns, err := l.Netns()
+	if err != nil {
+		return err
+	}
+	release, err := l.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	st, err := l.Site.Read(netns, l.Family)
+	if err != nil {
+		return err
+	}
+	return do(st, netns)
+}
+
+func (l *Layer) write(w *Write) error {
+	netns, err := l.Netns()
+	if err != nil {
+		return err
+	}
+	return l.Site.Write(netns, l.Family, w)
+}
+
+// broken returns the hooks that are not right.
+func broken(states []HookState) []HookState {
+	var out []HookState
+	for _, st := range states {
+		if st.Problem != HookOK {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// Apply installs the programs where they are not (the first ADD of the
+// site, a detached link, another build's programs), then writes the
+// attachment's entries, replacing what it held in this family.
+func (l *Layer) Apply(p *plan.Plan) error {
+	if p.ContainerNet == nil {
+		return errors.New("socket path: no container address to send connections to")
+	}
+	return l.locked(func(st *State, netns uint64) error {
+		w := apply(st, p, netns)
+		if len(Entries(p, netns)) > 0 {
+			states, err := l.Site.Hooks()
+			if err != nil {
+				return err
+			}
+			if bad := broken(states); len(bad) > 0 {
+				if err := l.Site.Install(bad); err != nil {
+					return err
+				}
+			}
+		}
+		return l.write(w)
+	})
+}
+
+// Remove deletes the entries of this family that name the attachment;
+// idempotent, and a site never installed has none.
+func (l *Layer) Remove(p *plan.Plan) error {
+	if !l.Site.Exists() {
+		return nil
+	}
+	return l.locked(func(st *State, _ uint64) error {
+		return l.write(remove(st, p.Owner, l.Family))
+	})
+}
+
+// Check verifies that every hook's link is attached at the cgroup with
+// this build's program, and that the attachment's entries send their
+// keys to the container.
+func (l *Layer) Check(p *plan.Plan) error {
+	if p.ContainerNet == nil {
+		return errors.New("socket path: no container address to check against")
+	}
+	netns, err := l.Netns()
+	if err != nil {
+		return err
+	}
+	if len(Entries(p, netns)) == 0 {
+		return nil
+	}
+	s := l.Site
+	states, err := s.Hooks()
+	if err != nil {
+		return err
+	}
+	if bad := broken(states); len(bad) > 0 {
+		return fmt.Errorf("socket path: %s", bad[0])
+	}
+	st, err := s.Read(netns, l.Family)
+	if err != nil {
+		return err
+	}
+	return check(st, p, netns)
+}
+
+// GC removes the entries of network's attachments that are not in
+// valid.
+func (l *Layer) GC(network string, valid []plan.Owner) error {
+	if !l.Site.Exists() {
+		return nil
+	}
+	return l.locked(func(st *State, _ uint64) error {
+		return l.write(gc(st, network, valid, l.Family))
+	})
+}
+
+// Ready says what the host lacks to serve the socket path for p.
+func (l *Layer) Ready(p *plan.Plan) error {
+	if err := l.Site.Ready(); err != nil {
+		return err
+	}
+	_, err := l.Netns()
+	return err
+}
+
+// Sync repairs the hooks, then brings the entries to the wanted plans
+// (see syncWrite). The caller holds the host-wide lock.
+func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	netns, err := l.Netns()
+	if err != nil {
+		return nil, err
+	}
+	if len(want) == 0 && !l.Site.Exists() {
+		return converge.NewReport(0), nil
+	}
+	states, err := l.Site.Hooks()
+	if err != nil {
+		return nil, err
+	}
+	var shared []string
+	bad := broken(states)
+	if len(want) == 0 {
+		bad = nil // nothing wants the programs: orphans only
+	}
+	for _, st := range bad {
+		shared = append(shared, "socket path "+st.String())
+	}
+	if len(bad) > 0 && !o.DryRun {
+		if err := l.Site.Install(bad); err != nil {
+			return nil, err
+		}
+	}
+	st, err := l.Site.Read(netns, l.Family)
+	if err != nil {
+		return nil, err
+	}
+	w, rep, brk := syncWrite(st, want, netns, l.Family, o)
+	rep.Shared = shared
+	rep.Wrote = len(bad) > 0 && !o.DryRun
+	if o.DryRun || w.Empty() {
+		return rep, nil
+	}
+	if err := l.write(w); err != nil {
+		rep.WriteFailed(brk, o.Prune, err)
+		return rep, nil
+	}
+	rep.WriteDone(o.Prune)
+	return rep, nil
+}
+
+// Mappings reads back the entries of this family.
+func (l *Layer) Mappings() ([]plan.Installed, error) {
+	if !l.Site.Exists() {
+		return nil, nil
+	}
+	netns, err := l.Netns()
+	if err != nil {
+		return nil, err
+	}
+	st, err := l.Site.Read(netns, l.Family)
+	if err != nil {
+		return nil, err
+	}
+	return installed(st, l.Family), nil
+}
