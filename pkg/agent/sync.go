@@ -164,6 +164,9 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 			return
 		}
 		configs[i], errs[i] = portmap.ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
+		if configs[i] != nil {
+			a.Host.Resolve(&configs[i].Request)
+		}
 	})
 	if a.parsed != nil {
 		a.parsed.configs = make(map[string]parsedConfig, len(atts))
@@ -226,7 +229,7 @@ type unit struct {
 // units are one per backend and family (each attachment's configured
 // backend), and one per layer and family (the attachments whose
 // configuration turns it on, whatever backend maps them).
-func (a *Agent) units() []unit {
+func (a *Agent) units(ws []*wanted) []unit {
 	var units []unit
 	for _, k := range a.Host.Kinds {
 		for _, f := range plan.Families {
@@ -236,10 +239,28 @@ func (a *Agent) units() []unit {
 		}
 	}
 	for _, l := range a.Host.Layers {
-		for _, f := range plan.Families {
-			units = append(units, unit{l.Name, f,
-				func(w *wanted) bool { return l.Wants(&w.c.Request) },
-				func() (backend.Backend, error) { return a.Host.OpenLayer(l, f) }})
+		// one unit per site the wanted attachments use, and the default
+		// site, whose orphans no attachment names
+		sites := map[string]*plan.Request{"": nil}
+		order := []string{""}
+		for _, w := range ws {
+			if !l.Wants(&w.c.Request) {
+				continue
+			}
+			if s := l.SiteOf(&w.c.Request); sites[s] == nil {
+				if _, seen := sites[s]; !seen {
+					order = append(order, s)
+				}
+				sites[s] = &w.c.Request
+			}
+		}
+		for _, site := range order {
+			req := sites[site]
+			for _, f := range plan.Families {
+				units = append(units, unit{l.Name, f,
+					func(w *wanted) bool { return l.Wants(&w.c.Request) && l.SiteOf(&w.c.Request) == site },
+					func() (backend.Backend, error) { return a.Host.OpenLayer(l, f, req) }})
+			}
 		}
 	}
 	return units
@@ -250,7 +271,7 @@ func (a *Agent) units() []unit {
 func (a *Agent) runUnits(ws []*wanted, copts converge.Options, rep *Report, out *outcomes) []error {
 	var errs []error
 	var wg sync.WaitGroup
-	for _, u := range a.units() {
+	for _, u := range a.units(ws) {
 		var want []*plan.Plan
 		var idx []int
 		for i, w := range ws {

@@ -7,9 +7,9 @@
 //	                    │                                      │
 //	              Stack(base + layers)                 every Backend and Layer
 //	                    │                                 of every family
-//	    ┌───────────────┼──────────────┐                       │
-//	 iptables        nftables     forwardAccept  …next: the socket path
-//	(nat DNAT)     (nat DNAT)   (filter FORWARD)
+//	    ┌───────────────┼──────────────┬──────────────┐        │
+//	 iptables        nftables     forwardAccept    localhost
+//	(nat DNAT)     (nat DNAT)   (filter FORWARD)  (cgroup socket hooks)
 //
 // A backend maps host ports (exactly one per attachment: the config's
 // "backend"). A layer is a mechanism beside those rules that a
@@ -26,6 +26,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -104,27 +105,65 @@ func Lookup(name Name) (Kind, bool) {
 }
 
 // Layer is a mechanism beside the backends' DNAT rules that a
-// configuration turns on for its attachments (forwardAccept; next, the
-// socket path).
+// configuration turns on for its attachments (forwardAccept, and the
+// socket path as "localhost").
 type Layer struct {
 	// Name is the configuration key that turns it on; reports use it.
 	Name string
 	// Wants reports whether attachments of req use the layer.
 	Wants func(req *plan.Request) bool
-	// Open returns the layer of family f on the real kernel.
-	Open func(f plan.Family, log io.Writer) (Backend, error)
+	// Site names the instance of the layer that req's attachments use,
+	// for a layer whose configuration places it (the socket path's cgroup
+	// and pin directory); nil for a layer with one instance.
+	Site func(req *plan.Request) string
+	// ReadyFirst makes ADD ask the layer's Ready before anything is
+	// written, so that a host that cannot serve it fails ADD with nothing
+	// changed (a cheap Ready: no process).
+	ReadyFirst bool
+	// Open returns the layer of family f on the real kernel, at req's
+	// site (req is nil for the default site).
+	Open func(f plan.Family, log io.Writer, req *plan.Request) (Backend, error)
+}
+
+// SiteOf is the instance of l that req uses ("" for the default one).
+func (l Layer) SiteOf(req *plan.Request) string {
+	if l.Site == nil || req == nil {
+		return ""
+	}
+	return l.Site(req)
 }
 
 // Layers is the registry of layers, in the order a stack applies them.
 var Layers = []Layer{
 	{Name: "forwardAccept", Wants: func(r *plan.Request) bool { return r.ForwardAccept }, Open: openAccept},
+	{Name: "localhost", Wants: func(r *plan.Request) bool { return r.Localhost == plan.LocalhostSocket },
+		Site: socketSite, ReadyFirst: true, Open: openSocket},
+}
+
+// socketSite names the socket path's cgroup and pin directory; the
+// default ("" for both) is "".
+func socketSite(r *plan.Request) string {
+	if r.Socket == (plan.Socket{}) {
+		return ""
+	}
+	return r.Socket.PinDir + "\x00" + r.Socket.CgroupPath
+}
+
+// openSocket returns the socket path of family f at req's site.
+func openSocket(f plan.Family, _ io.Writer, req *plan.Request) (Backend, error) {
+	var cfg plan.Socket
+	if req != nil {
+		cfg = req.Socket
+	}
+	l, err := socket.New(f, cfg)
+	return opened(f, l, err)
 }
 
 // openAccept returns forwardAccept's rules, which live in iptables'
 // filter FORWARD whichever backend maps the ports. A host without
 // iptables has no FORWARD chain of it that could drop anything: the layer
 // is then Nothing.
-func openAccept(f plan.Family, _ io.Writer) (Backend, error) {
+func openAccept(f plan.Family, _ io.Writer, _ *plan.Request) (Backend, error) {
 	a, err := iptables.NewAccept(f)
 	if errors.Is(err, exec.ErrNotFound) {
 		return Nothing{}, nil
@@ -189,6 +228,8 @@ func (Nothing) Sync(want []*plan.Plan, _ converge.Options) (*converge.Report, er
 type Stack struct {
 	Base   Backend
 	Layers []Backend
+	// ReadyFirst are the layers ADD asks before it writes.
+	ReadyFirst []Backend
 }
 
 var _ Verbs = Stack{}
@@ -226,6 +267,18 @@ func (s Stack) Remove(p *plan.Plan) error {
 // Check checks the backend, then each layer.
 func (s Stack) Check(p *plan.Plan) error {
 	return s.each(func(b Backend) error { return b.Check(p) })
+}
+
+// LayersReady asks the ReadyFirst layers whether they can serve p: ADD
+// asks before it changes anything, so a host that cannot serve such a
+// layer fails ADD with nothing written.
+func (s Stack) LayersReady(p *plan.Plan) error {
+	for _, l := range s.ReadyFirst {
+		if err := l.Ready(p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Ready asks the backend, then each layer.

@@ -94,7 +94,7 @@ func TestRegistry(t *testing.T) {
 func TestAcceptWithoutIPTablesIsNothing(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	for _, f := range plan.Families {
-		b, err := Layers[0].Open(f, nil)
+		b, err := Layers[0].Open(f, nil, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -53,6 +54,9 @@ type Host struct {
 	// Log receives notes the kernel state is worth (port takeovers,
 	// failed flushes).
 	Log io.Writer
+	// SocketReady says what the host lacks to serve the socket path at
+	// a site; "localhost": "auto" uses it where it says nothing.
+	SocketReady func(plan.Socket) error
 
 	mu     sync.Mutex
 	opened map[openKey]backend.Backend
@@ -70,12 +74,16 @@ type openKey struct {
 // family instead of one per call. Failures are not kept: the tools may be
 // installed later.
 func (h *Host) cached(key openKey, open func(plan.Family, io.Writer) (backend.Backend, error)) (backend.Backend, error) {
+	return h.cachedAt(key, func(f plan.Family, log io.Writer, _ *plan.Request) (backend.Backend, error) { return open(f, log) }, nil)
+}
+
+func (h *Host) cachedAt(key openKey, open func(plan.Family, io.Writer, *plan.Request) (backend.Backend, error), req *plan.Request) (backend.Backend, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if b, ok := h.opened[key]; ok {
 		return b, nil
 	}
-	b, err := open(key.f, h.Log)
+	b, err := open(key.f, h.Log, req)
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +104,28 @@ func Real(log io.Writer) *Host {
 		Conntrack:      conntrack.Host{},
 		Lock:           lock.Host,
 		Log:            log,
+		SocketReady:    socketReady,
+	}
+}
+
+func socketReady(cfg plan.Socket) error {
+	s, err := socket.OpenSite(cfg)
+	if err != nil {
+		return err
+	}
+	return s.Ready()
+}
+
+// Resolve turns "localhost": "auto" into what this host serves: the
+// socket path where it can, else NAT. Every verb and the agent resolve
+// before they plan, so they plan alike.
+func (h *Host) Resolve(req *plan.Request) {
+	if req.Localhost != plan.LocalhostAuto {
+		return
+	}
+	req.Localhost = plan.LocalhostNAT
+	if h.SocketReady != nil && h.SocketReady(req.Socket) == nil {
+		req.Localhost = plan.LocalhostSocket
 	}
 }
 
@@ -120,9 +150,10 @@ func (h *Host) Open(name backend.Name, f plan.Family) (backend.Backend, error) {
 	return nil, fmt.Errorf("unknown backend %q", name)
 }
 
-// OpenLayer returns layer l of family f, opened once for the life of h.
-func (h *Host) OpenLayer(l backend.Layer, f plan.Family) (backend.Backend, error) {
-	return h.cached(openKey{"layer " + l.Name, f}, l.Open)
+// OpenLayer returns layer l of family f at the site req uses (nil: the
+// default site), opened once for the life of h.
+func (h *Host) OpenLayer(l backend.Layer, f plan.Family, req *plan.Request) (backend.Backend, error) {
+	return h.cachedAt(openKey{"layer " + l.Name + "\x00" + l.SiteOf(req), f}, l.Open, req)
 }
 
 // Stack returns what a CNI verb of a request drives in family f: the
@@ -138,11 +169,14 @@ func (h *Host) Stack(name backend.Name, f plan.Family, req *plan.Request) (backe
 		if !l.Wants(req) {
 			continue
 		}
-		lb, err := h.OpenLayer(l, f)
+		lb, err := h.OpenLayer(l, f, req)
 		if err != nil {
 			return backend.Stack{}, fmt.Errorf("%s: %w", l.Name, err)
 		}
 		s.Layers = append(s.Layers, lb)
+		if l.ReadyFirst {
+			s.ReadyFirst = append(s.ReadyFirst, lb)
+		}
 	}
 	return s, nil
 }

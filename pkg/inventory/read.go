@@ -43,7 +43,7 @@ func Family(h *host.Host, f plan.Family) ([]Entry, error) {
 		read(string(k.Name), b, err)
 	}
 	for _, l := range h.Layers {
-		b, err := h.OpenLayer(l, f)
+		b, err := h.OpenLayer(l, f, nil)
 		read(l.Name, b, err)
 	}
 	return all, errors.Join(errs...)

@@ -46,6 +46,17 @@ func (p *Plugin) add(c *Config) error {
 		s  backend.Stack
 		pl *plan.Plan
 	}
+	stacks := make([]backend.Stack, len(plans))
+	for i, pl := range plans {
+		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
+		if err != nil {
+			return err
+		}
+		if err := s.LayersReady(pl); err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+		}
+		stacks[i] = s
+	}
 	var done []applied
 	undo := func(cause error) error {
 		for _, a := range done {
@@ -55,11 +66,8 @@ func (p *Plugin) add(c *Config) error {
 		}
 		return cause
 	}
-	for _, pl := range plans {
-		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
-		if err != nil {
-			return undo(err)
-		}
+	for i, pl := range plans {
+		s := stacks[i]
 		if err := s.Apply(pl); err != nil {
 			return undo(err)
 		}

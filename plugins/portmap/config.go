@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -77,6 +79,9 @@ type netConf struct {
 	MasqAll              bool      `json:"masqAll"`
 	HostPortConflict     *string   `json:"hostPortConflict"`
 	ForwardAccept        bool      `json:"forwardAccept"`
+	Localhost            *string   `json:"localhost"`
+	CgroupPath           *string   `json:"cgroupPath"`
+	BPFPinDir            *string   `json:"bpfPinDir"`
 	RuntimeConfig        struct {
 		PortMappings json.RawMessage `json:"portMappings"`
 	} `json:"runtimeConfig"`
@@ -166,6 +171,9 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 	}
 	c.Request.Masquerade = m
 	c.Request.ForwardAccept = nc.ForwardAccept
+	if err := c.parseLocalhost(nc); err != nil {
+		return nil, err
+	}
 
 	if err := c.parseConditions(nc); err != nil {
 		return nil, err
@@ -193,6 +201,36 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 		c.ContainerNets = containerNets(res, ifName)
 	}
 	return c, nil
+}
+
+// parseLocalhost reads "localhost" and where the socket path lives.
+func (c *Config) parseLocalhost(nc netConf) error {
+	c.Request.Localhost = plan.LocalhostNAT
+	if nc.Localhost != nil {
+		switch l := plan.Localhost(*nc.Localhost); l {
+		case plan.LocalhostNAT, plan.LocalhostSocket, plan.LocalhostAuto:
+			c.Request.Localhost = l
+		default:
+			return invalid("localhost", *nc.Localhost, `must be "nat", "socket" or "auto"`)
+		}
+	}
+	for _, kv := range []struct {
+		key string
+		v   *string
+		to  *string
+	}{{"cgroupPath", nc.CgroupPath, &c.Request.Socket.CgroupPath}, {"bpfPinDir", nc.BPFPinDir, &c.Request.Socket.PinDir}} {
+		if kv.v == nil {
+			continue
+		}
+		if !filepath.IsAbs(*kv.v) || filepath.Clean(*kv.v) != *kv.v || plan.HasControl(*kv.v) {
+			return invalid(kv.key, *kv.v, "must be a clean absolute path")
+		}
+		*kv.to = *kv.v
+	}
+	if c.Request.Socket.PinDir == socket.DefaultPinDir {
+		c.Request.Socket.PinDir = "" // one name for the default site
+	}
+	return nil
 }
 
 // rawValue finds the JSON text of a mistyped key so the error can show it;

@@ -71,6 +71,15 @@ func TestParseConfigKeys(t *testing.T) {
 		{"masqAll", map[string]string{"masqAll": "true"}, func(c *Config) string {
 			return when(!c.Request.Masquerade.All, "masqAll not kept")
 		}},
+		{"localhost default", nil, func(c *Config) string {
+			return when(c.Request.Localhost != plan.LocalhostNAT || c.Request.Socket != (plan.Socket{}), "localhost not nat by default")
+		}},
+		{"localhost socket", map[string]string{"localhost": `"socket"`, "cgroupPath": `"/sys/fs/cgroup/k"`, "bpfPinDir": `"/sys/fs/bpf/x"`}, func(c *Config) string {
+			return when(c.Request.Localhost != plan.LocalhostSocket || c.Request.Socket != (plan.Socket{CgroupPath: "/sys/fs/cgroup/k", PinDir: "/sys/fs/bpf/x"}), "socket site not kept")
+		}},
+		{"localhost auto, the default pin directory named", map[string]string{"localhost": `"auto"`, "bpfPinDir": `"/sys/fs/bpf/cni-portmap"`}, func(c *Config) string {
+			return when(c.Request.Localhost != plan.LocalhostAuto || c.Request.Socket != (plan.Socket{}), "auto or the default site not kept")
+		}},
 		{"backend iptables", map[string]string{"backend": `"iptables"`}, func(c *Config) string {
 			return when(c.Backend != "iptables", "backend "+string(c.Backend))
 		}},
@@ -145,6 +154,10 @@ func TestParseConfigRejects(t *testing.T) {
 		{"mapping not object", mappings(`[42]`), 7, `portMappings[0] 42: must be an object`},
 		{"conflicting duplicate", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81}]`), 7, `maps the host port of runtimeConfig.portMappings[0] to another container port`},
 		{"markMasqBit -1", map[string]string{"markMasqBit": "-1"}, 7, `invalid markMasqBit -1: must be from 0 to 31`},
+		{"localhost proxy", map[string]string{"localhost": `"proxy"`}, 7, `invalid localhost "proxy": must be "nat", "socket" or "auto"`},
+		{"localhost bool", map[string]string{"localhost": `true`}, 7, `invalid localhost true: must be of type string`},
+		{"cgroupPath relative", map[string]string{"cgroupPath": `"sys/fs/cgroup"`}, 7, `invalid cgroupPath "sys/fs/cgroup": must be a clean absolute path`},
+		{"bpfPinDir with ..", map[string]string{"bpfPinDir": `"/sys/fs/bpf/../x"`}, 7, `invalid bpfPinDir "/sys/fs/bpf/../x": must be a clean absolute path`},
 		{"markMasqBit 32", map[string]string{"markMasqBit": "32"}, 7, `markMasqBit 32:`},
 		{"markMasqBit 40", map[string]string{"markMasqBit": "40"}, 7, `markMasqBit 40:`},
 		{"markMasqBit string", map[string]string{"markMasqBit": `"13"`}, 7, `invalid markMasqBit "13": must be of type integer`},

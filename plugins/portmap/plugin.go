@@ -42,7 +42,12 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 
 // parse is ParseConfig with the host's default backend.
 func (p *Plugin) parse(args *skel.CmdArgs) (*Config, error) {
-	return ParseConfig(args.StdinData, args.IfName, p.Host.DefaultBackend())
+	c, err := ParseConfig(args.StdinData, args.IfName, p.Host.DefaultBackend())
+	if err != nil {
+		return nil, err
+	}
+	p.Host.Resolve(&c.Request)
+	return c, nil
 }
 
 // Owner is the attachment a configuration's verb acts for.

@@ -54,8 +54,8 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 	}
 	want := []string{
 		"backend iptables ipv4",
-		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
 		"backend iptables ipv6",
+		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
 		"apply ipv6 net1/c1/eth0 2001:db8::2 [*:8080/tcp->80 *:8053/udp->53]",
 		"route_localnet veth-192.0.2.2",
 		"flush ipv4 udp 8053",
@@ -369,8 +369,8 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		}
 		got := h.Calls()
 		for _, want := range []string{
-			"layer forwardAccept ipv4\napply ipv4 net1/c1/eth0 192.0.2.2",
-			"layer forwardAccept ipv6\napply ipv6 net1/c1/eth0 2001:db8::2",
+			"layer forwardAccept ipv4\nbackend iptables ipv6\nlayer forwardAccept ipv6\napply ipv4 net1/c1/eth0 192.0.2.2",
+			"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]\napply ipv6 net1/c1/eth0 2001:db8::2",
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("calls lack %q:\n%s", want, got)

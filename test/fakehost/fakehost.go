@@ -62,7 +62,7 @@ func New() (*host.Host, *Host) {
 	}
 	for _, l := range backend.Layers {
 		name := l.Name
-		l.Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) {
+		l.Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (backend.Backend, error) {
 			return fh.open("layer "+name, name, f)
 		}
 		h.Layers = append(h.Layers, l)
