@@ -3,6 +3,7 @@ package nettest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -166,9 +167,11 @@ func (r *Runtime) Check(c *Container) error {
 	return r.CNI.CheckNetworkList(context.Background(), r.List, c.RT)
 }
 
-// Code returns the CNI error code of err, or 0.
+// Code returns the CNI error code of err (libcni wraps the plugin's), or
+// 0.
 func Code(err error) uint {
-	if te, ok := err.(*types.Error); ok {
+	var te *types.Error
+	if errors.As(err, &te) {
 		return te.Code
 	}
 	return 0

@@ -33,6 +33,9 @@ const (
 // inside, it brings loopback up and runs the tests. Not as root it skips
 // with a message, except under CI=true, where privileged tests must run.
 func Main(m *testing.M) {
+	if spec := os.Getenv(clientEnv); spec != "" {
+		runClient(spec) // a client process a test started (CgroupSite.Client)
+	}
 	if os.Getenv(childEnv) == "1" {
 		if err := setupIsolated(); err != nil {
 			fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
