@@ -112,24 +112,34 @@ func copyWords(src asm.Register, from, to int16, n int) asm.Instructions {
 // Reverse (recvmsg, getpeername): when rev has {socket cookie, peer},
 // the peer becomes the address the client used.
 func program(h Hook, svc, rev int) asm.Instructions {
-	insns := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	// the key: {cookie, address, port, protocol or zero}
+	cookie, table := asm.FnGetSocketCookie, rev
+	last := asm.Instructions{asm.StoreImm(asm.RFP, stKey+28, 0, asm.Word)}
 	if h.Forward {
-		insns = append(insns,
-			asm.FnGetNetnsCookie.Call(),
-			asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord))
-		insns = append(insns, loadAddr(h.V6, stKey+8)...)
-		insns = append(insns,
-			asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
-			asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word),
+		cookie, table = asm.FnGetNetnsCookie, svc
+		last = asm.Instructions{
 			asm.LoadMem(asm.R7, asm.R6, ctxProtocol, asm.Word),
-			asm.StoreMem(asm.RFP, stKey+28, asm.R7, asm.Word),
-			asm.LoadMapPtr(asm.R1, svc),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, stKey),
-			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, "out"),
-			asm.Mov.Reg(asm.R8, asm.R0),
-			// the reverse entry: {socket cookie, target} → what was dialled
+			asm.StoreMem(asm.RFP, stKey+28, asm.R7, asm.Word)}
+	}
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		cookie.Call(),
+		asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord)}
+	insns = append(insns, loadAddr(h.V6, stKey+8)...)
+	insns = append(insns,
+		asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
+		asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word))
+	insns = append(insns, last...)
+	insns = append(insns,
+		asm.LoadMapPtr(asm.R1, table),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stKey),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R8, asm.R0))
+	if h.Forward {
+		// the reverse entry: {socket cookie, target} → what was dialled
+		insns = append(insns,
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.FnGetSocketCookie.Call(),
 			asm.StoreMem(asm.RFP, stRevKey, asm.R0, asm.DWord))
@@ -145,24 +155,8 @@ func program(h Hook, svc, rev int) asm.Instructions {
 			asm.Add.Imm(asm.R3, stRevVal),
 			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
 			asm.FnMapUpdateElem.Call())
-		insns = append(insns, storeAddr(h.V6)...)
-	} else {
-		insns = append(insns,
-			asm.FnGetSocketCookie.Call(),
-			asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord))
-		insns = append(insns, loadAddr(h.V6, stKey+8)...)
-		insns = append(insns,
-			asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
-			asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word),
-			asm.StoreImm(asm.RFP, stKey+28, 0, asm.Word),
-			asm.LoadMapPtr(asm.R1, rev),
-			asm.Mov.Reg(asm.R2, asm.RFP),
-			asm.Add.Imm(asm.R2, stKey),
-			asm.FnMapLookupElem.Call(),
-			asm.JEq.Imm(asm.R0, 0, "out"),
-			asm.Mov.Reg(asm.R8, asm.R0))
-		insns = append(insns, storeAddr(h.V6)...)
 	}
+	insns = append(insns, storeAddr(h.V6)...)
 	return append(insns,
 		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 		asm.Return())
