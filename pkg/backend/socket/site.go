@@ -112,7 +112,7 @@ type Site interface {
 type kernelSite struct {
 	cfg    plan.Socket
 	dir    string // <pinDir>/<Layout>
-	cgroup string // resolved cgroup path
+	cgroup string // resolved cgroup path, once resolveCgroup ran
 	svc    *ebpf.Map
 	owners *ebpf.Map
 }
@@ -120,18 +120,11 @@ type kernelSite struct {
 // OpenSite returns the site of cfg on the running kernel; nothing is
 // created until Install.
 func OpenSite(cfg plan.Socket) (Site, error) {
-	cg := cfg.CgroupPath
-	if cg == "" {
-		var err error
-		if cg, err = cgroup2Root(); err != nil {
-			return nil, err
-		}
-	}
 	pin := cfg.PinDir
 	if pin == "" {
 		pin = DefaultPinDir
 	}
-	return &kernelSite{cfg: cfg, dir: filepath.Join(pin, Layout), cgroup: cg}, nil
+	return &kernelSite{cfg: cfg, dir: filepath.Join(pin, Layout)}, nil
 }
 
 // cgroup2Root is the mount point of the host's cgroup v2 hierarchy, or
@@ -194,6 +187,9 @@ func (s *kernelSite) Exists() bool {
 // socket-address programs with bpf_get_netns_cookie and links, and the
 // privilege to load them.
 func (s *kernelSite) Ready() error {
+	if err := s.resolveCgroup(); err != nil {
+		return err
+	}
 	if s.cgroup == "" {
 		return errors.New("socket path: no cgroup v2 hierarchy is mounted (set \"cgroupPath\" to a cgroup v2 directory)")
 	}
@@ -383,7 +379,26 @@ func deleteAll[K any](m *ebpf.Map, keys []K) error {
 	return nil
 }
 
+// resolveCgroup finds the default cgroup path (the root of the host's v2
+// hierarchy) when it is first needed: reading the mount table is left to
+// the verbs that attach or check links, not to DEL or `portmap list`.
+func (s *kernelSite) resolveCgroup() error {
+	if s.cgroup != "" {
+		return nil
+	}
+	if s.cfg.CgroupPath != "" {
+		s.cgroup = s.cfg.CgroupPath
+		return nil
+	}
+	cg, err := cgroup2Root()
+	s.cgroup = cg
+	return err
+}
+
 func (s *kernelSite) cgroupID() (uint64, error) {
+	if err := s.resolveCgroup(); err != nil {
+		return 0, err
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(s.cgroup, &st); err != nil {
 		return 0, fmt.Errorf("socket path: cgroupPath %q: %w", s.cgroup, err)

@@ -95,11 +95,7 @@ func (l *Layer) locked(do func(st *State, netns uint64) error) error {
 	return do(st, netns)
 }
 
-func (l *Layer) write(w *Write) error {
-	netns, err := l.Netns()
-	if err != nil {
-		return err
-	}
+func (l *Layer) write(netns uint64, w *Write) error {
 	return l.Site.Write(netns, l.Family, w)
 }
 
@@ -134,7 +130,7 @@ func (l *Layer) Apply(p *plan.Plan) error {
 				}
 			}
 		}
-		return l.write(w)
+		return l.write(netns, w)
 	})
 }
 
@@ -144,8 +140,8 @@ func (l *Layer) Remove(p *plan.Plan) error {
 	if !l.Site.Exists() {
 		return nil
 	}
-	return l.locked(func(st *State, _ uint64) error {
-		return l.write(remove(st, p.Owner, l.Family))
+	return l.locked(func(st *State, netns uint64) error {
+		return l.write(netns, remove(st, p.Owner, l.Family))
 	})
 }
 
@@ -184,8 +180,8 @@ func (l *Layer) GC(network string, valid []plan.Owner) error {
 	if !l.Site.Exists() {
 		return nil
 	}
-	return l.locked(func(st *State, _ uint64) error {
-		return l.write(gc(st, network, valid, l.Family))
+	return l.locked(func(st *State, netns uint64) error {
+		return l.write(netns, gc(st, network, valid, l.Family))
 	})
 }
 
@@ -235,7 +231,7 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, e
 	if o.DryRun || w.Empty() {
 		return rep, nil
 	}
-	if err := l.write(w); err != nil {
+	if err := l.write(netns, w); err != nil {
 		rep.WriteFailed(brk, o.Prune, err)
 		return rep, nil
 	}
