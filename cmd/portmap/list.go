@@ -10,6 +10,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // listMain is `portmap list [--json]`: the host-port table of this host
@@ -24,16 +25,28 @@ func listMain(args []string) int {
 }
 
 func list(w io.Writer, h *host.Host, args []string) error {
+	const usage = "usage: portmap list [--json] [--bpf-pin-dir DIR]..."
 	asJSON := false
-	for _, a := range args {
-		switch a {
+	var sites []*plan.Request
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; a {
 		case "--json", "-json":
 			asJSON = true
+		case "--bpf-pin-dir", "-bpf-pin-dir":
+			if i+1 == len(args) {
+				return fmt.Errorf("%s (%s needs a directory)", usage, a)
+			}
+			i++
+			req, err := pinDirSite(args[i])
+			if err != nil {
+				return err
+			}
+			sites = append(sites, req)
 		default:
-			return fmt.Errorf("usage: portmap list [--json] (unknown argument %q)", a)
+			return fmt.Errorf("%s (unknown argument %q)", usage, a)
 		}
 	}
-	entries, err := inventory.Read(h)
+	entries, err := inventory.Read(h, sites...)
 	if entries == nil {
 		entries = []inventory.Entry{}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/test/fixture"
@@ -22,7 +23,9 @@ func TestWriteTableGolden(t *testing.T) {
 }
 
 func TestListRejectsUnknownArgument(t *testing.T) {
-	if err := list(&bytes.Buffer{}, nil, []string{"--yaml"}); err == nil {
-		t.Error("list accepted --yaml")
+	for _, args := range [][]string{{"--yaml"}, {"--bpf-pin-dir"}, {"--bpf-pin-dir", "pins"}} {
+		if err := list(&bytes.Buffer{}, nil, args); err == nil || !strings.Contains(err.Error(), "usage") && !strings.Contains(err.Error(), "absolute") {
+			t.Errorf("list %q: %v, want a usage error", args, err)
+		}
 	}
 }

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
+	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // networks is the repeatable --network flag.
@@ -33,7 +36,9 @@ func syncMain(args []string) int {
 	var nets networks
 	fs.StringVar(&o.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
 	fs.Var(&nets, "network", "sync only this network (repeatable)")
-	fs.BoolVar(&o.Prune, "prune", false, "remove host-port mappings whose owner has no cache entry")
+	var pinDirs networks
+	fs.Var(&pinDirs, "bpf-pin-dir", "also visit the socket path pinned here (a \"bpfPinDir\" no cached attachment names any more; repeatable)")
+	fs.BoolVar(&o.Prune, "prune", false, "remove host-port mappings whose owner has no cache entry; without --watch, also the socket path's programs and pins once no entry remains")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "change nothing; report what a pass would do")
 	fs.BoolVar(&o.JSON, "json", false, "print the report as JSON")
 	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
@@ -41,7 +46,7 @@ func syncMain(args []string) int {
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--dry-run] [--json]")
+		fmt.Fprintln(os.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]")
 		fmt.Fprintln(os.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
 		fs.PrintDefaults()
 	}
@@ -53,6 +58,15 @@ func syncMain(args []string) int {
 		return 2
 	}
 	o.Networks = nets
+	o.Retire = o.Prune && !*watch
+	for _, d := range pinDirs {
+		req, err := pinDirSite(d)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "portmap sync:", err)
+			return 2
+		}
+		o.Sites = append(o.Sites, req)
+	}
 	if *watch && (o.DryRun || o.JSON) {
 		fmt.Fprintln(os.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")
 		return 2
@@ -91,6 +105,17 @@ func syncMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// pinDirSite is the socket path's site pinned at dir (--bpf-pin-dir).
+func pinDirSite(dir string) (*plan.Request, error) {
+	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+		return nil, fmt.Errorf("--bpf-pin-dir %q: want a clean absolute path", dir)
+	}
+	if dir == socket.DefaultPinDir {
+		dir = "" // the default site, visited anyway
+	}
+	return &plan.Request{Socket: plan.Socket{PinDir: dir}}, nil
 }
 
 // runWatch runs the agent until SIGTERM or SIGINT, logging to stdout.

@@ -14,4 +14,21 @@ func TestSyncUsage(t *testing.T) {
 	if got := syncMain([]string{"--watch", "--json"}); got != 2 {
 		t.Errorf("--watch --json: exit %d, want 2", got)
 	}
+	for _, dir := range []string{"relative/pins", "/sys/fs/bpf/../pins", ""} {
+		if got := syncMain([]string{"--bpf-pin-dir", dir}); got != 2 {
+			t.Errorf("--bpf-pin-dir %q: exit %d, want 2", dir, got)
+		}
+	}
+}
+
+func TestPinDirSite(t *testing.T) {
+	for _, c := range []struct{ dir, site string }{
+		{"/run/pins", "/run/pins"},
+		{"/sys/fs/bpf/cni-portmap", ""}, // the default site
+	} {
+		req, err := pinDirSite(c.dir)
+		if err != nil || req.Socket.PinDir != c.site {
+			t.Errorf("pinDirSite(%q) = %+v, %v; want pin dir %q", c.dir, req, err, c.site)
+		}
+	}
 }

@@ -18,8 +18,11 @@ type Report struct {
 	Attachments []Attachment `json:"attachments"`
 	Orphans     []Orphan     `json:"orphans"`
 	Shared      []Shared     `json:"shared"`
-	Skipped     []Skipped    `json:"skipped"`
-	Summary     Summary      `json:"summary"`
+	// Removed are node-wide objects retired because nothing uses them
+	// (sync --prune: the socket path's programs and pins).
+	Removed []Shared  `json:"removed,omitempty"`
+	Skipped []Skipped `json:"skipped"`
+	Summary Summary   `json:"summary"`
 }
 
 // Attachment is one cached attachment with port mappings.
@@ -98,7 +101,7 @@ func (r *Report) Failed() bool {
 
 // Changed reports whether the pass wrote anything (or would have).
 func (r *Report) Changed() bool {
-	return r.Summary.Repaired > 0 || r.Summary.Pruned > 0 || len(r.Shared) > 0
+	return r.Summary.Repaired > 0 || r.Summary.Pruned > 0 || len(r.Shared) > 0 || len(r.Removed) > 0
 }
 
 // addUnit takes one unit's shared objects and orphans into the report.
@@ -206,6 +209,9 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	}
 	for _, o := range r.Orphans {
 		fmt.Fprintln(w, o.line(r.DryRun))
+	}
+	for _, s := range r.Removed {
+		fmt.Fprintf(w, "shared %s %s: removed: %s\n", s.Backend, s.Family, s.What)
 	}
 	for _, s := range r.Skipped {
 		fmt.Fprintln(w, s.line())

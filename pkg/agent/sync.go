@@ -55,8 +55,18 @@ type Options struct {
 	// Networks limits the pass to these networks; empty: all.
 	Networks []string
 	Prune    bool
-	DryRun   bool
-	JSON     bool
+	// Retire, with Prune, removes the node-wide objects of layers that no
+	// attachment uses any more (the socket path's programs and pins,
+	// where no entry remains): one-shot `portmap sync --prune`, not the
+	// watcher, which would take them down between two containers.
+	Retire bool
+	// Sites are more sites of placed layers to visit beside the default
+	// one and those the cache names (the socket path's pin directories
+	// and cgroups): a site no cached attachment names any more is pruned
+	// and retired only when named here.
+	Sites  []*plan.Request
+	DryRun bool
+	JSON   bool
 	// protect, when set, is asked of each orphan before it is pruned
 	// (watch mode: only orphans seen twice go); true keeps it.
 	protect func(network, containerID string) bool
@@ -101,7 +111,11 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		defer release()
 	}
 	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws))}
-	errs := a.runUnits(ws, copts, rep, out)
+	units := a.units(ws, o.Sites)
+	errs := a.runUnits(units, ws, copts, rep, out)
+	if o.Prune && o.Retire && !o.DryRun && len(errs) == 0 {
+		errs = append(errs, retire(units, ws, rep)...)
+	}
 	errs = append(errs, a.fixRouteLocalnet(ws, out, o.DryRun)...)
 	// A UDP flow that met no DNAT while the rules were missing must meet
 	// them now: the repaired attachments' ports, in one conntrack walk.
@@ -227,9 +241,10 @@ type unit struct {
 }
 
 // units are one per backend and family (each attachment's configured
-// backend), and one per layer and family (the attachments whose
-// configuration turns it on, whatever backend maps them).
-func (a *Agent) units(ws []*wanted) []unit {
+// backend), and one per layer, site and family (the attachments whose
+// configuration turns it on, whatever backend maps them): the default
+// site, the sites the attachments name and the extra ones.
+func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 	var units []unit
 	for _, k := range a.Host.Kinds {
 		for _, f := range plan.Families {
@@ -243,15 +258,22 @@ func (a *Agent) units(ws []*wanted) []unit {
 		// site, whose orphans no attachment names
 		sites := map[string]*plan.Request{"": nil}
 		order := []string{""}
-		for _, w := range ws {
-			if !l.Wants(&w.c.Request) {
-				continue
-			}
-			if s := l.SiteOf(&w.c.Request); sites[s] == nil {
+		add := func(req *plan.Request) {
+			if s := l.SiteOf(req); sites[s] == nil {
 				if _, seen := sites[s]; !seen {
 					order = append(order, s)
 				}
-				sites[s] = &w.c.Request
+				sites[s] = req
+			}
+		}
+		for _, w := range ws {
+			if l.Wants(&w.c.Request) {
+				add(&w.c.Request)
+			}
+		}
+		if l.Site != nil {
+			for _, req := range extra {
+				add(req)
 			}
 		}
 		for _, site := range order {
@@ -268,10 +290,10 @@ func (a *Agent) units(ws []*wanted) []unit {
 
 // runUnits runs every unit's pass at once (each holds its own listing and
 // write) and gathers what they found into out and rep.
-func (a *Agent) runUnits(ws []*wanted, copts converge.Options, rep *Report, out *outcomes) []error {
+func (a *Agent) runUnits(units []unit, ws []*wanted, copts converge.Options, rep *Report, out *outcomes) []error {
 	var errs []error
 	var wg sync.WaitGroup
-	for _, u := range a.units(ws) {
+	for _, u := range units {
 		var want []*plan.Plan
 		var idx []int
 		for i, w := range ws {
@@ -317,6 +339,35 @@ func (a *Agent) runUnits(ws []*wanted, copts converge.Options, rep *Report, out 
 		}()
 	}
 	wg.Wait()
+	return errs
+}
+
+// retire asks each unit that no wanted attachment uses to remove its
+// node-wide objects (backend.Retirer), after the units' passes pruned
+// what no attachment owns; what went is reported in rep.Removed.
+func retire(units []unit, ws []*wanted, rep *Report) []error {
+	var errs []error
+	for _, u := range units {
+		if slices.ContainsFunc(ws, u.want) {
+			continue
+		}
+		be, err := u.open()
+		if err != nil {
+			continue // the unit's pass has said so
+		}
+		r, ok := be.(backend.Retirer)
+		if !ok {
+			continue
+		}
+		what, err := r.Retire()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", u.name, err))
+			continue
+		}
+		if what != "" {
+			rep.Removed = append(rep.Removed, Shared{Backend: u.name, Family: u.f.String(), What: what})
+		}
+	}
 	return errs
 }
 

@@ -57,6 +57,15 @@ type Backend interface {
 	Mappings() ([]plan.Installed, error)
 }
 
+// Retirer is a layer with node-wide objects that can go once no
+// attachment uses them (the socket path's programs and pins): Retire
+// removes them when nothing holds an entry and says what it removed ("":
+// nothing, because something still does or nothing was there). The
+// caller holds the host-wide lock.
+type Retirer interface {
+	Retire() (string, error)
+}
+
 // Name is a value of the "backend" key.
 type Name string
 
@@ -140,14 +149,10 @@ var Layers = []Layer{
 		Site: socketSite, ReadyFirst: true, Open: openSocket},
 }
 
-// socketSite names the socket path's cgroup and pin directory; the
-// default ("" for both) is "".
-func socketSite(r *plan.Request) string {
-	if r.Socket == (plan.Socket{}) {
-		return ""
-	}
-	return r.Socket.PinDir + "\x00" + r.Socket.CgroupPath
-}
+// socketSite names the socket path's instance by its pin directory ("":
+// the default one), which holds its maps and links; the cgroup is where
+// those links attach, one per pin directory.
+func socketSite(r *plan.Request) string { return r.Socket.PinDir }
 
 // openSocket returns the socket path of family f at req's site.
 func openSocket(f plan.Family, _ io.Writer, req *plan.Request) (Backend, error) {
@@ -208,6 +213,16 @@ func (x inFamily) Mappings() ([]plan.Installed, error) {
 func (x inFamily) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	r, err := x.b.Sync(want, o)
 	return r, x.wrap(err)
+}
+
+// Retire forwards to a backend that is a Retirer; the others have nothing
+// to retire.
+func (x inFamily) Retire() (string, error) {
+	if r, ok := x.b.(Retirer); ok {
+		what, err := r.Retire()
+		return what, x.wrap(err)
+	}
+	return "", nil
 }
 
 // Nothing is a layer with nothing to do on this host.

@@ -7,13 +7,14 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Read returns the host-port table of h: every backend and layer, both
+// Read returns the host-port table of h: every backend and layer (a
+// placed layer at its default site and at the sites of sites), both
 // families. One whose tools are not installed contributes nothing.
-func Read(h *host.Host) ([]Entry, error) {
+func Read(h *host.Host, sites ...*plan.Request) ([]Entry, error) {
 	var all []Entry
 	var errs []error
 	for _, f := range plan.Families {
-		es, err := Family(h, f)
+		es, err := family(h, f, sites)
 		all, errs = append(all, es...), append(errs, err)
 	}
 	Sort(all)
@@ -21,8 +22,11 @@ func Read(h *host.Host) ([]Entry, error) {
 }
 
 // Family returns the host ports of family f that h's backends and layers
-// forward, each read back by the package that writes it.
-func Family(h *host.Host, f plan.Family) ([]Entry, error) {
+// (at their default sites) forward, each read back by the package that
+// writes it.
+func Family(h *host.Host, f plan.Family) ([]Entry, error) { return family(h, f, nil) }
+
+func family(h *host.Host, f plan.Family, sites []*plan.Request) ([]Entry, error) {
 	var all []Entry
 	var errs []error
 	read := func(name string, b interface {
@@ -45,6 +49,14 @@ func Family(h *host.Host, f plan.Family) ([]Entry, error) {
 	for _, l := range h.Layers {
 		b, err := h.OpenLayer(l, f, nil)
 		read(l.Name, b, err)
+		seen := map[string]bool{"": true}
+		for _, req := range sites {
+			if s := l.SiteOf(req); l.Site != nil && !seen[s] {
+				seen[s] = true
+				b, err := h.OpenLayer(l, f, req)
+				read(l.Name, b, err)
+			}
+		}
 	}
 	return all, errors.Join(errs...)
 }

@@ -110,3 +110,11 @@ func (m *Memory) Install(states []HookState) error {
 }
 
 func (m *Memory) Ready() error { return m.NotReady }
+
+func (m *Memory) Retire() (bool, error) {
+	if !m.Exists() || len(m.Entries) > 0 || len(m.Owners) > 0 {
+		return false, nil
+	}
+	m.Links = map[string]Problem{}
+	return true, nil
+}

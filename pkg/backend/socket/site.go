@@ -106,6 +106,11 @@ type Site interface {
 	Install(states []HookState) error
 	// Ready says what this host lacks to install the site, or nil.
 	Ready() error
+	// Retire removes the site when no entry and no owner record of any
+	// namespace or family remains: the links (which detaches the
+	// programs), the maps, the layout directory. It reports whether it
+	// did.
+	Retire() (bool, error)
 }
 
 // kernelSite is a Site on the running kernel.
@@ -560,15 +565,37 @@ func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version 
 	return l.Pin(path)
 }
 
-// Uninstall removes every pin of the site: the links (detaching the
-// programs), then the maps, then the layout directory and the pin
-// directory when it is empty.
-func Uninstall(cfg plan.Socket) error {
-	site, err := OpenSite(cfg)
-	if err != nil {
-		return err
+func (s *kernelSite) Retire() (bool, error) {
+	if !s.Exists() {
+		return false, nil
 	}
-	s := site.(*kernelSite)
+	if err := s.open(); err != nil {
+		return false, err
+	}
+	var k rawKey
+	if err := s.svc.NextKey(nil, &k); err == nil {
+		return false, nil // an entry remains
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
+	}
+	var ok rawOwnKey
+	if err := s.owners.NextKey(nil, &ok); err == nil {
+		return false, nil
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
+	}
+	return true, s.unpin()
+}
+
+// unpin removes every pin of the site: the links (detaching the
+// programs, once no process holds them), then the maps, then the layout
+// directory and the pin directory when it is empty.
+func (s *kernelSite) unpin() error {
+	if s.svc != nil {
+		s.svc.Close()
+		s.owners.Close()
+		s.svc, s.owners = nil, nil
+	}
 	var errs []error
 	for _, h := range Hooks {
 		errs = append(errs, removePin(s.pin(h.Name)))
@@ -578,6 +605,17 @@ func Uninstall(cfg plan.Socket) error {
 	}
 	errs = append(errs, removePin(s.dir), removePin(filepath.Dir(s.dir)))
 	return errors.Join(errs...)
+}
+
+// Uninstall removes every pin of cfg's site whatever it holds (tests; an
+// operator uses `portmap sync --prune`, which retires a site only when
+// no entry remains).
+func Uninstall(cfg plan.Socket) error {
+	site, err := OpenSite(cfg)
+	if err != nil {
+		return err
+	}
+	return site.(*kernelSite).unpin()
 }
 
 func removePin(path string) error {

@@ -31,6 +31,7 @@ package socket
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -194,6 +195,10 @@ func (l *Layer) Ready(p *plan.Plan) error {
 	return err
 }
 
+// hooksMu serializes Sync's look at the hooks and their repair within
+// the process (the host-wide lock keeps other processes out).
+var hooksMu sync.Mutex
+
 // Sync repairs the hooks, then brings the entries to the wanted plans
 // (see syncWrite). The caller holds the host-wide lock.
 func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
@@ -204,14 +209,18 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, e
 	if len(want) == 0 && !l.Site.Exists() {
 		return converge.NewReport(0), nil
 	}
-	states, err := l.Site.Hooks()
-	if err != nil {
-		return nil, err
-	}
 	var shared []string
-	bad := broken(states)
-	if len(want) == 0 {
-		bad = nil // nothing wants the programs: orphans only
+	var bad []HookState
+	if len(want) > 0 { // else nothing wants the programs: orphans only
+		// the families' passes run at once and share the hooks: one
+		// looks and repairs at a time, so the other finds them right
+		hooksMu.Lock()
+		defer hooksMu.Unlock()
+		states, err := l.Site.Hooks()
+		if err != nil {
+			return nil, err
+		}
+		bad = broken(states)
 	}
 	for _, st := range bad {
 		shared = append(shared, "socket path "+st.String())
@@ -237,6 +246,16 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, e
 	}
 	rep.WriteDone(o.Prune)
 	return rep, nil
+}
+
+// Retire removes the site when no attachment of any namespace holds an
+// entry in it (see Site.Retire). The caller holds the host-wide lock.
+func (l *Layer) Retire() (string, error) {
+	removed, err := l.Site.Retire()
+	if err != nil || !removed {
+		return "", err
+	}
+	return "socket path: no entry left; programs detached, pins removed", nil
 }
 
 // Mappings reads back the entries of this family.

@@ -417,3 +417,52 @@ func TestProgramNames(t *testing.T) {
 		t.Errorf("version %q", Version)
 	}
 }
+
+// Retire removes the site only when no entry of any namespace or family
+// remains, and a later ADD installs it again.
+func TestRetire(t *testing.T) {
+	m := NewMemory()
+	l4, l6 := newLayer(plan.IPv4, m), newLayer(plan.IPv6, m)
+	if what, err := l4.Retire(); err != nil || what != "" {
+		t.Fatalf("retire of a site never installed: %q %v", what, err)
+	}
+	a, b := pl(plan.IPv4, "a", "192.0.2.2", tcp(1)), pl(plan.IPv6, "b", "2001:db8::2", tcp(2))
+	for _, x := range []struct {
+		l *Layer
+		p *plan.Plan
+	}{{l4, a}, {l6, b}} {
+		if err := x.l.Apply(x.p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l4.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := l4.Retire(); err != nil || what != "" || !m.Exists() {
+		t.Fatalf("retired while the IPv6 entry remains: %q %v", what, err)
+	}
+	other := newLayer(plan.IPv4, m)
+	other.Netns = func() (uint64, error) { return nodeNS + 1, nil }
+	if err := other.Apply(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := l6.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := l6.Retire(); err != nil || what != "" || !m.Exists() {
+		t.Fatalf("retired while another namespace's entry remains: %q %v", what, err)
+	}
+	if err := other.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	what, err := l6.Retire()
+	if err != nil || what == "" || m.Exists() {
+		t.Fatalf("empty site not retired: %q %v (links %v)", what, err, m.Links)
+	}
+	if what, err := l4.Retire(); err != nil || what != "" {
+		t.Errorf("second retire: %q %v", what, err)
+	}
+	if err := l4.Apply(a); err != nil || !m.Exists() || m.Installs["attach"] != 2*len(Hooks) {
+		t.Errorf("ADD after retire: %v, installs %v", err, m.Installs)
+	}
+}
