@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -189,5 +193,133 @@ func TestSocketPathUnavailable(t *testing.T) {
 			t.Error("\"auto\" on a host without the socket path did not fall back to NAT (route_localnet off)")
 		}
 		expectReply(t, nil, "tcp", "127.0.0.1:7911", "n2", "")
+	})
+}
+
+// listSocket is `portmap list --json --bpf-pin-dir DIR`'s socket-path
+// entries, as "hostIP port/proto containerIP containerID" (a host IP of
+// "*" is the wildcard mapping: 127.0.0.1 or ::1 by the family).
+func listSocket(t *testing.T, pinDir string) []string {
+	t.Helper()
+	args := []string{"list", "--json"}
+	if pinDir != "" {
+		args = append(args, "--bpf-pin-dir", pinDir)
+	}
+	out, stderr, status, err := nettest.Portmap(args...)
+	if err != nil || status != 0 {
+		t.Fatalf("portmap %v: exit %d %v\n%s", args, status, err, stderr)
+	}
+	var entries []struct {
+		HostIP      string `json:"hostIP"`
+		HostPort    int    `json:"hostPort"`
+		Protocol    string `json:"protocol"`
+		ContainerIP string `json:"containerIP"`
+		ContainerID string `json:"containerID"`
+		Backend     string `json:"backend"`
+	}
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("portmap list --json: %v\n%s", err, out)
+	}
+	var got []string
+	for _, e := range entries {
+		if e.Backend == "localhost" {
+			got = append(got, fmt.Sprintf("%s %d/%s %s %s", e.HostIP, e.HostPort, e.Protocol, e.ContainerIP, e.ContainerID))
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// The socket path operated like the rules: STATUS asks it; `portmap
+// list` shows its entries; `portmap sync` (the agent) repairs a link
+// removed behind its back; `portmap sync --prune` retires the site once
+// the last container is gone — nothing pinned, nothing of ours attached
+// — and not before.
+func TestSocketPathOperate(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		site := nettest.NewCgroupSite(t)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "sockop", CNIVersion: "1.1.0", V4: "192.0.2.128/27", V6: "2001:db8:128::/64",
+			Extra: socketExtra(extra, "socket", site)})
+		if err := rt.CNI.GetStatusNetworkList(t.Context(), rt.List); err != nil {
+			t.Errorf("STATUS: %v", err)
+		}
+		bad := nettest.NewRuntime(t, nettest.Net{Name: "sockbad", CNIVersion: "1.1.0", V4: "192.0.2.160/27",
+			Extra: socketExtra(maps.Clone(extra), "socket", &nettest.CgroupSite{Cgroup: "/nonexistent/cgroup", PinDir: site.PinDir})})
+		if err := bad.CNI.GetStatusNetworkList(t.Context(), bad.List); nettest.Code(err) != 50 || !strings.Contains(err.Error(), "/nonexistent/cgroup") {
+			t.Errorf("STATUS with an unusable cgroupPath: %v (code %d), want code 50 naming it", err, nettest.Code(err))
+		}
+
+		c1 := rt.MustAdd(t, "o1", nettest.Mapping{HostPort: 7920, ContainerPort: srvPort, Protocol: "tcp"},
+			nettest.Mapping{HostPort: 7920, ContainerPort: srvPort, Protocol: "udp"})
+		nettest.Serve(t, c1.NS, "o1", srvPort)
+		var want []string
+		for _, f := range []int{4, 6} {
+			for _, proto := range []string{"tcp", "udp"} {
+				want = append(want, fmt.Sprintf("* 7920/%s %s o1", proto, c1.IP(f)))
+			}
+		}
+		slices.Sort(want)
+		if got := listSocket(t, site.PinDir); !slices.Equal(got, want) {
+			t.Errorf("portmap list --bpf-pin-dir: %q, want %q", got, want)
+		}
+		if got := listSocket(t, ""); len(got) != 0 {
+			t.Errorf("portmap list shows another site's entries at the default one: %q", got)
+		}
+
+		// a link removed behind its back: the agent puts it back
+		if err := os.Remove(filepath.Join(site.PinDir, "v1", "connect4")); err != nil {
+			t.Fatal(err)
+		}
+		expectSocketRefused(t, site, "tcp", "127.0.0.1:7920")
+		if err := rt.Check(c1); err == nil || !strings.Contains(err.Error(), "connect4 missing") {
+			t.Errorf("CHECK without the connect4 link: %v", err)
+		}
+		rep, status := runSync(t, "--cache-dir", rt.CacheDir)
+		if status != 0 || len(rep.Shared) != 1 || rep.Shared[0].Backend != "localhost" || !strings.Contains(rep.Shared[0].What, "connect4 missing") {
+			t.Errorf("sync: exit %d, shared %+v, want the connect4 link repaired", status, rep.Shared)
+		}
+		if err := rt.Check(c1); err != nil {
+			t.Errorf("CHECK after sync: %v", err)
+		}
+		expectSocket(t, site, "tcp", "127.0.0.1:7920", "o1")
+
+		// retired only when no entry remains
+		rep, status = runSync(t, "--prune", "--cache-dir", rt.CacheDir, "--bpf-pin-dir", site.PinDir)
+		if status != 0 || len(rep.Removed) != 0 {
+			t.Errorf("sync --prune with a container: exit %d, removed %+v", status, rep.Removed)
+		}
+		expectSocket(t, site, "tcp", "[::1]:7920", "o1")
+		if err := rt.Del(c1); err != nil {
+			t.Fatal(err)
+		}
+		rep, status = runSync(t, "--prune", "--cache-dir", rt.CacheDir, "--bpf-pin-dir", site.PinDir)
+		if status != 0 || len(rep.Removed) != 1 || rep.Removed[0].Backend != "localhost" {
+			t.Errorf("sync --prune after the last DEL: exit %d, removed %+v, want the socket path", status, rep.Removed)
+		}
+		if _, err := os.Stat(site.PinDir); !os.IsNotExist(err) {
+			t.Errorf("the pin directory is still there after the site was retired: %v", err)
+		}
+		cg, err := os.Open(site.Cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cg.Close()
+		for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
+			ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet4GetPeername} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: at})
+			if err != nil || len(res.Programs) != 0 {
+				t.Errorf("after retire, %v programs on the cgroup: %+v %v", at, res, err)
+			}
+		}
+		if got := listSocket(t, site.PinDir); len(got) != 0 {
+			t.Errorf("portmap list after retire: %q", got)
+		}
+		// the next ADD installs it again
+		c2 := rt.MustAdd(t, "o2", nettest.Mapping{HostPort: 7921, ContainerPort: srvPort, Protocol: "tcp"})
+		nettest.Serve(t, c2.NS, "o2", srvPort)
+		expectSocket(t, site, "tcp", "127.0.0.1:7921", "o2")
+		if err := rt.Del(c2); err != nil {
+			t.Fatal(err)
+		}
 	})
 }

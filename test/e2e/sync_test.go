@@ -24,6 +24,7 @@ type syncReport struct {
 		Network, ContainerID, Backend, Object, State string
 	}
 	Shared  []struct{ Backend, Family, What string }
+	Removed []struct{ Backend, Family, What string }
 	Skipped []struct {
 		File, Why string
 		Error     bool

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
@@ -225,4 +227,168 @@ func pinnedLinks(t *testing.T, dir string) []string {
 		out = append(out, fmt.Sprintf("%s=%d", h.Name, info.ID))
 	}
 	return out
+}
+
+// foreignCounter attaches, through a link of its own, a connect4 program
+// that counts the connect() calls it sees in an array map and allows
+// them: another tool's program multi-attached to the same cgroup.
+func foreignCounter(t *testing.T, cgroup string) (count func() uint64) {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect, License: "GPL",
+		Instructions: asm.Instructions{
+			asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -4),
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.Mov.Imm(asm.R1, 1),
+			asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return func() uint64 {
+		var n uint64
+		if err := m.Lookup(uint32(0), &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+}
+
+// attachedIDs lists the programs attached to the cgroup for connect4.
+func attachedIDs(t *testing.T, cgroup string) []ebpf.ProgramID {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: ebpf.AttachCGroupInet4Connect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []ebpf.ProgramID
+	for _, p := range res.Programs {
+		ids = append(ids, p.ID)
+	}
+	return ids
+}
+
+func cgroupFD(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// Another tool's program on the same cgroup keeps running beside ours
+// (both see every connect()), and retiring the site detaches ours only;
+// a site with an entry left is not retired.
+func TestSocketPathCoexists(t *testing.T) {
+	site := nettest.NewCgroupSite(t)
+	cfg := plan.Socket{CgroupPath: site.Cgroup, PinDir: site.PinDir}
+	count := foreignCounter(t, site.Cgroup)
+	foreign := attachedIDs(t, site.Cgroup)
+	if len(foreign) != 1 {
+		t.Fatalf("the foreign program is not attached: %v", foreign)
+	}
+	c := socketContainer(t, "sk2", "198.51.102", "2001:db8:53:", "ctr")
+	l, err := socket.New(plan.IPv4, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := socketPlan(plan.IPv4, c, site, "c1", plan.Mapping{HostPort: 18082, ContainerPort: 80, Protocol: plan.TCP})
+	if err := l.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if ids := attachedIDs(t, site.Cgroup); len(ids) != 2 {
+		t.Errorf("connect4 programs on the cgroup: %v, want the foreign one and ours", ids)
+	}
+	before := count()
+	if res, err := site.Clients("tcp", "127.0.0.1:18082", false, 5); err != nil || !strings.HasPrefix(res.Reply, "ctr") {
+		t.Fatalf("through the socket path beside a foreign program: %+v %v", res, err)
+	}
+	if n := count() - before; n != 5 {
+		t.Errorf("the foreign program saw %d of 5 connect() calls", n)
+	}
+	if what, err := l.Retire(); err != nil || what != "" {
+		t.Fatalf("retired with an entry left: %q %v", what, err)
+	}
+	if err := l.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := l.Retire(); err != nil || what == "" {
+		t.Fatalf("retire of an empty site: %q %v", what, err)
+	}
+	if ids := attachedIDs(t, site.Cgroup); len(ids) != 1 || ids[0] != foreign[0] {
+		t.Errorf("after retire: connect4 programs %v, want the foreign one (%v) only", ids, foreign)
+	}
+	ents, err := os.ReadDir(site.BPFFS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".debug") { // the kernel's own iterators
+			t.Errorf("after retire the bpffs holds %s, want nothing of ours", e.Name())
+		}
+	}
+}
+
+// The known limit of the socket path (as of every connect-time
+// rewrite): a connected UDP socket was pointed at a container when it
+// connected, and keeps sending there after a newer container takes the
+// port and after the older one's DEL. The conntrack flush of ADD cannot
+// help: these datagrams never met NAT. New sockets go to the newest.
+func TestSocketPathConnectedUDP(t *testing.T) {
+	site := nettest.NewCgroupSite(t)
+	cfg := plan.Socket{CgroupPath: site.Cgroup, PinDir: site.PinDir}
+	a := socketContainer(t, "sk3", "198.51.103", "2001:db8:54:", "a")
+	b := socketContainer(t, "sk4", "198.51.104", "2001:db8:55:", "b")
+	l, err := socket.New(plan.IPv4, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := plan.Mapping{HostPort: 18083, ContainerPort: 80, Protocol: plan.UDP}
+	pa, pb := socketPlan(plan.IPv4, a, site, "a", u), socketPlan(plan.IPv4, b, site, "b", u)
+	if err := l.Apply(pa); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Remove(pa)
+	s, err := site.ConnectedUDP("127.0.0.1:18083")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ask := func(when, want string) {
+		t.Helper()
+		if got, err := s.Ask(); err != nil || !strings.HasPrefix(got, want+" sees ") {
+			t.Errorf("connected socket %s: %q %v, want %s's reply", when, got, err, want)
+		}
+	}
+	ask("at first", "a")
+	if err := l.Apply(pb); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Remove(pb)
+	ask("after b took the port", "a")
+	if err := l.Remove(pa); err != nil {
+		t.Fatal(err)
+	}
+	ask("after a's DEL", "a")
+	if res, err := site.Client("udp", "127.0.0.1:18083", false); err != nil || !strings.HasPrefix(res.Reply, "b sees ") {
+		t.Errorf("a new socket: %+v %v, want b's reply", res, err)
+	}
 }

@@ -2,7 +2,9 @@ package nettest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -11,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -36,7 +37,7 @@ type CgroupSite struct {
 }
 
 // NewCgroupSite makes the test's cgroup and bpffs.
-func NewCgroupSite(tb testing.TB) *CgroupSite {
+func NewCgroupSite(tb TB) *CgroupSite {
 	tb.Helper()
 	if !Isolated() {
 		tb.Fatalf("cgroup sites are made only in the isolated mount namespace of nettest.Main")
@@ -100,17 +101,58 @@ func (s *CgroupSite) Client(proto, addr string, otherNetns bool) (ClientResult, 
 // Clients is Client dialling n times in one process, one new connection
 // each; it fails at the first dial that fails.
 func (s *CgroupSite) Clients(proto, addr string, otherNetns bool, n int) (ClientResult, error) {
-	cg, err := os.Open(s.Cgroup)
-	if err != nil {
-		return ClientResult{}, err
-	}
-	defer cg.Close()
 	mode := "node"
 	if otherNetns {
 		mode = "other"
 	}
+	out, err := s.run(exec.Command(os.Args[0]), strings.Join([]string{mode, proto, addr, fmt.Sprint(n)}, " "), otherNetns)
+	if err != nil {
+		return ClientResult{}, err
+	}
+	reply, peer, _ := strings.Cut(out, "|")
+	return ClientResult{Reply: reply, Peer: peer}, nil
+}
+
+// RunClientIfAsked makes this run of the binary the client process a
+// CgroupSite started, and exits; otherwise it returns. Main calls it; a
+// program that uses a CgroupSite (the benchmark) calls it first thing.
+func RunClientIfAsked() {
+	if spec := os.Getenv(clientEnv); spec != "" {
+		runClient(spec)
+	}
+}
+
+// Rate runs one client process in the test's cgroup, in the node
+// namespace, that opens up to n TCP connections to addr one after another
+// (each: connect, read the server's line, close) for at most limit, and
+// returns the completed connections per second.
+func (s *CgroupSite) Rate(addr string, n int, limit time.Duration) (float64, error) {
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), clientEnv+"="+strings.Join([]string{mode, proto, addr, fmt.Sprint(n)}, " "))
+	// no preemption signals: they would interrupt the blocking calls
+	cmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+	out, err := s.run(cmd, strings.Join([]string{"rate", "tcp", addr, fmt.Sprint(n), fmt.Sprint(int64(limit))}, " "), false)
+	if err != nil {
+		return 0, err
+	}
+	var done, ns int64
+	if _, err := fmt.Sscan(out, &done, &ns); err != nil || ns <= 0 {
+		return 0, fmt.Errorf("rate client printed %q", out)
+	}
+	return float64(done) / time.Duration(ns).Seconds(), nil
+}
+
+// run starts cmd in the test's cgroup (and with otherNetns in a network
+// namespace of its own) as a client with spec and returns what it printed.
+func (s *CgroupSite) run(cmd *exec.Cmd, spec string, otherNetns bool) (string, error) {
+	cg, err := os.Open(s.Cgroup)
+	if err != nil {
+		return "", err
+	}
+	defer cg.Close()
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, clientEnv+"="+spec)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	if otherNetns {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
@@ -118,17 +160,35 @@ func (s *CgroupSite) Clients(proto, addr string, otherNetns bool, n int) (Client
 	out, err := cmd.Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
-			return ClientResult{}, fmt.Errorf("client %s %s: %s", proto, addr, strings.TrimSpace(string(ee.Stderr)))
+			return "", fmt.Errorf("client %s: %s", spec, strings.TrimSpace(string(ee.Stderr)))
 		}
-		return ClientResult{}, err
+		return "", err
 	}
-	reply, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
-	return ClientResult{Reply: reply, Peer: peer}, nil
+	return strings.TrimSpace(string(out)), nil
 }
 
-// runClient is the client process: it prints "reply|peer" or fails.
+// runClient is the client process: it prints "reply|peer" (or, in rate
+// mode, "connections nanoseconds") or fails.
 func runClient(spec string) {
 	parts := strings.Fields(spec)
+	if len(parts) == 2 && parts[0] == "udpconn" {
+		if err := connectedUDP(parts[1]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if len(parts) == 5 && parts[0] == "rate" {
+		n, _ := strconv.Atoi(parts[3])
+		limit, _ := strconv.ParseInt(parts[4], 10, 64)
+		done, elapsed, err := rateLoop(parts[2], n, time.Duration(limit))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Printf("%d %d\n", done, elapsed.Nanoseconds())
+		os.Exit(0)
+	}
 	if len(parts) != 4 {
 		fmt.Fprintf(os.Stderr, "bad client spec %q\n", spec)
 		os.Exit(2)
@@ -300,4 +360,140 @@ func sockaddrString(sa unix.Sockaddr) string {
 		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
 	}
 	return fmt.Sprint(sa)
+}
+
+// rateLoop dials addr over TCP up to n times, one connection after
+// another (connect, read a line until the server closes, close), for at
+// most limit. It makes the
+// system calls itself, blocking, so that what it measures is the kernel's
+// path more than Go's poller.
+func rateLoop(addr string, n int, limit time.Duration) (int, time.Duration, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	family, sa := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Addr: ap.Addr().As16(), Port: int(ap.Port())})
+	if ap.Addr().Is4() {
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: ap.Addr().As4(), Port: int(ap.Port())}
+	}
+	tv := unix.NsecToTimeval(Timeout.Nanoseconds())
+	buf := make([]byte, 128)
+	start := time.Now()
+	done := 0
+	for done < n && time.Since(start) < limit {
+		fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return done, 0, err
+		}
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+		if err = unix.Connect(fd, sa); err == nil {
+			// the line, then the server's close: the server closes
+			// first, so TIME_WAIT stays in its namespace and the node's
+			// ephemeral ports do not run out over the runs
+			got := 0
+			for {
+				k, rerr := unix.Read(fd, buf)
+				if rerr != nil {
+					err = rerr
+					break
+				}
+				if k == 0 {
+					break
+				}
+				got += k
+			}
+			if err == nil && got == 0 {
+				err = io.ErrUnexpectedEOF
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			return done, 0, fmt.Errorf("connection %d to %s: %w", done+1, addr, err)
+		}
+		done++
+	}
+	return done, time.Since(start), nil
+}
+
+// UDPSession is a client process in the test's cgroup holding one
+// connected UDP socket (connect(), then send and recv) for its lifetime.
+type UDPSession struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+// ConnectedUDP starts a client that connects one UDP socket to addr.
+func (s *CgroupSite) ConnectedUDP(addr string) (*UDPSession, error) {
+	cg, err := os.Open(s.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.Close()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), clientEnv+"=udpconn "+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &UDPSession{cmd: cmd, in: in, out: bufio.NewReader(out)}, nil
+}
+
+// Ask sends one datagram on the session's socket and returns the reply
+// line, or the error the client met.
+func (u *UDPSession) Ask() (string, error) {
+	if _, err := io.WriteString(u.in, "ask\n"); err != nil {
+		return "", err
+	}
+	line, err := u.out.ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("udp session: %w", err)
+	}
+	line = strings.TrimSpace(line)
+	if msg, ok := strings.CutPrefix(line, "error "); ok {
+		return "", errors.New(msg)
+	}
+	return line, nil
+}
+
+// Close ends the client.
+func (u *UDPSession) Close() error {
+	u.in.Close()
+	return u.cmd.Wait()
+}
+
+// connectedUDP is the client of a UDPSession: one connected socket; for
+// each line on stdin one datagram out and the reply (or "error ...") on
+// stdout.
+func connectedUDP(addr string) error {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	in := bufio.NewScanner(os.Stdin)
+	buf := make([]byte, 1500)
+	for in.Scan() {
+		_ = c.SetDeadline(time.Now().Add(Timeout))
+		n := 0
+		if _, err = c.Write([]byte("hi\n")); err == nil {
+			n, err = c.Read(buf)
+		}
+		if err != nil {
+			fmt.Printf("error %v\n", err)
+			continue
+		}
+		fmt.Printf("%s\n", strings.TrimSpace(string(buf[:n])))
+	}
+	return in.Err()
 }

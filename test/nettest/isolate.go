@@ -33,9 +33,7 @@ const (
 // inside, it brings loopback up and runs the tests. Not as root it skips
 // with a message, except under CI=true, where privileged tests must run.
 func Main(m *testing.M) {
-	if spec := os.Getenv(clientEnv); spec != "" {
-		runClient(spec) // a client process a test started (CgroupSite.Client)
-	}
+	RunClientIfAsked()
 	if os.Getenv(childEnv) == "1" {
 		if err := setupIsolated(); err != nil {
 			fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
@@ -186,6 +184,7 @@ type TB interface {
 	Helper()
 	Fatal(args ...any)
 	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
 	Cleanup(func())
 	TempDir() string
 }
