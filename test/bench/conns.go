@@ -89,12 +89,23 @@ type benchTB struct {
 	cleanups []func()
 }
 
+// failed is set by Errorf of any benchTB.
+var failed bool
+
 func newTB() *benchTB { return &benchTB{} }
 
 func (*benchTB) Helper()                           {}
 func (*benchTB) Fatal(args ...any)                 { fatalf("%s", fmt.Sprint(args...)) }
 func (*benchTB) Fatalf(format string, args ...any) { fatalf(format, args...) }
 func (t *benchTB) Cleanup(f func())                { t.cleanups = append(t.cleanups, f) }
+
+// Errorf reports a failure that does not stop the run (a cleanup that
+// could not finish); the benchmark exits non-zero at its end.
+func (t *benchTB) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	failed = true
+}
+
 func (t *benchTB) TempDir() string {
 	dir, err := os.MkdirTemp("", "bench-")
 	if err != nil {

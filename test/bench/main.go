@@ -31,9 +31,11 @@ type options struct {
 	backends []string
 	syncN    []int
 	ms       []int
+	socket   bool
 }
 
 func main() {
+	nettest.RunClientIfAsked() // a client process of the socket-path rows
 	var o options
 	nList := flag.String("n", "0,100,1000", "numbers of containers already mapped")
 	flag.IntVar(&o.samples, "samples", 20, "samples per verb and N")
@@ -43,6 +45,7 @@ func main() {
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
 	syncList := flag.String("sync-n", "1000", "numbers of cached attachments for the sync passes (empty: none)")
 	mList := flag.String("m", "1,100,1000,5000", "numbers of mappings of one container for the M axis (empty: none)")
+	flag.BoolVar(&o.socket, "socket", true, "measure the socket path (\"localhost\": \"socket\") beside the NAT path")
 	flag.Parse()
 	o.ns = intList(*nList)
 	o.syncN = intList(*syncList)
@@ -77,30 +80,36 @@ func main() {
 		fatalf("%v", err)
 	}
 	tb := newTB()
-	defer tb.cleanup()
 	r := run(tb, o)
+	tb.cleanup()
 	if err := r.write(o.out); err != nil {
 		fatalf("%v", err)
 	}
 	fmt.Print(r.text())
+	if failed {
+		os.Exit(1)
+	}
 }
 
 // report is everything one run measured.
 type report struct {
-	Date     string        `json:"date"`
-	Cores    int           `json:"cores"`
-	Kernel   string        `json:"kernel"`
-	Tools    string        `json:"tools"`
-	Upstream string        `json:"upstream"`
-	Samples  int           `json:"samples"`
-	Floor    []floor       `json:"floor"`
-	Latency  []latency     `json:"latency"`
-	Conns    []connRate    `json:"connections"`
-	Sync     []syncTiming  `json:"sync,omitempty"`
-	Many     []manyRow     `json:"many,omitempty"`
-	Notes    []string      `json:"notes,omitempty"`
-	start    time.Time     `json:"-"`
-	elapsed  time.Duration `json:"-"`
+	Date     string       `json:"date"`
+	Cores    int          `json:"cores"`
+	Kernel   string       `json:"kernel"`
+	Tools    string       `json:"tools"`
+	Upstream string       `json:"upstream"`
+	Samples  int          `json:"samples"`
+	Floor    []floor      `json:"floor"`
+	Latency  []latency    `json:"latency"`
+	Conns    []connRate   `json:"connections"`
+	Sync     []syncTiming `json:"sync,omitempty"`
+	Many     []manyRow    `json:"many,omitempty"`
+	// SocketRates and SocketAdds are the socket path's (issue #16).
+	SocketRates []socketRate  `json:"socket_connections,omitempty"`
+	SocketAdds  []socketAdd   `json:"socket_add,omitempty"`
+	Notes       []string      `json:"notes,omitempty"`
+	start       time.Time     `json:"-"`
+	elapsed     time.Duration `json:"-"`
 }
 
 type floor struct {
@@ -189,6 +198,14 @@ func run(tb *benchTB, o options) *report {
 				r.Conns = append(r.Conns, measureConns(p, be, n, o.conns))
 			}
 		}
+	}
+	for _, be := range o.backends {
+		if !o.socket {
+			break
+		}
+		progress("socket path %s", be)
+		r.SocketAdds = append(r.SocketAdds, measureSocketAdd(be, o.samples))
+		r.SocketRates = append(r.SocketRates, measureSocketConns(be, o.conns)...)
 	}
 	r.elapsed = time.Since(r.start)
 	return r

@@ -132,6 +132,7 @@ func (r *report) text() string {
 	b.WriteString(manyText(r))
 	b.WriteString("\nNew TCP connections per second from a client namespace\n")
 	b.WriteString(textTable(connHead, r.connRows()))
+	b.WriteString(socketText(r))
 	if g := r.goals(); g != nil {
 		b.WriteString("\nGoals (this run)\n")
 		b.WriteString(textTable(goalHead, g))
@@ -157,6 +158,7 @@ func (r *report) markdown() string {
 	b.WriteString(manyMarkdown(r))
 	b.WriteString("\n### New TCP connections per second\n\n")
 	b.WriteString(mdTable(connHead, r.connRows()))
+	b.WriteString(socketMarkdown(r))
 	if g := r.goals(); g != nil {
 		b.WriteString("\n### Goals (this run)\n\n")
 		b.WriteString(mdTable(goalHead, g))
@@ -348,5 +350,6 @@ func (r *report) goals() [][]string {
 		}
 	}
 	r.manyGoals(add)
+	r.socketGoals(add)
 	return rows
 }
