@@ -3,7 +3,7 @@
 // by a runtime (CNI_COMMAND set) it serves the CNI verbs through skel;
 // run by a person it has commands of its own, one file each here:
 //
-//	portmap list [--json]        this host's host-port table
+//	portmap list [--json]        this host's host-port table (--bpf-pin-dir: a socket-path site too)
 //	portmap sync [flags]         bring the host ports to what libcni's cache holds (the node agent)
 //	portmap install --dest DIR   copy this binary into a CNI bin directory, atomically
 package main
