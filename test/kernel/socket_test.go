@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/converge"
@@ -390,5 +391,32 @@ func TestSocketPathConnectedUDP(t *testing.T) {
 	ask("after a's DEL", "a")
 	if res, err := site.Client("udp", "127.0.0.1:18083", false); err != nil || !strings.HasPrefix(res.Reply, "b sees ") {
 		t.Errorf("a new socket: %+v %v, want b's reply", res, err)
+	}
+}
+
+// With the default cgroupPath and no cgroup v2 hierarchy in reach (this
+// test's mount namespace has a sysfs of its own over the host's cgroup
+// mounts), the socket path mounts the hierarchy itself, once; later
+// lookups find that mount. Nothing is attached here.
+func TestSocketPathMountsCgroup2(t *testing.T) {
+	at := filepath.Join(t.TempDir(), "cgroupv2")
+	got, err := socket.HostCgroup2(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(at, unix.MNT_DETACH) })
+	if got != at {
+		t.Fatalf("a cgroup v2 hierarchy is in reach at %s: this test needs none", got)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(at, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Fatalf("%s after the mount: type %#x %v, want cgroup2", at, st.Type, err)
+	}
+	if _, err := os.Stat(filepath.Join(at, "cgroup.procs")); err != nil {
+		t.Errorf("the mount is not a cgroup v2 root: %v", err)
+	}
+	again, err := socket.HostCgroup2(filepath.Join(t.TempDir(), "other"))
+	if err != nil || again != at {
+		t.Errorf("second lookup: %q %v, want the first mount %s", again, err, at)
 	}
 }

@@ -132,8 +132,9 @@ func OpenSite(cfg plan.Socket) (Site, error) {
 	return &kernelSite{cfg: cfg, dir: filepath.Join(pin, Layout)}, nil
 }
 
-// cgroup2Root is the mount point of the host's cgroup v2 hierarchy, or
-// "" when none is mounted (Ready then says so).
+// cgroup2Root is the mount point of the host's cgroup v2 hierarchy that
+// this process can reach (a mount hidden under a later one is not), or
+// "" when none is mounted.
 func cgroup2Root() (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -146,11 +147,41 @@ func cgroup2Root() (string, error) {
 		fields := strings.Fields(sc.Text())
 		for i, x := range fields {
 			if x == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" && len(fields) > 4 && fields[3] == "/" {
-				return fields[4], nil
+				if t, err := fsType(fields[4]); err == nil && t == cgroup2Magic {
+					return fields[4], nil
+				}
 			}
 		}
 	}
 	return "", sc.Err()
+}
+
+// PrivateCgroup2 is where the cgroup v2 hierarchy is mounted for the
+// default cgroupPath when the host has none mounted (a cgroup v1 host),
+// as Cilium mounts it under /run/cilium/cgroupv2.
+const PrivateCgroup2 = "/run/cni-portmap/cgroupv2"
+
+// HostCgroup2 is the root of the host's cgroup v2 hierarchy; when none is
+// mounted, it mounts one at at (the hierarchy exists on every kernel with
+// cgroup2 support, whatever v1 hierarchies are mounted).
+func HostCgroup2(at string) (string, error) {
+	root, err := cgroup2Root()
+	if err != nil || root != "" {
+		return root, err
+	}
+	if err := os.MkdirAll(at, 0o755); err != nil {
+		return "", fmt.Errorf("socket path: %w", err)
+	}
+	if err := unix.Mount("cgroup2", at, "cgroup2", 0, ""); err != nil {
+		return "", fmt.Errorf("socket path: no cgroup v2 hierarchy is mounted and mounting one at %s failed: %w", at, err)
+	}
+	return at, nil
+}
+
+// cgroup2Supported reports whether the kernel has the cgroup2 filesystem.
+func cgroup2Supported() bool {
+	b, err := os.ReadFile("/proc/filesystems")
+	return err == nil && strings.Contains(string(b), "\tcgroup2\n")
 }
 
 const (
@@ -196,9 +227,11 @@ func (s *kernelSite) Ready() error {
 		return err
 	}
 	if s.cgroup == "" {
-		return errors.New("socket path: no cgroup v2 hierarchy is mounted (set \"cgroupPath\" to a cgroup v2 directory)")
-	}
-	if t, err := fsType(s.cgroup); err != nil {
+		if !cgroup2Supported() {
+			return errors.New("socket path: the kernel has no cgroup v2 (no cgroup2 in /proc/filesystems)")
+		}
+		// Install mounts the hierarchy at PrivateCgroup2
+	} else if t, err := fsType(s.cgroup); err != nil {
 		return fmt.Errorf("socket path: cgroupPath %q: %w", s.cgroup, err)
 	} else if t != cgroup2Magic {
 		return fmt.Errorf("socket path: cgroupPath %q is not a cgroup v2 directory", s.cgroup)
@@ -412,11 +445,20 @@ func (s *kernelSite) cgroupID() (uint64, error) {
 }
 
 func (s *kernelSite) Hooks() ([]HookState, error) {
+	if err := s.resolveCgroup(); err != nil {
+		return nil, err
+	}
+	out := make([]HookState, len(Hooks))
+	if s.cgroup == "" { // no hierarchy mounted: nothing can be attached; Install mounts one
+		for i, h := range Hooks {
+			out[i] = HookState{Hook: h, Problem: HookMissing, Detail: "no cgroup v2 hierarchy is mounted"}
+		}
+		return out, nil
+	}
 	cg, err := s.cgroupID()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]HookState, len(Hooks))
 	for i, h := range Hooks {
 		out[i] = s.hook(h, cg)
 	}
@@ -496,6 +538,13 @@ func (s *kernelSite) install(states []HookState, version string) error {
 		if err := unix.Mount("bpffs", bpffsRoot, "bpf", 0, "mode=0700"); err != nil {
 			return fmt.Errorf("socket path: mount the bpf filesystem at %s: %w", bpffsRoot, err)
 		}
+	}
+	if s.cgroup == "" {
+		cg, err := HostCgroup2(PrivateCgroup2)
+		if err != nil {
+			return err
+		}
+		s.cgroup = cg
 	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("socket path: %w", err)
