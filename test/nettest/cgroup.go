@@ -144,9 +144,28 @@ func (s *CgroupSite) Rate(addr string, n int, limit time.Duration) (float64, err
 // run starts cmd in the test's cgroup (and with otherNetns in a network
 // namespace of its own) as a client with spec and returns what it printed.
 func (s *CgroupSite) run(cmd *exec.Cmd, spec string, otherNetns bool) (string, error) {
+	var out []byte
+	err := s.inCgroup(cmd, spec, otherNetns, func() error {
+		var err error
+		out, err = cmd.Output()
+		return err
+	})
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return "", fmt.Errorf("client %s: %s", spec, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// inCgroup sets cmd up as a client with spec that starts in the test's
+// cgroup (CLONE_INTO_CGROUP; with otherNetns in a network namespace of
+// its own) and calls start, which starts it.
+func (s *CgroupSite) inCgroup(cmd *exec.Cmd, spec string, otherNetns bool, start func() error) error {
 	cg, err := os.Open(s.Cgroup)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer cg.Close()
 	if cmd.Env == nil {
@@ -157,14 +176,7 @@ func (s *CgroupSite) run(cmd *exec.Cmd, spec string, otherNetns bool) (string, e
 	if otherNetns {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
-	out, err := cmd.Output()
-	if err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
-			return "", fmt.Errorf("client %s: %s", spec, strings.TrimSpace(string(ee.Stderr)))
-		}
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
+	return start()
 }
 
 // runClient is the client process: it prints "reply|peer" (or, in rate
@@ -426,14 +438,7 @@ type UDPSession struct {
 
 // ConnectedUDP starts a client that connects one UDP socket to addr.
 func (s *CgroupSite) ConnectedUDP(addr string) (*UDPSession, error) {
-	cg, err := os.Open(s.Cgroup)
-	if err != nil {
-		return nil, err
-	}
-	defer cg.Close()
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), clientEnv+"=udpconn "+addr)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -443,7 +448,7 @@ func (s *CgroupSite) ConnectedUDP(addr string) (*UDPSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	if err := s.inCgroup(cmd, "udpconn "+addr, false, cmd.Start); err != nil {
 		return nil, err
 	}
 	return &UDPSession{cmd: cmd, in: in, out: bufio.NewReader(out)}, nil
