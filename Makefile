@@ -15,8 +15,15 @@ CNI_BIN := $(CURDIR)/build/cni
 
 all: build
 
+# The version `portmap version` and the CNI VERSION verb's about text
+# name: the tag (git describe), else v0.0.0-dev-<revision>[-dirty]; the
+# VCS revision itself comes from the toolchain (-buildvcs).
+VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || \
+	git log -1 --format=v0.0.0-dev-%h --abbrev=12 2>/dev/null | sed "s/$$/$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)/" || echo dev)
+BUILDFLAGS := -buildvcs=auto -ldflags "-X github.com/portmap-dev/portmap/pkg/buildinfo.version=$(VERSION)"
+
 build:
-	$(GO) build -o bin/portmap ./cmd/portmap
+	$(GO) build $(BUILDFLAGS) -o bin/portmap ./cmd/portmap
 
 # Everything the tests and the demo run, built from the module versions in
 # go.mod: the tools of its tool block (the real ptp/bridge/host-local,
@@ -76,7 +83,7 @@ IMAGE ?= localhost/portmap:dev
 # static binary; nothing to pull.
 image:
 	@mkdir -p build/image
-	CGO_ENABLED=0 $(GO) build -o build/image/portmap ./cmd/portmap
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o build/image/portmap ./cmd/portmap
 	podman build -f Containerfile -t $(IMAGE) build/image
 
 clean:

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"os"
 
@@ -13,16 +12,14 @@ import (
 // runtime never executes a half-written plugin. The DaemonSet's init
 // container runs it into the host's CNI bin directory.
 func installMain(args []string) int {
-	fs := flag.NewFlagSet("portmap install", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs := newFlags("install", "[--dest DIR] [--name NAME]",
+		"Copy this binary to DIR/NAME atomically (a temporary file, fsync, rename):\n"+
+			"a runtime never runs a half-written plugin. The DaemonSet's init container\n"+
+			"runs it into the host's CNI plugin directory.")
 	dest := fs.String("dest", "/opt/cni/bin", "the CNI plugin directory to install into")
 	name := fs.String("name", "portmap", "the file name (the conflist's plugin type)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "portmap install: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, done := parse(fs, args); done {
+		return code
 	}
 	self, err := os.Executable()
 	if err == nil {

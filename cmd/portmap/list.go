@@ -13,39 +13,37 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// listMain is `portmap list [--json]`: the host-port table of this host
-// from the kernel state of every backend and layer, both families,
-// including what the upstream plugin made (same iptables layout).
+// listMain is `portmap list [--json] [--bpf-pin-dir DIR]...`: the
+// host-port table of this host from the kernel state of every backend and
+// layer, both families, including what the upstream plugin made (same
+// iptables layout).
 func listMain(args []string) int {
-	if err := list(os.Stdout, host.Real(os.Stderr), args); err != nil {
-		fmt.Fprintln(os.Stderr, "portmap:", err)
+	fs := newFlags("list", "[--json] [--bpf-pin-dir DIR]...",
+		"Print this host's host-port table, read from the kernel: every backend and\n"+
+			"layer, both families, the upstream plugin's rules too (same layout).")
+	asJSON := fs.Bool("json", false, "print the entries as JSON")
+	var pinDirs networks
+	fs.Var(&pinDirs, "bpf-pin-dir", "also read the socket path pinned here (a \"bpfPinDir\" of a configuration; repeatable)")
+	if code, done := parse(fs, args); done {
+		return code
+	}
+	var sites []*plan.Request
+	for _, d := range pinDirs {
+		req, err := pinDirSite(d)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "portmap list:", err)
+			return 2
+		}
+		sites = append(sites, req)
+	}
+	if err := list(os.Stdout, host.Real(os.Stderr), *asJSON, sites); err != nil {
+		fmt.Fprintln(os.Stderr, "portmap list:", err)
 		return 1
 	}
 	return 0
 }
 
-func list(w io.Writer, h *host.Host, args []string) error {
-	const usage = "usage: portmap list [--json] [--bpf-pin-dir DIR]..."
-	asJSON := false
-	var sites []*plan.Request
-	for i := 0; i < len(args); i++ {
-		switch a := args[i]; a {
-		case "--json", "-json":
-			asJSON = true
-		case "--bpf-pin-dir", "-bpf-pin-dir":
-			if i+1 == len(args) {
-				return fmt.Errorf("%s (%s needs a directory)", usage, a)
-			}
-			i++
-			req, err := pinDirSite(args[i])
-			if err != nil {
-				return err
-			}
-			sites = append(sites, req)
-		default:
-			return fmt.Errorf("%s (unknown argument %q)", usage, a)
-		}
-	}
+func list(w io.Writer, h *host.Host, asJSON bool, sites []*plan.Request) error {
 	entries, err := inventory.Read(h, sites...)
 	if entries == nil {
 		entries = []inventory.Entry{}

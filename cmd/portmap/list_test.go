@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/test/fixture"
@@ -20,12 +19,4 @@ func TestWriteTableGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	fixture.Golden(t, "testdata/list.golden", b.String())
-}
-
-func TestListRejectsUnknownArgument(t *testing.T) {
-	for _, args := range [][]string{{"--yaml"}, {"--bpf-pin-dir"}, {"--bpf-pin-dir", "pins"}} {
-		if err := list(&bytes.Buffer{}, nil, args); err == nil || !strings.Contains(err.Error(), "usage") && !strings.Contains(err.Error(), "absolute") {
-			t.Errorf("list %q: %v, want a usage error", args, err)
-		}
-	}
 }

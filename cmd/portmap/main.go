@@ -1,35 +1,42 @@
 // Command portmap is the CNI chained plugin that forwards host ports to
 // containers, a drop-in replacement for the upstream portmap plugin. Run
 // by a runtime (CNI_COMMAND set) it serves the CNI verbs through skel;
-// run by a person it has commands of its own, one file each here:
+// run by a person it has commands of its own (cli.go), one file each:
 //
 //	portmap list [--json]        this host's host-port table (--bpf-pin-dir: a socket-path site too)
 //	portmap sync [flags]         bring the host ports to what libcni's cache holds (the node agent)
 //	portmap install --dest DIR   copy this binary into a CNI bin directory, atomically
+//	portmap version              which build this is
+//	portmap help [COMMAND]       the commands, or one command's flags
 package main
 
 import (
+	"encoding/json"
+	"io"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
-	bv "github.com/containernetworking/plugins/pkg/utils/buildversion"
 
+	"github.com/portmap-dev/portmap/pkg/buildinfo"
 	"github.com/portmap-dev/portmap/plugins/portmap"
 )
 
-// commands are the subcommands; each returns the exit status.
-var commands = map[string]func(args []string) int{
-	"list":    listMain,
-	"sync":    syncMain,
-	"install": installMain,
+func main() {
+	// Runtimes run plugins without arguments and with CNI_COMMAND set;
+	// without both, skel prints the about text, as upstream's plugins do.
+	if len(os.Args) > 1 && os.Getenv("CNI_COMMAND") == "" {
+		os.Exit(cli(os.Args[1:]))
+	}
+	skel.PluginMainFuncs(portmap.New().Funcs(), version.PluginSupports(buildinfo.CNIVersions...), buildinfo.Get().String())
 }
 
-func main() {
-	if len(os.Args) > 1 && os.Getenv("CNI_COMMAND") == "" {
-		if run, ok := commands[os.Args[1]]; ok {
-			os.Exit(run(os.Args[2:]))
-		}
+// printJSON writes v indented and returns the exit status.
+func printJSON(w io.Writer, v any) int {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return 1
 	}
-	skel.PluginMainFuncs(portmap.New().Funcs(), version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), bv.BuildString("portmap"))
+	return 0
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -30,8 +29,10 @@ func (n *networks) Set(v string) error { *n = append(*n, v); return nil }
 // SIGTERM). It returns the exit status: 0 when everything is right or was
 // repaired, 1 when anything could not be, 2 for bad usage.
 func syncMain(args []string) int {
-	fs := flag.NewFlagSet("portmap sync", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs := newFlags("sync", "[--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]\n       portmap sync --watch [--interval 60s] [--metrics-addr HOST:PORT] [--cache-dir DIR] [--network NAME]... [--prune]",
+		"Bring every cached attachment's host ports back to what the runtime made, in\n"+
+			"every backend and layer, both families: one pass, or with --watch the node\n"+
+			"agent (a pass after every firewall change and every --interval).")
 	var o agent.Options
 	var nets networks
 	fs.StringVar(&o.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
@@ -45,17 +46,8 @@ func syncMain(args []string) int {
 	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: portmap sync [--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]")
-		fmt.Fprintln(os.Stderr, "       portmap sync --watch [--interval 60s] [--cache-dir DIR] [--network NAME]... [--prune]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "portmap sync: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, done := parse(fs, args); done {
+		return code
 	}
 	o.Networks = nets
 	o.Retire = o.Prune && !*watch

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// bin builds the command once per test binary, with the VCS information
+// the toolchain records (the environment may say -buildvcs=false).
+func bin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "portmap-cli-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "portmap")
+		out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = errors.New(string(out))
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("go build: %v", binErr)
+	}
+	return binPath
+}
+
+// run runs the built command as a person would: no CNI_COMMAND.
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin(t), args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+// flagsOf are the flags each subcommand must name in its --help.
+var flagsOf = map[string][]string{
+	"sync":    {"-cache-dir", "-network", "-prune", "-bpf-pin-dir", "-dry-run", "-json", "-watch", "-interval", "-debounce", "-root"},
+	"list":    {"-json", "-bpf-pin-dir"},
+	"install": {"-dest", "-name"},
+	"version": {"-json"},
+}
+
+func TestCLIHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
+		out, errOut, code := run(t, args...)
+		if code != 0 || errOut != "" {
+			t.Errorf("portmap %s: exit %d, stderr %q; want 0 and nothing", args[0], code, errOut)
+		}
+		for name := range flagsOf {
+			if !strings.Contains(out, "\n  "+name+" ") {
+				t.Errorf("portmap %s does not list %q:\n%s", args[0], name, out)
+			}
+		}
+		if !strings.Contains(out, "CNI_COMMAND") {
+			t.Errorf("portmap %s does not point at the CNI usage:\n%s", args[0], out)
+		}
+	}
+	for name, flags := range flagsOf {
+		for _, args := range [][]string{{name, "--help"}, {name, "-h"}, {"help", name}} {
+			out, errOut, code := run(t, args...)
+			if code != 0 || errOut != "" {
+				t.Errorf("portmap %s: exit %d, stderr %q; want 0 and nothing", strings.Join(args, " "), code, errOut)
+			}
+			if !strings.HasPrefix(out, "usage: portmap "+name) {
+				t.Errorf("portmap %s: %q, want its usage", strings.Join(args, " "), out)
+			}
+			for _, f := range flags {
+				if !strings.Contains(out, "  "+f+" ") && !strings.Contains(out, "  "+f+"\n") {
+					t.Errorf("portmap %s does not name %s:\n%s", strings.Join(args, " "), f, out)
+				}
+			}
+		}
+	}
+}
+
+func TestCLIBadUsage(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string // in stderr, beside the usage
+	}{
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"--bogus"}, `unknown command "--bogus"`},
+		{[]string{"help", "bogus"}, `unknown command "bogus"`},
+		{[]string{"sync", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"sync", "extra"}, `unexpected argument "extra"`},
+		{[]string{"list", "--yaml"}, "flag provided but not defined: -yaml"},
+		{[]string{"list", "--bpf-pin-dir"}, "flag needs an argument: -bpf-pin-dir"},
+		{[]string{"list", "--bpf-pin-dir", "pins"}, `--bpf-pin-dir "pins": want a clean absolute path`},
+		{[]string{"install", "--dest"}, "flag needs an argument: -dest"},
+		{[]string{"version", "extra"}, `unexpected argument "extra"`},
+	} {
+		out, errOut, code := run(t, c.args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "want a clean") {
+			t.Errorf("portmap %s: exit %d, stdout %q, stderr %q; want 2, nothing, %q and the usage",
+				strings.Join(c.args, " "), code, out, errOut, c.want)
+		}
+	}
+}
+
+// TestCLIVersion: the build info of a binary built from git names its
+// revision; the CNI VERSION verb's about text names the same version.
+func TestCLIVersion(t *testing.T) {
+	rev, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI runs in a git clone: git rev-parse HEAD: %v", err)
+		}
+		t.Skip("not built from a git checkout: no revision to find")
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out, _, code := run(t, args...)
+		if code != 0 || !strings.Contains(out, "revision:     "+strings.TrimSpace(string(rev))) ||
+			!strings.Contains(out, "CNI versions: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0") || !strings.Contains(out, "go:           go1.") {
+			t.Errorf("portmap %s: exit %d:\n%s\nwant revision %s, the Go and CNI versions", args[0], code, out, rev)
+		}
+	}
+	out, _, _ := run(t, "version", "--json")
+	var in struct{ Version, Revision string }
+	if err := json.Unmarshal([]byte(out), &in); err != nil || in.Revision != strings.TrimSpace(string(rev)) || in.Version == "" {
+		t.Errorf("portmap version --json: %q (%v)", out, err)
+	}
+	// Without arguments and CNI_COMMAND: skel's about text, exit 0, as
+	// upstream's plugins.
+	_, about, code := run(t)
+	if code != 0 || !strings.HasPrefix(about, "CNI portmap plugin "+in.Version) {
+		t.Errorf("portmap: exit %d, %q; want the about text naming %s", code, about, in.Version)
+	}
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
