@@ -66,6 +66,15 @@ type Retirer interface {
 	Retire() (string, error)
 }
 
+// Skeletal is a backend (or layer) whose shared objects — what every
+// attachment's objects hang on, that a firewall flush takes away — can be
+// checked alone, without reading any attachment's: STATUS asks it.
+type Skeletal interface {
+	// Skeleton names the first shared object that ADD of plans like p
+	// makes and that is missing, or "".
+	Skeleton(p *plan.Plan) (string, error)
+}
+
 // Name is a value of the "backend" key.
 type Name string
 
@@ -225,6 +234,16 @@ func (x inFamily) Retire() (string, error) {
 	return "", nil
 }
 
+// Skeleton forwards to a backend that is Skeletal; the others have no
+// shared objects to check.
+func (x inFamily) Skeleton(p *plan.Plan) (string, error) {
+	if sk, ok := x.b.(Skeletal); ok {
+		what, err := sk.Skeleton(p)
+		return what, x.wrap(err)
+	}
+	return "", nil
+}
+
 // Nothing is a layer with nothing to do on this host.
 type Nothing struct{}
 
@@ -299,6 +318,21 @@ func (s Stack) LayersReady(p *plan.Plan) error {
 // Ready asks the backend, then each layer.
 func (s Stack) Ready(p *plan.Plan) error {
 	return s.each(func(b Backend) error { return b.Ready(p) })
+}
+
+// Skeleton names the first missing shared object of the backend or a
+// layer, or "".
+func (s Stack) Skeleton(p *plan.Plan) (string, error) {
+	for _, b := range append([]Backend{s.Base}, s.Layers...) {
+		sk, ok := b.(Skeletal)
+		if !ok {
+			continue
+		}
+		if what, err := sk.Skeleton(p); what != "" || err != nil {
+			return what, err
+		}
+	}
+	return "", nil
 }
 
 // GC collects in the backend and every layer; it goes on after an error.

@@ -175,3 +175,46 @@ func TestReaderKeepsUnchangedFiles(t *testing.T) {
 		t.Error("a removed file is still kept")
 	}
 }
+
+func TestMapped(t *testing.T) {
+	dir := t.TempDir()
+	conf := `{"cniVersion":"1.0.0","name":"net1","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`
+	pm := map[string]any{"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}}}
+	res := func(addrs ...string) map[string]any {
+		var ips []any
+		for _, a := range addrs {
+			ips = append(ips, map[string]any{"address": a})
+		}
+		return map[string]any{"cniVersion": "1.0.0", "ips": ips}
+	}
+	for _, e := range []Entry{
+		{Network: "net1", ContainerID: "nomap", IfName: "eth0", Conflist: []byte(conf), Result: res("10.0.0.2/24", "fd00::2/64")},
+		{Network: "net1", ContainerID: "v6", IfName: "eth0", Conflist: []byte(conf), CapabilityArgs: pm, Result: res("fd00::3/64")},
+		// another network whose name starts with this one's
+		{Network: "net1-b", ContainerID: "v4", IfName: "eth0", Conflist: []byte(conf), CapabilityArgs: pm, Result: res("10.0.0.4/24")},
+	} {
+		if err := Write(dir, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results", "net1-corrupt-eth0"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dir, network string
+		fams         map[int]bool
+		want         string
+	}{
+		{dir, "net1", map[int]bool{4: true}, ""},
+		{dir, "net1", map[int]bool{6: true}, "net1-v6-eth0"},
+		{dir, "net1", map[int]bool{4: true, 6: true}, "net1-v6-eth0"},
+		{dir, "net1-b", map[int]bool{4: true}, "net1-b-v4-eth0"},
+		{dir, "net2", map[int]bool{4: true, 6: true}, ""},
+		{filepath.Join(dir, "none"), "net1", map[int]bool{6: true}, ""},
+	} {
+		got, err := Mapped(c.dir, c.network, c.fams)
+		if err != nil || filepath.Base(got) != c.want && !(got == "" && c.want == "") {
+			t.Errorf("Mapped(%s, %v) = %q, %v; want %q", c.network, c.fams, got, err, c.want)
+		}
+	}
+}

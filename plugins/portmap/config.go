@@ -18,6 +18,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
+	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -47,6 +48,9 @@ type Config struct {
 	HasMappings bool
 	// Conflict is the host-port conflict policy.
 	Conflict ConflictPolicy
+	// CacheDir is libcni's cache directory, where STATUS looks for
+	// attachments ("cniCacheDir"; default /var/lib/cni).
+	CacheDir string
 	// PrevResult is the previous plugin's result, nil when absent.
 	PrevResult types.Result
 	// ContainerNets holds the container's first address of each family on
@@ -82,6 +86,7 @@ type netConf struct {
 	Localhost            *string   `json:"localhost"`
 	CgroupPath           *string   `json:"cgroupPath"`
 	BPFPinDir            *string   `json:"bpfPinDir"`
+	CNICacheDir          *string   `json:"cniCacheDir"`
 	RuntimeConfig        struct {
 		PortMappings json.RawMessage `json:"portMappings"`
 	} `json:"runtimeConfig"`
@@ -131,7 +136,14 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 	c := &Config{
 		CNIVersion:    nc.CNIVersion,
 		Network:       nc.Name,
+		CacheDir:      cnicache.DefaultDir,
 		ContainerNets: map[plan.Family]*net.IPNet{},
+	}
+	if nc.CNICacheDir != nil {
+		if !cleanAbs(*nc.CNICacheDir) {
+			return nil, invalid("cniCacheDir", *nc.CNICacheDir, "must be a clean absolute path")
+		}
+		c.CacheDir = *nc.CNICacheDir
 	}
 
 	c.Conflict = ConflictReplace
@@ -222,7 +234,7 @@ func (c *Config) parseLocalhost(nc netConf) error {
 		if kv.v == nil {
 			continue
 		}
-		if !filepath.IsAbs(*kv.v) || filepath.Clean(*kv.v) != *kv.v || plan.HasControl(*kv.v) {
+		if !cleanAbs(*kv.v) {
 			return invalid(kv.key, *kv.v, "must be a clean absolute path")
 		}
 		*kv.to = *kv.v
@@ -231,6 +243,12 @@ func (c *Config) parseLocalhost(nc netConf) error {
 		c.Request.Socket.PinDir = "" // one name for the default site
 	}
 	return nil
+}
+
+// cleanAbs reports whether path is absolute, clean and without control
+// characters.
+func cleanAbs(path string) bool {
+	return filepath.IsAbs(path) && filepath.Clean(path) == path && !plan.HasControl(path)
 }
 
 // rawValue finds the JSON text of a mistyped key so the error can show it;

@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -61,12 +64,21 @@ func validAttachments(stdin []byte, network string) ([]plan.Owner, error) {
 	return out, nil
 }
 
-// Status (CNI 1.1) succeeds when the selected backend can serve ADD, and
-// otherwise answers code 50 with the reason.
+// Status (CNI 1.1) answers code 50 when the selected backend cannot serve
+// ADD, with the reason; code 51 when it can but the node's shared objects
+// are gone or broken (a firewall flush took the jumps from the built-in
+// chains, or the table) while cached attachments of this network hold
+// host ports of that family — their ports do not forward until `portmap
+// sync` (or the agent) repairs them; otherwise nil. It reads the shared
+// objects, not the attachments', and the cache only when something is
+// missing.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	c, err := p.parse(args)
 	if err != nil {
 		return err
+	}
+	notAvailable := func(err error) error {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")
 	}
 	s, err := p.Host.Stack(c.Backend, plan.IPv4, &c.Request)
 	if err == nil {
@@ -76,7 +88,54 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		err = s.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
 	}
 	if err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")
+		return notAvailable(err)
 	}
-	return nil
+	stacks := map[plan.Family]backend.Stack{plan.IPv4: s}
+	if s6, err := p.Host.Stack(c.Backend, plan.IPv6, &c.Request); err == nil {
+		stacks[plan.IPv6] = s6 // a host without IPv6 tools has no IPv6 rules to lose
+	}
+	missing := map[plan.Family]string{}
+	fams := map[int]bool{}
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		st, ok := stacks[f]
+		if !ok {
+			continue
+		}
+		what, err := st.Skeleton(plan.Build(c.Request, f, nil))
+		if err != nil {
+			return notAvailable(fmt.Errorf("read the shared rules: %w", err))
+		}
+		if what != "" {
+			missing[f] = what
+			fams[familyNumber(f)] = true
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	file, err := cnicache.Mapped(c.CacheDir, c.Network, fams)
+	if err != nil || file == "" {
+		return nil // no attachment known to lose anything: ADD makes them
+	}
+	var whats []string
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		if missing[f] != "" {
+			whats = append(whats, fmt.Sprintf("%s: %s", f, missing[f]))
+		}
+	}
+	return types.NewError(ErrLimitedConnectivity,
+		fmt.Sprintf("existing containers' host ports may not forward: the %s backend's shared rules are broken (%s); `portmap sync` repairs them",
+			c.Backend, strings.Join(whats, "; ")),
+		"cached attachment "+file)
+}
+
+// ErrLimitedConnectivity is CNI 1.1's STATUS code 51: the plugin cannot
+// serve existing containers fully (types has no name for it).
+const ErrLimitedConnectivity = 51
+
+func familyNumber(f plan.Family) int {
+	if f == plan.IPv6 {
+		return 6
+	}
+	return 4
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -259,6 +261,48 @@ func TestStatus(t *testing.T) {
 	err := p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`}))
 	if codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "iptables backend cannot serve ADD: permission denied") {
 		t.Errorf("Status: %v, want code 50 naming the backend and reason", err)
+	}
+}
+
+// TestStatusLimitedConnectivity: code 51 only when a shared object is
+// missing and the cache holds an attachment of this network with host
+// ports of that family; the cache is not read when nothing is missing.
+func TestStatusLimitedConnectivity(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func() *skel.CmdArgs {
+		return args(t, map[string]string{"cniVersion": `"1.1.0"`, "cniCacheDir": strconv.Quote(dir)})
+	}
+	p, h, _ := newFake()
+	h.Missing["iptables ipv4"] = "rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing"
+	if err := p.Status(cfg()); err != nil {
+		t.Errorf("skeleton missing, no attachment: %v, want nil", err)
+	}
+	conflist := `{"cniVersion":"1.1.0","name":"net1","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`
+	if err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: "c1", IfName: "eth0", Conflist: []byte(conflist),
+		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}}},
+		Result:         map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "192.0.2.2/24"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	err := p.Status(cfg())
+	if codeOf(err) != ErrLimitedConnectivity || !strings.Contains(err.Error(), "ipv4: rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing") ||
+		!strings.Contains(err.Error(), "`portmap sync` repairs") {
+		t.Errorf("skeleton missing with an IPv4 attachment: %v, want code 51 naming what and the repair", err)
+	}
+	delete(h.Missing, "iptables ipv4")
+	h.Missing["iptables ipv6"] = "chain CNI-HOSTPORT-DNAT missing"
+	if err := p.Status(cfg()); err != nil {
+		t.Errorf("IPv6 skeleton missing, only IPv4 attachments: %v, want nil", err)
+	}
+	delete(h.Missing, "iptables ipv6")
+	if err := p.Status(cfg()); err != nil {
+		t.Errorf("nothing missing: %v", err)
+	}
+	if calls := h.Calls(); !strings.Contains(calls, "skeleton iptables ipv6") || strings.Contains(calls, "layer") {
+		t.Errorf("calls:\n%s\nwant both families' skeletons read", calls)
+	}
+	bad := args(t, map[string]string{"cniVersion": `"1.1.0"`, "cniCacheDir": `"cache"`})
+	if err := p.Status(bad); codeOf(err) != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), `invalid cniCacheDir "cache"`) {
+		t.Errorf("relative cniCacheDir: %v, want code 7 naming the key", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -94,6 +95,55 @@ func TestStatus(t *testing.T) {
 		var e types.Error
 		if jerr := json.Unmarshal(out, &e); jerr != nil || e.Code != types.ErrPluginNotAvailable || !strings.Contains(e.Msg, b.name+" backend cannot serve ADD") {
 			t.Errorf("STATUS that cannot serve ADD: %s, want code 50 naming the backend", out)
+		}
+	})
+}
+
+// TestStatusAfterFlush: STATUS answers 51 (existing containers may have
+// limited connectivity) when a firewall flush took the shared rules while
+// an attachment with host ports exists, naming what is missing and the
+// repair; nil on a node without attachments, flushed or not, and again
+// after `portmap sync`.
+func TestStatusAfterFlush(t *testing.T) {
+	flushes := map[string][][]string{
+		"iptables": {{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
+		"nftables": {{"nft", "flush", "ruleset"}},
+	}
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		nettest.ResetNAT(t)
+		cache := t.TempDir()
+		extra["cniCacheDir"] = strconv.Quote(cache)
+		rt := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "status51", CNIVersion: "1.1.0", V4: "192.0.2.96/28",
+			V6: "2001:db8:1:51::/64", Extra: extra}, cache)
+		status := func() error { return rt.CNI.GetStatusNetworkList(t.Context(), rt.List) }
+		flush := func() {
+			for _, c := range flushes[b.name] {
+				nettest.Run(t, c[0], c[1:]...)
+			}
+		}
+		if err := status(); err != nil {
+			t.Errorf("STATUS on an empty node: %v", err)
+		}
+		flush()
+		if err := status(); err != nil {
+			t.Errorf("STATUS on an empty flushed node: %v", err)
+		}
+		rt.MustAdd(t, "s1", nettest.Mapping{HostPort: 6151, ContainerPort: srvPort})
+		if err := status(); err != nil {
+			t.Errorf("STATUS after ADD: %v", err)
+		}
+		flush()
+		err := status()
+		t.Logf("STATUS after the flush: %v", err)
+		if nettest.Code(err) != 51 || !strings.Contains(err.Error(), "`portmap sync` repairs") ||
+			!strings.Contains(err.Error(), "ipv4: ") || !strings.Contains(err.Error(), "ipv6: ") {
+			t.Errorf("STATUS after %q with an attachment: %v, want code 51 naming both families and the repair", flushes[b.name], err)
+		}
+		if r, code := runSync(t, "--cache-dir", cache); code != 0 || states(r)["status51/s1"] != "repaired" {
+			t.Errorf("sync: exit %d, %+v", code, r)
+		}
+		if err := status(); err != nil {
+			t.Errorf("STATUS after sync: %v", err)
 		}
 	})
 }

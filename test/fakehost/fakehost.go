@@ -32,6 +32,9 @@ type Host struct {
 	FailAll   error
 	// FailOpen fails opening the backend or layer of that name.
 	FailOpen map[string]error
+	// Missing is what Skeleton answers by backend or layer and family
+	// ("nftables ipv6"): a shared object found missing.
+	Missing map[string]string
 	// Localnet is route_localnet per interface; FailSysctl fails turning
 	// it on.
 	Localnet   map[string]bool
@@ -42,7 +45,7 @@ type Host struct {
 // New returns a host whose registry holds recording fakes of the
 // real backends and layers (same names, same Wants), and the recorder.
 func New() (*host.Host, *Host) {
-	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Localnet: map[string]bool{}}
+	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Missing: map[string]string{}, Localnet: map[string]bool{}}
 	h := &host.Host{
 		DefaultBackend: func() backend.Name { return backend.IPTables },
 		Sysctl:         fh,
@@ -140,6 +143,14 @@ func (b fakeBackend) Ready(*plan.Plan) error {
 	return b.h.FailAll
 }
 func (b fakeBackend) Mappings() ([]plan.Installed, error) { return nil, b.h.FailAll }
+
+// Skeleton makes every fake Skeletal: Missing says what is missing.
+func (b fakeBackend) Skeleton(*plan.Plan) (string, error) {
+	b.h.Record("skeleton " + b.name + " " + b.f.String())
+	return b.h.Missing[b.name+" "+b.f.String()], b.h.FailAll
+}
+
+var _ backend.Skeletal = fakeBackend{}
 
 func (b fakeBackend) record(op string, p *plan.Plan, err error) error {
 	var ms []string

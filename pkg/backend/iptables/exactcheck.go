@@ -113,3 +113,14 @@ func (p *payload) failedLineNumber(out string) int {
 	n, _ := strconv.Atoi(m[1])
 	return n
 }
+
+// Skeleton names what of the shared objects that ADD of plans like p
+// makes is missing — the jumps from the built-in chains, the mark and
+// masquerade rules, the localhost guard — or "": one iptables-restore of
+// -C lines, which reads those chains and changes nothing (STATUS).
+func (b *Backend) Skeleton(p *plan.Plan) (string, error) {
+	q := *p
+	q.Conditions = nil // the shared rules alone
+	shared, _, err := b.exactCheck([]*plan.Plan{&q})
+	return shared, err
+}

@@ -228,3 +228,37 @@ func TestMemoryRanges(t *testing.T) {
 		}
 	}
 }
+
+// Skeleton reads the shared rules alone: nothing missing on an empty node
+// is not its question (STATUS asks the cache), so it names what ADD would
+// make; after ADD nothing; after `iptables -t nat -F` the jumps from the
+// built-in chains; after sync nothing again.
+func TestMemorySkeleton(t *testing.T) {
+	b, m := memBackend()
+	p := fixture.TestPlan(plan.IPv4, nil)
+	bare := plan.Build(plan.Request{Masquerade: p.Masquerade}, plan.IPv4, nil)
+	if what, err := b.Skeleton(bare); err != nil || what == "" {
+		t.Errorf("empty node: %q, %v; want what ADD makes named", what, err)
+	}
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, m)
+	if what, err := b.Skeleton(bare); err != nil || what != "" {
+		t.Errorf("after ADD: %q, %v; want nothing missing", what, err)
+	}
+	if dump(t, m) != before {
+		t.Errorf("Skeleton changed the tables")
+	}
+	m.FlushTable(Table)
+	what, err := b.Skeleton(bare)
+	if err != nil || !strings.Contains(what, "PREROUTING") {
+		t.Errorf("after iptables -t nat -F: %q, %v; want the PREROUTING jump named", what, err)
+	}
+	if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := b.Skeleton(bare); err != nil || what != "" {
+		t.Errorf("after sync: %q, %v; want nothing missing", what, err)
+	}
+}

@@ -14,27 +14,9 @@ import (
 // cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	fam := nftFamily(b.Family)
-	skel := skeletonRules(p)
-	var lookups map[string]bool
-	for _, name := range skeletonOrder(skel) {
-		c, err := b.Kernel.Chain(b.Family, Table, name)
-		if err != nil {
-			return fmt.Errorf("check chain %s: %w", name, err)
-		}
-		if c == nil {
-			return fmt.Errorf("missing chain %s in table %s %s", name, fam, Table)
-		}
-		if name == DispatchChain {
-			lookups = map[string]bool{}
-			for _, r := range c.Rules {
-				lookups[r.Lookup] = true
-			}
-		}
-		for _, r := range skel[name] {
-			if !hasRule(c, r) && !rangesLookup(r) {
-				return fmt.Errorf("missing rule %q in chain %s", r.Text(b.Family), name)
-			}
-		}
+	lookups, err := b.skeleton(p)
+	if err != nil {
+		return err
 	}
 	own := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, own)
@@ -67,6 +49,54 @@ func (b *Backend) Check(p *plan.Plan) error {
 		}
 	}
 	return nil
+}
+
+// Skeleton names what of the shared objects that ADD of plans like p
+// makes is missing — the table, its base chains and their jumps, the
+// dispatch chain's map lookups, the masquerade and guard chains — or "".
+// It reads those chains alone: its cost does not grow with the number of
+// attachments (STATUS).
+func (b *Backend) Skeleton(p *plan.Plan) (string, error) {
+	_, err := b.skeleton(p)
+	var m *missingError
+	if errors.As(err, &m) {
+		return m.what, nil
+	}
+	return "", err
+}
+
+// missingError is a shared object found missing.
+type missingError struct{ what string }
+
+func (e *missingError) Error() string { return e.what }
+
+// skeleton checks the shared chains of p and returns the maps the
+// dispatch chain looks up.
+func (b *Backend) skeleton(p *plan.Plan) (map[string]bool, error) {
+	fam := nftFamily(b.Family)
+	skel := skeletonRules(p)
+	var lookups map[string]bool
+	for _, name := range skeletonOrder(skel) {
+		c, err := b.Kernel.Chain(b.Family, Table, name)
+		if err != nil {
+			return nil, fmt.Errorf("check chain %s: %w", name, err)
+		}
+		if c == nil {
+			return nil, &missingError{fmt.Sprintf("missing chain %s in table %s %s", name, fam, Table)}
+		}
+		if name == DispatchChain {
+			lookups = map[string]bool{}
+			for _, r := range c.Rules {
+				lookups[r.Lookup] = true
+			}
+		}
+		for _, r := range skel[name] {
+			if !hasRule(c, r) && !rangesLookup(r) {
+				return nil, &missingError{fmt.Sprintf("missing rule %q in chain %s", r.Text(b.Family), name)}
+			}
+		}
+	}
+	return lookups, nil
 }
 
 // rangesLookup reports whether r is the dispatch chain's lookup of an

@@ -147,3 +147,29 @@ func TestMemoryCheckNamesTheLostPort(t *testing.T) {
 		t.Errorf("CHECK of the newer: %v", err)
 	}
 }
+
+// Skeleton reads the table's shared chains alone: after ADD nothing is
+// missing; after `nft flush ruleset` the table's base chain; after sync
+// nothing again.
+func TestMemorySkeleton(t *testing.T) {
+	b, m := memBackend()
+	p := fixture.TestPlan(plan.IPv4, nil)
+	bare := plan.Build(plan.Request{Masquerade: p.Masquerade}, plan.IPv4, nil)
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := b.Skeleton(bare); err != nil || what != "" {
+		t.Errorf("after ADD: %q, %v; want nothing missing", what, err)
+	}
+	m.FlushRuleset()
+	what, err := b.Skeleton(bare)
+	if err != nil || !strings.Contains(what, "missing chain prerouting in table ip cni_portmap") {
+		t.Errorf("after nft flush ruleset: %q, %v; want the prerouting chain named", what, err)
+	}
+	if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if what, err := b.Skeleton(bare); err != nil || what != "" {
+		t.Errorf("after sync: %q, %v; want nothing missing", what, err)
+	}
+}
