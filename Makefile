@@ -1,11 +1,12 @@
 # portmap — a drop-in CNI portmap plugin.
-#   make build     bin/portmap
+#   make build     bin/portmap (the plugin) and bin/portmap-agent (the node agent)
 #   make test      unit, kernel and end-to-end tests (root: they make their own netns)
 #   make demo      the main job end to end, in namespaces of its own (root)
 #   make bench     ours vs upstream, both backends, N = 0, 100, 1000 containers
 #                  and M = 1, 100, 1000, 5000 mappings in one (root; ~20 minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
-#   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap
+#   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap,
+#                  bin/portmap-agent -> $(DESTDIR)/usr/local/sbin/portmap-agent
 #   make image     the container image (FROM scratch, static binary) with podman
 
 GO      ?= go
@@ -23,7 +24,7 @@ VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || \
 BUILDFLAGS := -buildvcs=auto -ldflags "-X github.com/portmap-dev/portmap/pkg/buildinfo.version=$(VERSION)"
 
 build:
-	$(GO) build $(BUILDFLAGS) -o bin/portmap ./cmd/portmap
+	$(GO) build $(BUILDFLAGS) -o bin/ ./cmd/portmap ./cmd/portmap-agent
 
 # Everything the tests and the demo run, built from the module versions in
 # go.mod: the tools of its tool block (the real ptp/bridge/host-local,
@@ -76,14 +77,15 @@ bench-quick: deps plugins
 
 install: build
 	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap
+	install -D -m 0755 bin/portmap-agent $(DESTDIR)/usr/local/sbin/portmap-agent
 
 IMAGE ?= localhost/portmap:dev
 
 # The image of deploy/portmap.yaml: Containerfile FROM scratch with the
-# static binary; nothing to pull.
+# static binaries; nothing to pull.
 image:
 	@mkdir -p build/image
-	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o build/image/portmap ./cmd/portmap
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o build/image/ ./cmd/portmap ./cmd/portmap-agent
 	podman build -f Containerfile -t $(IMAGE) build/image
 
 clean:

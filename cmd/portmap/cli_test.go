@@ -12,18 +12,17 @@ import (
 	"testing"
 )
 
-// bin builds the command once per test binary, with the VCS information
-// the toolchain records (the environment may say -buildvcs=false).
-func bin(t *testing.T) string {
+// bin builds the plugin and the agent once per test binary, with the VCS
+// information the toolchain records (the environment may say
+// -buildvcs=false), and returns the path of name.
+func bin(t *testing.T, name string) string {
 	t.Helper()
 	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "portmap-cli-")
-		if err != nil {
-			binErr = err
+		binDir, binErr = os.MkdirTemp("", "portmap-cli-")
+		if binErr != nil {
 			return
 		}
-		binPath = filepath.Join(dir, "portmap")
-		out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", binDir+"/", ".", "../portmap-agent").CombinedOutput()
 		if err != nil {
 			binErr = errors.New(string(out))
 		}
@@ -31,14 +30,20 @@ func bin(t *testing.T) string {
 	if binErr != nil {
 		t.Fatalf("go build: %v", binErr)
 	}
-	return binPath
+	return filepath.Join(binDir, name)
 }
 
-// run runs the built command as a person would: no CNI_COMMAND.
+// run runs the plugin binary as a person would: no CNI_COMMAND.
 func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(bin(t), args...)
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	return runBin(t, "portmap", nil, args...)
+}
+
+// runBin runs binary name with env and args.
+func runBin(t *testing.T, name string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin(t, name), args...)
+	cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
@@ -54,7 +59,7 @@ func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 
 // flagsOf are the flags each subcommand must name in its --help.
 var flagsOf = map[string][]string{
-	"sync":    {"-cache-dir", "-network", "-prune", "-bpf-pin-dir", "-dry-run", "-json", "-watch", "-interval", "-debounce", "-root"},
+	"sync":    {"-cache-dir", "-network", "-prune", "-bpf-pin-dir", "-dry-run", "-json", "-watch", "-interval", "-debounce", "-root", "-metrics-addr", "-log-format"},
 	"list":    {"-json", "-bpf-pin-dir"},
 	"install": {"-dest", "-name"},
 	"version": {"-json"},
@@ -108,9 +113,12 @@ func TestCLIBadUsage(t *testing.T) {
 		{[]string{"list", "--bpf-pin-dir", "pins"}, `--bpf-pin-dir "pins": want a clean absolute path`},
 		{[]string{"install", "--dest"}, "flag needs an argument: -dest"},
 		{[]string{"version", "extra"}, `unexpected argument "extra"`},
+		{[]string{"sync", "--metrics-addr", "127.0.0.1:0"}, "--metrics-addr only with --watch"},
+		{[]string{"sync", "--watch", "--metrics-addr", "127.0.0.1:0"}, "--metrics-addr needs portmap-agent"},
+		{[]string{"sync", "--watch", "--log-format", "xml"}, `--log-format "xml": want text or json`},
 	} {
 		out, errOut, code := run(t, c.args...)
-		if code != 2 || out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "want a clean") {
+		if code != 2 || out != "" || !strings.Contains(errOut, c.want) {
 			t.Errorf("portmap %s: exit %d, stdout %q, stderr %q; want 2, nothing, %q and the usage",
 				strings.Join(c.args, " "), code, out, errOut, c.want)
 		}
@@ -149,14 +157,46 @@ func TestCLIVersion(t *testing.T) {
 
 var (
 	binOnce sync.Once
-	binPath string
+	binDir  string
 	binErr  error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
+	if binDir != "" {
+		os.RemoveAll(binDir)
 	}
 	os.Exit(code)
+}
+
+// TestAgentCLI: portmap-agent has the same commands but install, and
+// serves metrics; it refuses to be run as a CNI plugin.
+func TestAgentCLI(t *testing.T) {
+	out, errOut, code := runBin(t, "portmap-agent", nil, "help")
+	if code != 0 || errOut != "" || !strings.Contains(out, "not a CNI plugin") || strings.Contains(out, "\n  install ") {
+		t.Errorf("portmap-agent help: exit %d, %q %q", code, out, errOut)
+	}
+	for _, c := range []string{"sync", "list", "version"} {
+		if !strings.Contains(out, "\n  "+c+" ") {
+			t.Errorf("portmap-agent help does not list %s:\n%s", c, out)
+		}
+	}
+	out, _, code = runBin(t, "portmap-agent", nil, "sync", "--help")
+	if code != 0 || !strings.HasPrefix(out, "usage: portmap-agent sync") || !strings.Contains(out, "-metrics-addr") {
+		t.Errorf("portmap-agent sync --help: exit %d:\n%s", code, out)
+	}
+	if _, errOut, code := runBin(t, "portmap-agent", nil, "install"); code != 2 || !strings.Contains(errOut, `unknown command "install"`) {
+		t.Errorf("portmap-agent install: exit %d, %q; want 2", code, errOut)
+	}
+	if _, errOut, code := runBin(t, "portmap-agent", []string{"CNI_COMMAND=ADD"}); code != 1 || !strings.Contains(errOut, "not a CNI plugin") {
+		t.Errorf("portmap-agent as a plugin: exit %d, %q; want 1", code, errOut)
+	}
+	if _, errOut, code := runBin(t, "portmap-agent", nil); code != 2 || !strings.Contains(errOut, "usage") && !strings.Contains(errOut, "commands") {
+		t.Errorf("portmap-agent without arguments: exit %d, %q; want 2 and the usage", code, errOut)
+	}
+	out, _, _ = runBin(t, "portmap-agent", nil, "version")
+	plugin, _, _ := run(t, "version")
+	if out == "" || out != plugin {
+		t.Errorf("portmap-agent version %q, portmap version %q: want the same build", out, plugin)
+	}
 }

@@ -2,8 +2,7 @@ package agent
 
 import (
 	"context"
-	"fmt"
-	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -19,6 +18,38 @@ type WatchOptions struct {
 	// Debounce is how long events must be quiet before a pass: a reload
 	// commits many changes in a row.
 	Debounce time.Duration
+	// Observe, when set, is told of every pass when it ends (metrics,
+	// health).
+	Observe func(PassInfo)
+	// OnEvent, when set, is told of every nf_tables event received.
+	OnEvent func()
+	// Notify, when set, gets the service manager's states (systemd's
+	// sd_notify): "READY=1" after the first pass, "WATCHDOG=1" every
+	// Watchdog from the loop itself — a loop stuck in a pass sends none —
+	// and "STOPPING=1" at the end.
+	Notify   func(state string)
+	Watchdog time.Duration
+}
+
+// The triggers of a pass.
+const (
+	TriggerStart    = "start"
+	TriggerEvent    = "event"
+	TriggerInterval = "interval"
+)
+
+// PassInfo is one pass of the watcher, as Observe is told of it.
+type PassInfo struct {
+	// Trigger is TriggerStart, TriggerEvent (a firewall change, or the
+	// pass that confirms a pass that wrote) or TriggerInterval.
+	Trigger string
+	Start   time.Time
+	Took    time.Duration
+	// Report is what the pass found and did; nil when it could not run.
+	Report *Report
+	// Err is why the pass did not complete (the cache could not be read,
+	// a backend could not be read or written); nil when it did.
+	Err error
 }
 
 // KeepParsed makes the agent's passes keep what they parsed of each
@@ -40,11 +71,17 @@ func (a *Agent) KeepParsed() (stop func()) {
 // nothing to repair writes nothing and raises none. With Prune, an orphan
 // is removed only when two passes in a row found it, so an ADD whose rules
 // exist a moment before the runtime caches it is never pruned.
-func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log io.Writer) error {
+func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log *slog.Logger) error {
 	seen := map[string]bool{}   // orphans of the last pass, by owner
 	logged := map[string]bool{} // orphans already logged
+	failing := ""               // the error of the last pass, logged once
+	notify := func(state string) {
+		if o.Notify != nil {
+			o.Notify(state)
+		}
+	}
 	defer a.KeepParsed()()
-	pass := func(reason string) bool {
+	pass := func(trigger string) bool {
 		if drain != nil {
 			drain()
 		}
@@ -62,71 +99,101 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 		}
 		start := time.Now()
 		rep, err := a.Sync(so)
+		took := time.Since(start)
 		if so.Prune {
 			seen = current
 		}
-		if err != nil {
-			fmt.Fprintf(log, "%s portmap sync (%s): %v\n", stamp(), reason, err)
+		switch {
+		case err != nil && err.Error() != failing:
+			failing = err.Error()
+			log.Error("pass failed", "trigger", trigger, "err", err)
+		case err == nil && failing != "":
+			failing = ""
+			log.Info("passes succeed again", "trigger", trigger)
 		}
-		if rep == nil {
-			return false
+		if rep != nil {
+			logChanges(log, rep, trigger, took, logged)
 		}
-		logChanges(log, rep, reason, time.Since(start), logged)
-		return rep.Changed()
+		if o.Observe != nil {
+			o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err})
+		}
+		return rep != nil && rep.Changed()
 	}
 
 	interval := time.NewTicker(o.Interval)
 	defer interval.Stop()
+	var watchdog <-chan time.Time
+	if o.Watchdog > 0 {
+		t := time.NewTicker(o.Watchdog)
+		defer t.Stop()
+		watchdog = t.C
+	}
 	var settle <-chan time.Time
 	arm := func() {
 		if settle == nil {
 			settle = time.After(o.Debounce)
 		}
 	}
-	fmt.Fprintf(log, "%s portmap sync --watch: cache %s, a pass on nf_tables events (debounce %s) and every %s\n",
-		stamp(), o.CacheDir, o.Debounce, o.Interval)
-	if pass("start") {
+	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "interval", o.Interval.String())
+	if pass(TriggerStart) {
 		arm()
 	}
+	notify("READY=1")
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintf(log, "%s portmap sync --watch: stopping\n", stamp())
+			notify("STOPPING=1")
+			log.Info("stopping")
 			return nil
 		case _, ok := <-events:
 			if !ok {
-				fmt.Fprintf(log, "%s portmap sync --watch: the event subscription ended; passes every %s only\n", stamp(), o.Interval)
+				log.Warn("the nf_tables event subscription ended; passes on the interval only", "interval", o.Interval.String())
 				events = nil
 				continue
+			}
+			if o.OnEvent != nil {
+				o.OnEvent()
 			}
 			arm()
 		case <-settle:
 			settle = nil
-			if pass("firewall changed") {
+			if pass(TriggerEvent) {
 				arm()
 			}
 		case <-interval.C:
-			if pass("interval") {
+			if pass(TriggerInterval) {
 				arm()
 			}
+		case <-watchdog:
+			notify("WATCHDOG=1")
 		}
 	}
 }
 
-func stamp() string { return time.Now().UTC().Format(time.RFC3339) }
-
-// logChanges writes what a pass found wrong or did, one line each, and a
+// logChanges logs what a pass found wrong or did, one record each, and a
 // summary; nothing when everything was right. Orphans that are only
-// listed are logged once.
-func logChanges(w io.Writer, r *Report, reason string, took time.Duration, logged map[string]bool) {
-	var lines []string
+// listed, and cache files skipped as unusable, are logged once.
+func logChanges(log *slog.Logger, r *Report, trigger string, took time.Duration, logged map[string]bool) {
+	n := 0
 	for _, a := range r.Attachments {
-		if a.State != "ok" {
-			lines = append(lines, a.line())
+		if a.State == "ok" {
+			continue
 		}
+		n++
+		level := slog.LevelInfo
+		if a.State == "error" {
+			level = slog.LevelError
+		}
+		log.Log(context.Background(), level, "attachment "+a.State, "network", a.Network, "container", a.ContainerID,
+			"ifname", a.IfName, "backend", a.Backend, "what", a.What)
 	}
 	for _, s := range r.Shared {
-		lines = append(lines, s.line(false))
+		n++
+		log.Info("shared object repaired", "backend", s.Backend, "family", s.Family, "what", s.What)
+	}
+	for _, s := range r.Removed {
+		n++
+		log.Info("shared object removed", "backend", s.Backend, "family", s.Family, "what", s.What)
 	}
 	for _, o := range r.Orphans {
 		k := o.Backend + o.Family + o.Object
@@ -134,22 +201,28 @@ func logChanges(w io.Writer, r *Report, reason string, took time.Duration, logge
 			continue
 		}
 		logged[k] = true
-		lines = append(lines, o.line(false))
+		n++
+		level := slog.LevelInfo
+		if o.State == "error" {
+			level = slog.LevelError
+		}
+		args := []any{"network", o.Network, "container", o.ContainerID, "backend", o.Backend, "family", o.Family, "object", o.Object}
+		if o.Error != "" {
+			args = append(args, "err", o.Error)
+		}
+		log.Log(context.Background(), level, o.State, args...)
 	}
 	for _, s := range r.Skipped {
 		if s.Error && !logged[s.File] {
 			logged[s.File] = true
-			lines = append(lines, s.line())
+			n++
+			log.Warn("cache entry skipped", "file", s.File, "why", s.Why)
 		}
 	}
-	if len(lines) == 0 {
+	if n == 0 {
 		return
 	}
-	ts := stamp()
-	for _, l := range lines {
-		fmt.Fprintf(w, "%s %s\n", ts, l)
-	}
 	sm := r.Summary
-	fmt.Fprintf(w, "%s portmap sync (%s, %s): %d attachments: %d ok, %d repaired, %d errors; %d orphans, %d pruned\n",
-		ts, reason, took.Round(time.Millisecond), sm.Attachments, sm.OK, sm.Repaired, sm.Errors, sm.Orphans, sm.Pruned)
+	log.Info("pass", "trigger", trigger, "took", took.Round(time.Millisecond).String(), "attachments", sm.Attachments, "ok", sm.OK,
+		"repaired", sm.Repaired, "errors", sm.Errors, "orphans", sm.Orphans, "pruned", sm.Pruned)
 }

@@ -3,6 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +44,7 @@ func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (p
 	done := make(chan error)
 	go func() {
 		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond},
-			events, nil, &log)
+			events, nil, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	return func() (int, string) {
 		cancel()
@@ -87,7 +90,56 @@ func TestWatchFollowsAWritingPassOnce(t *testing.T) {
 	if passes != 2 {
 		t.Errorf("%d passes, want 2: a pass that wrote, one to confirm, then quiet", passes)
 	}
-	if !strings.Contains(log, "net1 a eth0: repaired: ipv4: chain missing") || !strings.Contains(log, "stopping") {
+	if !strings.Contains(log, `msg="attachment repaired" network=net1 container=a ifname=eth0 backend=iptables what="ipv4: chain missing"`) ||
+		!strings.Contains(log, "msg=stopping") {
 		t.Errorf("log:\n%s", log)
+	}
+}
+
+// TestWatchLogsAFailureOnce: a pass that fails as the last one did logs
+// nothing more; the first that succeeds says so; Observe hears every pass
+// with its trigger and error.
+func TestWatchLogsAFailureOnce(t *testing.T) {
+	a, _ := newFake()
+	dir := t.TempDir()
+	results := filepath.Join(dir, "results")
+	if err := os.WriteFile(results, nil, 0o600); err != nil { // not a directory: passes fail
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var passes []PassInfo
+	var log bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: 30 * time.Millisecond, Debounce: time.Millisecond,
+			Observe: func(p PassInfo) { mu.Lock(); passes = append(passes, p); mu.Unlock() }},
+			nil, nil, slog.New(slog.NewTextHandler(&log, nil)))
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(passes) }
+	for count() < 4 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.Remove(results); err != nil {
+		t.Fatal(err)
+	}
+	n := count()
+	for count() < n+2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(log.String(), `msg="pass failed"`); got != 1 {
+		t.Errorf("%d failure records, want 1:\n%s", got, log.String())
+	}
+	if got := strings.Count(log.String(), `msg="passes succeed again"`); got != 1 {
+		t.Errorf("%d recovery records, want 1:\n%s", got, log.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if passes[0].Trigger != TriggerStart || passes[0].Err == nil || passes[1].Trigger != TriggerInterval || passes[len(passes)-1].Err != nil {
+		t.Errorf("passes: %+v, want start (failed), interval…, the last ok", passes)
 	}
 }

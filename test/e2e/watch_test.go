@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -24,8 +25,16 @@ type watcher struct {
 
 func startWatch(t *testing.T, args ...string) *watcher {
 	t.Helper()
+	return startWatchOf(t, "portmap", nil, "watching", args...)
+}
+
+// startWatchOf runs `bin sync --watch args` (portmap or portmap-agent)
+// with env added to the environment, and waits for it to log started.
+func startWatchOf(t *testing.T, bin string, env []string, started string, args ...string) *watcher {
+	t.Helper()
 	w := &watcher{done: make(chan error, 1)}
-	w.cmd = exec.Command(filepath.Join(nettest.BinDir(), "portmap"), append([]string{"sync", "--watch"}, args...)...)
+	w.cmd = exec.Command(filepath.Join(nettest.BinDir(), bin), append([]string{"sync", "--watch"}, args...)...)
+	w.cmd.Env = append(os.Environ(), env...)
 	out, err := w.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +56,7 @@ func startWatch(t *testing.T, args ...string) *watcher {
 		_ = w.cmd.Process.Kill()
 		t.Logf("watch log:\n%s", w.text())
 	})
-	w.waitFor(t, "portmap sync --watch: cache", 5*time.Second)
+	w.waitFor(t, started, 5*time.Second)
 	return w
 }
 
@@ -128,7 +137,7 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 			t.Logf("round %d: host port back %s after the flush", round, time.Since(start).Round(time.Millisecond))
 			expectReply(t, cl, "udp", addr(nodeIP, 6453), "w1", clientIP)
 		}
-		w.waitFor(t, "watch w1 eth0: repaired", time.Second)
+		w.waitFor(t, `msg="attachment repaired" network=watch container=w1 ifname=eth0`, time.Second)
 		if err := rt.Check(c); err != nil {
 			t.Errorf("CHECK after the watcher's repair: %v", err)
 		}
@@ -144,6 +153,6 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 		case <-time.After(3 * time.Second):
 			t.Fatal("the watcher did not stop within 3 s of SIGTERM")
 		}
-		w.waitFor(t, "stopping", time.Second)
+		w.waitFor(t, "msg=stopping", time.Second)
 	})
 }

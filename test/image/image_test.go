@@ -60,7 +60,7 @@ func buildImage(t *testing.T) {
 		t.Skip("podman is not installed: skipping the image tests")
 	}
 	ctx := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(ctx, "portmap"), "github.com/portmap-dev/portmap/cmd/portmap")
+	build := exec.Command("go", "build", "-o", ctx+"/", "github.com/portmap-dev/portmap/cmd/portmap", "github.com/portmap-dev/portmap/cmd/portmap-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -79,7 +79,7 @@ func TestImageInstalls(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dest, "portmap"), []byte("old"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out, err := podman(t, "run", "--rm", "--network", "none", "-v", dest+":/host/opt/cni/bin", image,
+	out, err := podman(t, "run", "--rm", "--network", "none", "-v", dest+":/host/opt/cni/bin", "--entrypoint", "/portmap", image,
 		"install", "--dest", "/host/opt/cni/bin")
 	if err != nil || !strings.Contains(out, "installed /host/opt/cni/bin/portmap") {
 		t.Fatalf("podman run install: %v\n%s", err, out)

@@ -166,7 +166,7 @@ func BuildPlugins(dir string) error {
 	}
 	steps := [][]string{
 		append([]string{"build", "-o", dir + "/", "github.com/portmap-dev/portmap/test/demo/httpdemo"}, tools...),
-		{"build", "-buildvcs=auto", "-o", filepath.Join(dir, "portmap"), "github.com/portmap-dev/portmap/cmd/portmap"},
+		{"build", "-buildvcs=auto", "-o", dir + "/", "github.com/portmap-dev/portmap/cmd/portmap", "github.com/portmap-dev/portmap/cmd/portmap-agent"},
 		{"build", "-o", filepath.Join(dir, "portmap-upstream"), upstreamPortmap},
 	}
 	for _, args := range steps {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -11,8 +11,8 @@ import (
 // binary to DIR/portmap atomically (temporary file, fsync, rename), so a
 // runtime never executes a half-written plugin. The DaemonSet's init
 // container runs it into the host's CNI bin directory.
-func installMain(args []string) int {
-	fs := newFlags("install", "[--dest DIR] [--name NAME]",
+func (p Program) installMain(args []string) int {
+	fs := p.newFlags("install", "[--dest DIR] [--name NAME]",
 		"Copy this binary to DIR/NAME atomically (a temporary file, fsync, rename):\n"+
 			"a runtime never runs a half-written plugin. The DaemonSet's init container\n"+
 			"runs it into the host's CNI plugin directory.")
@@ -26,7 +26,7 @@ func installMain(args []string) int {
 		err = install.File(self, *dest, *name)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "portmap install:", err)
+		fmt.Fprintln(os.Stderr, p.Name+" install:", err)
 		return 1
 	}
 	fmt.Fprintf(os.Stdout, "installed %s/%s\n", *dest, *name)

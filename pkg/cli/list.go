@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"encoding/json"
@@ -17,8 +17,8 @@ import (
 // host-port table of this host from the kernel state of every backend and
 // layer, both families, including what the upstream plugin made (same
 // iptables layout).
-func listMain(args []string) int {
-	fs := newFlags("list", "[--json] [--bpf-pin-dir DIR]...",
+func (p Program) listMain(args []string) int {
+	fs := p.newFlags("list", "[--json] [--bpf-pin-dir DIR]...",
 		"Print this host's host-port table, read from the kernel: every backend and\n"+
 			"layer, both families, the upstream plugin's rules too (same layout).")
 	asJSON := fs.Bool("json", false, "print the entries as JSON")
@@ -31,13 +31,13 @@ func listMain(args []string) int {
 	for _, d := range pinDirs {
 		req, err := pinDirSite(d)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "portmap list:", err)
+			fmt.Fprintln(os.Stderr, p.Name+" list:", err)
 			return 2
 		}
 		sites = append(sites, req)
 	}
 	if err := list(os.Stdout, host.Real(os.Stderr), *asJSON, sites); err != nil {
-		fmt.Fprintln(os.Stderr, "portmap list:", err)
+		fmt.Fprintln(os.Stderr, p.Name+" list:", err)
 		return 1
 	}
 	return 0

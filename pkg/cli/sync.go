@@ -1,8 +1,10 @@
-package main
+package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/sdnotify"
 )
 
 // networks is the repeatable --network flag.
@@ -28,8 +31,8 @@ func (n *networks) Set(v string) error { *n = append(*n, v); return nil }
 // one pass and prints its report (or, with --watch, runs the agent until
 // SIGTERM). It returns the exit status: 0 when everything is right or was
 // repaired, 1 when anything could not be, 2 for bad usage.
-func syncMain(args []string) int {
-	fs := newFlags("sync", "[--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]\n       portmap sync --watch [--interval 60s] [--metrics-addr HOST:PORT] [--cache-dir DIR] [--network NAME]... [--prune]",
+func (p Program) syncMain(args []string) int {
+	fs := p.newFlags("sync", "[--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]\n--watch [--interval 60s] [--metrics-addr HOST:PORT] [--log-format json] [--cache-dir DIR] [--network NAME]... [--prune]",
 		"Bring every cached attachment's host ports back to what the runtime made, in\n"+
 			"every backend and layer, both families: one pass, or with --watch the node\n"+
 			"agent (a pass after every firewall change and every --interval).")
@@ -45,6 +48,8 @@ func syncMain(args []string) int {
 	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
 	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
+	metricsAddr := fs.String("metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
+	logFormat := fs.String("log-format", "text", "with --watch: the log's format, text or json (one object a line)")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
 	if code, done := parse(fs, args); done {
 		return code
@@ -54,43 +59,64 @@ func syncMain(args []string) int {
 	for _, d := range pinDirs {
 		req, err := pinDirSite(d)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "portmap sync:", err)
+			fmt.Fprintln(os.Stderr, p.Name+" sync:", err)
 			return 2
 		}
 		o.Sites = append(o.Sites, req)
 	}
 	if *watch && (o.DryRun || o.JSON) {
-		fmt.Fprintln(os.Stderr, "portmap sync: --watch cannot be combined with --dry-run or --json")
+		fmt.Fprintln(os.Stderr, p.Name+" sync: --watch cannot be combined with --dry-run or --json")
+		return 2
+	}
+	if !*watch {
+		var watchOnly []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "metrics-addr" || f.Name == "log-format" || f.Name == "interval" || f.Name == "debounce" {
+				watchOnly = append(watchOnly, "--"+f.Name)
+			}
+		})
+		if len(watchOnly) > 0 {
+			fmt.Fprintf(os.Stderr, p.Name+" sync: %s only with --watch\n", strings.Join(watchOnly, ", "))
+			return 2
+		}
+	}
+	if *metricsAddr != "" && p.Metrics == nil {
+		fmt.Fprintf(os.Stderr, "%s sync: --metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz "+
+			"(the plugin binary links no HTTP server: it would slow every CNI call)\n", p.Name)
+		return 2
+	}
+	if *logFormat != "text" && *logFormat != "json" {
+		fmt.Fprintf(os.Stderr, p.Name+" sync: --log-format %q: want text or json\n", *logFormat)
 		return 2
 	}
 	if *watch && (*interval <= 0 || *debounce < 0) {
-		fmt.Fprintln(os.Stderr, "portmap sync: --interval must be positive and --debounce not negative")
+		fmt.Fprintln(os.Stderr, p.Name+" sync: --interval must be positive and --debounce not negative")
 		return 2
 	}
 	if *root != "" {
 		if err := syscall.Chroot(*root); err != nil {
-			fmt.Fprintf(os.Stderr, "portmap sync: chroot %s: %v\n", *root, err)
+			fmt.Fprintf(os.Stderr, p.Name+" sync: chroot %s: %v\n", *root, err)
 			return 1
 		}
 		if err := os.Chdir("/"); err != nil {
-			fmt.Fprintf(os.Stderr, "portmap sync: %v\n", err)
+			fmt.Fprintf(os.Stderr, p.Name+" sync: %v\n", err)
 			return 1
 		}
 	}
 	// After the chroot: the host handle finds the host's own tools.
 	a := &agent.Agent{Host: host.Real(os.Stderr)}
 	if *watch {
-		return runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce})
+		return p.runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce}, *metricsAddr, *logFormat)
 	}
 	rep, err := a.Sync(o)
 	if rep != nil {
 		if werr := rep.Write(os.Stdout, o.JSON); werr != nil {
-			fmt.Fprintln(os.Stderr, "portmap sync:", werr)
+			fmt.Fprintln(os.Stderr, p.Name+" sync:", werr)
 			return 1
 		}
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "portmap sync:", err)
+		fmt.Fprintln(os.Stderr, p.Name+" sync:", err)
 		return 1
 	}
 	if rep.Failed() {
@@ -110,22 +136,48 @@ func pinDirSite(dir string) (*plan.Request, error) {
 	return &plan.Request{Socket: plan.Socket{PinDir: dir}}, nil
 }
 
-// runWatch runs the agent until SIGTERM or SIGINT, logging to stdout.
-func runWatch(a *agent.Agent, o agent.WatchOptions) int {
+// runWatch runs the agent until SIGTERM or SIGINT, logging to stdout in
+// format (text or json); with metricsAddr it serves the metrics and
+// probes there; under systemd (NOTIFY_SOCKET) it says when it is ready
+// and feeds the watchdog.
+func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, format string) int {
+	var h slog.Handler = slog.NewTextHandler(os.Stdout, nil)
+	if format == "json" {
+		h = slog.NewJSONHandler(os.Stdout, nil)
+	}
+	log := slog.New(h)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if metricsAddr != "" {
+		obs := p.Metrics(o.Interval)
+		o.Observe, o.OnEvent = obs.Pass, obs.Event
+		addr, err := obs.Serve(ctx, metricsAddr, log)
+		if err != nil {
+			log.Error("cannot serve metrics", "addr", metricsAddr, "err", err)
+			return 1
+		}
+		log.Info("serving /metrics, /healthz and /readyz", "addr", addr.String())
+	}
+	if n := sdnotify.FromEnv(); n != nil {
+		o.Watchdog = sdnotify.WatchdogInterval()
+		o.Notify = func(state string) {
+			if err := n.Notify(state); err != nil {
+				log.Warn("systemd notification failed", "state", state, "err", err)
+			}
+		}
+	}
 	var events <-chan struct{}
 	var drain func()
 	sub, err := nfevents.Subscribe()
 	if err != nil {
 		// iptables-legacy hosts may lack nf_tables: the timer still works.
-		fmt.Fprintf(os.Stderr, "portmap sync --watch: %v; passes every %s only\n", err, o.Interval)
+		log.Warn("no nf_tables events; passes on the interval only", "err", err, "interval", o.Interval.String())
 	} else {
 		defer sub.Close()
 		events, drain = sub.C, sub.Drain
 	}
-	if err := a.Watch(ctx, o, events, drain, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "portmap sync --watch:", err)
+	if err := a.Watch(ctx, o, events, drain, log); err != nil {
+		log.Error("watch ended", "err", err)
 		return 1
 	}
 	return 0
