@@ -7,14 +7,23 @@
 package image
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/test/deploy"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -123,4 +132,122 @@ func TestImageSyncUsesHostTools(t *testing.T) {
 	if !strings.Contains(out, "img c1 eth0: would repair: ipv4: chain") || !strings.Contains(out, "sync: 1 attachments") {
 		t.Errorf("sync in the image:\n%s", out)
 	}
+}
+
+// TestImageRunsTheDaemonSetPod: the agent container of deploy/portmap.yaml
+// run with podman as the pod spec says — its command and arguments, its
+// capabilities, its mounts (the host's / at /host, the libcni cache
+// read-only over it; here a cache of the test's) — in a network namespace
+// of the test's instead of the host's: the probes the pod spec names
+// answer 200 once the first pass ended, and /metrics counts passes.
+func TestImageRunsTheDaemonSetPod(t *testing.T) {
+	buildImage(t)
+	ds, err := deploy.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	nsPath := netns(t)
+	if out, err := exec.Command("ip", "netns", "exec", filepath.Base(nsPath), "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v\n%s", err, out)
+	}
+	cache := t.TempDir()
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	name := fmt.Sprintf("pmimg-agent-%d", os.Getpid())
+	args := []string{"run", "-d", "--name", name, "--network", "ns:" + nsPath}
+	for _, cp := range c.SecurityContext.Capabilities.Add {
+		args = append(args, "--cap-add", string(cp))
+	}
+	for _, m := range c.VolumeMounts {
+		src := hostPaths[m.Name]
+		if src == "" {
+			t.Fatalf("mount %s: no hostPath volume %q", m.MountPath, m.Name)
+		}
+		if src == "/var/lib/cni" {
+			src = cache // never the machine's own cache
+		}
+		var opts []string
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		if m.MountPropagation != nil && *m.MountPropagation == "HostToContainer" {
+			opts = append(opts, "rslave")
+		}
+		v := src + ":" + m.MountPath
+		if len(opts) > 0 {
+			v += ":" + strings.Join(opts, ",")
+		}
+		args = append(args, "-v", v)
+	}
+	args = append(args, "--entrypoint", c.Command[0], image)
+	args = append(args, c.Args...)
+	if out, err := podman(t, args...); err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := podman(t, "logs", name)
+			t.Logf("the agent's log:\n%s", out)
+		}
+		_, _ = podman(t, "rm", "-f", "-t", "2", name)
+	})
+	n, err := ns.GetNS(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for _, p := range []struct {
+		name string
+		get  *corev1.HTTPGetAction
+	}{{"liveness", c.LivenessProbe.HTTPGet}, {"readiness", c.ReadinessProbe.HTTPGet}} {
+		addr := net.JoinHostPort(p.get.Host, p.get.Port.String())
+		var code int
+		var body string
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			if code, body, err = httpGet(n, addr, p.get.Path); err == nil && code == 200 {
+				break
+			}
+		}
+		if code != 200 {
+			t.Errorf("%s probe GET %s%s: %d %q %v, want 200", p.name, addr, p.get.Path, code, body, err)
+		}
+	}
+	live := c.LivenessProbe.HTTPGet
+	_, metrics, err := httpGet(n, net.JoinHostPort(live.Host, live.Port.String()), "/metrics")
+	if err != nil || !strings.Contains(metrics, `portmap_agent_passes_total{trigger="start"} 1`) {
+		t.Errorf("/metrics: %v\n%s", err, metrics)
+	}
+}
+
+// httpGet sends GET path to addr from inside network namespace n (a
+// plain HTTP/1.0 exchange on a connection dialled on the locked thread:
+// net/http would dial from another goroutine, in another namespace) and
+// returns the status code and body.
+func httpGet(n ns.NetNS, addr, path string) (code int, body string, err error) {
+	err = n.Do(func(ns.NetNS) error {
+		conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		code, body = resp.StatusCode, string(b)
+		return err
+	})
+	return code, body, err
 }

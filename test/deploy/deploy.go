@@ -1,0 +1,51 @@
+// Package deploy reads deploy/portmap.yaml into the Kubernetes API types
+// (strictly), for its tests here and for the image tests, which run the
+// DaemonSet's pod with podman.
+package deploy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	appsv1 "k8s.io/api/apps/v1"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// Manifest is the DaemonSet's file.
+var Manifest = func() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "portmap.yaml")
+}()
+
+// Read decodes the manifest.
+func Read() (*appsv1.DaemonSet, error) {
+	data, err := os.ReadFile(Manifest)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(data)
+}
+
+// Decode reads the DaemonSet strictly, as the API server's strict field
+// validation does: a duplicate key, an unknown field, a field in the
+// wrong case ("readonly") or a value of the wrong type is an error.
+// (sigs.k8s.io/yaml's UnmarshalStrict alone matches field names in any
+// case, as encoding/json does.)
+func Decode(data []byte) (*appsv1.DaemonSet, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, err
+	}
+	var ds appsv1.DaemonSet
+	strict, err := kjson.UnmarshalStrict(js, &ds, kjson.DisallowUnknownFields)
+	if err != nil {
+		return nil, err
+	}
+	if len(strict) > 0 {
+		return nil, errors.Join(strict...)
+	}
+	return &ds, nil
+}
