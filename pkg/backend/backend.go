@@ -71,8 +71,13 @@ type Retirer interface {
 // checked alone, without reading any attachment's: STATUS asks it.
 type Skeletal interface {
 	// Skeleton names the first shared object that ADD of plans like p
-	// makes and that is missing, or "".
-	Skeleton(p *plan.Plan) (string, error)
+	// makes and that is missing, or ""; some says that some of them
+	// exist (all, when nothing is missing): the family was set up since
+	// its firewall was last emptied. A family with none while another has
+	// some was never set up (a node with IPv4 host ports only) — or lost
+	// to a removal of that family's table alone, which STATUS takes for
+	// the same.
+	Skeleton(p *plan.Plan) (missing string, some bool, err error)
 }
 
 // Name is a value of the "backend" key.
@@ -236,12 +241,12 @@ func (x inFamily) Retire() (string, error) {
 
 // Skeleton forwards to a backend that is Skeletal; the others have no
 // shared objects to check.
-func (x inFamily) Skeleton(p *plan.Plan) (string, error) {
+func (x inFamily) Skeleton(p *plan.Plan) (string, bool, error) {
 	if sk, ok := x.b.(Skeletal); ok {
-		what, err := sk.Skeleton(p)
-		return what, x.wrap(err)
+		missing, some, err := sk.Skeleton(p)
+		return missing, some, x.wrap(err)
 	}
-	return "", nil
+	return "", false, nil
 }
 
 // Nothing is a layer with nothing to do on this host.
@@ -321,18 +326,23 @@ func (s Stack) Ready(p *plan.Plan) error {
 }
 
 // Skeleton names the first missing shared object of the backend or a
-// layer, or "".
-func (s Stack) Skeleton(p *plan.Plan) (string, error) {
+// layer; some exist when some of any of theirs do.
+func (s Stack) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
 	for _, b := range append([]Backend{s.Base}, s.Layers...) {
 		sk, ok := b.(Skeletal)
 		if !ok {
 			continue
 		}
-		if what, err := sk.Skeleton(p); what != "" || err != nil {
-			return what, err
+		m, so, err := sk.Skeleton(p)
+		if err != nil {
+			return "", false, err
 		}
+		if missing == "" {
+			missing = m
+		}
+		some = some || so
 	}
-	return "", nil
+	return missing, some, nil
 }
 
 // GC collects in the backend and every layer; it goes on after an error.

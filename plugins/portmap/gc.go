@@ -71,7 +71,8 @@ func validAttachments(stdin []byte, network string) ([]plan.Owner, error) {
 // host ports of that family — their ports do not forward until `portmap
 // sync` (or the agent) repairs them; otherwise nil. It reads the shared
 // objects, not the attachments', and the cache only when something is
-// missing.
+// missing of a family that was set up (some of its skeleton left, or
+// none of any family's: a flush of the whole ruleset).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	c, err := p.parse(args)
 	if err != nil {
@@ -94,18 +95,27 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if s6, err := p.Host.Stack(c.Backend, plan.IPv6, &c.Request); err == nil {
 		stacks[plan.IPv6] = s6 // a host without IPv6 tools has no IPv6 rules to lose
 	}
-	missing := map[plan.Family]string{}
-	fams := map[int]bool{}
+	found := map[plan.Family]string{}
+	some := map[plan.Family]bool{}
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
 		st, ok := stacks[f]
 		if !ok {
 			continue
 		}
-		what, err := st.Skeleton(plan.Build(c.Request, f, nil))
+		what, so, err := st.Skeleton(plan.Build(c.Request, f, nil))
 		if err != nil {
 			return notAvailable(fmt.Errorf("read the shared rules: %w", err))
 		}
-		if what != "" {
+		found[f], some[f] = what, so
+	}
+	// A family with nothing of its skeleton left while the other has some
+	// was never set up (IPv4 host ports only): asking the cache about it
+	// would read every file of the network on a healthy node.
+	anySome := some[plan.IPv4] || some[plan.IPv6]
+	missing := map[plan.Family]string{}
+	fams := map[int]bool{}
+	for f, what := range found {
+		if what != "" && (some[f] || !anySome) {
 			missing[f] = what
 			fams[familyNumber(f)] = true
 		}

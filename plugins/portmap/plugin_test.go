@@ -274,6 +274,7 @@ func TestStatusLimitedConnectivity(t *testing.T) {
 	}
 	p, h, _ := newFake()
 	h.Missing["iptables ipv4"] = "rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing"
+	h.Traces["iptables ipv4"] = true // iptables -t nat -F: our chains are left
 	if err := p.Status(cfg()); err != nil {
 		t.Errorf("skeleton missing, no attachment: %v, want nil", err)
 	}
@@ -288,10 +289,29 @@ func TestStatusLimitedConnectivity(t *testing.T) {
 		!strings.Contains(err.Error(), "`portmap sync` repairs") {
 		t.Errorf("skeleton missing with an IPv4 attachment: %v, want code 51 naming what and the repair", err)
 	}
-	delete(h.Missing, "iptables ipv4")
 	h.Missing["iptables ipv6"] = "chain CNI-HOSTPORT-DNAT missing"
+	delete(h.Traces, "iptables ipv4")
+	if err := p.Status(cfg()); codeOf(err) != ErrLimitedConnectivity {
+		t.Errorf("both skeletons gone (nft flush ruleset): %v, want code 51", err)
+	}
+	delete(h.Missing, "iptables ipv4")
+	h.Traces["iptables ipv6"] = true
 	if err := p.Status(cfg()); err != nil {
-		t.Errorf("IPv6 skeleton missing, only IPv4 attachments: %v, want nil", err)
+		t.Errorf("IPv6 skeleton broken, only IPv4 attachments: %v, want nil", err)
+	}
+	if err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: "c6", IfName: "eth0", Conflist: []byte(conflist),
+		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8086, "containerPort": 80}}},
+		Result:         map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "2001:db8::2/64"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Status(cfg()); codeOf(err) != ErrLimitedConnectivity || !strings.Contains(err.Error(), "ipv6: chain CNI-HOSTPORT-DNAT missing") {
+		t.Errorf("IPv6 skeleton broken with an IPv6 attachment: %v, want code 51 naming it", err)
+	}
+	// Nothing of the IPv6 skeleton while IPv4's is whole: IPv6 was never
+	// set up, and the cache is not asked (it would be read whole).
+	delete(h.Traces, "iptables ipv6")
+	if err := p.Status(cfg()); err != nil {
+		t.Errorf("no IPv6 skeleton at all, IPv4's whole: %v, want nil", err)
 	}
 	delete(h.Missing, "iptables ipv6")
 	if err := p.Status(cfg()); err != nil {

@@ -33,8 +33,10 @@ type Host struct {
 	// FailOpen fails opening the backend or layer of that name.
 	FailOpen map[string]error
 	// Missing is what Skeleton answers by backend or layer and family
-	// ("nftables ipv6"): a shared object found missing.
+	// ("nftables ipv6"): a shared object found missing. Traces says that
+	// some of the shared objects of a family with one missing exist.
 	Missing map[string]string
+	Traces  map[string]bool
 	// Localnet is route_localnet per interface; FailSysctl fails turning
 	// it on.
 	Localnet   map[string]bool
@@ -45,7 +47,7 @@ type Host struct {
 // New returns a host whose registry holds recording fakes of the
 // real backends and layers (same names, same Wants), and the recorder.
 func New() (*host.Host, *Host) {
-	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Missing: map[string]string{}, Localnet: map[string]bool{}}
+	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Missing: map[string]string{}, Traces: map[string]bool{}, Localnet: map[string]bool{}}
 	h := &host.Host{
 		DefaultBackend: func() backend.Name { return backend.IPTables },
 		Sysctl:         fh,
@@ -144,10 +146,13 @@ func (b fakeBackend) Ready(*plan.Plan) error {
 }
 func (b fakeBackend) Mappings() ([]plan.Installed, error) { return nil, b.h.FailAll }
 
-// Skeleton makes every fake Skeletal: Missing says what is missing.
-func (b fakeBackend) Skeleton(*plan.Plan) (string, error) {
-	b.h.Record("skeleton " + b.name + " " + b.f.String())
-	return b.h.Missing[b.name+" "+b.f.String()], b.h.FailAll
+// Skeleton makes every fake Skeletal: Missing says what is missing,
+// Traces whether some shared objects are left.
+func (b fakeBackend) Skeleton(*plan.Plan) (string, bool, error) {
+	key := b.name + " " + b.f.String()
+	b.h.Record("skeleton " + key)
+	missing := b.h.Missing[key]
+	return missing, missing == "" || b.h.Traces[key], b.h.FailAll
 }
 
 var _ backend.Skeletal = fakeBackend{}

@@ -1,8 +1,10 @@
 package iptables
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -116,11 +118,80 @@ func (p *payload) failedLineNumber(out string) int {
 
 // Skeleton names what of the shared objects that ADD of plans like p
 // makes is missing — the jumps from the built-in chains, the mark and
-// masquerade rules, the localhost guard — or "": one iptables-restore of
-// -C lines, which reads those chains and changes nothing (STATUS).
-func (b *Backend) Skeleton(p *plan.Plan) (string, error) {
+// masquerade rules, the localhost guard — or "" (STATUS). On iptables-nft
+// it reads those chains alone over nf_tables netlink: no process, and a
+// cost that does not grow with the attachments (iptables-restore would
+// load the whole table first). It judges a rule by its chain and jump —
+// present, or for a rule without one (MARK, MASQUERADE, DROP) a chain not
+// empty — which is what a flush takes; CHECK and sync compare rules
+// exactly. On iptables-legacy it is one iptables-restore of -C lines.
+// It changes nothing.
+func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
 	q := *p
 	q.Conditions = nil // the shared rules alone
-	shared, _, err := b.exactCheck([]*plan.Plan{&q})
-	return shared, err
+	missing, some, err = b.skeleton(append(GuardRules(&q), SharedRules(&q)...))
+	if errors.Is(err, ErrLegacy) {
+		// some: the listing that would tell is the whole table; say
+		// yes, and let STATUS ask the cache
+		missing, _, err = b.exactCheck([]*plan.Plan{&q})
+		return missing, true, err
+	}
+	return missing, some, err
+}
+
+// skeleton names the first of rules that nf_tables does not hold, by
+// chain and jump; some says that one of them, or a chain of ours, is
+// there.
+func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) {
+	// The rules' chains, read with their rules; the chains they jump to,
+	// only whether they exist (CNI-HOSTPORT-DNAT holds every
+	// attachment's entry rules).
+	var tables []string
+	names, jumped := map[string][]string{}, map[string][]string{}
+	for _, r := range rules {
+		t := tableOf(r)
+		if _, ok := names[t]; !ok {
+			tables = append(tables, t)
+		}
+		if !slices.Contains(names[t], r.Chain) {
+			names[t] = append(names[t], r.Chain)
+		}
+	}
+	for _, r := range rules {
+		t, to := tableOf(r), jumpOf(r.Args)
+		if !targets[to] && !slices.Contains(names[t], to) && !slices.Contains(jumped[t], to) {
+			jumped[t] = append(jumped[t], to)
+		}
+	}
+	got := map[string]map[string]ChainSummary{}
+	for _, t := range tables {
+		s, err := b.Kernel.Chains(t, names[t], true)
+		if err != nil {
+			return "", false, err
+		}
+		j, err := b.Kernel.Chains(t, jumped[t], false)
+		if err != nil {
+			return "", false, err
+		}
+		maps.Copy(s, j)
+		got[t] = s
+	}
+	for _, r := range rules {
+		builtin := slices.Contains(builtins[tableOf(r)], r.Chain)
+		c, ok := got[tableOf(r)][r.Chain]
+		to := jumpOf(r.Args)
+		switch {
+		case !ok && !builtin:
+			missing = cmp.Or(missing, "chain "+r.Chain+" missing")
+		case !ok || (targets[to] && c.Rules == 0) || (!targets[to] && !slices.Contains(c.Jumps, to)):
+			missing = cmp.Or(missing, describe(r)+" missing")
+			some = some || (ok && !builtin) // our chain, emptied
+		default:
+			some = true
+		}
+		if _, ok := got[tableOf(r)][to]; ok && !targets[to] {
+			some = true // a chain of ours a flush of rules leaves
+		}
+	}
+	return missing, some, nil
 }

@@ -61,6 +61,19 @@ type Kernel interface {
 	// found is false when the chain does not exist. It fails with
 	// ErrLegacy when this namespace has an iptables-legacy table.
 	Unlink(parent, chain string) (found bool, err error)
+	// Chains reads chains of table over nf_tables netlink — no process,
+	// no rule cache of the table: each of names that exists, with its
+	// rules' count and the chains they jump to when rules is set (a dump
+	// of the chain's rules; without, a zero summary says it exists). It
+	// fails with ErrLegacy when this namespace has an iptables-legacy
+	// table of that name.
+	Chains(table string, names []string, rules bool) (map[string]ChainSummary, error)
+}
+
+// ChainSummary is what Kernel.Chains tells of one chain.
+type ChainSummary struct {
+	Rules int
+	Jumps []string
 }
 
 // Backend applies plans of one family.
@@ -316,6 +329,17 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 		return false, err
 	}
 	return unlink(c, k.family, parent, chain)
+}
+
+func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+	if legacyTable(k.family, table) {
+		return nil, ErrLegacy
+	}
+	c, err := k.netlink()
+	if err != nil {
+		return nil, err
+	}
+	return summarize(c, k.family, table, names, rules)
 }
 
 // netlink is the kernel's nf_tables socket, opened once.

@@ -21,6 +21,9 @@ type Memory struct {
 	tables map[string]*xtable
 	// Restores counts the payloads committed.
 	Restores int
+	// Legacy makes the tables iptables-legacy's: not readable over
+	// nf_tables netlink (Chains fails with ErrLegacy).
+	Legacy bool
 }
 
 // xtable is one table: its chains in creation order, each rule as its
@@ -280,4 +283,31 @@ func (k *memKernel) Unlink(parent, chain string) (bool, error) {
 	}
 	k.m.tables = c.tables
 	return true, nil
+}
+
+// Chains summarizes chains as nf_tables netlink would, unless the tables
+// are legacy.
+func (k *memKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+	if k.m.Legacy {
+		return nil, ErrLegacy
+	}
+	t := k.m.table(table)
+	out := map[string]ChainSummary{}
+	for _, name := range names {
+		if !t.has(name) {
+			continue
+		}
+		if !rules {
+			out[name] = ChainSummary{}
+			continue
+		}
+		s := ChainSummary{Rules: len(t.rules[name])}
+		for _, r := range t.rules[name] {
+			if to := jumpOf(r); to != "" && !targets[to] {
+				s.Jumps = append(s.Jumps, to)
+			}
+		}
+		out[name] = s
+	}
+	return out, nil
 }

@@ -1,7 +1,9 @@
 package iptables
 
 import (
+	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -231,34 +233,61 @@ func TestMemoryRanges(t *testing.T) {
 
 // Skeleton reads the shared rules alone: nothing missing on an empty node
 // is not its question (STATUS asks the cache), so it names what ADD would
-// make; after ADD nothing; after `iptables -t nat -F` the jumps from the
-// built-in chains; after sync nothing again.
+// make, none there; after ADD nothing; with the masquerade chain emptied,
+// its rule; after `iptables -t nat -F` the jumps from the built-in chains,
+// our chains left; after -F and -X of both tables none left (on
+// iptables-legacy it cannot tell and says some); after sync nothing again. Over netlink
+// (iptables-nft) and by -C lines (iptables-legacy) alike.
 func TestMemorySkeleton(t *testing.T) {
-	b, m := memBackend()
-	p := fixture.TestPlan(plan.IPv4, nil)
-	bare := plan.Build(plan.Request{Masquerade: p.Masquerade}, plan.IPv4, nil)
-	if what, err := b.Skeleton(bare); err != nil || what == "" {
-		t.Errorf("empty node: %q, %v; want what ADD makes named", what, err)
-	}
-	if err := b.Apply(p); err != nil {
-		t.Fatal(err)
-	}
-	before := dump(t, m)
-	if what, err := b.Skeleton(bare); err != nil || what != "" {
-		t.Errorf("after ADD: %q, %v; want nothing missing", what, err)
-	}
-	if dump(t, m) != before {
-		t.Errorf("Skeleton changed the tables")
-	}
-	m.FlushTable(Table)
-	what, err := b.Skeleton(bare)
-	if err != nil || !strings.Contains(what, "PREROUTING") {
-		t.Errorf("after iptables -t nat -F: %q, %v; want the PREROUTING jump named", what, err)
-	}
-	if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	if what, err := b.Skeleton(bare); err != nil || what != "" {
-		t.Errorf("after sync: %q, %v; want nothing missing", what, err)
+	for _, legacy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
+			b, m := memBackend()
+			m.Legacy = legacy
+			p := fixture.TestPlan(plan.IPv4, nil)
+			bare := plan.Build(plan.Request{Masquerade: p.Masquerade}, plan.IPv4, nil)
+			if what, some, err := b.Skeleton(bare); err != nil || what == "" || some != legacy {
+				t.Errorf("empty node: %q, some %v, %v; want what ADD makes named, some %v", what, some, err, legacy)
+			}
+			if err := b.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+			before, restores := dump(t, m), m.Restores
+			if what, some, err := b.Skeleton(bare); err != nil || what != "" || !some {
+				t.Errorf("after ADD: %q, some %v, %v; want nothing missing", what, some, err)
+			}
+			if dump(t, m) != before {
+				t.Errorf("Skeleton changed the tables")
+			}
+			if !legacy && m.Restores != restores {
+				t.Errorf("Skeleton on nf_tables ran iptables-restore %d times", m.Restores-restores)
+			}
+			m.table(Table).rules[MasqChain] = nil
+			if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "-A "+MasqChain) || !some {
+				t.Errorf("masquerade chain emptied: %q, some %v, %v; want its rule named, some left", what, some, err)
+			}
+			m.FlushTable(Table)
+			what, some, err := b.Skeleton(bare)
+			if err != nil || !strings.Contains(what, "PREROUTING") || !some {
+				t.Errorf("after iptables -t nat -F: %q, some %v, %v; want the PREROUTING jump named, our chains left", what, some, err)
+			}
+			for _, table := range []string{FilterTable, Table} {
+				m.FlushTable(table)
+				xt := m.table(table)
+				for _, c := range slices.Clone(xt.order) {
+					if !slices.Contains(builtins[table], c) {
+						xt.apply("-X " + c)
+					}
+				}
+			}
+			if what, some, err := b.Skeleton(bare); err != nil || what == "" || some != legacy {
+				t.Errorf("after -F -X of the nat and filter tables: %q, some %v, %v; want what is missing named, some %v", what, some, err, legacy)
+			}
+			if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if what, some, err := b.Skeleton(bare); err != nil || what != "" || !some {
+				t.Errorf("after sync: %q, some %v, %v; want nothing missing", what, some, err)
+			}
+		})
 	}
 }

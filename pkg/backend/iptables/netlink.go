@@ -57,6 +57,42 @@ func chainExists(c *nfnl.Conn, f plan.Family, chain string) (bool, error) {
 	return true, nil
 }
 
+// summarize reads chains of table of family f: a get of each chain (the
+// kernel answers ENOENT for a missing chain or table) and, withRules, a
+// dump of its rules alone (the kernel looks the chain up by name: other
+// chains are not read).
+func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]ChainSummary, error) {
+	out := map[string]ChainSummary{}
+	for _, name := range names {
+		var get nfnl.Attrs
+		get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, name)
+		_, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get chain %s of table %s: %w", name, table, err)
+		}
+		if !withRules {
+			out[name] = ChainSummary{}
+			continue
+		}
+		var dump nfnl.Attrs
+		dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, name)
+		rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: nfproto(f), Attrs: dump.Bytes()})
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s of table %s: %w", name, table, err)
+		}
+		s := ChainSummary{Rules: len(rules)}
+		for _, r := range rules {
+			_, jumps := nfnl.RuleJumps(r.Attrs)
+			s.Jumps = append(s.Jumps, jumps...)
+		}
+		out[name] = s
+	}
+	return out, nil
+}
+
 // unlink removes chain of the nat table of family f, and the rules of
 // parent that jump to it, in one nf_tables transaction, without running
 // iptables: iptables-nft's nat table is an nf_tables table, and deleting

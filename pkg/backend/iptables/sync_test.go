@@ -50,7 +50,10 @@ func (k *fakeKernel) Restore(p []byte) error {
 	}
 	return nil
 }
-func (k *fakeKernel) Test([]byte) error            { return nil }
+func (k *fakeKernel) Test([]byte) error { return nil }
+func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, error) {
+	return nil, ErrLegacy
+}
 func (k *fakeKernel) ListTable() ([]string, error) { return k.lines, nil }
 func (k *fakeKernel) EnsureChain(c Chain) error {
 	k.ensures = append(k.ensures, "chain "+c.Name)

@@ -56,17 +56,21 @@ func (b *Backend) Check(p *plan.Plan) error {
 // dispatch chain's map lookups, the masquerade and guard chains — or "".
 // It reads those chains alone: its cost does not grow with the number of
 // attachments (STATUS).
-func (b *Backend) Skeleton(p *plan.Plan) (string, error) {
-	_, err := b.skeleton(p)
+func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
+	_, err = b.skeleton(p)
 	var m *missingError
 	if errors.As(err, &m) {
-		return m.what, nil
+		return m.what, m.some, nil
 	}
-	return "", err
+	return "", err == nil, err
 }
 
-// missingError is a shared object found missing.
-type missingError struct{ what string }
+// missingError is a shared object found missing; some says that others
+// (a chain of the table) exist.
+type missingError struct {
+	what string
+	some bool
+}
 
 func (e *missingError) Error() string { return e.what }
 
@@ -76,13 +80,21 @@ func (b *Backend) skeleton(p *plan.Plan) (map[string]bool, error) {
 	fam := nftFamily(b.Family)
 	skel := skeletonRules(p)
 	var lookups map[string]bool
+	var missing *missingError
 	for _, name := range skeletonOrder(skel) {
 		c, err := b.Kernel.Chain(b.Family, Table, name)
 		if err != nil {
 			return nil, fmt.Errorf("check chain %s: %w", name, err)
 		}
 		if c == nil {
-			return nil, &missingError{fmt.Sprintf("missing chain %s in table %s %s", name, fam, Table)}
+			if missing == nil {
+				missing = &missingError{what: fmt.Sprintf("missing chain %s in table %s %s", name, fam, Table)}
+			}
+			continue
+		}
+		if missing != nil {
+			missing.some = true
+			return nil, missing
 		}
 		if name == DispatchChain {
 			lookups = map[string]bool{}
@@ -92,9 +104,12 @@ func (b *Backend) skeleton(p *plan.Plan) (map[string]bool, error) {
 		}
 		for _, r := range skel[name] {
 			if !hasRule(c, r) && !rangesLookup(r) {
-				return nil, &missingError{fmt.Sprintf("missing rule %q in chain %s", r.Text(b.Family), name)}
+				return nil, &missingError{what: fmt.Sprintf("missing rule %q in chain %s", r.Text(b.Family), name), some: true}
 			}
 		}
+	}
+	if missing != nil {
+		return nil, missing
 	}
 	return lookups, nil
 }

@@ -149,27 +149,35 @@ func TestMemoryCheckNamesTheLostPort(t *testing.T) {
 }
 
 // Skeleton reads the table's shared chains alone: after ADD nothing is
-// missing; after `nft flush ruleset` the table's base chain; after sync
-// nothing again.
+// missing; with the dispatch chain emptied its lookups, some left; after
+// `nft flush ruleset` the table's base chain, nothing left; after sync
+// nothing missing again.
 func TestMemorySkeleton(t *testing.T) {
 	b, m := memBackend()
 	p := fixture.TestPlan(plan.IPv4, nil)
 	bare := plan.Build(plan.Request{Masquerade: p.Masquerade}, plan.IPv4, nil)
+	if what, some, err := b.Skeleton(bare); err != nil || what == "" || some {
+		t.Errorf("empty node: %q, some %v, %v; want what ADD makes named, none there", what, some, err)
+	}
 	if err := b.Apply(p); err != nil {
 		t.Fatal(err)
 	}
-	if what, err := b.Skeleton(bare); err != nil || what != "" {
-		t.Errorf("after ADD: %q, %v; want nothing missing", what, err)
+	if what, some, err := b.Skeleton(bare); err != nil || what != "" || !some {
+		t.Errorf("after ADD: %q, some %v, %v; want nothing missing", what, some, err)
+	}
+	m.state(plan.IPv4, Table).chains[DispatchChain].rules = nil
+	if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "in chain "+DispatchChain) || !some {
+		t.Errorf("dispatch chain emptied: %q, some %v, %v; want its lookup named, some left", what, some, err)
 	}
 	m.FlushRuleset()
-	what, err := b.Skeleton(bare)
-	if err != nil || !strings.Contains(what, "missing chain prerouting in table ip cni_portmap") {
-		t.Errorf("after nft flush ruleset: %q, %v; want the prerouting chain named", what, err)
+	what, some, err := b.Skeleton(bare)
+	if err != nil || !strings.Contains(what, "missing chain prerouting in table ip cni_portmap") || some {
+		t.Errorf("after nft flush ruleset: %q, some %v, %v; want the prerouting chain named, none left", what, some, err)
 	}
 	if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if what, err := b.Skeleton(bare); err != nil || what != "" {
-		t.Errorf("after sync: %q, %v; want nothing missing", what, err)
+	if what, some, err := b.Skeleton(bare); err != nil || what != "" || !some {
+		t.Errorf("after sync: %q, some %v, %v; want nothing missing", what, some, err)
 	}
 }
