@@ -32,6 +32,7 @@ type options struct {
 	syncN    []int
 	ms       []int
 	socket   bool
+	idle     time.Duration
 }
 
 func main() {
@@ -39,12 +40,13 @@ func main() {
 	var o options
 	nList := flag.String("n", "0,100,1000", "numbers of containers already mapped")
 	flag.IntVar(&o.samples, "samples", 20, "samples per verb and N")
-	flag.IntVar(&o.conns, "conns", 2000, "connections per connection-rate run (bounded by 10s)")
+	flag.IntVar(&o.conns, "conns", 2000, "connections per connection-rate run (bounded by 10s; 0: no connection-rate runs)")
 	flag.IntVar(&o.connN, "conn-n", 1000, "mappings installed for the loaded connection-rate run")
 	flag.StringVar(&o.out, "out", "test/bench/results", "directory for results.json, results.md and latency.svg")
 	backends := flag.String("backends", "iptables,nftables", "backends to measure")
 	syncList := flag.String("sync-n", "1000", "numbers of cached attachments for the sync passes (empty: none)")
 	mList := flag.String("m", "1,100,1000,5000", "numbers of mappings of one container for the M axis (empty: none)")
+	flag.DurationVar(&o.idle, "agent-idle", 30*time.Second, "how long the agent is watched idle (CPU per idle minute)")
 	flag.BoolVar(&o.socket, "socket", true, "measure the socket path (\"localhost\": \"socket\") beside the NAT path")
 	flag.Parse()
 	o.ns = intList(*nList)
@@ -188,10 +190,13 @@ func run(tb *benchTB, o options) *report {
 	for _, be := range o.backends {
 		for _, n := range o.syncN {
 			progress("sync ours %s N=%d", be, n)
-			r.Sync = append(r.Sync, measureSync(tb, be, n, o.samples))
+			r.Sync = append(r.Sync, measureSync(tb, be, n, o.samples, o.idle))
 		}
 	}
 	for _, be := range o.backends {
+		if o.conns == 0 {
+			break
+		}
 		for _, p := range plugins {
 			for _, n := range []int{0, o.connN} {
 				progress("connections %s %s N=%d", p, be, n)

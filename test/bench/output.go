@@ -128,10 +128,14 @@ func (r *report) text() string {
 	if len(r.Sync) > 0 {
 		b.WriteString("\nportmap sync (ours; upstream has none) with N cached attachments\n")
 		b.WriteString(textTable(syncHead, r.syncRows()))
+		b.WriteString("\nThe node agent (portmap-agent sync --watch) and STATUS with N cached attachments\n")
+		b.WriteString(textTable(agentHead, r.agentRows()))
 	}
 	b.WriteString(manyText(r))
-	b.WriteString("\nNew TCP connections per second from a client namespace\n")
-	b.WriteString(textTable(connHead, r.connRows()))
+	if len(r.Conns) > 0 {
+		b.WriteString("\nNew TCP connections per second from a client namespace\n")
+		b.WriteString(textTable(connHead, r.connRows()))
+	}
 	b.WriteString(socketText(r))
 	if g := r.goals(); g != nil {
 		b.WriteString("\nGoals (this run)\n")
@@ -154,10 +158,14 @@ func (r *report) markdown() string {
 	if len(r.Sync) > 0 {
 		b.WriteString("\n### portmap sync (ours; upstream has none) with N cached attachments\n\n")
 		b.WriteString(mdTable(syncHead, r.syncRows()))
+		b.WriteString("\n### The node agent (portmap-agent sync --watch) and STATUS with N cached attachments\n\n")
+		b.WriteString(mdTable(agentHead, r.agentRows()))
 	}
 	b.WriteString(manyMarkdown(r))
-	b.WriteString("\n### New TCP connections per second\n\n")
-	b.WriteString(mdTable(connHead, r.connRows()))
+	if len(r.Conns) > 0 {
+		b.WriteString("\n### New TCP connections per second\n\n")
+		b.WriteString(mdTable(connHead, r.connRows()))
+	}
 	b.WriteString(socketMarkdown(r))
 	if g := r.goals(); g != nil {
 		b.WriteString("\n### Goals (this run)\n\n")
@@ -351,5 +359,42 @@ func (r *report) goals() [][]string {
 	}
 	r.manyGoals(add)
 	r.socketGoals(add)
+	r.agentGoals(add)
 	return rows
+}
+
+var agentHead = []string{"backend", "N", "agent RSS after 10 passes, between passes, MB (goal ≤ 30)", "peak (in a pass) MB", "idle CPU ms/min (passes)", "STATUS p50 ms", "STATUS after a flush (51) p50 ms"}
+
+func (r *report) agentRows() [][]string {
+	var rows [][]string
+	for _, s := range r.Sync {
+		a := s.Agent
+		rows = append(rows, []string{s.Backend, fmt.Sprint(s.N), fmt.Sprintf("%.1f", float64(a.RSSKB)/1024), fmt.Sprintf("%.1f", float64(a.PeakKB)/1024),
+			fmt.Sprintf("%.1f (%d in %.0f s)", a.IdleCPUPerMin, a.IdlePasses, a.IdleSeconds), fmt.Sprintf("%.1f", a.StatusP50), fmt.Sprintf("%.1f", a.Status51P50)})
+	}
+	return rows
+}
+
+// agentGoals are the agent's goals (issue #17): memory, and no pass
+// while idle.
+func (r *report) agentGoals(add func(goal, measured string, met bool)) {
+	floor := 0.0
+	for _, f := range r.Floor {
+		if f.Plugin == "ours" {
+			floor = f.P50
+		}
+	}
+	for _, s := range r.Sync {
+		st := s.Agent
+		add(fmt.Sprintf("%s: STATUS at N=%d within 5 ms of the no-op start (%.1f ms)", s.Backend, s.N, floor),
+			fmt.Sprintf("%.1f ms", st.StatusP50), st.StatusP50-floor <= 5)
+		add(fmt.Sprintf("%s: STATUS after a flush (51) at N=%d within 5 ms of the no-op start", s.Backend, s.N),
+			fmt.Sprintf("%.1f ms", st.Status51P50), st.Status51P50-floor <= 5)
+	}
+	for _, s := range r.Sync {
+		a := s.Agent
+		add(fmt.Sprintf("%s: agent RSS at N=%d after 10 passes ≤ 30 MB", s.Backend, s.N), fmt.Sprintf("%.1f MB", float64(a.RSSKB)/1024), a.RSSKB <= 30*1024)
+		add(fmt.Sprintf("%s: agent idle at N=%d: no pass without an event or the interval", s.Backend, s.N),
+			fmt.Sprintf("%d passes, %.1f ms CPU/min", a.IdlePasses, a.IdleCPUPerMin), a.IdlePasses == 0)
+	}
 }

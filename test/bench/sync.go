@@ -27,6 +27,8 @@ type syncTiming struct {
 	WatchP50    float64 `json:"watch_pass_p50_ms"`
 	RepairP50   float64 `json:"full_repair_p50_ms"`
 	RepairCount int     `json:"full_repair_samples"`
+	// Agent is the node agent and STATUS on this node.
+	Agent agentUsage `json:"agent"`
 }
 
 // cacheFill writes the libcni cache entries of the n fill containers,
@@ -57,7 +59,7 @@ var flushCommands = map[string][][]string{
 	"nftables": {{"nft", "flush", "ruleset"}},
 }
 
-func measureSync(tb *benchTB, backend string, n, samples int) syncTiming {
+func measureSync(tb *benchTB, backend string, n, samples int, idle time.Duration) syncTiming {
 	nettest.ResetNAT(tb)
 	bin := binary("ours")
 	fill(bin, backend, n)
@@ -99,6 +101,15 @@ func measureSync(tb *benchTB, backend string, n, samples int) syncTiming {
 		}
 	}
 	stop()
+	ag := measureAgent(backend, n, dir, idle)
+	var stOK, st51 []float64
+	for range samples {
+		d, code := status(backend, dir)
+		if code != 0 {
+			fatalf("STATUS with everything in place: code %d", code)
+		}
+		stOK = append(stOK, d)
+	}
 	rs := max(1, min(samples, 5))
 	for range rs {
 		for _, c := range flushCommands[backend] {
@@ -106,8 +117,14 @@ func measureSync(tb *benchTB, backend string, n, samples int) syncTiming {
 				fatalf("%v: %v\n%s", c, err, out)
 			}
 		}
+		d, code := status(backend, dir)
+		if code != 51 {
+			fatalf("STATUS after a flush: code %d, want 51", code)
+		}
+		st51 = append(st51, d)
 		repair = append(repair, run(fmt.Sprintf("0 ok, %d repaired", n)))
 	}
+	ag.StatusP50, ag.Status51P50 = percentile(stOK, 50), percentile(st51, 50)
 	return syncTiming{Backend: backend, N: n, NothingP50: percentile(nothing, 50), WatchP50: percentile(watch, 50),
-		RepairP50: percentile(repair, 50), RepairCount: rs}
+		RepairP50: percentile(repair, 50), RepairCount: rs, Agent: ag}
 }
