@@ -77,10 +77,6 @@ func eventually(d time.Duration, cond func() bool) bool {
 // intervals; systemd hears READY=1 after the first pass, WATCHDOG=1 from
 // the loop and STOPPING=1; SIGTERM ends it with status 0.
 func TestAgentTellsHowItIs(t *testing.T) {
-	flush := map[string][][]string{
-		"iptables": {{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
-		"nftables": {{"nft", "flush", "ruleset"}},
-	}
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		nettest.ResetNAT(t)
 		cl := client(t)
@@ -140,11 +136,9 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		events := a.metric("portmap_agent_nftables_events_total", "")
 		byEvent := a.metric("portmap_agent_passes_total", `trigger="event"`)
 		repairs := a.metric("portmap_agent_repairs_total", `kind="attachment"`)
-		for _, cmd := range flush[b.name] {
-			nettest.Run(t, cmd[0], cmd[1:]...)
-		}
+		b.flushFirewall(t)
 		if !eventually(2*time.Second, func() bool { return a.metric("portmap_agent_repairs_total", `kind="attachment"`) > repairs }) {
-			t.Fatalf("no repair counted 2 s after %v", flush[b.name])
+			t.Fatalf("no repair counted 2 s after %v", b.flush)
 		}
 		expectReply(t, cl, "tcp", addr(nodeIP, 6501), "g1", clientIP)
 		if got := a.metric("portmap_agent_nftables_events_total", ""); got <= events {

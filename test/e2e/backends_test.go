@@ -25,11 +25,22 @@ type backend struct {
 	deleteDNAT func(t *testing.T, o plan.Owner, c *nettest.Container, hostPort int)
 	// breakShared removes a shared jump, and returns how to put it back.
 	breakShared func(t *testing.T) (missing string, repair func())
+	// flush is the firewall flush an operator does (a reload, a cleanup).
+	flush [][]string
+}
+
+// flushFirewall runs the backend's flush.
+func (b backend) flushFirewall(t *testing.T) {
+	t.Helper()
+	for _, c := range b.flush {
+		nettest.Run(t, c[0], c[1:]...)
+	}
 }
 
 var backends = []backend{
 	{
-		name: "iptables",
+		name:  "iptables",
+		flush: [][]string{{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
 		ruleset: func(t *testing.T) string {
 			return nettest.Save(t, 4) + "\n" + nettest.Save(t, 6)
 		},
@@ -45,7 +56,8 @@ var backends = []backend{
 		},
 	},
 	{
-		name: "nftables",
+		name:  "nftables",
+		flush: [][]string{{"nft", "flush", "ruleset"}},
 		ruleset: func(t *testing.T) string {
 			var out []string
 			for _, fam := range []string{"ip", "ip6"} {

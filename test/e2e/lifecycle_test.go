@@ -105,10 +105,6 @@ func TestStatus(t *testing.T) {
 // repair; nil on a node without attachments, flushed or not, and again
 // after `portmap sync`.
 func TestStatusAfterFlush(t *testing.T) {
-	flushes := map[string][][]string{
-		"iptables": {{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
-		"nftables": {{"nft", "flush", "ruleset"}},
-	}
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		nettest.ResetNAT(t)
 		cache := t.TempDir()
@@ -116,11 +112,7 @@ func TestStatusAfterFlush(t *testing.T) {
 		rt := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "status51", CNIVersion: "1.1.0", V4: "192.0.2.96/28",
 			V6: "2001:db8:1:51::/64", Extra: extra}, cache)
 		status := func() error { return rt.CNI.GetStatusNetworkList(t.Context(), rt.List) }
-		flush := func() {
-			for _, c := range flushes[b.name] {
-				nettest.Run(t, c[0], c[1:]...)
-			}
-		}
+		flush := func() { b.flushFirewall(t) }
 		if err := status(); err != nil {
 			t.Errorf("STATUS on an empty node: %v", err)
 		}
@@ -137,7 +129,7 @@ func TestStatusAfterFlush(t *testing.T) {
 		t.Logf("STATUS after the flush: %v", err)
 		if nettest.Code(err) != 51 || !strings.Contains(err.Error(), "`portmap sync` repairs") ||
 			!strings.Contains(err.Error(), "ipv4: ") || !strings.Contains(err.Error(), "ipv6: ") {
-			t.Errorf("STATUS after %q with an attachment: %v, want code 51 naming both families and the repair", flushes[b.name], err)
+			t.Errorf("STATUS after %q with an attachment: %v, want code 51 naming both families and the repair", b.flush, err)
 		}
 		if r, code := runSync(t, "--cache-dir", cache); code != 0 || states(r)["status51/s1"] != "repaired" {
 			t.Errorf("sync: exit %d, %+v", code, r)

@@ -87,10 +87,6 @@ func (w *watcher) waitFor(t *testing.T, s string, d time.Duration) {
 // nothing changing it writes nothing (no nf_tables event in 3 s, while it
 // passes every second); SIGTERM ends it cleanly.
 func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
-	flush := map[string][][]string{
-		"iptables": {{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
-		"nftables": {{"nft", "flush", "ruleset"}},
-	}
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		nettest.ResetNAT(t)
 		cl := client(t)
@@ -120,9 +116,7 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 		}
 
 		for round := range 2 {
-			for _, cmd := range flush[b.name] {
-				nettest.Run(t, cmd[0], cmd[1:]...)
-			}
+			b.flushFirewall(t)
 			start := time.Now()
 			var got string
 			for time.Since(start) < 2*time.Second {
