@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -168,17 +167,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		t.Logf("/healthz 503 %s after the cache broke", time.Since(start).Round(time.Millisecond))
 		mendCache()
 
-		if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-w.done:
-			if err != nil {
-				t.Errorf("after SIGTERM: %v, want exit 0", err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("the agent did not stop within 3 s of SIGTERM")
-		}
+		w.terminate(t)
 		got := states()
 		if len(got) < 3 || got[0] != "READY=1" || got[len(got)-1] != "STOPPING=1" || !contains(got, "WATCHDOG=1") {
 			t.Errorf("systemd heard %q, want READY=1 first, WATCHDOG=1, STOPPING=1 last", got)

@@ -60,6 +60,22 @@ func startWatchOf(t *testing.T, bin string, env []string, started string, args .
 	return w
 }
 
+// terminate sends SIGTERM and wants the process to exit 0 within 3 s.
+func (w *watcher) terminate(t *testing.T) {
+	t.Helper()
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-w.done:
+		if err != nil {
+			t.Errorf("after SIGTERM: %v, want exit 0", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("it did not stop within 3 s of SIGTERM")
+	}
+}
+
 func (w *watcher) text() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -136,17 +152,7 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 			t.Errorf("CHECK after the watcher's repair: %v", err)
 		}
 
-		if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-w.done:
-			if err != nil {
-				t.Errorf("after SIGTERM: %v, want exit 0", err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("the watcher did not stop within 3 s of SIGTERM")
-		}
+		w.terminate(t)
 		w.waitFor(t, "msg=stopping", time.Second)
 	})
 }
