@@ -20,7 +20,15 @@ type Report struct {
 	Shared      []Shared     `json:"shared"`
 	// Removed are node-wide objects retired because nothing uses them
 	// (sync --prune: the socket path's programs and pins).
-	Removed []Shared  `json:"removed,omitempty"`
+	Removed []Shared `json:"removed,omitempty"`
+	// Withheld are cached attachments the pass wrote nothing for: their
+	// DEL has begun, their container is gone, or the cache entry predates
+	// their last ADD (pkg/ledger).
+	Withheld []Withheld `json:"withheld"`
+	// Kept are objects of owners without a cache entry that the pass left
+	// alone although they look orphaned: an ADD on record whose cache
+	// entry the runtime has not written yet. Never pruned.
+	Kept    []Orphan  `json:"kept"`
 	Skipped []Skipped `json:"skipped"`
 	Summary Summary   `json:"summary"`
 }
@@ -50,6 +58,22 @@ type Orphan struct {
 	Error string `json:"error,omitempty"`
 }
 
+// Withheld is a cached attachment a pass did not write for.
+type Withheld struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	File        string `json:"file"`
+	// Reason is WithheldDeleted, WithheldGone or WithheldSuperseded; Why
+	// says it in words.
+	Reason string `json:"reason"`
+	Why    string `json:"why"`
+}
+
+func (w Withheld) line() string {
+	return fmt.Sprintf("%s %s %s: withheld (%s): %s", w.Network, w.ContainerID, w.IfName, w.Reason, w.Why)
+}
+
 // Shared is a shared object (base chain, jump, map) found missing.
 type Shared struct {
 	Backend string `json:"backend"`
@@ -76,6 +100,9 @@ type Summary struct {
 	Orphans     int `json:"orphans"`
 	Pruned      int `json:"pruned"`
 	Skipped     int `json:"skipped"`
+	// Withheld counts Report.Withheld, Kept Report.Kept.
+	Withheld int `json:"withheld"`
+	Kept     int `json:"kept"`
 	// NoMappings counts cached attachments of portmap networks without
 	// port mappings (nothing to keep).
 	NoMappings int `json:"noMappings"`
@@ -120,6 +147,10 @@ func (r *Report) addUnit(backend string, f plan.Family, u *converge.Report) {
 		}
 		r.Orphans = append(r.Orphans, so)
 	}
+	for _, h := range u.Held {
+		r.Kept = append(r.Kept, Orphan{Network: h.Network, ContainerID: h.ContainerID, Backend: backend,
+			Family: f.String(), Object: h.Object, State: "kept", Error: h.Err})
+	}
 }
 
 // finish adds one line per wanted attachment and the summary.
@@ -153,6 +184,10 @@ func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 		}
 	}
 	r.Summary.Skipped = len(r.Skipped)
+	slices.SortStableFunc(r.Kept, func(a, b Orphan) int {
+		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
+	})
+	r.Summary.Withheld, r.Summary.Kept = len(r.Withheld), len(r.Kept)
 }
 
 // line is the attachment's report line: network, container, interface,
@@ -213,6 +248,12 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	for _, s := range r.Removed {
 		fmt.Fprintf(w, "shared %s %s: removed: %s\n", s.Backend, s.Family, s.What)
 	}
+	for _, x := range r.Withheld {
+		fmt.Fprintln(w, x.line())
+	}
+	for _, k := range r.Kept {
+		fmt.Fprintf(w, "%s %s -: kept: %s %s %s: %s\n", k.Network, k.ContainerID, k.Backend, k.Family, k.Object, k.Error)
+	}
 	for _, s := range r.Skipped {
 		fmt.Fprintln(w, s.line())
 	}
@@ -221,7 +262,11 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	if r.DryRun {
 		dry = " (dry run: nothing changed)"
 	}
-	_, err := fmt.Fprintf(w, "sync: %d attachments: %d ok, %d repaired, %d errors; %d orphans, %d pruned; %d cache entries skipped, %d without port mappings%s\n",
-		sm.Attachments, sm.OK, sm.Repaired, sm.Errors, sm.Orphans, sm.Pruned, sm.Skipped, sm.NoMappings, dry)
+	held := ""
+	if sm.Withheld > 0 || sm.Kept > 0 {
+		held = fmt.Sprintf("; %d withheld, %d kept", sm.Withheld, sm.Kept)
+	}
+	_, err := fmt.Fprintf(w, "sync: %d attachments: %d ok, %d repaired, %d errors; %d orphans, %d pruned%s; %d cache entries skipped, %d without port mappings%s\n",
+		sm.Attachments, sm.OK, sm.Repaired, sm.Errors, sm.Orphans, sm.Pruned, held, sm.Skipped, sm.NoMappings, dry)
 	return err
 }

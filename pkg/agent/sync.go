@@ -15,11 +15,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/ledger"
+	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/workers"
 	"github.com/portmap-dev/portmap/plugins/portmap"
@@ -28,6 +31,9 @@ import (
 // Agent runs passes on a host.
 type Agent struct {
 	Host *host.Host
+	// Gone says whether a container's network namespace is gone
+	// (netns.Gone when nil).
+	Gone func(netnsPath string) bool
 	// parsed, in watch mode, keeps what passes parsed of the cache.
 	parsed *parsedCache
 }
@@ -85,11 +91,11 @@ type wanted struct {
 // family.
 func (a *Agent) Sync(o Options) (*Report, error) {
 	rep := &Report{DryRun: o.DryRun, Attachments: []Attachment{}, Orphans: []Orphan{},
-		Shared: []Shared{}, Skipped: []Skipped{}}
+		Shared: []Shared{}, Withheld: []Withheld{}, Kept: []Orphan{}, Skipped: []Skipped{}}
 	inScope := func(network string) bool {
 		return len(o.Networks) == 0 || (network != "" && slices.Contains(o.Networks, network))
 	}
-	ws, initial, err := a.readWanted(o.CacheDir, inScope, rep)
+	ws, atts, initial, err := a.readWanted(o.CacheDir, inScope, rep)
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +116,13 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		}
 		defer release()
 	}
+	// Under the lock: what the ledger says now holds when the pass writes.
+	ad, err := a.admission(atts)
+	if err != nil {
+		return nil, err
+	}
+	ws = ad.admit(ws, rep)
+	copts.Hold = ad.hold
 	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws))}
 	units := a.units(ws, o.Sites)
 	errs := a.runUnits(units, ws, copts, rep, out)
@@ -128,8 +141,56 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		}
 		a.Host.Flush(repaired...)
 	}
+	if !o.DryRun {
+		errs = append(errs, a.forget(ad.stale())...)
+	}
 	rep.finish(ws, out, o.DryRun)
 	return rep, errors.Join(errs...)
+}
+
+// admission reads the ledger (under the host-wide lock, but for a dry
+// run) and judges the cache read against it.
+func (a *Agent) admission(atts []cnicache.Attachment) (*admission, error) {
+	gone := a.Gone
+	if gone == nil {
+		gone = netns.Gone
+	}
+	var records map[plan.Owner]ledger.Record
+	var epoch time.Time
+	if a.Host.Ledger != nil {
+		var err error
+		if records, epoch, err = a.Host.Ledger.Read(); err != nil {
+			return nil, fmt.Errorf("read the ledger: %w", err)
+		}
+	}
+	return newAdmission(records, epoch, atts, gone), nil
+}
+
+// admit keeps the attachments the pass may write for; the others go to
+// the report's Withheld.
+func (ad *admission) admit(ws []*wanted, rep *Report) []*wanted {
+	kept := ws[:0]
+	for _, w := range ws {
+		reason, why := ad.withhold(w.att, w.plans)
+		if reason == "" {
+			kept = append(kept, w)
+			continue
+		}
+		rep.Withheld = append(rep.Withheld, Withheld{Network: w.att.Network, ContainerID: w.att.ContainerID,
+			IfName: w.att.IfName, File: w.att.File, Reason: reason, Why: why})
+	}
+	return kept
+}
+
+// forget removes the ledger's stale records.
+func (a *Agent) forget(owners []plan.Owner) []error {
+	var errs []error
+	for _, o := range owners {
+		if _, err := a.Host.Ledger.Forget(o); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // outcomes are, per wanted attachment, what a pass repaired and what
@@ -143,7 +204,7 @@ type outcomes struct {
 // readWanted reads the cache and parses each entry's configuration as ADD
 // parses it (one worker per core). Entries it cannot use go to the
 // report; initial holds every cache file name it saw.
-func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) ([]*wanted, map[string]bool, error) {
+func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) ([]*wanted, []cnicache.Attachment, map[string]bool, error) {
 	read := func(dir string) ([]cnicache.Attachment, []cnicache.Skipped, error) {
 		return cnicache.Read(dir, "portmap")
 	}
@@ -152,7 +213,7 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 	}
 	atts, skipped, err := read(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	initial := map[string]bool{}
 	for _, s := range skipped {
@@ -209,7 +270,7 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 		c.Request.Owner = c.Owner(at.ContainerID, at.IfName)
 		ws = append(ws, &wanted{att: at, c: c, plans: c.Plans()})
 	}
-	return ws, initial, nil
+	return ws, atts, initial, nil
 }
 
 // fresh reports whether the cache now holds a file of the owner that the

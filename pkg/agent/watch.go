@@ -51,6 +51,10 @@ type PassInfo struct {
 	// Err is why the pass did not complete (the cache could not be read,
 	// a backend could not be read or written); nil when it did.
 	Err error
+	// NewlyWithheld counts, by reason, the cached attachments this pass
+	// withheld that the pass before it did not: each DEL a pass caught
+	// in flight, each container found gone, counted once.
+	NewlyWithheld map[string]int
 }
 
 // KeepParsed makes the agent's passes keep what they parsed of each
@@ -75,7 +79,9 @@ func (a *Agent) KeepParsed() (stop func()) {
 func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log *slog.Logger) error {
 	seen := map[string]bool{}   // orphans of the last pass, by owner
 	logged := map[string]bool{} // orphans already logged
-	failing := ""               // the error of the last pass, logged once
+	// withheld and kept of the last pass, logged when they appear
+	var withheld, kept map[string]bool
+	failing := "" // the error of the last pass, logged once
 	notify := func(state string) {
 		if o.Notify != nil {
 			o.Notify(state)
@@ -112,11 +118,13 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			failing = ""
 			log.Info("passes succeed again", "trigger", trigger)
 		}
+		var fresh map[string]int
 		if rep != nil {
+			fresh = logHeld(log, rep, &withheld, &kept)
 			logChanges(log, rep, trigger, took, logged)
 		}
 		if o.Observe != nil {
-			o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err})
+			o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err, NewlyWithheld: fresh})
 		}
 		// A pass is a burst (at 1000 attachments some 20 MB of listings
 		// and parsed rules) and the agent idles until the next one: give
@@ -232,4 +240,35 @@ func logChanges(log *slog.Logger, r *Report, trigger string, took time.Duration,
 	sm := r.Summary
 	log.Info("pass", "trigger", trigger, "took", took.Round(time.Millisecond).String(), "attachments", sm.Attachments, "ok", sm.OK,
 		"repaired", sm.Repaired, "errors", sm.Errors, "orphans", sm.Orphans, "pruned", sm.Pruned)
+}
+
+// logHeld logs the withheld attachments and kept objects of a pass that
+// the pass before it (*withheld, *kept, which it updates) did not have,
+// one record each, and returns the new withheld ones by reason. An entry
+// that stays (a cache entry a runtime left behind after DEL) is logged
+// once, not every pass.
+func logHeld(log *slog.Logger, r *Report, withheld, kept *map[string]bool) map[string]int {
+	fresh := map[string]int{}
+	now := make(map[string]bool, len(r.Withheld))
+	for _, w := range r.Withheld {
+		k := w.File + "\x00" + w.Reason
+		now[k] = true
+		if !(*withheld)[k] {
+			fresh[w.Reason]++
+			log.Info("attachment withheld", "network", w.Network, "container", w.ContainerID, "ifname", w.IfName,
+				"reason", w.Reason, "why", w.Why)
+		}
+	}
+	*withheld = now
+	now = make(map[string]bool, len(r.Kept))
+	for _, o := range r.Kept {
+		k := o.Backend + o.Family + o.Object
+		now[k] = true
+		if !(*kept)[k] {
+			log.Info("kept", "network", o.Network, "container", o.ContainerID, "backend", o.Backend, "family", o.Family,
+				"object", o.Object, "why", o.Error)
+		}
+	}
+	*kept = now
+	return fresh
 }

@@ -41,6 +41,9 @@ type Attachment struct {
 	Network     string
 	ContainerID string
 	IfName      string
+	// NetNS is the container's namespace as the runtime named it on ADD
+	// (libcni caches it since v1.1; "" before).
+	NetNS string
 	// Stdin is the plugin's configuration as the runtime passed it on ADD.
 	Stdin []byte
 }
@@ -62,6 +65,7 @@ type entry struct {
 	Config         []byte                     `json:"config"`
 	IfName         string                     `json:"ifName"`
 	NetworkName    string                     `json:"networkName"`
+	NetNS          string                     `json:"netns,omitempty"`
 	CapabilityArgs map[string]json.RawMessage `json:"capabilityArgs,omitempty"`
 	RawResult      json.RawMessage            `json:"result,omitempty"`
 }
@@ -204,7 +208,7 @@ func readOne(file string, fi os.FileInfo, pluginType string, lists *listCache) (
 	return Attachment{
 		File: file, ModTime: fi.ModTime(), Stamp: stampOf(fi),
 		Network: e.NetworkName, ContainerID: e.ContainerID, IfName: e.IfName,
-		Stdin: stdin,
+		NetNS: e.NetNS, Stdin: stdin,
 	}, "", false
 }
 
@@ -323,6 +327,7 @@ func (c *listCache) pluginConfig(conflist []byte, pluginType string, capArgs map
 // configuration list, the capability arguments and the final result.
 type Entry struct {
 	Network, ContainerID, IfName string
+	NetNS                        string
 	Conflist                     []byte
 	CapabilityArgs               map[string]any
 	Result                       map[string]any
@@ -335,7 +340,7 @@ func Write(dir string, e Entry) error {
 		entry
 		CapabilityArgs map[string]any `json:"capabilityArgs,omitempty"`
 		RawResult      map[string]any `json:"result,omitempty"`
-	}{entry{Kind: kindV1, ContainerID: e.ContainerID, Config: e.Conflist, IfName: e.IfName, NetworkName: e.Network},
+	}{entry{Kind: kindV1, ContainerID: e.ContainerID, Config: e.Conflist, IfName: e.IfName, NetworkName: e.Network, NetNS: e.NetNS},
 		e.CapabilityArgs, e.Result})
 	if err != nil {
 		return err

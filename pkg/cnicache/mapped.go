@@ -77,3 +77,11 @@ func mappedEntry(file, network string, fams map[int]bool) bool {
 	}
 	return false
 }
+
+// Cached reports whether dir holds libcni's cache entry of the
+// attachment (network, containerID, ifName): one stat of
+// <dir>/results/<network>-<containerID>-<ifName>.
+func Cached(dir, network, containerID, ifName string) bool {
+	_, err := os.Stat(filepath.Join(dir, "results", network+"-"+containerID+"-"+ifName))
+	return err == nil
+}

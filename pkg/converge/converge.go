@@ -21,6 +21,11 @@ type Options struct {
 	// wanted plans were read (network "" matches any network): an ADD that
 	// finished meanwhile, whose objects must not be pruned.
 	Fresh func(network, containerID string) bool
+	// Hold, when set, says why the objects of the owner (network "" for
+	// any) must stay although no wanted plan owns them — an ADD returned
+	// whose cache entry the runtime has not written yet — or "" when
+	// they are an orphan. A held owner is reported, never pruned.
+	Hold func(network, containerID string) string
 	// Prune removes orphans; without it they are only reported.
 	Prune bool
 	// DryRun writes nothing and reports what a pass would do.
@@ -60,6 +65,9 @@ type Orphan struct {
 type Report struct {
 	Results []Result
 	Orphans []Orphan
+	// Held are owners' objects no wanted plan owns that the pass kept
+	// (Options.Hold); Err says why.
+	Held []Orphan
 	// Shared names shared objects (base chains, jumps, maps) the pass
 	// found missing or wrong; they were repaired unless DryRun.
 	Shared []string
@@ -80,10 +88,17 @@ func NewReport(n int) *Report {
 // the state records none) that no wanted plan owns — unless the pass must
 // leave it alone: its network is out of scope, or its owner's cache entry
 // appeared during the pass. It reports whether it added it. The one orphan
-// rule of every backend and layer.
+// rule of every backend and layer. An owner that Options.Hold holds goes
+// to Held instead, and AddOrphan reports false: it is not pruned.
 func (r *Report) AddOrphan(o Options, network, containerID, object string) bool {
 	if (o.InScope != nil && !o.InScope(network)) || (o.Fresh != nil && containerID != "" && o.Fresh(network, containerID)) {
 		return false
+	}
+	if o.Hold != nil && containerID != "" {
+		if why := o.Hold(network, containerID); why != "" {
+			r.Held = append(r.Held, Orphan{Network: orUnknown(network), ContainerID: containerID, Object: object, Err: why})
+			return false
+		}
 	}
 	r.Orphans = append(r.Orphans, Orphan{Network: orUnknown(network), ContainerID: orUnknown(containerID), Object: object})
 	return true

@@ -18,6 +18,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
+	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sysctl"
@@ -51,6 +52,10 @@ type Host struct {
 	Conntrack      Conntrack
 	// Lock takes the host-wide lock.
 	Lock func() (release func(), err error)
+	// Ledger keeps what the plugin last began for each attachment
+	// (pkg/ledger): written by ADD and DEL, read by the agent, all under
+	// the lock.
+	Ledger ledger.Ledger
 	// Log receives notes the kernel state is worth (port takeovers,
 	// failed flushes).
 	Log io.Writer
@@ -103,6 +108,7 @@ func Real(log io.Writer) *Host {
 		Sysctl:         sysctl.Host{},
 		Conntrack:      conntrack.Host{},
 		Lock:           lock.Host,
+		Ledger:         &ledger.Dir{},
 		Log:            log,
 		SocketReady:    socketReady,
 	}

@@ -48,6 +48,7 @@ type metrics struct {
 	pruned      prometheus.Counter
 	corrupt     prometheus.Gauge
 	events      prometheus.Counter
+	withheld    *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
 }
 
@@ -77,13 +78,15 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 			Help: "Orphans removed (--prune)."}),
 		corrupt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cache_entries_corrupt",
 			Help: "Cache entries the last pass skipped as unusable (corrupt, or an invalid portmap configuration)."}),
+		withheld: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "withheld_total",
+			Help: "Cached attachments a pass wrote nothing for, counted once each, by reason: deleted (the pass read the cache before their DEL began, or the runtime left the entry behind after DEL), gone (their network namespace no longer exists), superseded (the cache entry predates their last ADD)."}, []string{"reason"}),
 		events: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "nftables_events_total",
 			Help: "nf_tables change events received."}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "last_success_timestamp_seconds",
 			Help: "When the last successful pass ended (Unix time)."}),
 	}
 	for _, c := range []prometheus.Collector{a.m.passes, a.m.duration, a.m.repairs, a.m.errors, a.m.attachments,
-		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.events, a.m.lastSuccess} {
+		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.events, a.m.lastSuccess, a.m.withheld} {
 		f(c)
 	}
 	for _, t := range []string{agent.TriggerStart, agent.TriggerEvent, agent.TriggerInterval} {
@@ -94,6 +97,9 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 	}
 	for _, k := range []string{"pass", "attachment", "orphan"} {
 		a.m.errors.WithLabelValues(k)
+	}
+	for _, k := range []string{agent.WithheldDeleted, agent.WithheldGone, agent.WithheldSuperseded} {
+		a.m.withheld.WithLabelValues(k)
 	}
 	in := buildinfo.Get()
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "portmap_build_info", Help: "The running build (value 1).",
@@ -109,6 +115,9 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 func (a *Agent) Pass(p agent.PassInfo) {
 	a.m.passes.WithLabelValues(p.Trigger).Inc()
 	a.m.duration.Observe(p.Took.Seconds())
+	for reason, n := range p.NewlyWithheld {
+		a.m.withheld.WithLabelValues(reason).Add(float64(n))
+	}
 	if r := p.Report; r != nil {
 		a.m.repairs.WithLabelValues("attachment").Add(float64(r.Summary.Repaired))
 		a.m.repairs.WithLabelValues("shared").Add(float64(len(r.Shared)))

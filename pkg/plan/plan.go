@@ -5,6 +5,8 @@
 package plan
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"sort"
@@ -300,4 +302,32 @@ func ParseProtocol(s string) (Protocol, bool) {
 		return SCTP, true
 	}
 	return "", false
+}
+
+// Fingerprint names what plans map — per family the container's address
+// and every mapping — so that two builds of one attachment's plans can be
+// compared without keeping them: ADD records it, and the agent repairs an
+// attachment only from a cache entry whose plans have the fingerprint of
+// the owner's last ADD. Options that the host resolves (localhost: auto,
+// the default backend) are left out: they cannot send a host port to
+// another address.
+func Fingerprint(plans []*Plan) string {
+	h := sha256.New()
+	var b []byte
+	for _, p := range plans {
+		b = append(b[:0], byte(p.Family))
+		if p.ContainerNet != nil {
+			b = append(b, p.ContainerNet.IP.To16()...)
+			b = append(b, p.ContainerNet.Mask...)
+		}
+		b = append(b, 0xff)
+		for _, m := range p.Mappings {
+			b = append(b, m.HostIP.To16()...)
+			b = append(b, byte(len(m.HostIP)), byte(m.HostPort>>8), byte(m.HostPort), byte(m.ContainerPort>>8), byte(m.ContainerPort))
+			b = append(b, m.Protocol...)
+			b = append(b, 0)
+		}
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }

@@ -22,11 +22,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidNetworkConfig,
 			"missing prevResult: portmap must be called as a chained plugin, after one that assigns the container's addresses", "")
 	}
-	if c.HasMappings {
-		c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
-		if err := p.add(c); err != nil {
-			return cniError(c, err)
-		}
+	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
+	if err := p.add(c, args.Netns); err != nil {
+		return cniError(c, err)
 	}
 	res, err := c.PrevResult.GetAsVersion(c.CNIVersion)
 	if err != nil {
@@ -35,9 +33,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	return res.PrintTo(p.Stdout)
 }
 
-func (p *Plugin) add(c *Config) error {
+// add applies the attachment's plans (none without mappings: then it only
+// records the ADD, so that DEL has a record to forget).
+func (p *Plugin) add(c *Config, netnsPath string) error {
 	plans := c.Plans()
-	if c.Conflict == ConflictReject {
+	if c.Conflict == ConflictReject && len(plans) > 0 {
 		if err := p.rejectConflicts(c, plans); err != nil {
 			return err
 		}
@@ -56,6 +56,9 @@ func (p *Plugin) add(c *Config) error {
 			return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 		}
 		stacks[i] = s
+	}
+	if err := p.recordAdd(c, netnsPath, plans); err != nil {
+		return err
 	}
 	var done []applied
 	undo := func(cause error) error {

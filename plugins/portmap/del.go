@@ -19,6 +19,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
+	if err := p.recordDel(c); err != nil {
+		// The rules go all the same: a DEL that failed here would leave
+		// them and the cache entry, for the runtime to retry.
+		fmt.Fprintf(p.Host.Log, "portmap: %v\n", err)
+	}
 	var errs, missing []error
 	var flush []*plan.Plan
 	usable := 0

@@ -57,6 +57,8 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 	want := []string{
 		"backend iptables ipv4",
 		"backend iptables ipv6",
+		"lock", // the ledger's record, before any rule
+		"ledger add net1/c1/eth0",
 		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
 		"apply ipv6 net1/c1/eth0 2001:db8::2 [*:8080/tcp->80 *:8053/udp->53]",
 		"route_localnet veth-192.0.2.2",
@@ -108,8 +110,9 @@ func TestAddWithoutMappingsPassesThrough(t *testing.T) {
 	if err := p.Add(args(t, map[string]string{"prevResult": prevDual})); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	if h.Calls() != "" || !strings.Contains(out.String(), "192.0.2.2/24") {
-		t.Errorf("calls %v, stdout %q: want none and the prevResult", h.CallList(), out)
+	// Only the ledger's record, which DEL forgets.
+	if h.Calls() != "lock\nledger add net1/c1/eth0" || !strings.Contains(out.String(), "192.0.2.2/24") {
+		t.Errorf("calls %v, stdout %q: want the record only and the prevResult", h.CallList(), out)
 	}
 }
 
@@ -173,7 +176,7 @@ func TestDelWithoutPrevResultOrMappings(t *testing.T) {
 	if err := p.Del(args(t, nil)); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	want := "backend iptables ipv4\nremove ipv4 net1/c1/eth0 - []\nbackend iptables ipv6\nremove ipv6 net1/c1/eth0 - []"
+	want := "lock\nledger forget net1/c1/eth0\nbackend iptables ipv4\nremove ipv4 net1/c1/eth0 - []\nbackend iptables ipv6\nremove ipv6 net1/c1/eth0 - []"
 	if got := h.Calls(); got != want {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 	}
@@ -433,7 +436,7 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		}
 		got := h.Calls()
 		for _, want := range []string{
-			"layer forwardAccept ipv4\nbackend iptables ipv6\nlayer forwardAccept ipv6\napply ipv4 net1/c1/eth0 192.0.2.2",
+			"layer forwardAccept ipv4\nbackend iptables ipv6\nlayer forwardAccept ipv6\nlock\nledger add net1/c1/eth0\napply ipv4 net1/c1/eth0 192.0.2.2",
 			"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]\napply ipv6 net1/c1/eth0 2001:db8::2",
 		} {
 			if !strings.Contains(got, want) {

@@ -23,9 +23,11 @@ type syncReport struct {
 	Orphans []struct {
 		Network, ContainerID, Backend, Object, State string
 	}
-	Shared  []struct{ Backend, Family, What string }
-	Removed []struct{ Backend, Family, What string }
-	Skipped []struct {
+	Kept     []struct{ Network, ContainerID, Backend, Object, State, Error string }
+	Withheld []struct{ Network, ContainerID, IfName, Reason, Why string }
+	Shared   []struct{ Backend, Family, What string }
+	Removed  []struct{ Backend, Family, What string }
+	Skipped  []struct {
 		File, Why string
 		Error     bool
 	}
@@ -174,9 +176,11 @@ func TestSyncRepairsAfterFlush(t *testing.T) {
 }
 
 // TestSyncOrphans: mappings whose owner has no cache entry — planted by
-// our plugin without a runtime, by the upstream plugin, and left by a
-// network renamed in the conflist — are listed, and removed by --prune;
-// the cached ones stay.
+// the upstream plugin, and left by a network renamed in the conflist —
+// are listed, and removed by --prune; the cached ones stay. Those our
+// plugin made without a runtime's cache entry are kept while the
+// container's namespace lives (a runtime may be about to cache it:
+// pkg/ledger), and are orphans once it is gone.
 func TestSyncOrphans(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		nettest.ResetNAT(t)
@@ -210,6 +214,7 @@ func TestSyncOrphans(t *testing.T) {
 		for id, port := range planted {
 			expectReply(t, cl, "tcp", addr(nodeIP, port), id, clientIP)
 		}
+		orphans := map[string]int{"renamed": 6102, "upstream": 6104}
 
 		r, status := runSync(t, "--cache-dir", cache)
 		if status != 0 {
@@ -222,7 +227,7 @@ func TestSyncOrphans(t *testing.T) {
 				t.Errorf("orphan %+v of backend %s, want %s", o, o.Backend, b.name)
 			}
 		}
-		for id := range planted {
+		for id := range orphans {
 			if found[id] != "orphan" {
 				t.Errorf("orphan %q: state %q, want orphan; report %+v", id, found[id], r.Orphans)
 			}
@@ -230,6 +235,18 @@ func TestSyncOrphans(t *testing.T) {
 		if _, ok := found["kept"]; ok {
 			t.Errorf("cached container reported as orphan: %+v", r.Orphans)
 		}
+		expectKept := func(r syncReport) {
+			t.Helper()
+			if _, ok := found["gone"]; ok || len(r.Kept) == 0 {
+				t.Errorf("the uncached container with a living namespace: orphans %+v, kept %+v; want it kept", r.Orphans, r.Kept)
+			}
+			for _, k := range r.Kept {
+				if k.ContainerID != "gone" || k.State != "kept" || !strings.Contains(k.Error, "namespace alive") {
+					t.Errorf("kept %+v, want only the uncached container with a living namespace, saying why", k)
+				}
+			}
+		}
+		expectKept(r)
 		for id, port := range planted {
 			expectReply(t, cl, "tcp", addr(nodeIP, port), id, clientIP) // listed, not removed
 		}
@@ -252,17 +269,31 @@ func TestSyncOrphans(t *testing.T) {
 				t.Errorf("sync --prune: orphan %+v not pruned", o)
 			}
 		}
-		for id, port := range planted {
+		expectKept(r)
+		for _, port := range orphans {
 			expectNoReply(t, cl, "tcp", addr(nodeIP, port))
-			_ = id
 		}
+		expectReply(t, cl, "tcp", addr(nodeIP, 6103), "gone", clientIP)
 		expectReply(t, cl, "tcp", addr(nodeIP, 6101), "kept", clientIP)
 		if err := rt.Check(kept); err != nil {
 			t.Errorf("CHECK of the cached container after prune: %v", err)
 		}
+
+		// Its runtime crashed and its namespace is gone: now an orphan.
+		nettest.DeleteNS(gone.NS)
 		r, _ = runSync(t, "--cache-dir", cache, "--prune")
-		if len(r.Orphans) != 0 {
-			t.Errorf("second sync --prune still finds orphans: %+v", r.Orphans)
+		if len(r.Orphans) == 0 || len(r.Kept) != 0 {
+			t.Errorf("sync --prune after the namespace went: orphans %+v kept %+v, want the container's pruned", r.Orphans, r.Kept)
+		}
+		for _, o := range r.Orphans {
+			if o.ContainerID != "gone" || o.State != "pruned" {
+				t.Errorf("orphan %+v, want only the gone container's, pruned", o)
+			}
+		}
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 6103))
+		r, _ = runSync(t, "--cache-dir", cache, "--prune")
+		if len(r.Orphans)+len(r.Kept) != 0 {
+			t.Errorf("last sync --prune still finds orphans %+v or keeps %+v", r.Orphans, r.Kept)
 		}
 	})
 }

@@ -9,11 +9,13 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -42,6 +44,9 @@ type Host struct {
 	Localnet   map[string]bool
 	FailSysctl error
 	Log        bytes.Buffer
+	// Ledger is the host's ledger; its writes and forgets are recorded
+	// ("ledger add net1/c1/eth0", "ledger forget net1/c1/eth0").
+	Ledger ledger.Memory
 }
 
 // New returns a host whose registry holds recording fakes of the
@@ -56,7 +61,8 @@ func New() (*host.Host, *Host) {
 			fh.Record("lock")
 			return func() {}, nil
 		},
-		Log: &fh.Log,
+		Ledger: recLedger{fh},
+		Log:    &fh.Log,
 	}
 	for _, k := range backend.Kinds {
 		name := string(k.Name)
@@ -202,4 +208,19 @@ func (h *Host) FlushDstPorts(ports []conntrack.Port) error {
 	}
 	h.Record("flushed")
 	return nil
+}
+
+// recLedger records the writes and forgets of the host's ledger.
+type recLedger struct{ h *Host }
+
+func (l recLedger) Write(r ledger.Record) error {
+	l.h.Record(fmt.Sprintf("ledger %s %s/%s/%s", r.Verb, r.Network, r.ContainerID, r.IfName))
+	return l.h.Ledger.Write(r)
+}
+
+func (l recLedger) Read() (map[plan.Owner]ledger.Record, time.Time, error) { return l.h.Ledger.Read() }
+
+func (l recLedger) Forget(o plan.Owner) (bool, error) {
+	l.h.Record(fmt.Sprintf("ledger forget %s/%s/%s", o.Network, o.ContainerID, o.IfName))
+	return l.h.Ledger.Forget(o)
 }

@@ -24,11 +24,16 @@ func NewNS(tb TB) ns.NetNS {
 	if err := n.Do(func(ns.NetNS) error { return setupNS() }); err != nil {
 		tb.Fatalf("set up netns: %v", err)
 	}
-	tb.Cleanup(func() {
-		n.Close()
-		_ = testutils.UnmountNS(n)
-	})
+	tb.Cleanup(func() { DeleteNS(n) })
 	return n
+}
+
+// DeleteNS removes a namespace made by NewNS, as a runtime removes a
+// container's: its file goes, so the path names nothing any more. Again
+// is harmless.
+func DeleteNS(n ns.NetNS) {
+	n.Close()
+	_ = testutils.UnmountNS(n)
 }
 
 // Client is a namespace wired to the host namespace by a veth pair, like a
@@ -156,7 +161,7 @@ func Serve(tb TB, n ns.NetNS, name string, port int) *Server {
 	if err != nil {
 		tb.Fatalf("serve %s:%d: %v", name, port, err)
 	}
-	tb.Cleanup(func() { s.tcp.Close(); s.udp.Close() })
+	tb.Cleanup(s.Close)
 	go func() {
 		for {
 			c, err := s.tcp.Accept()
@@ -180,6 +185,12 @@ func Serve(tb TB, n ns.NetNS, name string, port int) *Server {
 		}
 	}()
 	return s
+}
+
+// Close stops the server (as its container's end would).
+func (s *Server) Close() {
+	s.tcp.Close()
+	s.udp.Close()
 }
 
 func hostOf(a net.Addr) string {

@@ -245,7 +245,7 @@ func splitRule(line string) []string {
 // orphans are the CNI-DN chains no wanted plan names, in scope, and not
 // of an attachment whose cache entry appeared meanwhile. Their owner is
 // read from their entry rules' comment.
-func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converge.Orphan {
+func (lt *listing) orphans(wanted map[string]bool, o converge.Options, r *converge.Report) {
 	var names []string
 	for c := range lt.chains {
 		if strings.HasPrefix(c, dnChain) && !wanted[c] {
@@ -253,7 +253,6 @@ func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converg
 		}
 	}
 	sort.Strings(names)
-	r := &converge.Report{}
 	for _, c := range names {
 		var network, id string // "": no entry rule names the owner
 		for _, ref := range lt.refs[c] {
@@ -264,5 +263,4 @@ func (lt *listing) orphans(wanted map[string]bool, o converge.Options) []converg
 		}
 		r.AddOrphan(o, network, id, "chain "+c)
 	}
-	return r.Orphans
 }

@@ -69,8 +69,8 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	for _, p := range want {
 		wanted[ChainName(p.Owner)] = true
 	}
-	orphans := lt.orphans(wanted, o)
-	rep.Orphans = orphans
+	lt.orphans(wanted, o, rep)
+	orphans := rep.Orphans
 	if sharedBroken != "" {
 		rep.Shared = append(rep.Shared, sharedBroken)
 	}

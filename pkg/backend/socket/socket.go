@@ -33,10 +33,9 @@ import (
 	"fmt"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -60,20 +59,11 @@ func New(f plan.Family, cfg plan.Socket) (*Layer, error) {
 	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host}, nil
 }
 
-// NetnsCookie is the cookie of the calling thread's network namespace
-// (SO_NETNS_COOKIE, Linux 5.14).
+// NetnsCookie is the cookie of the calling thread's network namespace.
 func NetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	c, err := netns.Cookie()
 	if err != nil {
-		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("socket path: netns cookie: %w", err)
-	}
-	defer unix.Close(fd)
-	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("socket path: netns cookie (SO_NETNS_COOKIE, Linux 5.14): %w", err)
+		return 0, fmt.Errorf("socket path: %w", err)
 	}
 	return c, nil
 }

@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/ledger"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Why a pass withholds a cached attachment (Withheld.Reason).
+const (
+	// WithheldDeleted: the attachment's DEL has begun (the pass read the
+	// cache before it), or the runtime left its cache entry behind after
+	// DEL.
+	WithheldDeleted = "deleted"
+	// WithheldGone: the container's network namespace no longer exists
+	// (a runtime that crashed before DEL, a node that rebooted).
+	WithheldGone = "gone"
+	// WithheldSuperseded: the owner was ADDed again after the cache entry
+	// the pass read was written, with other addresses or mappings.
+	WithheldSuperseded = "superseded"
+)
+
+// admission is what the ledger, read under the host-wide lock, says of a
+// pass's cache entries and of the owners of the objects it finds: the
+// decision that keeps a pass from bringing back a deleted container's
+// host ports and from taking a live one's (pkg/ledger). It is pure but
+// for gone, which looks at namespace files.
+type admission struct {
+	records map[plan.Owner]ledger.Record
+	// byID indexes the Add records by container ID.
+	byID map[string][]ledger.Record
+	// epoch is when the ledger began; zero: no plugin kept one yet.
+	epoch time.Time
+	// cachedOn is the network of each (container ID, interface) the
+	// cache read holds.
+	cachedOn map[[2]string]string
+	cached   map[plan.Owner]bool
+	gone     func(netns string) bool
+}
+
+func newAdmission(records map[plan.Owner]ledger.Record, epoch time.Time, atts []cnicache.Attachment, gone func(string) bool) *admission {
+	ad := &admission{records: records, epoch: epoch, byID: map[string][]ledger.Record{},
+		cachedOn: make(map[[2]string]string, len(atts)), cached: make(map[plan.Owner]bool, len(atts)), gone: gone}
+	for _, r := range records {
+		if r.Verb == ledger.Add {
+			ad.byID[r.ContainerID] = append(ad.byID[r.ContainerID], r)
+		}
+	}
+	for _, at := range atts {
+		ad.cachedOn[[2]string{at.ContainerID, at.IfName}] = at.Network
+		ad.cached[plan.Owner{Network: at.Network, ContainerID: at.ContainerID, IfName: at.IfName}] = true
+	}
+	return ad
+}
+
+// withhold says why a pass must not write for the cached attachment
+// (reason and what to report), or "" when it may.
+func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reason, why string) {
+	o := plan.Owner{Network: at.Network, ContainerID: at.ContainerID, IfName: at.IfName}
+	r, ok := ad.records[o]
+	switch {
+	case ok && r.Verb == ledger.Del:
+		return WithheldDeleted, "its DEL has begun: the cache entry is the runtime's, to remove"
+	case !ok && !ad.epoch.IsZero() && !at.ModTime.Before(ad.epoch):
+		return WithheldDeleted, "no ADD on record: its DEL has begun (the cache entry is the runtime's, to remove)"
+	}
+	netns := at.NetNS
+	if ok && r.NetNS != "" {
+		netns = r.NetNS
+	}
+	if ad.gone(netns) {
+		return WithheldGone, fmt.Sprintf("its network namespace %s is gone", netns)
+	}
+	if ok && r.Plans != plan.Fingerprint(plans) {
+		return WithheldSuperseded, "the cache entry predates the attachment's last ADD, which mapped something else"
+	}
+	return "", ""
+}
+
+// hold says why the objects of an owner (network "" for any) that no
+// admitted attachment owns must stay, or "" when they are an orphan:
+// the owner's ADD is on record, its namespace is alive, and the runtime
+// caches its interface on no other network — an ADD in flight, or one
+// whose cache entry the runtime has not written yet.
+func (ad *admission) hold(network, containerID string) string {
+	for _, r := range ad.byID[containerID] {
+		if network != "" && r.Network != network {
+			continue
+		}
+		if on, ok := ad.cachedOn[[2]string{r.ContainerID, r.IfName}]; ok && on != r.Network {
+			continue // the interface is the runtime's on another network now
+		}
+		if ad.gone(r.NetNS) {
+			continue
+		}
+		if ad.cached[r.Owner()] {
+			return "its last ADD is newer than its cache entry"
+		}
+		return "its ADD is on record and its namespace alive: the runtime has not cached it yet"
+	}
+	return ""
+}
+
+// stale are the records a pass forgets: a Del record of an owner the
+// runtime no longer caches, and an Add record of one it does not cache
+// whose namespace is gone.
+func (ad *admission) stale() []plan.Owner {
+	var out []plan.Owner
+	for o, r := range ad.records {
+		if ad.cached[o] {
+			continue
+		}
+		if r.Verb == ledger.Del || ad.gone(r.NetNS) {
+			out = append(out, o)
+		}
+	}
+	return out
+}

@@ -1,0 +1,313 @@
+// Package ledger keeps, per attachment, what the plugin last began for it
+// on this node: what the node agent must know, under the host-wide lock,
+// before it writes or removes anything of that attachment.
+//
+// libcni writes its cache entry after the plugin's ADD has returned and
+// removes it after DEL has returned, so a pass that read the cache a
+// moment earlier holds a stale picture:
+//
+//	agent:   read cache (c1 cached) ........................ lock, repair c1  ← c1 is back
+//	runtime:                 DEL c1 (lock, remove c1's rules), remove the cache entry
+//
+// Once c1's address is given to another container, c1's host port leads
+// into that container. The ledger closes the race. Every ADD records the
+// attachment (a fingerprint of what it maps, the container's namespace)
+// before it writes a rule; DEL forgets the record before it removes one;
+// both under the host-wide lock, which a pass holds while it reads the
+// ledger and writes, so what it decides there is true when it writes:
+//
+//   - a cached attachment without a record, whose cache entry is younger
+//     than the ledger (its Epoch), is one whose DEL has begun: it is never
+//     repaired. An entry older than the ledger was written before this
+//     node's plugin kept one; DEL of such an attachment leaves a Del record
+//     while its cache entry is there, so it is not repaired either.
+//   - a record whose fingerprint differs from the cache entry's plans says
+//     the entry predates a re-ADD of the owner: the pass waits for the
+//     runtime's new entry;
+//   - the objects of a recorded owner whose namespace is alive, and which
+//     the runtime caches on no other network, are never pruned, however
+//     late the runtime writes its cache entry.
+//
+// The records live in a tmpfs (/run), one directory per network
+// namespace (the kernel state they describe is per namespace, and is gone
+// at boot as they are), one small file per live attachment, replaced
+// atomically; the directory's epoch file is made with it.
+package ledger
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/netns"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// DefaultDir holds one directory per network namespace. Never change it:
+// a plugin and an agent of different versions must meet here.
+const DefaultDir = "/run/cni-portmap/ledger"
+
+// Verb is what the plugin began for an attachment.
+type Verb string
+
+const (
+	// Add: the attachment's ADD began (and maybe returned); DEL has not.
+	Add Verb = "add"
+	// Del: DEL began for an attachment ADDed before the ledger, while the
+	// runtime still cached it.
+	Del Verb = "del"
+)
+
+// Record is what was last begun for one attachment.
+type Record struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Verb        Verb   `json:"verb"`
+	// NetNS is the container's namespace as the runtime named it
+	// (CNI_NETNS); ADD only.
+	NetNS string `json:"netns,omitempty"`
+	// Plans is plan.Fingerprint of what ADD mapped.
+	Plans string    `json:"plans,omitempty"`
+	Time  time.Time `json:"time"`
+}
+
+// Owner is the record's attachment.
+func (r Record) Owner() plan.Owner {
+	return plan.Owner{Network: r.Network, ContainerID: r.ContainerID, IfName: r.IfName}
+}
+
+// New returns the record of verb v for owner o.
+func New(o plan.Owner, v Verb) Record {
+	return Record{Network: o.Network, ContainerID: o.ContainerID, IfName: o.IfName, Verb: v, Time: time.Now().UTC()}
+}
+
+// Ledger is where the records are kept: Dir on a node, Memory in tests.
+type Ledger interface {
+	// Write replaces the owner's record. Callers hold the host-wide lock.
+	Write(r Record) error
+	// Read returns every record, and when the ledger began (zero when
+	// no plugin has written one yet).
+	Read() (map[plan.Owner]Record, time.Time, error)
+	// Forget removes the owner's record and reports whether there was
+	// one. Callers hold the host-wide lock.
+	Forget(o plan.Owner) (bool, error)
+}
+
+// Dir is the ledger of the calling thread's network namespace under Root
+// (DefaultDir when empty), found on first use.
+type Dir struct {
+	Root string
+	once sync.Once
+	dir  string
+	err  error
+}
+
+var _ Ledger = (*Dir)(nil)
+
+// path is the namespace's directory.
+func (d *Dir) path() (string, error) {
+	d.once.Do(func() {
+		id, err := netns.ID()
+		if err != nil {
+			d.err = fmt.Errorf("ledger: %w", err)
+			return
+		}
+		d.dir = filepath.Join(cmp.Or(d.Root, DefaultDir), id)
+	})
+	return d.dir, d.err
+}
+
+// fileName is the owner's file: a hash, since network names, container
+// IDs and interface names may hold any byte but '/'.
+func fileName(o plan.Owner) string {
+	h := sha256.Sum256([]byte(o.Network + "\x00" + o.ContainerID + "\x00" + o.IfName))
+	return hex.EncodeToString(h[:16])
+}
+
+// tmpPrefix starts the name of a record being written; epochFile is
+// made with the directory, before any record.
+const (
+	tmpPrefix = ".tmp-"
+	epochFile = ".epoch"
+)
+
+// create makes the namespace's directory and its epoch.
+func create(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, epochFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// Write replaces the owner's record: a temporary file renamed over it.
+func (d *Dir) Write(r Record) error {
+	dir, err := d.path()
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, tmpPrefix+"*")
+	if errors.Is(err, os.ErrNotExist) {
+		if err = create(dir); err == nil {
+			f, err = os.CreateTemp(dir, tmpPrefix+"*")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, fileName(r.Owner())))
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("ledger: record %s of %s/%s/%s: %w", r.Verb, r.Network, r.ContainerID, r.IfName, err)
+	}
+	return nil
+}
+
+// Read returns every record. A file that does not parse is an error
+// (the agent then writes nothing); a temporary file is skipped.
+func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
+	dir, err := d.path()
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	fi, err := os.Stat(filepath.Join(dir, epochFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return map[plan.Owner]Record{}, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+	}
+	epoch := fi.ModTime()
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+	}
+	out := make(map[plan.Owner]Record, len(des))
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), ".") || de.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // forgotten meanwhile
+		}
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+		}
+		var r Record
+		if err := json.Unmarshal(data, &r); err != nil || (r.Verb != Add && r.Verb != Del) || fileName(r.Owner()) != de.Name() {
+			return nil, time.Time{}, fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, de.Name()), data)
+		}
+		out[r.Owner()] = r
+	}
+	return out, epoch, nil
+}
+
+// Forget removes the owner's record.
+func (d *Dir) Forget(o plan.Owner) (bool, error) {
+	dir, err := d.path()
+	if err != nil {
+		return false, err
+	}
+	err = os.Remove(filepath.Join(dir, fileName(o)))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("ledger: %w", err)
+	}
+	return true, nil
+}
+
+// Memory is a ledger in memory, for tests.
+type Memory struct {
+	mu      sync.Mutex
+	records map[plan.Owner]Record
+	// Epoch is when the ledger began. The first Write sets it, when
+	// zero, to a second before: a file the test writes after that Write
+	// has a later modification time even on the kernel's coarse clock,
+	// as it has after the epoch file of a Dir.
+	Epoch time.Time
+	// Fail, when set, fails every call.
+	Fail error
+}
+
+var _ Ledger = (*Memory)(nil)
+
+func (m *Memory) Write(r Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.Fail != nil {
+		return m.Fail
+	}
+	if m.records == nil {
+		m.records = map[plan.Owner]Record{}
+	}
+	if m.Epoch.IsZero() {
+		m.Epoch = time.Now().Add(-time.Second)
+	}
+	m.records[r.Owner()] = r
+	return nil
+}
+
+func (m *Memory) Read() (map[plan.Owner]Record, time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.Fail != nil {
+		return nil, time.Time{}, m.Fail
+	}
+	out := make(map[plan.Owner]Record, len(m.records))
+	for o, r := range m.records {
+		out[o] = r
+	}
+	return out, m.Epoch, nil
+}
+
+func (m *Memory) Forget(o plan.Owner) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.Fail != nil {
+		return false, m.Fail
+	}
+	_, ok := m.records[o]
+	delete(m.records, o)
+	return ok, nil
+}
+
+// String lists the records, one a line, sorted: "verb network/id/ifname".
+func (m *Memory) String() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var lines []string
+	for o, r := range m.records {
+		lines = append(lines, fmt.Sprintf("%s %s/%s/%s", r.Verb, o.Network, o.ContainerID, o.IfName))
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}

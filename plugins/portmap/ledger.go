@@ -1,0 +1,48 @@
+package portmap
+
+import (
+	"fmt"
+
+	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/ledger"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// recordAdd records, under the host-wide lock and before any rule is
+// written, that the attachment's ADD has begun, with what it maps and the
+// container's namespace: from then on no agent pass prunes what this ADD
+// writes before the runtime caches it, and none repairs the attachment
+// from a cache entry older than this ADD (pkg/ledger).
+func (p *Plugin) recordAdd(c *Config, netnsPath string, plans []*plan.Plan) error {
+	r := ledger.New(c.Request.Owner, ledger.Add)
+	r.NetNS, r.Plans = netnsPath, plan.Fingerprint(plans)
+	return p.inLedger(func(l ledger.Ledger) error { return l.Write(r) })
+}
+
+// recordDel forgets the attachment's ADD under the host-wide lock before
+// DEL removes anything, so that no agent pass repairs it from the cache
+// entry the runtime removes only after DEL returns. An attachment ADDed
+// before this node's plugin kept a ledger has no record: while the
+// runtime still caches it, DEL leaves a Del record in its place.
+func (p *Plugin) recordDel(c *Config) error {
+	o := c.Request.Owner
+	return p.inLedger(func(l ledger.Ledger) error {
+		had, err := l.Forget(o)
+		if err != nil || had || !cnicache.Cached(c.CacheDir, o.Network, o.ContainerID, o.IfName) {
+			return err
+		}
+		return l.Write(ledger.New(o, ledger.Del))
+	})
+}
+
+func (p *Plugin) inLedger(do func(ledger.Ledger) error) error {
+	if p.Host.Ledger == nil {
+		return nil
+	}
+	release, err := p.Host.Lock()
+	if err != nil {
+		return fmt.Errorf("take the host-wide lock: %w", err)
+	}
+	defer release()
+	return do(p.Host.Ledger)
+}

@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+var churnCycles = flag.Int("churn.cycles", 40, "ADD/DEL cycles of each TestAgentChurn case")
+
+// churnCase is one way the agent runs beside a busy runtime.
+type churnCase struct {
+	name string
+	// args are the agent's flags beyond --cache-dir and --interval.
+	args []string
+	// socket turns on "localhost": "socket" (the socket path's entries
+	// must follow the rules' fate).
+	socket bool
+	// restart kills the agent (SIGKILL) halfway and starts another.
+	restart bool
+	// leftover puts one deleted container's cache entry back after its
+	// DEL, as a runtime that crashed before removing it leaves it.
+	leftover bool
+}
+
+// TestAgentChurn: containers are ADDed and DELeted through libcni (ptp,
+// host-local, portmap; the cache in a directory of the test's own, as
+// runtimes do) while the agent watches the same cache and passes every
+// 300 ms; three containers are alive at a time, each with a host port of
+// its own, and their addresses come from a /28, so host-local hands a
+// deleted container's address to a later one. At random points and at
+// the end, the node's host-port table (`portmap list`) equals the model
+// — the containers alive, nothing of a deleted one — and at the end every
+// deleted container's host port is refused, every live one answers and
+// passes CHECK. Cases: the agent's default flags; --prune with the agent
+// killed and restarted halfway and a cache entry left behind after DEL;
+// the socket path with --prune.
+func TestAgentChurn(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		for _, tc := range []churnCase{
+			{name: "default", leftover: true},
+			{name: "prune", args: []string{"--prune"}, restart: true, leftover: true},
+			{name: "socket", args: []string{"--prune"}, socket: true},
+		} {
+			t.Run(tc.name, func(t *testing.T) { churn(t, b, maps.Clone(extra), tc) })
+		}
+	})
+}
+
+// churned is one container of the churn and what the test knows of it.
+type churned struct {
+	c    *nettest.Container
+	srv  *nettest.Server
+	port int
+	ip   string // its address while it was alive
+}
+
+func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
+	nettest.ResetNAT(t)
+	cl := client(t)
+	cache := t.TempDir()
+	var site *nettest.CgroupSite
+	var listArgs []string
+	if tc.socket {
+		site = nettest.NewCgroupSite(t)
+		extra = socketExtra(extra, "socket", site)
+		listArgs = []string{"--bpf-pin-dir", site.PinDir}
+	}
+	rt := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "churn", V4: "192.0.2.0/28", Extra: extra}, cache)
+	seed := rand.Uint64()
+	rnd := rand.New(rand.NewPCG(seed, 0))
+	t.Logf("seed %d", seed)
+
+	args := append([]string{"--cache-dir", cache, "--interval", "300ms"}, tc.args...)
+	w := startWatch(t, args...)
+
+	var alive, deleted []*churned
+	t.Cleanup(func() {
+		for _, k := range alive {
+			_ = rt.Del(k.c)
+		}
+	})
+	leftoverAt := *churnCycles / 3
+	var leftover *churned
+	for i := 1; i <= *churnCycles; i++ {
+		id := fmt.Sprintf("c%d", i)
+		port := 20000 + i
+		c, err := rt.Add(t, id, nettest.Mapping{HostPort: port, ContainerPort: srvPort})
+		if err != nil {
+			t.Fatalf("cycle %d: ADD %s: %v\nagent log:\n%s", i, id, err, w.text())
+		}
+		alive = append(alive, &churned{c: c, srv: nettest.Serve(t, c.NS, id, srvPort), port: port, ip: c.IP(4)})
+		if len(alive) > 3 {
+			k := alive[0]
+			alive = alive[1:]
+			entry := cacheEntry(cache, "churn", k.c.ID)
+			saved, _ := os.ReadFile(entry)
+			if err := rt.Del(k.c); err != nil {
+				t.Fatalf("cycle %d: DEL %s: %v", i, k.c.ID, err)
+			}
+			if tc.leftover && leftover == nil && i >= leftoverAt {
+				// The runtime crashed after DEL: its entry stays.
+				if err := os.WriteFile(entry, saved, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				leftover = k
+			}
+			k.srv.Close()
+			nettest.DeleteNS(k.c.NS)
+			deleted = append(deleted, k)
+		}
+		if tc.restart && i == *churnCycles/2 {
+			_ = w.cmd.Process.Kill()
+			<-w.done
+			t.Logf("cycle %d: agent killed (SIGKILL) and started again", i)
+			w = startWatch(t, args...)
+		}
+		if rnd.IntN(5) == 0 {
+			// a pass may be under way: give the agent a moment to do wrong
+			time.Sleep(time.Duration(rnd.IntN(400)) * time.Millisecond)
+			expectTable(t, b, listArgs, alive, fmt.Sprintf("cycle %d", i))
+		}
+	}
+
+	// Two intervals and more: whatever the agent would do, it has done.
+	time.Sleep(time.Second)
+	expectTable(t, b, listArgs, alive, "after the churn")
+	for _, k := range deleted {
+		expectNoReply(t, cl, "tcp", addr(nodeIP, k.port))
+		if site != nil {
+			expectSocketRefused(t, site, "tcp", fmt.Sprintf("127.0.0.1:%d", k.port))
+		}
+	}
+	for _, k := range alive {
+		expectReply(t, cl, "tcp", addr(nodeIP, k.port), k.c.ID, clientIP)
+		if site != nil {
+			expectSocket(t, site, "tcp", fmt.Sprintf("127.0.0.1:%d", k.port), k.c.ID)
+		}
+		if err := rt.Check(k.c); err != nil {
+			t.Errorf("CHECK of live %s: %v", k.c.ID, err)
+		}
+	}
+	if leftover != nil {
+		w.waitFor(t, fmt.Sprintf(`msg="attachment withheld" network=churn container=%s ifname=eth0 reason=deleted`, leftover.c.ID), time.Second)
+	}
+	if strings.Contains(w.text(), "level=ERROR") {
+		t.Errorf("the agent logged errors:\n%s", w.text())
+	}
+	reused := 0
+	ips := map[string]bool{}
+	for _, k := range append(slices.Clone(deleted), alive...) {
+		if ips[k.ip] {
+			reused++
+		}
+		ips[k.ip] = true
+	}
+	if reused == 0 {
+		t.Errorf("no address was reused: the churn proves nothing")
+	}
+	t.Logf("%d cycles, %d addresses reused", *churnCycles, reused)
+	w.terminate(t)
+}
+
+// cacheEntry is libcni's cache file of a container's eth0 on network.
+func cacheEntry(dir, network, id string) string {
+	return filepath.Join(dir, "results", network+"-"+id+"-eth0")
+}
+
+// expectTable wants the node's host-port table (`portmap list --json`)
+// to hold exactly the live containers' mappings of the backend (and of
+// the socket path when listArgs names its site): one per container and
+// mechanism, to its address.
+func expectTable(t *testing.T, b backend, listArgs []string, alive []*churned, when string) {
+	t.Helper()
+	out, stderr, status, err := nettest.Portmap(append([]string{"list", "--json"}, listArgs...)...)
+	if err != nil || status != 0 {
+		t.Fatalf("%s: portmap list: exit %d %v\n%s", when, status, err, stderr)
+	}
+	var entries []struct {
+		HostPort    int    `json:"hostPort"`
+		ContainerIP string `json:"containerIP"`
+		ContainerID string `json:"containerID"`
+		Backend     string `json:"backend"`
+	}
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("%s: portmap list --json: %v\n%s", when, err, out)
+	}
+	var got, want []string
+	for _, e := range entries {
+		got = append(got, fmt.Sprintf("%s %d %s %s", e.Backend, e.HostPort, e.ContainerIP, e.ContainerID))
+	}
+	mechs := []string{b.name}
+	if len(listArgs) > 0 {
+		mechs = append(mechs, "localhost")
+	}
+	for _, k := range alive {
+		for _, m := range mechs {
+			want = append(want, fmt.Sprintf("%s %d %s %s", m, k.port, k.ip, k.c.ID))
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: the host-port table is\n  %s\nwant the live containers'\n  %s", when, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
