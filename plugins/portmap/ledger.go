@@ -3,6 +3,8 @@ package portmap
 import (
 	"fmt"
 
+	"github.com/containernetworking/cni/pkg/types"
+
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -16,7 +18,13 @@ import (
 func (p *Plugin) recordAdd(c *Config, netnsPath string, plans []*plan.Plan) error {
 	r := ledger.New(c.Request.Owner, ledger.Add)
 	r.NetNS, r.Plans = netnsPath, plan.Fingerprint(plans)
-	return p.inLedger(func(l ledger.Ledger) error { return l.Write(r) })
+	return p.inLedger(func(l ledger.Ledger) error {
+		if err := l.Write(r); err != nil {
+			// Not the backend's: nothing has been written yet.
+			return types.NewError(types.ErrInternal, fmt.Sprintf("record the ADD in the ledger: %v", err), "")
+		}
+		return nil
+	})
 }
 
 // recordDel forgets the attachment's ADD under the host-wide lock before

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -31,6 +32,9 @@ type churnCase struct {
 	// leftover puts one deleted container's cache entry back after its
 	// DEL, as a runtime that crashed before removing it leaves it.
 	leftover bool
+	// agent runs portmap-agent with its metrics, as the DaemonSet does,
+	// instead of portmap sync --watch.
+	agent bool
 }
 
 // TestAgentChurn: containers are ADDed and DELeted through libcni (ptp,
@@ -48,7 +52,7 @@ type churnCase struct {
 func TestAgentChurn(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		for _, tc := range []churnCase{
-			{name: "default", leftover: true},
+			{name: "default", leftover: true, agent: true},
 			{name: "prune", args: []string{"--prune"}, restart: true, leftover: true},
 			{name: "socket", args: []string{"--prune"}, socket: true},
 		} {
@@ -82,7 +86,12 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 	t.Logf("seed %d", seed)
 
 	args := append([]string{"--cache-dir", cache, "--interval", "300ms"}, tc.args...)
-	w := startWatch(t, args...)
+	start := func() *watcher { return startWatch(t, args...) }
+	if tc.agent {
+		args = append(args, "--metrics-addr", "127.0.0.1:0")
+		start = func() *watcher { return startWatchOf(t, "portmap-agent", nil, "serving /metrics", args...) }
+	}
+	w := start()
 
 	var alive, deleted []*churned
 	t.Cleanup(func() {
@@ -123,7 +132,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 			_ = w.cmd.Process.Kill()
 			<-w.done
 			t.Logf("cycle %d: agent killed (SIGKILL) and started again", i)
-			w = startWatch(t, args...)
+			w = start()
 		}
 		if rnd.IntN(5) == 0 {
 			// a pass may be under way: give the agent a moment to do wrong
@@ -134,6 +143,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 
 	// Two intervals and more: whatever the agent would do, it has done.
 	time.Sleep(time.Second)
+	settled := w.lines()
 	expectTable(t, b, listArgs, alive, "after the churn")
 	for _, k := range deleted {
 		expectNoReply(t, cl, "tcp", addr(nodeIP, k.port))
@@ -152,6 +162,20 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 	}
 	if leftover != nil {
 		w.waitFor(t, fmt.Sprintf(`msg="attachment withheld" network=churn container=%s ifname=eth0 reason=deleted`, leftover.c.ID), time.Second)
+		time.Sleep(time.Second)
+		if strings.Contains(w.since(settled), "container="+leftover.c.ID+" ") {
+			t.Errorf("the entry left behind is logged again and again (passes every 300 ms):\n%s", w.text())
+		}
+	}
+	if tc.agent {
+		m := regexp.MustCompile(`addr=(127\.0\.0\.1:\d+)`).FindStringSubmatch(w.text())
+		if m == nil {
+			t.Fatalf("no metrics address in the log:\n%s", w.text())
+		}
+		a := agentProbe{t, "http://" + m[1]}
+		if n := a.metric("portmap_agent_withheld_total", `reason="deleted"`); n < 1 {
+			t.Errorf("portmap_agent_withheld_total{reason=\"deleted\"} = %v, want the entry left behind counted", n)
+		}
 	}
 	if strings.Contains(w.text(), "level=ERROR") {
 		t.Errorf("the agent logged errors:\n%s", w.text())

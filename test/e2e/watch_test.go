@@ -82,6 +82,13 @@ func (w *watcher) text() string {
 	return strings.Join(w.log, "\n")
 }
 
+// since is the log from line n on.
+func (w *watcher) since(n int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.log[min(n, len(w.log)):], "\n")
+}
+
 func (w *watcher) lines() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -1,0 +1,121 @@
+package ledger
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+var (
+	o1 = plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"}
+	// o2's fields run into each other if joined without a separator.
+	o2 = plan.Owner{Network: "net1-c", ContainerID: "1", IfName: "eth0"}
+)
+
+func TestDirWriteReadForget(t *testing.T) {
+	root := t.TempDir()
+	d := &Dir{Root: root}
+	recs, epoch, err := d.Read()
+	if err != nil || len(recs) != 0 || !epoch.IsZero() {
+		t.Fatalf("a ledger nobody wrote: %v %v %v, want empty, no epoch", recs, epoch, err)
+	}
+	before := time.Now().Add(-time.Second)
+	r1 := New(o1, Add)
+	r1.NetNS, r1.Plans = "/run/netns/c1", "abc"
+	if err := d.Write(r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write(New(o2, Del)); err != nil {
+		t.Fatal(err)
+	}
+	recs, epoch, err = d.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epoch.Before(before) || epoch.After(time.Now()) {
+		t.Errorf("epoch %v, want the first write's time", epoch)
+	}
+	if got := recs[o1]; got.Verb != Add || got.NetNS != "/run/netns/c1" || got.Plans != "abc" {
+		t.Errorf("record of o1: %+v", got)
+	}
+	if got := recs[o2]; got.Verb != Del || len(recs) != 2 {
+		t.Errorf("records %+v, want o1's and o2's apart", recs)
+	}
+	// One directory per network namespace, named by the kernel's id.
+	dirs, _ := os.ReadDir(root)
+	if len(dirs) != 1 || !strings.HasPrefix(dirs[0].Name(), "cookie-") && !strings.HasPrefix(dirs[0].Name(), "inode-") {
+		t.Errorf("under the root: %v, want one namespace directory", dirs)
+	}
+	// A rewrite replaces the record; the epoch stays.
+	r1.Plans = "def"
+	if err := d.Write(r1); err != nil {
+		t.Fatal(err)
+	}
+	recs, epoch2, _ := d.Read()
+	if recs[o1].Plans != "def" || !epoch2.Equal(epoch) {
+		t.Errorf("after a rewrite: %+v, epoch %v (was %v)", recs[o1], epoch2, epoch)
+	}
+	if had, err := d.Forget(o1); !had || err != nil {
+		t.Errorf("Forget o1: %t %v, want it had one", had, err)
+	}
+	if had, err := d.Forget(o1); had || err != nil {
+		t.Errorf("Forget o1 again: %t %v, want none and no error", had, err)
+	}
+	if recs, _, _ := d.Read(); len(recs) != 1 {
+		t.Errorf("after Forget: %+v", recs)
+	}
+}
+
+func TestDirReadRefusesWhatIsNotARecord(t *testing.T) {
+	d := &Dir{Root: t.TempDir()}
+	if err := d.Write(New(o1, Add)); err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := d.path()
+	// A write cut short leaves a temporary file: not read.
+	if err := os.WriteFile(filepath.Join(dir, tmpPrefix+"123"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _, err := d.Read(); err != nil || len(recs) != 1 {
+		t.Fatalf("with a temporary file: %v %v", recs, err)
+	}
+	for name, content := range map[string]string{
+		"garbage":      "not json",
+		"wrong name":   `{"network":"net1","containerID":"c2","ifName":"eth0","verb":"add"}`,
+		"unknown verb": `{"network":"net1","containerID":"c1","ifName":"eth0","verb":"check"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, fileName(o1))
+			if name == "wrong name" {
+				file = filepath.Join(dir, "0123456789abcdef0123456789abcdef")
+				defer os.Remove(file)
+			}
+			if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := d.Read(); err == nil || !strings.Contains(err.Error(), "is not a record") {
+				t.Errorf("read: %v, want the file named as not a record", err)
+			}
+		})
+	}
+}
+
+func TestMemory(t *testing.T) {
+	var m Memory
+	if err := m.Write(New(o1, Add)); err != nil {
+		t.Fatal(err)
+	}
+	if recs, epoch, err := m.Read(); err != nil || len(recs) != 1 || epoch.IsZero() {
+		t.Errorf("read: %v %v %v", recs, epoch, err)
+	}
+	if m.String() != "add net1/c1/eth0" {
+		t.Errorf("String: %q", m.String())
+	}
+	if had, _ := m.Forget(o1); !had {
+		t.Error("Forget: had none")
+	}
+}

@@ -1,0 +1,96 @@
+package portmap
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/ledger"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+var owner1 = plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"}
+
+// ADD records the attachment before any rule, with what it maps and its
+// namespace; DEL forgets it before removing anything.
+func TestAddAndDelKeepTheLedger(t *testing.T) {
+	p, h, _ := newFake()
+	a := args(t, withMappings(map[string]string{"prevResult": prevDual}))
+	if err := p.Add(a); err != nil {
+		t.Fatal(err)
+	}
+	recs, _, _ := h.Ledger.Read()
+	r, ok := recs[owner1]
+	c, _ := ParseConfig(a.StdinData, "eth0", backend.IPTables)
+	if !ok || r.Verb != ledger.Add || r.NetNS != "/run/netns/c" || r.Plans != plan.Fingerprint(c.Plans()) || r.Plans == plan.Fingerprint(nil) {
+		t.Errorf("record after ADD: %+v (present %t), want add, the netns and the plans' fingerprint", r, ok)
+	}
+	calls := h.Calls()
+	if strings.Index(calls, "ledger add") > strings.Index(calls, "apply ") {
+		t.Errorf("calls:\n%s\nwant the record before the first rule", calls)
+	}
+	if err := p.Del(args(t, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.Ledger.String(); s != "" {
+		t.Errorf("records after DEL: %q, want none", s)
+	}
+	calls = h.Calls()
+	if strings.LastIndex(calls, "ledger forget") > strings.LastIndex(calls, "remove ") {
+		t.Errorf("calls:\n%s\nwant the record forgotten before the first removal", calls)
+	}
+}
+
+// DEL of an attachment without a record — ADDed before this node's
+// plugin kept a ledger — leaves a Del record while the runtime caches
+// it, and nothing once the runtime has removed its entry (the second DEL
+// a runtime may send).
+func TestDelOfAnAttachmentOlderThanTheLedger(t *testing.T) {
+	cache := t.TempDir()
+	extra := map[string]string{"cniCacheDir": strconv.Quote(cache)}
+	p, h, _ := newFake()
+	if err := os.MkdirAll(filepath.Join(cache, "results"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	entry := filepath.Join(cache, "results", "net1-c1-eth0")
+	if err := os.WriteFile(entry, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Del(args(t, extra)); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.Ledger.String(); s != "del net1/c1/eth0" {
+		t.Errorf("records after DEL of a cached attachment without record: %q, want its Del record", s)
+	}
+	os.Remove(entry)
+	if _, err := h.Ledger.Forget(owner1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Del(args(t, extra)); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.Ledger.String(); s != "" {
+		t.Errorf("records after DEL of an uncached attachment: %q, want none", s)
+	}
+}
+
+// A ledger that cannot be written fails ADD before any rule; DEL removes
+// the rules all the same and says why on stderr.
+func TestLedgerFailures(t *testing.T) {
+	p, h, out := newFake()
+	h.Ledger.Fail = errors.New("read-only file system")
+	err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual})))
+	if codeOf(err) != 999 || !strings.Contains(err.Error(), "record the ADD in the ledger: read-only file system") || strings.Contains(h.Calls(), "apply") || out.Len() != 0 {
+		t.Errorf("ADD: %v, calls:\n%s\nwant the error and no rule", err, h.Calls())
+	}
+	if err := p.Del(args(t, nil)); err != nil {
+		t.Errorf("DEL: %v, want the rules removed all the same", err)
+	}
+	if !strings.Contains(h.Calls(), "remove ipv4") || !strings.Contains(h.Log.String(), "read-only file system") {
+		t.Errorf("DEL calls:\n%s\nlog %q", h.Calls(), h.Log.String())
+	}
+}
