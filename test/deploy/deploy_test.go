@@ -76,8 +76,8 @@ func TestPromises(t *testing.T) {
 	}
 	c := spec.Containers[0]
 	args := append(c.Command, c.Args...)
-	if len(args) < 3 || args[0] != "/portmap-agent" || args[1] != "sync" || !slices.Contains(args, "--watch") {
-		t.Errorf("container runs %q, want portmap-agent sync --watch", args)
+	if len(args) < 3 || args[0] != "/portmap-agent" || args[1] != "sync" || !slices.Contains(args, "--watch") || !slices.Contains(args, "--prune") {
+		t.Errorf("container runs %q, want portmap-agent sync --watch --prune", args)
 	}
 	if root := flagValue(args, "--root"); root != "/host" {
 		t.Errorf("--root %q, want /host", root)
