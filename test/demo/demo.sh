@@ -17,6 +17,11 @@ host=pm-demo-host ctr=pm-demo-ctr cl=pm-demo-client
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 H() { ip netns exec "$host" "$@"; }
 
+# The plugin's ledger keeps a directory per network namespace in
+# /run/cni-portmap/ledger; the demo's node namespace's goes at the end.
+ledger=/run/cni-portmap/ledger
+ledger_before=" $(ls "$ledger" 2>/dev/null | tr '\n' ' ') "
+
 cleanup() {
   set +e
   [ -n "${server:-}" ] && kill "$server" 2>/dev/null
@@ -24,6 +29,9 @@ cleanup() {
     "$bin/cnitool" del demo "/var/run/netns/$ctr" 2>/dev/null
   for n in "$cl" "$ctr" "$host"; do ip netns del "$n" 2>/dev/null; done
   rm -rf "$work" /var/lib/cni/results/demo-* 2>/dev/null
+  for d in $(ls "$ledger" 2>/dev/null); do
+    case "$ledger_before" in *" $d "*) ;; *) rm -rf "${ledger:?}/$d" ;; esac
+  done
 }
 trap cleanup EXIT
 

@@ -109,9 +109,9 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		w := startWatchOf(t, "portmap-agent", []string{"NOTIFY_SOCKET=" + notify, "WATCHDOG_USEC=400000"},
 			`"msg":"serving /metrics, /healthz and /readyz"`,
 			"--cache-dir", cache, "--interval", interval.String(), "--metrics-addr", "127.0.0.1:0", "--log-format", "json")
-		m := regexp.MustCompile(`"addr":"(127\.0\.0\.1:\d+)"`).FindStringSubmatch(w.text())
+		m := regexp.MustCompile(`"addr":"(127\.0\.0\.1:\d+)"`).FindStringSubmatch(w.Text())
 		if m == nil {
-			t.Fatalf("no bound address in the log:\n%s", w.text())
+			t.Fatalf("no bound address in the log:\n%s", w.Text())
 		}
 		a := agentProbe{t, "http://" + m[1]}
 		if !eventually(2*time.Second, func() bool { return a.metric("portmap_agent_errors_total", `kind="pass"`) >= 1 }) {
@@ -167,12 +167,12 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		t.Logf("/healthz 503 %s after the cache broke", time.Since(start).Round(time.Millisecond))
 		mendCache()
 
-		w.terminate(t)
+		w.Terminate(t)
 		got := states()
 		if len(got) < 3 || got[0] != "READY=1" || got[len(got)-1] != "STOPPING=1" || !contains(got, "WATCHDOG=1") {
 			t.Errorf("systemd heard %q, want READY=1 first, WATCHDOG=1, STOPPING=1 last", got)
 		}
-		for _, l := range strings.Split(w.text(), "\n") {
+		for _, l := range strings.Split(w.Text(), "\n") {
 			var rec map[string]any
 			if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["msg"] == nil || rec["level"] == nil || rec["time"] == nil {
 				t.Errorf("log line is not a JSON record: %q (%v)", l, err)

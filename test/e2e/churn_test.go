@@ -106,7 +106,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 		port := 20000 + i
 		c, err := rt.Add(t, id, nettest.Mapping{HostPort: port, ContainerPort: srvPort})
 		if err != nil {
-			t.Fatalf("cycle %d: ADD %s: %v\nagent log:\n%s", i, id, err, w.text())
+			t.Fatalf("cycle %d: ADD %s: %v\nagent log:\n%s", i, id, err, w.Text())
 		}
 		alive = append(alive, &churned{c: c, srv: nettest.Serve(t, c.NS, id, srvPort), port: port, ip: c.IP(4)})
 		if len(alive) > 3 {
@@ -129,8 +129,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 			deleted = append(deleted, k)
 		}
 		if tc.restart && i == *churnCycles/2 {
-			_ = w.cmd.Process.Kill()
-			<-w.done
+			w.Kill()
 			t.Logf("cycle %d: agent killed (SIGKILL) and started again", i)
 			w = start()
 		}
@@ -143,7 +142,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 
 	// Two intervals and more: whatever the agent would do, it has done.
 	time.Sleep(time.Second)
-	settled := w.lines()
+	settled := w.Lines()
 	expectTable(t, b, listArgs, alive, "after the churn")
 	for _, k := range deleted {
 		expectNoReply(t, cl, "tcp", addr(nodeIP, k.port))
@@ -161,24 +160,24 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 		}
 	}
 	if leftover != nil {
-		w.waitFor(t, fmt.Sprintf(`msg="attachment withheld" network=churn container=%s ifname=eth0 reason=deleted`, leftover.c.ID), time.Second)
+		w.WaitFor(t, fmt.Sprintf(`msg="attachment withheld" network=churn container=%s ifname=eth0 reason=deleted`, leftover.c.ID), time.Second)
 		time.Sleep(time.Second)
-		if strings.Contains(w.since(settled), "container="+leftover.c.ID+" ") {
-			t.Errorf("the entry left behind is logged again and again (passes every 300 ms):\n%s", w.text())
+		if strings.Contains(w.Since(settled), "container="+leftover.c.ID+" ") {
+			t.Errorf("the entry left behind is logged again and again (passes every 300 ms):\n%s", w.Text())
 		}
 	}
 	if tc.agent {
-		m := regexp.MustCompile(`addr=(127\.0\.0\.1:\d+)`).FindStringSubmatch(w.text())
+		m := regexp.MustCompile(`addr=(127\.0\.0\.1:\d+)`).FindStringSubmatch(w.Text())
 		if m == nil {
-			t.Fatalf("no metrics address in the log:\n%s", w.text())
+			t.Fatalf("no metrics address in the log:\n%s", w.Text())
 		}
 		a := agentProbe{t, "http://" + m[1]}
 		if n := a.metric("portmap_agent_withheld_total", `reason="deleted"`); n < 1 {
 			t.Errorf("portmap_agent_withheld_total{reason=\"deleted\"} = %v, want the entry left behind counted", n)
 		}
 	}
-	if strings.Contains(w.text(), "level=ERROR") {
-		t.Errorf("the agent logged errors:\n%s", w.text())
+	if strings.Contains(w.Text(), "level=ERROR") {
+		t.Errorf("the agent logged errors:\n%s", w.Text())
 	}
 	reused := 0
 	ips := map[string]bool{}
@@ -192,7 +191,7 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 		t.Errorf("no address was reused: the churn proves nothing")
 	}
 	t.Logf("%d cycles, %d addresses reused", *churnCycles, reused)
-	w.terminate(t)
+	w.Terminate(t)
 }
 
 // cacheEntry is libcni's cache file of a container's eth0 on network.

@@ -1,13 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,12 +9,7 @@ import (
 )
 
 // watcher is a running `portmap sync --watch` and its log.
-type watcher struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	log  []string
-	done chan error
-}
+type watcher = nettest.Watcher
 
 func startWatch(t *testing.T, args ...string) *watcher {
 	t.Helper()
@@ -32,77 +20,7 @@ func startWatch(t *testing.T, args ...string) *watcher {
 // with env added to the environment, and waits for it to log started.
 func startWatchOf(t *testing.T, bin string, env []string, started string, args ...string) *watcher {
 	t.Helper()
-	w := &watcher{done: make(chan error, 1)}
-	w.cmd = exec.Command(filepath.Join(nettest.BinDir(), bin), append([]string{"sync", "--watch"}, args...)...)
-	w.cmd.Env = append(os.Environ(), env...)
-	out, err := w.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.cmd.Stderr = w.cmd.Stdout
-	if err := w.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			w.mu.Lock()
-			w.log = append(w.log, sc.Text())
-			w.mu.Unlock()
-		}
-		w.done <- w.cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		t.Logf("watch log:\n%s", w.text())
-	})
-	w.waitFor(t, started, 5*time.Second)
-	return w
-}
-
-// terminate sends SIGTERM and wants the process to exit 0 within 3 s.
-func (w *watcher) terminate(t *testing.T) {
-	t.Helper()
-	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-w.done:
-		if err != nil {
-			t.Errorf("after SIGTERM: %v, want exit 0", err)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("it did not stop within 3 s of SIGTERM")
-	}
-}
-
-func (w *watcher) text() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Join(w.log, "\n")
-}
-
-// since is the log from line n on.
-func (w *watcher) since(n int) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Join(w.log[min(n, len(w.log)):], "\n")
-}
-
-func (w *watcher) lines() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.log)
-}
-
-func (w *watcher) waitFor(t *testing.T, s string, d time.Duration) {
-	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(w.text(), s) {
-			return
-		}
-	}
-	t.Fatalf("watch did not log %q within %s:\n%s", s, d, w.text())
+	return nettest.StartWatch(t, bin, env, started, args...)
 }
 
 // TestWatchRepairsWithinTwoSeconds: with `portmap sync --watch` running,
@@ -127,15 +45,15 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := w.lines()
+		before := w.Lines()
 		select {
 		case <-sub.C:
-			t.Errorf("an idle watcher changed the firewall; log:\n%s", w.text())
+			t.Errorf("an idle watcher changed the firewall; log:\n%s", w.Text())
 		case <-time.After(3 * time.Second):
 		}
 		sub.Close()
-		if w.lines() != before {
-			t.Errorf("an idle watcher logged:\n%s", w.text())
+		if w.Lines() != before {
+			t.Errorf("an idle watcher logged:\n%s", w.Text())
 		}
 
 		for round := range 2 {
@@ -154,12 +72,12 @@ func TestWatchRepairsWithinTwoSeconds(t *testing.T) {
 			t.Logf("round %d: host port back %s after the flush", round, time.Since(start).Round(time.Millisecond))
 			expectReply(t, cl, "udp", addr(nodeIP, 6453), "w1", clientIP)
 		}
-		w.waitFor(t, `msg="attachment repaired" network=watch container=w1 ifname=eth0`, time.Second)
+		w.WaitFor(t, `msg="attachment repaired" network=watch container=w1 ifname=eth0`, time.Second)
 		if err := rt.Check(c); err != nil {
 			t.Errorf("CHECK after the watcher's repair: %v", err)
 		}
 
-		w.terminate(t)
-		w.waitFor(t, "msg=stopping", time.Second)
+		w.Terminate(t)
+		w.WaitFor(t, "msg=stopping", time.Second)
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/agent"
 	be "github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/plugins/portmap"
 	"github.com/portmap-dev/portmap/test/nettest"
@@ -71,11 +73,16 @@ func TestSoak(t *testing.T) {
 					t.Fatalf("%s of %s: %v", name, id, err)
 				}
 			}
+			// The runtime's cache, as libcni keeps it: written after ADD,
+			// removed after DEL; the agent watches it and prunes.
+			cache := t.TempDir()
 			for i := range *soakN {
-				call("ADD", p.Add, fmt.Sprintf("steady%d", i), soakConf(kind.Name, fmt.Sprintf("10.98.%d.%d", i/250, i%250+1),
-					[]soakMapping{{soakSteadyHP + i, 80, "tcp"}}))
+				id, ip, ms := fmt.Sprintf("steady%d", i), fmt.Sprintf("10.98.%d.%d", i/250, i%250+1), []soakMapping{{soakSteadyHP + i, 80, "tcp"}}
+				call("ADD", p.Add, id, soakConf(kind.Name, ip, ms))
+				soakCache(t, cache, kind.Name, id, ip, ms)
 			}
 			before := soakRuleset(t)
+			w := nettest.StartWatch(t, "portmap", nil, "watching", "--cache-dir", cache, "--prune", "--interval", "200ms")
 			var fds, mounts int
 			times := make([]time.Duration, cycles)
 			for i := range cycles {
@@ -86,6 +93,7 @@ func TestSoak(t *testing.T) {
 				start := time.Now()
 				call("ADD", p.Add, id, conf)
 				times[i] = time.Since(start)
+				soakCache(t, cache, kind.Name, id, fmt.Sprintf("10.99.%d.%d", (i/250)%250, i%250+1), ms)
 				soakSend(t, udp)
 				if i == 0 && soakEntries(t, udp) == 0 {
 					t.Fatalf("a packet to UDP %d left no conntrack entry: the leftover check below could not fail", udp)
@@ -93,12 +101,17 @@ func TestSoak(t *testing.T) {
 				start = time.Now()
 				call("DEL", p.Del, id, conf)
 				times[i] += time.Since(start)
+				if err := os.Remove(filepath.Join(cache, "results", "soak-"+id+"-eth0")); err != nil {
+					t.Fatal(err)
+				}
 				if i == 9 { // the first cycles open what the process keeps
 					fds, mounts = countFDs(t), countMounts(t)
 				}
 			}
+			// A few of the agent's passes after the last cycle.
+			time.Sleep(time.Second)
 			if after := soakRuleset(t); after != before {
-				t.Errorf("the ruleset changed over %d cycles:\nbefore:\n%s\nafter:\n%s", cycles, before, after)
+				t.Errorf("the ruleset changed over %d cycles with the agent watching:\nbefore:\n%s\nafter:\n%s", cycles, before, after)
 			}
 			if n := soakEntries(t, 0); n != 0 {
 				t.Errorf("%d conntrack entries of cycled ports left", n)
@@ -109,6 +122,13 @@ func TestSoak(t *testing.T) {
 			if got := countMounts(t); got != mounts {
 				t.Errorf("mounts: %d after %d cycles, %d after the first 10", got, cycles, mounts)
 			}
+			w.Terminate(t)
+			log := w.Text()
+			if strings.Contains(log, "attachment repaired") || strings.Contains(log, "level=ERROR") {
+				t.Errorf("the agent repaired or failed something over a soak without a flush:\n%s", log)
+			}
+			t.Logf("%s: the agent withheld %d cache entries whose DEL had begun, kept %d objects of ADDs not cached yet",
+				kind.Name, strings.Count(log, "reason=deleted"), strings.Count(log, "msg=kept"))
 			first, last := median(times[:100]), median(times[cycles-100:])
 			t.Logf("%s: N=%d, %d cycles: median cycle %v in the first 100, %v in the last 100 (%.2fx)",
 				kind.Name, *soakN, cycles, first, last, float64(last)/float64(first))
@@ -160,6 +180,25 @@ func soakConf(backend be.Name, ip string, ms []soakMapping) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// soakCache writes libcni's cache entry of the soak's attachment, as a
+// runtime does after ADD.
+func soakCache(t *testing.T, dir string, backend be.Name, id, ip string, ms []soakMapping) {
+	t.Helper()
+	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"soak","plugins":[{"type":"portmap","backend":%q,"capabilities":{"portMappings":true}}]}`, backend)
+	mappings := make([]any, len(ms))
+	for i, m := range ms {
+		mappings[i] = map[string]any{"hostPort": m.HostPort, "containerPort": m.ContainerPort, "protocol": m.Protocol}
+	}
+	e := cnicache.Entry{Network: "soak", ContainerID: id, IfName: "eth0", NetNS: "/proc/self/ns/net", Conflist: []byte(conflist),
+		CapabilityArgs: map[string]any{"portMappings": mappings},
+		Result: map[string]any{"cniVersion": "1.0.0",
+			"interfaces": []any{map[string]any{"name": "eth0", "sandbox": "/proc/self/ns/net"}},
+			"ips":        []any{map[string]any{"address": ip + "/16", "interface": 0}}}}
+	if err := cnicache.Write(dir, e); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // soakLinkUp gives the namespace a host address and a route to the

@@ -90,6 +90,9 @@ func Reexec(argv []string) int {
 	return 0
 }
 
+// runDir is where the plugin keeps its state on a node.
+const runDir = "/run/cni-portmap"
+
 // Isolated reports whether this process runs in the namespace Main made.
 func Isolated() bool { return os.Getenv(childEnv) == "1" }
 
@@ -100,6 +103,15 @@ func setupIsolated() error {
 	}
 	// A sysfs of this namespace, for tools that read /sys/class/net.
 	_ = unix.Mount("sysfs", "/sys", "sysfs", 0, "")
+	// The plugin's state in /run (its ledger, the socket path's cgroup
+	// mount) stays here too: a tmpfs of this namespace over
+	// /run/cni-portmap, gone with it.
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return fmt.Errorf("make %s: %w", runDir, err)
+	}
+	if err := unix.Mount("tmpfs", runDir, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mount a tmpfs on %s: %w", runDir, err)
+	}
 	self, err1 := os.Readlink("/proc/self/ns/net")
 	root, err2 := os.Readlink("/proc/1/ns/net")
 	if err1 == nil && err2 == nil && self == root {
