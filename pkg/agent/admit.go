@@ -39,11 +39,14 @@ type admission struct {
 	cachedOn map[[2]string]string
 	cached   map[plan.Owner]bool
 	gone     func(netns string) bool
+	// deleted are the cached owners admit withheld as WithheldDeleted.
+	deleted map[plan.Owner]bool
 }
 
 func newAdmission(records map[plan.Owner]ledger.Record, epoch time.Time, atts []cnicache.Attachment, gone func(string) bool) *admission {
 	ad := &admission{records: records, epoch: epoch, byID: map[string][]ledger.Record{},
-		cachedOn: make(map[[2]string]string, len(atts)), cached: make(map[plan.Owner]bool, len(atts)), gone: gone}
+		cachedOn: make(map[[2]string]string, len(atts)), cached: make(map[plan.Owner]bool, len(atts)), gone: gone,
+		deleted: map[plan.Owner]bool{}}
 	for _, r := range records {
 		if r.Verb == ledger.Add {
 			ad.byID[r.ContainerID] = append(ad.byID[r.ContainerID], r)
@@ -84,8 +87,17 @@ func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reaso
 // admitted attachment owns must stay, or "" when they are an orphan:
 // the owner's ADD is on record, its namespace is alive, and the runtime
 // caches its interface on no other network — an ADD in flight, or one
-// whose cache entry the runtime has not written yet.
+// whose cache entry the runtime has not written yet. Nor are the objects
+// of an owner withheld as deleted taken while the runtime caches it:
+// its DEL removes them, and an entry misjudged so (an ADD of an earlier
+// plugin whose cache entry was written after the ledger began, during an
+// upgrade) is a live container's.
 func (ad *admission) hold(network, containerID string) string {
+	for o := range ad.deleted {
+		if o.ContainerID == containerID && (network == "" || o.Network == network) {
+			return "its cache entry is the runtime's until its DEL returns"
+		}
+	}
 	for _, r := range ad.byID[containerID] {
 		if network != "" && r.Network != network {
 			continue

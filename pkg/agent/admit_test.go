@@ -98,6 +98,18 @@ func TestAdmission(t *testing.T) {
 		}
 	}
 
+	// An owner withheld as deleted: its objects are its DEL's to remove,
+	// never a pass's.
+	rep := &Report{}
+	if ws := ad.admit([]*wanted{{att: atts[3], plans: plans("192.0.2.6")}, {att: atts[0], plans: plans("192.0.2.2")}}, rep); len(ws) != 1 || len(rep.Withheld) != 1 {
+		t.Fatalf("admit: kept %d, withheld %+v", len(ws), rep.Withheld)
+	}
+	for _, network := range []string{"n", ""} {
+		if ad.hold(network, "deleted") == "" {
+			t.Errorf("hold %q/deleted after it was withheld as deleted: no, want its objects kept", network)
+		}
+	}
+
 	stale := map[plan.Owner]bool{}
 	for _, o := range ad.stale() {
 		stale[o] = true

@@ -176,6 +176,9 @@ func (ad *admission) admit(ws []*wanted, rep *Report) []*wanted {
 			kept = append(kept, w)
 			continue
 		}
+		if reason == WithheldDeleted {
+			ad.deleted[plan.Owner{Network: w.att.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName}] = true
+		}
 		rep.Withheld = append(rep.Withheld, Withheld{Network: w.att.Network, ContainerID: w.att.ContainerID,
 			IfName: w.att.IfName, File: w.att.File, Reason: reason, Why: why})
 	}
