@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,4 +119,47 @@ func TestMemory(t *testing.T) {
 	if had, _ := m.Forget(o1); !had {
 		t.Error("Forget: had none")
 	}
+}
+
+// What the ledger adds to an ADD and a DEL (a record written, then
+// forgotten) and to a pass (the directory read) on this machine's /run:
+// go test -bench . ./pkg/ledger (figures in docs/node.md).
+func BenchmarkAddDel(b *testing.B) {
+	d := &Dir{Root: benchRoot(b)}
+	r := New(o1, Add)
+	r.NetNS, r.Plans = "/run/netns/c1", "0123456789abcdef0123456789abcdef"
+	for b.Loop() {
+		if err := d.Write(r); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := d.Forget(o1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRead1000(b *testing.B) {
+	d := &Dir{Root: benchRoot(b)}
+	for i := range 1000 {
+		r := New(plan.Owner{Network: "net1", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}, Add)
+		r.NetNS, r.Plans = "/run/netns/c", "0123456789abcdef0123456789abcdef"
+		if err := d.Write(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if recs, _, err := d.Read(); err != nil || len(recs) != 1000 {
+			b.Fatal(len(recs), err)
+		}
+	}
+}
+
+// benchRoot is a directory in a tmpfs, where the ledger lives on a node.
+func benchRoot(b *testing.B) string {
+	dir, err := os.MkdirTemp("/dev/shm", "ledger-bench-")
+	if err != nil {
+		return b.TempDir()
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

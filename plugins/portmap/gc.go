@@ -9,7 +9,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -38,6 +37,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 		errs = append(errs, err)
 	}
+	errs = append(errs, p.forgetInvalid(c.Network, valid))
 	return cniError(c, errors.Join(errs...))
 }
 
@@ -64,22 +64,23 @@ func validAttachments(stdin []byte, network string) ([]plan.Owner, error) {
 	return out, nil
 }
 
-// Status (CNI 1.1) answers code 50 when the selected backend cannot serve
-// ADD, with the reason; code 51 when it can but the node's shared objects
-// are gone or broken (a firewall flush took the jumps from the built-in
-// chains, or the table) while cached attachments of this network hold
-// host ports of that family — their ports do not forward until `portmap
-// sync` (or the agent) repairs them; otherwise nil. It reads the shared
-// objects, not the attachments', and the cache only when something is
-// missing of a family that was set up (some of its skeleton left, or
-// none of any family's: a flush of the whole ruleset).
+// Status (CNI 1.1) answers whether ADD can be served, as the spec
+// says: nil whenever it can — also after a firewall flush took the
+// shared rules, which the next ADD re-creates. containerd turns a STATUS
+// error into the node's NetworkReady=false, which kubelet polls: a flush
+// must not make a node NotReady. Where existing containers' host ports
+// stand after a flush is what CHECK (per attachment), `portmap sync
+// --dry-run` and the agent (its log, /healthz, metrics) report.
+//
+// When ADD cannot be served it answers code 50 with the reason, or 51
+// ("not available, and existing containers may have limited
+// connectivity") when, besides, the shared rules of a family are broken
+// while the cache holds an attachment of this network with host ports of
+// that family. The shared objects and the cache are read only then.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	c, err := p.parse(args)
 	if err != nil {
 		return err
-	}
-	notAvailable := func(err error) error {
-		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err), "")
 	}
 	s, err := p.Host.Stack(c.Backend, plan.IPv4, &c.Request)
 	if err == nil {
@@ -88,64 +89,59 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err == nil && len(c.Request.ConditionsV6) > 0 {
 		err = s.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
 	}
-	if err != nil {
-		return notAvailable(err)
+	if err == nil {
+		return nil
 	}
-	stacks := map[plan.Family]backend.Stack{plan.IPv4: s}
-	if s6, err := p.Host.Stack(c.Backend, plan.IPv6, &c.Request); err == nil {
-		stacks[plan.IPv6] = s6 // a host without IPv6 tools has no IPv6 rules to lose
+	why := fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err)
+	if broken, file := p.brokenWithAttachments(c); broken != "" {
+		return types.NewError(ErrLimitedConnectivity,
+			fmt.Sprintf("%s; and existing containers' host ports may not forward: its shared rules are broken (%s)", why, broken),
+			"cached attachment "+file)
 	}
+	return types.NewError(types.ErrPluginNotAvailable, why, "")
+}
+
+// brokenWithAttachments names the backend's broken shared objects of
+// each family (a firewall flush took the jumps from the built-in chains,
+// or the table) whose host ports a cached attachment of this network
+// holds, and one such cache file; "" when there are none, or when the
+// shared objects cannot be read. A family with nothing of its skeleton
+// left while the other has some was never set up (IPv4 host ports only):
+// the cache is not asked about it.
+func (p *Plugin) brokenWithAttachments(c *Config) (broken, file string) {
 	found := map[plan.Family]string{}
 	some := map[plan.Family]bool{}
-	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		st, ok := stacks[f]
-		if !ok {
-			continue
+	for _, f := range plan.Families {
+		st, err := p.Host.Stack(c.Backend, f, &c.Request)
+		if err != nil {
+			continue // no tools of this family: no rules of it to lose
 		}
 		what, so, err := st.Skeleton(plan.Build(c.Request, f, nil))
 		if err != nil {
-			return notAvailable(fmt.Errorf("read the shared rules: %w", err))
+			continue
 		}
 		found[f], some[f] = what, so
 	}
-	// A family with nothing of its skeleton left while the other has some
-	// was never set up (IPv4 host ports only): asking the cache about it
-	// would read every file of the network on a healthy node.
 	anySome := some[plan.IPv4] || some[plan.IPv6]
-	missing := map[plan.Family]string{}
+	var whats []string
 	fams := map[int]bool{}
-	for f, what := range found {
-		if what != "" && (some[f] || !anySome) {
-			missing[f] = what
-			fams[familyNumber(f)] = true
+	for _, f := range plan.Families {
+		if what := found[f]; what != "" && (some[f] || !anySome) {
+			whats = append(whats, fmt.Sprintf("%s: %s", f, what))
+			fams[int(f)] = true
 		}
 	}
-	if len(missing) == 0 {
-		return nil
+	if len(whats) == 0 {
+		return "", ""
 	}
 	file, err := cnicache.Mapped(c.CacheDir, c.Network, fams)
 	if err != nil || file == "" {
-		return nil // no attachment known to lose anything: ADD makes them
+		return "", ""
 	}
-	var whats []string
-	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		if missing[f] != "" {
-			whats = append(whats, fmt.Sprintf("%s: %s", f, missing[f]))
-		}
-	}
-	return types.NewError(ErrLimitedConnectivity,
-		fmt.Sprintf("existing containers' host ports may not forward: the %s backend's shared rules are broken (%s); `portmap sync` repairs them",
-			c.Backend, strings.Join(whats, "; ")),
-		"cached attachment "+file)
+	return strings.Join(whats, "; "), file
 }
 
-// ErrLimitedConnectivity is CNI 1.1's STATUS code 51: the plugin cannot
-// serve existing containers fully (types has no name for it).
+// ErrLimitedConnectivity is CNI 1.1's STATUS code 51: the plugin is not
+// available, and existing containers may have limited connectivity
+// (types has no name for it).
 const ErrLimitedConnectivity = 51
-
-func familyNumber(f plan.Family) int {
-	if f == plan.IPv6 {
-		return 6
-	}
-	return 4
-}

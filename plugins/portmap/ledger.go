@@ -54,3 +54,26 @@ func (p *Plugin) inLedger(do func(ledger.Ledger) error) error {
 	defer release()
 	return do(p.Host.Ledger)
 }
+
+// forgetInvalid forgets the ledger's records of network that no valid
+// attachment owns (GC): what GC removed is no longer the runtime's.
+func (p *Plugin) forgetInvalid(network string, valid []plan.Owner) error {
+	keep := make(map[plan.Owner]bool, len(valid))
+	for _, o := range valid {
+		keep[o] = true
+	}
+	return p.inLedger(func(l ledger.Ledger) error {
+		recs, _, err := l.Read()
+		if err != nil {
+			return err
+		}
+		for o := range recs {
+			if o.Network == network && !keep[o] {
+				if _, err := l.Forget(o); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}

@@ -94,3 +94,21 @@ func TestLedgerFailures(t *testing.T) {
 		t.Errorf("DEL calls:\n%s\nlog %q", h.Calls(), h.Log.String())
 	}
 }
+
+// GC forgets the records of its network that no valid attachment owns,
+// and no other network's.
+func TestGCForgetsInvalidRecords(t *testing.T) {
+	p, h, _ := newFake()
+	for _, o := range []plan.Owner{owner1, {Network: "net1", ContainerID: "c2", IfName: "eth0"}, {Network: "net2", ContainerID: "c3", IfName: "eth0"}} {
+		if err := h.Ledger.Write(ledger.New(o, ledger.Add)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := args(t, map[string]string{"cniVersion": `"1.1.0"`, "cni.dev/valid-attachments": `[{"containerID":"c1","ifname":"eth0"}]`})
+	if err := p.GC(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Ledger.String(); got != "add net1/c1/eth0\nadd net2/c3/eth0" {
+		t.Errorf("records after GC:\n%s\nwant the valid one and the other network's", got)
+	}
+}

@@ -267,40 +267,48 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-// TestStatusLimitedConnectivity: code 51 only when a shared object is
-// missing and the cache holds an attachment of this network with host
-// ports of that family; the cache is not read when nothing is missing.
-func TestStatusLimitedConnectivity(t *testing.T) {
+// TestStatusFollowsTheSpec: STATUS is nil whenever ADD can be served,
+// also with the shared rules gone while attachments hold host ports (a
+// firewall flush), and then reads neither the shared rules nor the cache;
+// when ADD cannot be served it is code 50, or 51 when besides a family's
+// shared rules are broken and the cache holds an attachment of this
+// network with host ports of that family.
+func TestStatusFollowsTheSpec(t *testing.T) {
 	dir := t.TempDir()
 	cfg := func() *skel.CmdArgs {
 		return args(t, map[string]string{"cniVersion": `"1.1.0"`, "cniCacheDir": strconv.Quote(dir)})
 	}
 	p, h, _ := newFake()
-	h.Missing["iptables ipv4"] = "rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing"
-	h.Traces["iptables ipv4"] = true // iptables -t nat -F: our chains are left
-	if err := p.Status(cfg()); err != nil {
-		t.Errorf("skeleton missing, no attachment: %v, want nil", err)
-	}
 	conflist := `{"cniVersion":"1.1.0","name":"net1","plugins":[{"type":"ptp"},{"type":"portmap","capabilities":{"portMappings":true}}]}`
 	if err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: "c1", IfName: "eth0", Conflist: []byte(conflist),
 		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8080, "containerPort": 80}}},
 		Result:         map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "192.0.2.2/24"}}}}); err != nil {
 		t.Fatal(err)
 	}
+	h.Missing["iptables ipv4"] = "rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing"
+	h.Traces["iptables ipv4"] = true // iptables -t nat -F: our chains are left
+	if err := p.Status(cfg()); err != nil {
+		t.Errorf("shared rules flushed under an attachment, ADD servable: %v, want nil", err)
+	}
+	if calls := h.Calls(); strings.Contains(calls, "skeleton") {
+		t.Errorf("calls:\n%s\nwant the shared rules unread while ADD can be served", calls)
+	}
+
+	h.FailReady = errors.New("no cgroup v2 hierarchy")
 	err := p.Status(cfg())
-	if codeOf(err) != ErrLimitedConnectivity || !strings.Contains(err.Error(), "ipv4: rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing") ||
-		!strings.Contains(err.Error(), "`portmap sync` repairs") {
-		t.Errorf("skeleton missing with an IPv4 attachment: %v, want code 51 naming what and the repair", err)
+	if codeOf(err) != ErrLimitedConnectivity || !strings.Contains(err.Error(), "iptables backend cannot serve ADD: no cgroup v2 hierarchy") ||
+		!strings.Contains(err.Error(), "ipv4: rule -A PREROUTING -j CNI-HOSTPORT-DNAT missing") {
+		t.Errorf("not ready, shared rules broken under an IPv4 attachment: %v, want code 51 naming both", err)
 	}
 	h.Missing["iptables ipv6"] = "chain CNI-HOSTPORT-DNAT missing"
 	delete(h.Traces, "iptables ipv4")
 	if err := p.Status(cfg()); codeOf(err) != ErrLimitedConnectivity {
-		t.Errorf("both skeletons gone (nft flush ruleset): %v, want code 51", err)
+		t.Errorf("not ready, both skeletons gone (nft flush ruleset): %v, want code 51", err)
 	}
 	delete(h.Missing, "iptables ipv4")
 	h.Traces["iptables ipv6"] = true
-	if err := p.Status(cfg()); err != nil {
-		t.Errorf("IPv6 skeleton broken, only IPv4 attachments: %v, want nil", err)
+	if err := p.Status(cfg()); codeOf(err) != types.ErrPluginNotAvailable {
+		t.Errorf("not ready, IPv6 skeleton broken, only IPv4 attachments: %v, want code 50", err)
 	}
 	if err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: "c6", IfName: "eth0", Conflist: []byte(conflist),
 		CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": 8086, "containerPort": 80}}},
@@ -308,21 +316,24 @@ func TestStatusLimitedConnectivity(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := p.Status(cfg()); codeOf(err) != ErrLimitedConnectivity || !strings.Contains(err.Error(), "ipv6: chain CNI-HOSTPORT-DNAT missing") {
-		t.Errorf("IPv6 skeleton broken with an IPv6 attachment: %v, want code 51 naming it", err)
+		t.Errorf("not ready, IPv6 skeleton broken with an IPv6 attachment: %v, want code 51 naming it", err)
 	}
 	// Nothing of the IPv6 skeleton while IPv4's is whole: IPv6 was never
 	// set up, and the cache is not asked (it would be read whole).
 	delete(h.Traces, "iptables ipv6")
-	if err := p.Status(cfg()); err != nil {
-		t.Errorf("no IPv6 skeleton at all, IPv4's whole: %v, want nil", err)
+	if err := p.Status(cfg()); codeOf(err) != types.ErrPluginNotAvailable {
+		t.Errorf("not ready, no IPv6 skeleton at all, IPv4's whole: %v, want code 50", err)
 	}
 	delete(h.Missing, "iptables ipv6")
-	if err := p.Status(cfg()); err != nil {
-		t.Errorf("nothing missing: %v", err)
+	if err := p.Status(cfg()); codeOf(err) != types.ErrPluginNotAvailable {
+		t.Errorf("not ready, nothing missing: %v, want code 50", err)
 	}
-	if calls := h.Calls(); !strings.Contains(calls, "skeleton iptables ipv6") || strings.Contains(calls, "layer") {
-		t.Errorf("calls:\n%s\nwant both families' skeletons read", calls)
+	h.FailReady = nil
+	h.FailAll = errors.New("permission denied")
+	if err := p.Status(cfg()); codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("no permission (the shared rules unreadable too): %v, want code 50", err)
 	}
+	h.FailAll = nil
 	bad := args(t, map[string]string{"cniVersion": `"1.1.0"`, "cniCacheDir": `"cache"`})
 	if err := p.Status(bad); codeOf(err) != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), `invalid cniCacheDir "cache"`) {
 		t.Errorf("relative cniCacheDir: %v, want code 7 naming the key", err)

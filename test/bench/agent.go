@@ -35,10 +35,10 @@ type agentUsage struct {
 	IdleCPUms     float64 `json:"idle_cpu_ms"`
 	IdleCPUPerMin float64 `json:"idle_cpu_ms_per_minute"`
 	IdlePasses    int     `json:"idle_passes"`
-	// StatusP50 is STATUS with everything in place (0), Status51P50 after
-	// a flush of the firewall (code 51).
-	StatusP50   float64 `json:"status_p50_ms"`
-	Status51P50 float64 `json:"status_after_flush_p50_ms"`
+	// StatusP50 is STATUS with everything in place, StatusFlushedP50
+	// after a flush of the firewall (both code 0: ADD can be served).
+	StatusP50        float64 `json:"status_p50_ms"`
+	StatusFlushedP50 float64 `json:"status_after_flush_p50_ms"`
 }
 
 // agentProc is a running portmap-agent and its endpoints.

@@ -81,6 +81,11 @@ func main() {
 	if err := nettest.SetupIsolated(); err != nil {
 		fatalf("%v", err)
 	}
+	// The containers' namespace as the runtime names it: a file that
+	// exists (the agent leaves a container whose namespace is gone).
+	if err := os.WriteFile(benchNetns, nil, 0o600); err != nil {
+		fatalf("%v", err)
+	}
 	tb := newTB()
 	r := run(tb, o)
 	tb.cleanup()

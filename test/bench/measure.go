@@ -58,6 +58,10 @@ func fillIP(i int) string { return fmt.Sprintf("10.244.%d.%d", 1+i/250, 1+i%250)
 
 const probeIP, probePort = "10.244.0.2", 9999
 
+// benchNetns is CNI_NETNS of every container of the benchmark: a file in
+// the tmpfs the isolated process has over /run/cni-portmap.
+const benchNetns = "/run/cni-portmap/bench-netns"
+
 // invoke runs one verb of a plugin binary, as a runtime does, and returns
 // its duration.
 func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, error) {
@@ -69,7 +73,7 @@ func invoke(bin, verb, id string, stdin []byte, env ...string) (time.Duration, e
 // memory (KiB).
 func invokeUsage(bin, verb, id string, stdin []byte, env ...string) (time.Duration, int64, error) {
 	cmd := exec.Command(bin)
-	cmd.Env = append(nettest.PluginEnv(verb, id, "/var/run/netns/bench", filepath.Dir(bin)), env...)
+	cmd.Env = append(nettest.PluginEnv(verb, id, benchNetns, filepath.Dir(bin)), env...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

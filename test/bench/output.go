@@ -363,14 +363,14 @@ func (r *report) goals() [][]string {
 	return rows
 }
 
-var agentHead = []string{"backend", "N", "agent RSS after 10 passes, between passes, MB (goal ≤ 30)", "peak (in a pass) MB", "idle CPU ms/min (passes)", "STATUS p50 ms", "STATUS after a flush (51) p50 ms"}
+var agentHead = []string{"backend", "N", "agent RSS after 10 passes, between passes, MB (goal ≤ 30)", "peak (in a pass) MB", "idle CPU ms/min (passes)", "STATUS p50 ms", "STATUS after a flush (0) p50 ms"}
 
 func (r *report) agentRows() [][]string {
 	var rows [][]string
 	for _, s := range r.Sync {
 		a := s.Agent
 		rows = append(rows, []string{s.Backend, fmt.Sprint(s.N), fmt.Sprintf("%.1f", float64(a.RSSKB)/1024), fmt.Sprintf("%.1f", float64(a.PeakKB)/1024),
-			fmt.Sprintf("%.1f (%d in %.0f s)", a.IdleCPUPerMin, a.IdlePasses, a.IdleSeconds), fmt.Sprintf("%.1f", a.StatusP50), fmt.Sprintf("%.1f", a.Status51P50)})
+			fmt.Sprintf("%.1f (%d in %.0f s)", a.IdleCPUPerMin, a.IdlePasses, a.IdleSeconds), fmt.Sprintf("%.1f", a.StatusP50), fmt.Sprintf("%.1f", a.StatusFlushedP50)})
 	}
 	return rows
 }
@@ -388,8 +388,8 @@ func (r *report) agentGoals(add func(goal, measured string, met bool)) {
 		st := s.Agent
 		add(fmt.Sprintf("%s: STATUS at N=%d within 5 ms of the no-op start (%.1f ms)", s.Backend, s.N, floor),
 			fmt.Sprintf("%.1f ms", st.StatusP50), st.StatusP50-floor <= 5)
-		add(fmt.Sprintf("%s: STATUS after a flush (51) at N=%d within 5 ms of the no-op start", s.Backend, s.N),
-			fmt.Sprintf("%.1f ms", st.Status51P50), st.Status51P50-floor <= 5)
+		add(fmt.Sprintf("%s: STATUS after a flush (0) at N=%d within 5 ms of the no-op start", s.Backend, s.N),
+			fmt.Sprintf("%.1f ms", st.StatusFlushedP50), st.StatusFlushedP50-floor <= 5)
 	}
 	for _, s := range r.Sync {
 		a := s.Agent

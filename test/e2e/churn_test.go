@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
+	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -35,6 +37,9 @@ type churnCase struct {
 	// agent runs portmap-agent with its metrics, as the DaemonSet does,
 	// instead of portmap sync --watch.
 	agent bool
+	// forwardAccept turns the layer on: its FORWARD accepts must follow
+	// the rules' fate.
+	forwardAccept bool
 }
 
 // TestAgentChurn: containers are ADDed and DELeted through libcni (ptp,
@@ -55,6 +60,7 @@ func TestAgentChurn(t *testing.T) {
 			{name: "default", leftover: true, agent: true},
 			{name: "prune", args: []string{"--prune"}, restart: true, leftover: true},
 			{name: "socket", args: []string{"--prune"}, socket: true},
+			{name: "forwardAccept", args: []string{"--prune"}, forwardAccept: true},
 		} {
 			t.Run(tc.name, func(t *testing.T) { churn(t, b, maps.Clone(extra), tc) })
 		}
@@ -80,7 +86,17 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 		extra = socketExtra(extra, "socket", site)
 		listArgs = []string{"--bpf-pin-dir", site.PinDir}
 	}
+	if tc.forwardAccept {
+		extra["forwardAccept"] = "true"
+	}
 	rt := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "churn", V4: "192.0.2.0/28", Extra: extra}, cache)
+	check := func(alive []*churned, when string) {
+		t.Helper()
+		expectTable(t, b, listArgs, alive, when)
+		if tc.forwardAccept {
+			expectAccepts(t, alive, when)
+		}
+	}
 	seed := rand.Uint64()
 	rnd := rand.New(rand.NewPCG(seed, 0))
 	t.Logf("seed %d", seed)
@@ -136,14 +152,14 @@ func churn(t *testing.T, b backend, extra map[string]string, tc churnCase) {
 		if rnd.IntN(5) == 0 {
 			// a pass may be under way: give the agent a moment to do wrong
 			time.Sleep(time.Duration(rnd.IntN(400)) * time.Millisecond)
-			expectTable(t, b, listArgs, alive, fmt.Sprintf("cycle %d", i))
+			check(alive, fmt.Sprintf("cycle %d", i))
 		}
 	}
 
 	// Two intervals and more: whatever the agent would do, it has done.
 	time.Sleep(time.Second)
 	settled := w.Lines()
-	expectTable(t, b, listArgs, alive, "after the churn")
+	check(alive, "after the churn")
 	for _, k := range deleted {
 		expectNoReply(t, cl, "tcp", addr(nodeIP, k.port))
 		if site != nil {
@@ -235,5 +251,25 @@ func expectTable(t *testing.T, b backend, listArgs []string, alive []*churned, w
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("%s: the host-port table is\n  %s\nwant the live containers'\n  %s", when, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// expectAccepts wants exactly the live containers' forwardAccept chains
+// in iptables' filter table.
+func expectAccepts(t *testing.T, alive []*churned, when string) {
+	t.Helper()
+	var got, want []string
+	for _, l := range strings.Split(nettest.Run(t, "iptables", "-t", "filter", "-S"), "\n") {
+		if c, ok := strings.CutPrefix(l, "-N "); ok && strings.HasPrefix(c, "CNI-FW-") {
+			got = append(got, c)
+		}
+	}
+	for _, k := range alive {
+		want = append(want, iptables.AcceptChainName(plan.Owner{Network: "churn", ContainerID: k.c.ID, IfName: "eth0"}))
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: forwardAccept chains %v, want the live containers' %v", when, got, want)
 	}
 }

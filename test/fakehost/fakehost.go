@@ -32,6 +32,8 @@ type Host struct {
 	// ipv6"); FailAll fails every backend call.
 	FailApply map[string]error
 	FailAll   error
+	// FailReady fails Ready alone (a layer the host cannot serve, say).
+	FailReady error
 	// FailOpen fails opening the backend or layer of that name.
 	FailOpen map[string]error
 	// Missing is what Skeleton answers by backend or layer and family
@@ -148,6 +150,9 @@ func (b fakeBackend) GC(network string, valid []plan.Owner) error {
 }
 func (b fakeBackend) Ready(*plan.Plan) error {
 	b.h.Record("ready " + b.f.String())
+	if b.h.FailReady != nil {
+		return b.h.FailReady
+	}
 	return b.h.FailAll
 }
 func (b fakeBackend) Mappings() ([]plan.Installed, error) { return nil, b.h.FailAll }
