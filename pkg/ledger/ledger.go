@@ -46,6 +46,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/netns"
@@ -110,6 +111,10 @@ type Dir struct {
 	once sync.Once
 	dir  string
 	err  error
+	mu   sync.Mutex
+	memo map[string]memo // by file name
+	// Parsed counts the files the last Read read and parsed.
+	Parsed int
 }
 
 var _ Ledger = (*Dir)(nil)
@@ -190,7 +195,11 @@ func (d *Dir) Write(r Record) error {
 }
 
 // Read returns every record. A file that does not parse is an error
-// (the agent then writes nothing); a temporary file is skipped.
+// (the agent then writes nothing); a temporary file is skipped. A Dir
+// keeps what it read of each file by name, inode, size and modification
+// time, and reads again only the files that changed: a pass of the agent
+// at 1000 attachments lists the directory and stats each file, and reads
+// only the records written since the last pass.
 func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 	dir, err := d.path()
 	if err != nil {
@@ -208,25 +217,67 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	memo := make(map[string]memo, len(des))
 	out := make(map[plan.Owner]Record, len(des))
+	d.Parsed = 0
 	for _, de := range des {
-		if strings.HasPrefix(de.Name(), ".") || de.IsDir() {
+		name := de.Name()
+		if strings.HasPrefix(name, ".") || de.IsDir() {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		info, err := de.Info()
 		if errors.Is(err, os.ErrNotExist) {
 			continue // forgotten meanwhile
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
 		}
-		var r Record
-		if err := json.Unmarshal(data, &r); err != nil || (r.Verb != Add && r.Verb != Del) || fileName(r.Owner()) != de.Name() {
-			return nil, time.Time{}, fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, de.Name()), data)
+		st := stampOf(info)
+		if m, ok := d.memo[name]; ok && m.stamp == st {
+			memo[name], out[m.r.Owner()] = m, m.r
+			continue
 		}
-		out[r.Owner()] = r
+		d.Parsed++
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+		}
+		var r Record
+		if err := json.Unmarshal(data, &r); err != nil || (r.Verb != Add && r.Verb != Del) || fileName(r.Owner()) != name {
+			return nil, time.Time{}, fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, name), data)
+		}
+		memo[name], out[r.Owner()] = struct {
+			stamp stamp
+			r     Record
+		}{st, r}, r
 	}
+	d.memo = memo
 	return out, epoch, nil
+}
+
+// memo is a record as read, and the version of its file.
+type memo = struct {
+	stamp stamp
+	r     Record
+}
+
+// stamp tells one version of a file from another.
+type stamp struct {
+	ino, size uint64
+	mtime     int64
+}
+
+func stampOf(fi os.FileInfo) stamp {
+	s := stamp{size: uint64(fi.Size()), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		s.ino = st.Ino
+	}
+	return s
 }
 
 // Forget removes the owner's record.

@@ -60,6 +60,17 @@ func TestDirWriteReadForget(t *testing.T) {
 	if recs[o1].Plans != "def" || !epoch2.Equal(epoch) {
 		t.Errorf("after a rewrite: %+v, epoch %v (was %v)", recs[o1], epoch2, epoch)
 	}
+	// The next read parses only what changed.
+	if _, _, err := d.Read(); err != nil || d.Parsed != 0 {
+		t.Errorf("a read with nothing changed parsed %d files (%v)", d.Parsed, err)
+	}
+	r1.Plans = "ghi"
+	if err := d.Write(r1); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _, err := d.Read(); err != nil || d.Parsed != 1 || recs[o1].Plans != "ghi" {
+		t.Errorf("a read after one rewrite parsed %d files, o1 %+v (%v)", d.Parsed, recs[o1], err)
+	}
 	if had, err := d.Forget(o1); !had || err != nil {
 		t.Errorf("Forget o1: %t %v, want it had one", had, err)
 	}

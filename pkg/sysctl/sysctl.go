@@ -5,6 +5,7 @@
 package sysctl
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -37,14 +38,29 @@ func (Host) HostInterface(ip net.IP) (string, error) {
 // the main routing table and of the links instead of two requests per
 // address: the interface of the most specific route to each, "" where
 // none leads (a sync pass looks up every cached container at once).
+//
+// A dump that a concurrent change interrupted (a runtime adding or
+// removing a container's veth meanwhile: the agent's passes run beside
+// one) is retried; after a few tries what it returned is used — an
+// address whose route or link it lacks gets "", and the next pass looks
+// again.
 func (Host) HostInterfaces(ips []net.IP) ([]string, error) {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
+	var routes []netlink.Route
+	var links []netlink.Link
+	var err error
+	for range 5 {
+		routes, err = netlink.RouteList(nil, netlink.FAMILY_ALL)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		interrupted := err != nil
+		links, err = netlink.LinkList()
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return nil, fmt.Errorf("list links: %w", err)
+		}
+		if !interrupted && err == nil {
+			break
+		}
 	}
 	names := map[int]string{}
 	for _, l := range links {
