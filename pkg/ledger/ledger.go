@@ -51,6 +51,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
 // DefaultDir holds one directory per network namespace. Never change it:
@@ -219,44 +220,65 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	memo := make(map[string]memo, len(des))
-	out := make(map[plan.Owner]Record, len(des))
-	d.Parsed = 0
-	for _, de := range des {
+	// Each file is judged, and read when it changed, by one worker per
+	// core: a first read parses every record.
+	type one struct {
+		m    memo
+		ok   bool // a record (not a directory, dot file or vanished file)
+		read bool
+		err  error
+	}
+	res := make([]one, len(des))
+	workers.Each(len(des), func(i int) {
+		de, o := des[i], &res[i]
 		name := de.Name()
 		if strings.HasPrefix(name, ".") || de.IsDir() {
-			continue
+			return
 		}
 		info, err := de.Info()
 		if errors.Is(err, os.ErrNotExist) {
-			continue // forgotten meanwhile
+			return // forgotten meanwhile
 		}
 		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+			o.err = fmt.Errorf("ledger: %w", err)
+			return
 		}
 		st := stampOf(info)
 		if m, ok := d.memo[name]; ok && m.stamp == st {
-			memo[name], out[m.r.Owner()] = m, m.r
-			continue
+			o.m, o.ok = m, true
+			return
 		}
-		d.Parsed++
+		o.read = true
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if errors.Is(err, os.ErrNotExist) {
-			continue
+			return
 		}
 		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("ledger: %w", err)
+			o.err = fmt.Errorf("ledger: %w", err)
+			return
 		}
 		var r Record
 		if err := json.Unmarshal(data, &r); err != nil || (r.Verb != Add && r.Verb != Del) || fileName(r.Owner()) != name {
-			return nil, time.Time{}, fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, name), data)
+			o.err = fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, name), data)
+			return
 		}
-		memo[name], out[r.Owner()] = struct {
-			stamp stamp
-			r     Record
-		}{st, r}, r
+		o.m, o.ok = memo{st, r}, true
+	})
+	memos := make(map[string]memo, len(des))
+	out := make(map[plan.Owner]Record, len(des))
+	d.Parsed = 0
+	for i, o := range res {
+		if o.err != nil {
+			return nil, time.Time{}, o.err
+		}
+		if o.read {
+			d.Parsed++
+		}
+		if o.ok {
+			memos[des[i].Name()], out[o.m.r.Owner()] = o.m, o.m.r
+		}
 	}
-	d.memo = memo
+	d.memo = memos
 	return out, epoch, nil
 }
 

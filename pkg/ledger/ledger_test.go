@@ -174,3 +174,22 @@ func benchRoot(b *testing.B) string {
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// A first read (a one-shot `portmap sync`): every record parsed.
+func BenchmarkFirstRead1000(b *testing.B) {
+	root := benchRoot(b)
+	d := &Dir{Root: root}
+	for i := range 1000 {
+		r := New(plan.Owner{Network: "net1", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}, Add)
+		r.NetNS, r.Plans = "/run/netns/c", "0123456789abcdef0123456789abcdef"
+		if err := d.Write(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		fresh := &Dir{Root: root}
+		if recs, _, err := fresh.Read(); err != nil || len(recs) != 1000 {
+			b.Fatal(len(recs), err)
+		}
+	}
+}
