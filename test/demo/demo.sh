@@ -20,7 +20,7 @@ H() { ip netns exec "$host" "$@"; }
 # The plugin's ledger keeps a directory per network namespace in
 # /run/cni-portmap/ledger; the demo's node namespace's goes at the end.
 ledger=/run/cni-portmap/ledger
-ledger_before=" $(ls "$ledger" 2>/dev/null | tr '\n' ' ') "
+ledger_before=" $(ls "$ledger" 2>/dev/null | tr '\n' ' ' || true) "
 
 cleanup() {
   set +e
