@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
@@ -221,20 +220,8 @@ func cacheEntry(dir, network, id string) string {
 // mechanism, to its address.
 func expectTable(t *testing.T, b backend, listArgs []string, alive []*churned, when string) {
 	t.Helper()
-	out, stderr, status, err := nettest.Portmap(append([]string{"list", "--json"}, listArgs...)...)
-	if err != nil || status != 0 {
-		t.Fatalf("%s: portmap list: exit %d %v\n%s", when, status, err, stderr)
-	}
-	var entries []struct {
-		HostPort    int    `json:"hostPort"`
-		ContainerIP string `json:"containerIP"`
-		ContainerID string `json:"containerID"`
-		Backend     string `json:"backend"`
-	}
-	if err := json.Unmarshal([]byte(out), &entries); err != nil {
-		t.Fatalf("%s: portmap list --json: %v\n%s", when, err, out)
-	}
 	var got, want []string
+	entries := listEntries(t, listArgs...)
 	for _, e := range entries {
 		got = append(got, fmt.Sprintf("%s %d %s %s", e.Backend, e.HostPort, e.ContainerIP, e.ContainerID))
 	}

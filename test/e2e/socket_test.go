@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -196,30 +197,32 @@ func TestSocketPathUnavailable(t *testing.T) {
 	})
 }
 
+// listEntries is `portmap list --json args...`: the node's host-port
+// table.
+func listEntries(t *testing.T, args ...string) []inventory.Entry {
+	t.Helper()
+	args = append([]string{"list", "--json"}, args...)
+	out, stderr, status, err := nettest.Portmap(args...)
+	if err != nil || status != 0 {
+		t.Fatalf("portmap %v: exit %d %v\n%s", args, status, err, stderr)
+	}
+	var entries []inventory.Entry
+	if err := json.Unmarshal([]byte(out), &entries); err != nil {
+		t.Fatalf("portmap list --json: %v\n%s", err, out)
+	}
+	return entries
+}
+
 // listSocket is `portmap list --json --bpf-pin-dir DIR`'s socket-path
 // entries, as "hostIP port/proto containerIP containerID" (a host IP of
 // "*" is the wildcard mapping: 127.0.0.1 or ::1 by the family).
 func listSocket(t *testing.T, pinDir string) []string {
 	t.Helper()
-	args := []string{"list", "--json"}
+	var args []string
 	if pinDir != "" {
 		args = append(args, "--bpf-pin-dir", pinDir)
 	}
-	out, stderr, status, err := nettest.Portmap(args...)
-	if err != nil || status != 0 {
-		t.Fatalf("portmap %v: exit %d %v\n%s", args, status, err, stderr)
-	}
-	var entries []struct {
-		HostIP      string `json:"hostIP"`
-		HostPort    int    `json:"hostPort"`
-		Protocol    string `json:"protocol"`
-		ContainerIP string `json:"containerIP"`
-		ContainerID string `json:"containerID"`
-		Backend     string `json:"backend"`
-	}
-	if err := json.Unmarshal([]byte(out), &entries); err != nil {
-		t.Fatalf("portmap list --json: %v\n%s", err, out)
-	}
+	entries := listEntries(t, args...)
 	var got []string
 	for _, e := range entries {
 		if e.Backend == "localhost" {
