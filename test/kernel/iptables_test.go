@@ -151,9 +151,11 @@ func TestSameIPOwnership(t *testing.T) {
 }
 
 // TestSteadyStateIsOneProcess: once the shared chains exist, ADD of an
-// attachment is one iptables-restore and lists nothing, and DEL (iptables
-// here is iptables-nft) runs no process at all: one nf_tables transaction
-// over netlink — with 0 or 300 other attachments installed.
+// attachment is one iptables-restore and lists nothing, CHECK one
+// iptables-restore of -C lines and reads nothing of the table but the
+// attachment's chain (over netlink), and DEL (iptables here is
+// iptables-nft) runs no process at all: one nf_tables transaction over
+// netlink — with 0 or 300 other attachments installed.
 func TestSteadyStateIsOneProcess(t *testing.T) {
 	nettest.ResetNAT(t)
 	b, c := backend(t, plan.IPv4)
@@ -168,6 +170,13 @@ func TestSteadyStateIsOneProcess(t *testing.T) {
 		}
 		if c.restores != 1 || c.lists != 0 || c.ensures != 0 {
 			t.Errorf("%s: ADD ran %d restores, %d listings, %d ensures; want 1, 0, 0", label, c.restores, c.lists, c.ensures)
+		}
+		*c = counting{Kernel: c.Kernel}
+		if err := b.Check(p); err != nil {
+			t.Fatalf("%s: CHECK: %v", label, err)
+		}
+		if c.restores != 1 || c.lists != 0 || c.ensures != 0 {
+			t.Errorf("%s: CHECK ran %d restores, %d listings, %d ensures; want 1, 0, 0", label, c.restores, c.lists, c.ensures)
 		}
 		*c = counting{Kernel: c.Kernel}
 		if err := b.Remove(p); err != nil {
@@ -296,6 +305,65 @@ func TestWitnessChains(t *testing.T) {
 	if err := b.Check(f); err == nil || !strings.Contains(err.Error(), "PREROUTING") {
 		t.Errorf("CHECK after a flush: %v, want the missing PREROUTING jump named", err)
 	}
+}
+
+// TestCheckOverNetlink: CHECK on iptables-nft finds, from the
+// attachment's chain alone, a DNAT rule gone, a rule too many and an entry
+// rule gone, and with an iptables-legacy nat table in the namespace it
+// judges from one listing of the table instead.
+func TestCheckOverNetlink(t *testing.T) {
+	p := mkPlan("net1", "chk", "192.0.2.2/24", 8080)
+	chain := iptables.ChainName(p.Owner)
+	dnat := []string{chain, "-p", "tcp", "--dport", "8080", "-j", "DNAT", "--to-destination", "192.0.2.2:80"}
+	for _, tc := range []struct {
+		name   string
+		change [][]string
+		want   string
+	}{
+		{"DNAT rule gone", [][]string{append([]string{"-D"}, dnat...)}, "missing rule"},
+		{"a rule too many", [][]string{{"-A", chain, "-p", "tcp", "--dport", "9", "-j", "ACCEPT"}}, "1 unexpected rules"},
+		{"entry rule gone", [][]string{{"-F", iptables.TopLevelDNATChain}}, "0 rules jump to " + chain + ", want 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nettest.ResetNAT(t)
+			b, _ := backend(t, plan.IPv4)
+			if err := b.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Check(p); err != nil {
+				t.Fatalf("CHECK after ADD: %v", err)
+			}
+			for _, c := range tc.change {
+				nettest.Run(t, "iptables", append([]string{"-t", "nat"}, c...)...)
+			}
+			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("CHECK: %v, want %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("legacy table", func(t *testing.T) {
+		n := nettest.NewNS(t)
+		err := n.Do(func(ns.NetNS) error {
+			b, c := backend(t, plan.IPv4)
+			if err := b.Apply(p); err != nil {
+				return err
+			}
+			if out, err := exec.Command("iptables-legacy", "-t", "nat", "-S").CombinedOutput(); err != nil {
+				return fmt.Errorf("iptables-legacy: %v: %s", err, out)
+			}
+			*c = counting{Kernel: c.Kernel}
+			if err := b.Check(p); err != nil {
+				return fmt.Errorf("CHECK beside a legacy table: %v", err)
+			}
+			if c.lists != 1 {
+				return fmt.Errorf("CHECK beside a legacy table listed the table %d times, want 1", c.lists)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // TestLegacyTableKeepsTheTools: in a namespace where iptables-legacy holds

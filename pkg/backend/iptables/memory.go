@@ -301,7 +301,7 @@ func (k *memKernel) Chains(table string, names []string, rules bool) (map[string
 			out[name] = ChainSummary{}
 			continue
 		}
-		s := ChainSummary{Rules: len(t.rules[name])}
+		s := ChainSummary{Rules: len(t.rules[name]), Refs: t.refs(name)}
 		for _, r := range t.rules[name] {
 			if to := jumpOf(r); to != "" && !targets[to] {
 				s.Jumps = append(s.Jumps, to)

@@ -146,9 +146,17 @@ func TestMemoryRefusals(t *testing.T) {
 	}
 }
 
-// CHECK judges the attachment's chain from one listing: it names the rule
-// that is missing or wrong, and finds a rule too many.
+// CHECK judges the attachment's chain — over nf_tables netlink its rules
+// by -C and their number and the jumps to it from the chain alone, on
+// iptables-legacy from one listing: it names the rule that is missing or
+// wrong, and finds a rule too many and a missing entry rule.
 func TestCheckJudgesTheChain(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("legacy=%t", legacy), func(t *testing.T) { checkJudgesTheChain(t, legacy) })
+	}
+}
+
+func checkJudgesTheChain(t *testing.T, legacy bool) {
 	p := fixture.TestPlan(plan.IPv4, nil)
 	chain := ChainName(p.Owner)
 	dnat8443 := "-A " + chain + " -p tcp --dport 8443 -j DNAT --to-destination 192.0.2.2:443"
@@ -162,6 +170,7 @@ func TestCheckJudgesTheChain(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, m := memBackend()
+			m.Legacy = legacy
 			if err := b.Apply(p); err != nil {
 				t.Fatal(err)
 			}

@@ -58,7 +58,8 @@ func chainExists(c *nfnl.Conn, f plan.Family, chain string) (bool, error) {
 }
 
 // summarize reads chains of table of family f: a get of each chain (the
-// kernel answers ENOENT for a missing chain or table) and, withRules, a
+// kernel answers ENOENT for a missing chain or table; its use count is
+// the chain's rules and the rules that jump to it) and, withRules, a
 // dump of its rules alone (the kernel looks the chain up by name: other
 // chains are not read).
 func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]ChainSummary, error) {
@@ -66,12 +67,17 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 	for _, name := range names {
 		var get nfnl.Attrs
 		get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, name)
-		_, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
+		reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("get chain %s of table %s: %w", name, table, err)
+		}
+		// The chain's use count: its own rules and the rules that jump to it.
+		var use int
+		if v, ok := nfnl.Find(reply.Attrs, unix.NFTA_CHAIN_USE); ok && len(v) == 4 {
+			use = int(binary.BigEndian.Uint32(v))
 		}
 		if !withRules {
 			out[name] = ChainSummary{}
@@ -83,7 +89,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 		if err != nil {
 			return nil, fmt.Errorf("list rules of %s of table %s: %w", name, table, err)
 		}
-		s := ChainSummary{Rules: len(rules)}
+		s := ChainSummary{Rules: len(rules), Refs: use - len(rules)}
 		for _, r := range rules {
 			_, jumps := nfnl.RuleJumps(r.Attrs)
 			s.Jumps = append(s.Jumps, jumps...)
