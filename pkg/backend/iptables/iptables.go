@@ -52,6 +52,9 @@ type Kernel interface {
 	// for Forward) as iptables -S prints it: "-N chain" and "-A chain
 	// rule" lines.
 	ListTable() ([]string, error)
+	// ListChain is ListTable for one chain that exists (iptables -S
+	// CHAIN: iptables-nft fetches that chain alone).
+	ListChain(chain string) ([]string, error)
 	// EnsureChain creates the chain if it is missing.
 	EnsureChain(c Chain) error
 	// EnsureRule adds r if no identical rule exists.
@@ -212,16 +215,29 @@ func (b *Backend) Check(p *plan.Plan) error {
 			return fmt.Errorf("missing chain %s in table %s", c, Table)
 		}
 	}
+	// A few rules are judged by -C in the restore that checks the shared
+	// rules (one process); many by one listing of the chain alone: each
+	// -C reads the chain again, quadratic in its rules.
 	pl := checkPayload(p)
 	rules := ChainRules(p)
-	for _, r := range rules {
-		pl.rule("-C", r)
+	if len(rules) <= maxCheckRules {
+		for _, r := range rules {
+			pl.rule("-C", r)
+		}
 	}
 	if err := b.checkRestore(pl); err != nil {
 		return err
 	}
 	s := chains[own]
-	if extra := s.Rules - len(rules); extra > 0 {
+	if len(rules) > maxCheckRules {
+		lines, err := b.Kernel.ListChain(own)
+		if err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+		if why := judgeChain(p, parseListing(lines).rules[own]); why != "" {
+			return errors.New(why)
+		}
+	} else if extra := s.Rules - len(rules); extra > 0 {
 		return fmt.Errorf("chain %s: %d unexpected rules", own, extra)
 	}
 	if want := len(EntryRules(p)); s.Refs != want {
@@ -229,6 +245,10 @@ func (b *Backend) Check(p *plan.Plan) error {
 	}
 	return nil
 }
+
+// maxCheckRules is the most rules of an attachment's chain CHECK judges
+// by -C.
+const maxCheckRules = 16
 
 // checkRestore runs a payload of -C lines and names the first object it
 // finds missing.
@@ -441,6 +461,17 @@ func (k *execKernel) ListTable() ([]string, error) {
 	out, err := cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+func (k *execKernel) ListChain(chain string) ([]string, error) {
+	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -t %s -S %s: %w: %s", k.list, k.table, chain, err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }

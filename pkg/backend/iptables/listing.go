@@ -51,17 +51,10 @@ func (lt *listing) judge(p *plan.Plan) string {
 	if !lt.chains[chain] {
 		return "chain " + chain + " missing"
 	}
+	if why := judgeChain(p, lt.rules[chain]); why != "" {
+		return why
+	}
 	var want, have []ruleID
-	for _, r := range ChainRules(p) {
-		want = append(want, idOf(r.Args))
-	}
-	for _, l := range lt.rules[chain] {
-		have = append(have, idOf(splitRule(l)))
-	}
-	if d := diff(want, have); d != "" {
-		return "chain " + chain + ": " + d
-	}
-	want, have = want[:0], have[:0]
 	for _, r := range EntryRules(p) {
 		want = append(want, entryID(r.Args))
 	}
@@ -70,6 +63,22 @@ func (lt *listing) judge(p *plan.Plan) string {
 	}
 	if d := diff(want, have); d != "" {
 		return "entry rules in " + TopLevelDNATChain + ": " + d
+	}
+	return ""
+}
+
+// judgeChain compares the attachment's chain as listed ("-A chain …"
+// lines) with what its plan wants; "" when they are the same.
+func judgeChain(p *plan.Plan, lines []string) string {
+	var want, have []ruleID
+	for _, r := range ChainRules(p) {
+		want = append(want, idOf(r.Args))
+	}
+	for _, l := range lines {
+		have = append(have, idOf(splitRule(l)))
+	}
+	if d := diff(want, have); d != "" {
+		return "chain " + ChainName(p.Owner) + ": " + d
 	}
 	return ""
 }

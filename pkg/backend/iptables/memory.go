@@ -221,6 +221,19 @@ type memKernel struct {
 func (k *memKernel) Restore(payload []byte) error { return k.m.restore(payload, true) }
 func (k *memKernel) Test(payload []byte) error    { return k.m.restore(payload, false) }
 
+// ListChain prints one chain as iptables -S CHAIN does.
+func (k *memKernel) ListChain(chain string) ([]string, error) {
+	t := k.m.table(k.table)
+	if !t.has(chain) {
+		return nil, fmt.Errorf("iptables: chain %s: No chain/target/match by that name", chain)
+	}
+	out := []string{"-N " + chain}
+	for _, r := range t.rules[chain] {
+		out = append(out, "-A "+chain+" "+quoteArgs(r))
+	}
+	return out, nil
+}
+
 // ListTable prints the table as iptables -S does: policies, chains, rules.
 func (k *memKernel) ListTable() ([]string, error) {
 	t := k.m.table(k.table)

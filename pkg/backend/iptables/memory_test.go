@@ -300,3 +300,36 @@ func TestMemorySkeleton(t *testing.T) {
 		})
 	}
 }
+
+// An attachment with many rules is judged from one listing of its chain
+// alone (a -C per rule would read the chain once per rule).
+func TestCheckJudgesAChainOfManyRules(t *testing.T) {
+	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Mappings = nil
+		for i := range 20 {
+			r.Mappings = append(r.Mappings, plan.Mapping{HostPort: 9000 + 2*i, ContainerPort: 80, Protocol: plan.TCP})
+		}
+	})
+	chain := ChainName(p.Owner)
+	if n := len(ChainRules(p)); n <= maxCheckRules {
+		t.Fatalf("%d rules: the test wants more than %d", n, maxCheckRules)
+	}
+	for _, tc := range []struct{ change, want string }{
+		{"-D " + chain + " -p tcp --dport 9010 -j DNAT --to-destination 192.0.2.2:80", "--dport 9010"},
+		{"-A " + chain + " -p tcp --dport 1 -j ACCEPT", "1 unexpected rules"},
+	} {
+		b, m := memBackend()
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Check(p); err != nil {
+			t.Fatalf("CHECK after ADD: %v", err)
+		}
+		if err := m.restore([]byte("*nat\n"+tc.change+"\nCOMMIT\n"), true); err != nil {
+			t.Fatalf("%s: %v", tc.change, err)
+		}
+		if err := b.Check(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("after %q: CHECK = %v, want %q", tc.change, err, tc.want)
+		}
+	}
+}

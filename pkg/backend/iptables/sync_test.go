@@ -55,6 +55,15 @@ func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, er
 	return nil, ErrLegacy
 }
 func (k *fakeKernel) ListTable() ([]string, error) { return k.lines, nil }
+func (k *fakeKernel) ListChain(chain string) ([]string, error) {
+	var out []string
+	for _, l := range k.lines {
+		if l == "-N "+chain || strings.HasPrefix(l, "-A "+chain+" ") {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
 func (k *fakeKernel) EnsureChain(c Chain) error {
 	k.ensures = append(k.ensures, "chain "+c.Name)
 	return nil
