@@ -19,6 +19,11 @@ type WatchOptions struct {
 	// Debounce is how long events must be quiet before a pass: a reload
 	// commits many changes in a row.
 	Debounce time.Duration
+	// MinPeriod is the least time from the start of one pass to the start
+	// of the next that events trigger (kube-proxy's --min-sync-period):
+	// beside a busy runtime, whose every ADD and DEL changes the firewall,
+	// passes do not follow each other back to back.
+	MinPeriod time.Duration
 	// Observe, when set, is told of every pass when it ends (metrics,
 	// health).
 	Observe func(PassInfo)
@@ -88,6 +93,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 		}
 	}
 	defer a.KeepParsed()()
+	var lastStart time.Time
 	pass := func(trigger string) bool {
 		if drain != nil {
 			drain()
@@ -105,6 +111,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			}
 		}
 		start := time.Now()
+		lastStart = start
 		rep, err := a.Sync(so)
 		took := time.Since(start)
 		if so.Prune {
@@ -146,10 +153,10 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 	var settle <-chan time.Time
 	arm := func() {
 		if settle == nil {
-			settle = time.After(o.Debounce)
+			settle = time.After(max(o.Debounce, o.MinPeriod-time.Since(lastStart)))
 		}
 	}
-	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "interval", o.Interval.String())
+	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "min-sync-period", o.MinPeriod.String(), "interval", o.Interval.String())
 	if pass(TriggerStart) {
 		arm()
 	}

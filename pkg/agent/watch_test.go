@@ -20,6 +20,12 @@ import (
 // (one Sync of iptables ipv4 each).
 func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (passes int, log string)) {
 	t.Helper()
+	return watchFakeWith(t, writes, events, 0)
+}
+
+// watchFakeWith is watchFake with passes minPeriod apart at the least.
+func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod time.Duration) (stop func() (passes int, log string)) {
+	t.Helper()
 	a, h := newFake()
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
@@ -43,7 +49,7 @@ func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (p
 	var log bytes.Buffer
 	done := make(chan error)
 	go func() {
-		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond},
+		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond, MinPeriod: minPeriod},
 			events, nil, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	return func() (int, string) {
@@ -80,6 +86,23 @@ func TestWatchDebouncesEvents(t *testing.T) {
 	}
 	if strings.Contains(log, "repaired") {
 		t.Errorf("log of passes that found nothing:\n%s", log)
+	}
+}
+
+// Beside a busy runtime the firewall changes all the time: passes come
+// no closer than MinPeriod (without it, one every Debounce: 20 in 1 s).
+func TestWatchKeepsAMinimumPeriod(t *testing.T) {
+	events := make(chan struct{}, 1)
+	stop := watchFakeWith(t, 0, events, 300*time.Millisecond)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		select {
+		case events <- struct{}{}:
+		default:
+		}
+	}
+	passes, _ := stop()
+	if passes < 3 || passes > 5 {
+		t.Errorf("%d passes in 1 s of constant events, want 3 to 5 (the start, then one every 300 ms)", passes)
 	}
 }
 

@@ -48,6 +48,7 @@ func (p Program) syncMain(args []string) int {
 	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
 	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
 	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
+	minPeriod := fs.Duration("min-sync-period", time.Second, "with --watch: least time from one pass's start to the next that firewall changes trigger (a busy runtime changes it many times a second)")
 	metricsAddr := fs.String("metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
 	logFormat := fs.String("log-format", "text", "with --watch: the log's format, text or json (one object a line)")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
@@ -71,7 +72,7 @@ func (p Program) syncMain(args []string) int {
 	if !*watch {
 		var watchOnly []string
 		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "metrics-addr" || f.Name == "log-format" || f.Name == "interval" || f.Name == "debounce" {
+			if f.Name == "metrics-addr" || f.Name == "log-format" || f.Name == "interval" || f.Name == "debounce" || f.Name == "min-sync-period" {
 				watchOnly = append(watchOnly, "--"+f.Name)
 			}
 		})
@@ -89,8 +90,8 @@ func (p Program) syncMain(args []string) int {
 		fmt.Fprintf(os.Stderr, p.Name+" sync: --log-format %q: want text or json\n", *logFormat)
 		return 2
 	}
-	if *watch && (*interval <= 0 || *debounce < 0) {
-		fmt.Fprintln(os.Stderr, p.Name+" sync: --interval must be positive and --debounce not negative")
+	if *watch && (*interval <= 0 || *debounce < 0 || *minPeriod < 0) {
+		fmt.Fprintln(os.Stderr, p.Name+" sync: --interval must be positive, --debounce and --min-sync-period not negative")
 		return 2
 	}
 	if *root != "" {
@@ -106,7 +107,7 @@ func (p Program) syncMain(args []string) int {
 	// After the chroot: the host handle finds the host's own tools.
 	a := &agent.Agent{Host: host.Real(os.Stderr)}
 	if *watch {
-		return p.runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce}, *metricsAddr, *logFormat)
+		return p.runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce, MinPeriod: *minPeriod}, *metricsAddr, *logFormat)
 	}
 	rep, err := a.Sync(o)
 	if rep != nil {

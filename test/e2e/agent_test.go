@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,16 +201,27 @@ func listenNotify(t *testing.T) (string, func() []string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return path, func() []string {
-		var got []string
+	// Read as systemd does, all the time: a socket's queue holds a few
+	// datagrams (net.unix.max_dgram_qlen), and a sender blocks on a full
+	// one.
+	var mu sync.Mutex
+	var got []string
+	go func() {
 		buf := make([]byte, 256)
 		for {
-			_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			n, err := c.Read(buf)
 			if err != nil {
-				return got
+				return
 			}
+			mu.Lock()
 			got = append(got, string(buf[:n]))
+			mu.Unlock()
 		}
+	}()
+	return path, func() []string {
+		time.Sleep(100 * time.Millisecond) // what was sent last
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
 	}
 }

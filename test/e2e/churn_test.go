@@ -57,9 +57,11 @@ func TestAgentChurn(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		for _, tc := range []churnCase{
 			{name: "default", leftover: true, agent: true},
-			{name: "prune", args: []string{"--prune"}, restart: true, leftover: true},
-			{name: "socket", args: []string{"--prune"}, socket: true},
-			{name: "forwardAccept", args: []string{"--prune"}, forwardAccept: true},
+			// --min-sync-period 0: a pass as soon as events settle, the
+			// most passes to land between a cache read and a DEL.
+			{name: "prune", args: []string{"--prune", "--min-sync-period", "0"}, restart: true, leftover: true},
+			{name: "socket", args: []string{"--prune", "--min-sync-period", "0"}, socket: true},
+			{name: "forwardAccept", args: []string{"--prune", "--min-sync-period", "0"}, forwardAccept: true},
 		} {
 			t.Run(tc.name, func(t *testing.T) { churn(t, b, maps.Clone(extra), tc) })
 		}
