@@ -168,22 +168,27 @@ func checkJudgesTheChain(t *testing.T, legacy bool) {
 		{"a rule too many", "-A " + chain + " -p tcp --dport 9999 -j DNAT --to-destination 192.0.2.2:1", "1 unexpected rules"},
 		{"the chain's entry rule missing", "-F " + TopLevelDNATChain, "entry rules in " + TopLevelDNATChain},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			b, m := memBackend()
-			m.Legacy = legacy
-			if err := b.Apply(p); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Check(p); err != nil {
-				t.Fatalf("CHECK after ADD: %v", err)
-			}
-			if err := m.restore([]byte("*nat\n"+tc.change+"\nCOMMIT\n"), true); err != nil {
-				t.Fatalf("%s: %v", tc.change, err)
-			}
-			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("CHECK = %v, want an error naming %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { tamperThenCheck(t, p, legacy, tc.change, tc.want) })
+	}
+}
+
+// tamperThenCheck applies p, changes the nat table by change (an
+// iptables-restore line) and wants CHECK to fail naming want.
+func tamperThenCheck(t *testing.T, p *plan.Plan, legacy bool, change, want string) {
+	t.Helper()
+	b, m := memBackend()
+	m.Legacy = legacy
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(p); err != nil {
+		t.Fatalf("CHECK after ADD: %v", err)
+	}
+	if err := m.restore([]byte("*nat\n"+change+"\nCOMMIT\n"), true); err != nil {
+		t.Fatalf("%s: %v", change, err)
+	}
+	if err := b.Check(p); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("after %q: CHECK = %v, want an error naming %q", change, err, want)
 	}
 }
 
@@ -318,18 +323,6 @@ func TestCheckJudgesAChainOfManyRules(t *testing.T) {
 		{"-D " + chain + " -p tcp --dport 9010 -j DNAT --to-destination 192.0.2.2:80", "--dport 9010"},
 		{"-A " + chain + " -p tcp --dport 1 -j ACCEPT", "1 unexpected rules"},
 	} {
-		b, m := memBackend()
-		if err := b.Apply(p); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Check(p); err != nil {
-			t.Fatalf("CHECK after ADD: %v", err)
-		}
-		if err := m.restore([]byte("*nat\n"+tc.change+"\nCOMMIT\n"), true); err != nil {
-			t.Fatalf("%s: %v", tc.change, err)
-		}
-		if err := b.Check(p); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("after %q: CHECK = %v, want %q", tc.change, err, tc.want)
-		}
+		tamperThenCheck(t, p, false, tc.change, tc.want)
 	}
 }
