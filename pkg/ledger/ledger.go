@@ -283,7 +283,7 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 }
 
 // memo is a record as read, and the version of its file.
-type memo = struct {
+type memo struct {
 	stamp stamp
 	r     Record
 }
