@@ -647,7 +647,7 @@ func (s *kernelSite) unpin() error {
 	}
 	var errs []error
 	for _, h := range Hooks {
-		errs = append(errs, removePin(s.pin(h.Name)))
+		errs = append(errs, detachPin(s.pin(h.Name)), removePin(s.pin(h.Name)))
 	}
 	for _, m := range []string{svcMap, revMap, ownersMap} {
 		errs = append(errs, removePin(s.pin(m)))
@@ -665,6 +665,26 @@ func Uninstall(cfg plan.Socket) error {
 		return err
 	}
 	return site.(*kernelSite).unpin()
+}
+
+// detachPin detaches the program of the link pinned at path now: a link
+// whose last pin is removed is released by the kernel's deferred work,
+// so its program would stay attached (and rewrite connect() calls) for a
+// moment after Retire has returned. A link already gone, or a kernel
+// without BPF_LINK_DETACH (before 5.9), leaves that to the unpin.
+func detachPin(path string) error {
+	l, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket path: open %s: %w", path, err)
+	}
+	defer l.Close()
+	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("socket path: detach %s: %w", path, err)
+	}
+	return nil
 }
 
 func removePin(path string) error {
