@@ -1,10 +1,12 @@
 # portmap — a drop-in CNI portmap plugin.
 #   make build     bin/portmap (the plugin) and bin/portmap-agent (the node agent)
-#   make test      unit, kernel and end-to-end tests (root: they make their own netns)
+#   make test      unit, kernel, end-to-end, image and kube tests (root: they make their own netns)
 #   make demo      the main job end to end, in namespaces of its own (root)
 #   make bench     ours vs upstream, both backends, N = 0, 100, 1000 containers
 #                  and M = 1, 100, 1000, 5000 mappings in one (root; ~20 minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
+#   make kube-test a kubelet (built from the module proxy) and containerd run
+#                  hostPort pods through the plugin, in namespaces of their own (root)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap,
 #                  bin/portmap-agent -> $(DESTDIR)/usr/local/sbin/portmap-agent
 #   make image     the container image (FROM scratch, static binary) with podman
@@ -12,7 +14,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak kube-test kubelet install image clean
 
 all: build
 
@@ -27,7 +29,7 @@ build:
 	$(GO) build $(BUILDFLAGS) -o bin/ ./cmd/portmap ./cmd/portmap-agent
 
 # Everything the tests and the demo run, built from the module versions in
-# go.mod: the tools of its tool block (the real ptp/bridge/host-local,
+# go.mod: the tools of its tool block (the real ptp/bridge/host-local/loopback,
 # upstream portmap as portmap-upstream, cnitool), ours, the demo's server.
 plugins:
 	@mkdir -p $(CNI_BIN)
@@ -39,6 +41,7 @@ deps:
 lint:
 	@out=$$(gofmt -l cmd pkg plugins test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags kube ./test/kube
 
 unit:
 	$(GO) test -count=1 ./cmd/... ./pkg/... ./plugins/...
@@ -46,6 +49,7 @@ unit:
 test: deps lint plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=100000x
+	$(MAKE) kube-test
 
 # Short fuzz runs of config parsing and rule rendering (FUZZTIME each).
 # `make test` bounds them by executions (100000x): a duration can end with
@@ -66,6 +70,16 @@ soak: deps plugins
 
 demo: deps plugins
 	./test/demo/demo.sh $(CNI_BIN)
+
+# The kube suite's kubelet, built static from the Go module proxy at the
+# version test/kube/kubelet/go.mod pins (a module of its own).
+KUBELET := $(CURDIR)/build/kube/kubelet
+
+kubelet:
+	cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o $(KUBELET) k8s.io/kubernetes/cmd/kubelet
+
+kube-test: deps plugins kubelet
+	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) $(GO) test -tags kube -count=1 -timeout 30m -v ./test/kube
 
 BENCH_OUT ?= test/bench/results
 

@@ -57,6 +57,7 @@ tool (
 	github.com/containernetworking/cni/cnitool
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 	github.com/containernetworking/plugins/plugins/main/bridge
+	github.com/containernetworking/plugins/plugins/main/loopback
 	github.com/containernetworking/plugins/plugins/main/ptp
 	github.com/containernetworking/plugins/plugins/meta/portmap
 )

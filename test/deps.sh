@@ -11,6 +11,8 @@ command -v unshare >/dev/null || need+=(util-linux)
 # The image tests (test/image) build and run the image with podman.
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
+# The kube suite (make kube-test) runs Debian's containerd under a kubelet.
+command -v containerd >/dev/null || need+=(containerd)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2

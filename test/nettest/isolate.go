@@ -41,7 +41,7 @@ func Main(m *testing.M) {
 		}
 		os.Exit(m.Run())
 	}
-	requireRoot("privileged tests", "they make their own network namespaces")
+	RequireRoot("privileged tests", "they make their own network namespaces")
 	if err := ensureBinaries(); err != nil {
 		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
 		os.Exit(1)
@@ -53,14 +53,14 @@ func Main(m *testing.M) {
 // node's namespaces (the image tests: podman needs the node's cgroup
 // mounts): the same root rule as Main, without the re-run.
 func MainInPlace(m *testing.M, what, why string) {
-	requireRoot(what, why)
+	RequireRoot(what, why)
 	os.Exit(m.Run())
 }
 
-// requireRoot exits unless the process is root: with status 0 and a SKIP
+// RequireRoot exits unless the process is root: with status 0 and a SKIP
 // line outside CI, with status 1 under CI=true, where privileged tests
 // must run.
-func requireRoot(what, why string) {
+func RequireRoot(what, why string) {
 	if os.Geteuid() == 0 {
 		return
 	}
@@ -139,7 +139,7 @@ func setupNS() error {
 // BinDir is the directory of CNI plugin binaries for the tests.
 func BinDir() string { return os.Getenv(BinEnv) }
 
-// ensureBinaries builds our plugin, the real ptp, bridge and host-local
+// ensureBinaries builds our plugin, the real ptp, bridge, host-local, loopback
 // plugins and the upstream portmap from the module versions in go.mod,
 // unless BinEnv already names a directory.
 func ensureBinaries() error {
@@ -204,3 +204,13 @@ type TB interface {
 // SetupIsolated prepares the namespace Reexec made; Main calls it for
 // tests, programs call it themselves.
 func SetupIsolated() error { return setupIsolated() }
+
+// SetupNetNS prepares a new network namespace as Main's is: loopback up,
+// no duplicate address detection (suites that make their namespaces
+// themselves, as the kube suite does).
+func SetupNetNS() error { return setupNS() }
+
+// MarkIsolated tells the harness that this process runs in namespaces a
+// suite made itself, as Main's (the kube suite's node): the helpers that
+// need them (NewCgroupSite) work there too.
+func MarkIsolated() { _ = os.Setenv(childEnv, "1") }

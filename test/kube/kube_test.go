@@ -1,0 +1,343 @@
+//go:build kube
+
+package kube
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/portmap-dev/portmap/test/deploy"
+	"github.com/portmap-dev/portmap/test/nettest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The node's link to its client, a machine on its LAN.
+var clientNet = nettest.ClientNet{HostIf: "kc0", V4: "198.51.120", V6: "2001:db8:120:"}
+
+var backends = []string{"iptables", "nftables"}
+
+// reply sends one request and waits, up to d, for an answer that starts
+// with want (a pod comes up some time after its manifest appears).
+func reply(t *testing.T, from *nettest.Client, proto, addr, want string, d time.Duration) string {
+	t.Helper()
+	var got string
+	var err error
+	var in ns.NetNS // nil: the node
+	if from != nil {
+		in = from.NS
+	}
+	waitFor(d, func() bool {
+		got, err = nettest.Dial(in, proto, addr)
+		return err == nil && strings.HasPrefix(got, want)
+	})
+	if err != nil || !strings.HasPrefix(got, want) {
+		t.Errorf("%s %s: %q %v, want a reply from %s", proto, addr, got, err, want)
+	}
+	return got
+}
+
+// refused checks that addr answers nothing within a few tries.
+func refused(t *testing.T, from *nettest.Client, proto, addr string) {
+	t.Helper()
+	got, err := nettest.Dial(from.NS, proto, addr)
+	if err == nil {
+		t.Errorf("%s %s answered %q after the pod's end", proto, addr, got)
+	}
+}
+
+// TestHostPortPods: static pods with host ports, run by the kubelet
+// through containerd's CRI and this plugin (both backends, and the socket
+// path for the node's localhost): TCP and UDP, IPv4 and IPv6, a hostIP,
+// reached from a client on the node's LAN, from the node and from
+// 127.0.0.1 (and [::1] through the socket path); a kubelet restart and a
+// containerd restart keep the running pod (its sandbox) and its host
+// ports; deleting the pod removes its mappings, its libcni cache entry
+// and its lease.
+func TestHostPortPods(t *testing.T) {
+	cl := nettest.NewClient(t, clientNet)
+	n := startNode(t)
+	node4, node6 := cl.HostIP[0].String(), cl.HostIP[1].String()
+	at := func(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+	for _, v := range []struct {
+		name, backend string
+		socket        bool
+	}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}} {
+		t.Run(v.name, func(t *testing.T) {
+			keys := map[string]any{"backend": v.backend}
+			var site *nettest.CgroupSite
+			if v.socket {
+				site = nettest.NewCgroupSite(t)
+				keys["localhost"], keys["cgroupPath"], keys["bpfPinDir"] = "socket", site.Cgroup, site.PinDir
+			}
+			n.setNetwork(t, keys)
+			start := time.Now()
+			n.run(t, pod{Name: "web", Ports: []port{
+				{ContainerPort: 8080, HostPort: 18080, Protocol: "TCP"},
+				{ContainerPort: 8080, HostPort: 18080, Protocol: "UDP"},
+				{ContainerPort: 8080, HostPort: 18081, Protocol: "TCP", HostIP: node4},
+			}})
+			who := "web sees "
+			reply(t, cl, "tcp", at(node4, 18080), who+cl.IP[0].String(), 90*time.Second)
+			t.Logf("%s: the pod answered through its host port %s after its manifest appeared", v.name, time.Since(start).Round(100*time.Millisecond))
+			reply(t, cl, "udp", at(node4, 18080), who+cl.IP[0].String(), 5*time.Second)
+			reply(t, cl, "tcp", at(node6, 18080), who+cl.IP[1].String(), 5*time.Second)
+			reply(t, cl, "udp", at(node6, 18080), who+cl.IP[1].String(), 5*time.Second)
+			reply(t, cl, "tcp", at(node4, 18081), who+cl.IP[0].String(), 5*time.Second)
+			reply(t, nil, "tcp", at(node4, 18080), who, 5*time.Second)
+			if v.socket {
+				for _, proto := range []string{"tcp", "udp"} {
+					for _, a := range []string{at("127.0.0.1", 18080), at("::1", 18080)} {
+						if res, err := site.Client(proto, a, false); err != nil || !strings.HasPrefix(res.Reply, who) || res.Peer != a {
+							t.Errorf("%s %s from the node's cgroup: %+v %v, want the pod, peer %s", proto, a, res, err, a)
+						}
+					}
+				}
+			} else {
+				reply(t, nil, "tcp", at("127.0.0.1", 18080), who, 5*time.Second)
+			}
+			if got := len(portmapList(t)); got == 0 {
+				t.Errorf("portmap list shows no mapping of the pod")
+			}
+			sandbox := cached()
+			if len(sandbox) != 1 || len(leases()) != 2 {
+				t.Errorf("libcni cache %v and leases %v, want the pod's one entry and two addresses", sandbox, leases())
+			}
+
+			for _, d := range []string{"kubelet", "containerd"} {
+				n.restart(t, d)
+				reply(t, cl, "tcp", at(node4, 18080), who+cl.IP[0].String(), 5*time.Second)
+				reply(t, cl, "udp", at(node6, 18080), who+cl.IP[1].String(), 5*time.Second)
+				if got := cached(); strings.Join(got, " ") != strings.Join(sandbox, " ") {
+					t.Errorf("after a %s restart the cache holds %v, want the same sandbox %v", d, got, sandbox)
+				}
+			}
+
+			n.remove(t, "web")
+			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
+				t.Fatalf("60 s after the pod's manifest was removed: mappings %v, cache %v, leases %v", portmapList(t), cached(), leases())
+			}
+			for _, a := range []string{at(node4, 18080), at(node6, 18080), at(node4, 18081)} {
+				refused(t, cl, "tcp", a)
+			}
+			if v.socket {
+				if res, err := site.Client("tcp", at("127.0.0.1", 18080), false); err == nil {
+					t.Errorf("127.0.0.1:18080 from the node's cgroup answered %q after the pod's end", res.Reply)
+				}
+			}
+		})
+	}
+}
+
+// TestHostPortConflict: a second pod asking for a host port a running
+// pod has is rejected by the kubelet itself (its NodePorts admission), so
+// it never reaches the plugin. A host port held on the node by another
+// runtime (a container ADDed through libcni beside the kubelet, as
+// Podman's would be) is where hostPortConflict decides: with "replace"
+// (the default) the kubelet's pod gets the port; with "reject" its
+// sandbox fails with the plugin's error (the kubelet retries it) and the
+// other container keeps the port.
+func TestHostPortConflict(t *testing.T) {
+	cl := nettest.NewClient(t, clientNet)
+	n := startNode(t)
+	addr := net.JoinHostPort(cl.HostIP[0].String(), "18200")
+	ports := []port{{ContainerPort: 8080, HostPort: 18200, Protocol: "TCP"}}
+
+	n.setNetwork(t, map[string]any{"backend": "nftables"})
+	n.run(t, pod{Name: "first", Ports: ports})
+	reply(t, cl, "tcp", addr, "first sees ", 90*time.Second)
+	mark := n.logMark("kubelet")
+	n.run(t, pod{Name: "second", Ports: ports})
+	if !waitFor(30*time.Second, func() bool { return n.status("second-node1").Phase == "Failed" }) {
+		t.Errorf("the second pod asking for the first's host port: %+v, want it Failed (rejected by the kubelet)", n.status("second-node1"))
+	}
+	if !n.logHas("kubelet", mark, "NodePorts") {
+		t.Errorf("the kubelet does not name its NodePorts admission for the second pod")
+	}
+	reply(t, cl, "tcp", addr, "first sees ", 5*time.Second)
+	n.remove(t, "second")
+	n.remove(t, "first")
+	if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+		t.Fatalf("60 s after both pods were removed: mappings %v, cache %v", portmapList(t), cached())
+	}
+
+	for _, b := range backends {
+		for _, policy := range []string{"replace", "reject"} {
+			t.Run(b+"-"+policy, func(t *testing.T) {
+				keys := map[string]string{"backend": fmt.Sprintf("%q", b), "hostPortConflict": fmt.Sprintf("%q", policy)}
+				other := nettest.NewRuntime(t, nettest.Net{Name: "other", V4: "192.0.2.0/28", Extra: keys})
+				c := other.MustAdd(t, "other", nettest.Mapping{HostPort: 18200, ContainerPort: 8080})
+				nettest.Serve(t, c.NS, "other", 8080)
+				reply(t, cl, "tcp", addr, "other sees ", 5*time.Second)
+
+				n.setNetwork(t, map[string]any{"backend": b, "hostPortConflict": policy})
+				name := "kube-" + b + "-" + policy
+				mark := n.logMark("kubelet")
+				n.run(t, pod{Name: name, Ports: ports})
+				if policy == "replace" {
+					reply(t, cl, "tcp", addr, name+" sees ", 90*time.Second)
+				} else {
+					want := `is already mapped by network`
+					if !waitFor(60*time.Second, func() bool { return n.logHas("kubelet", mark, want) }) {
+						t.Errorf("the kubelet logs no sandbox failure naming the policy (%s) 60 s after the pod appeared", want)
+					}
+					reply(t, cl, "tcp", addr, "other sees ", 5*time.Second)
+					if s := n.status(name + "-node1"); s.Phase == "Running" {
+						t.Errorf("the pod runs: %+v", s)
+					}
+				}
+				n.remove(t, name)
+				if !waitFor(60*time.Second, func() bool { return len(cached()) == 0 }) {
+					t.Fatalf("60 s after the pod was removed: cache %v", cached())
+				}
+				if err := other.Del(c); err != nil {
+					t.Fatal(err)
+				}
+				if got := portmapList(t); len(got) != 0 {
+					t.Errorf("mappings left: %v", got)
+				}
+				refused(t, cl, "tcp", addr)
+			})
+		}
+	}
+}
+
+// flushes are the firewall flushes of an operator, by backend.
+var flushes = map[string][][]string{
+	"iptables": {{"iptables", "-t", "nat", "-F"}, {"ip6tables", "-t", "nat", "-F"}},
+	"nftables": {{"nft", "flush", "ruleset"}},
+}
+
+// TestDaemonSet runs deploy/portmap.yaml's pod template (decoded from the
+// file, not a copy) as a static pod: its init container installs the
+// plugin into the CNI bin directory containerd uses, and pods started
+// after it run that binary; the kubelet judges the agent's probes (the
+// pod becomes Ready, and is never restarted); a firewall flush is
+// repaired by the agent and the host port answers again; pod churn with
+// the agent running leaves no mapping behind.
+func TestDaemonSet(t *testing.T) {
+	ds, err := deploy.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := nettest.NewClient(t, clientNet)
+	n := startNode(t)
+	node4 := cl.HostIP[0].String()
+	at := func(port int) string { return net.JoinHostPort(node4, fmt.Sprint(port)) }
+	image := ds.Spec.Template.Spec.InitContainers[0].Image
+	plugin := n.importDaemonSetImage(t, image)
+	want, err := os.ReadFile(plugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			n.setNetwork(t, map[string]any{"backend": b})
+			installed := filepath.Join(n.cniBin, "portmap")
+			if err := os.Remove(installed); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			agent := corev1.Pod{
+				TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+				// A static pod's UID is its manifest's hash: an annotation
+				// of its own per subtest, so no status of the last one is
+				// taken for this one's.
+				ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace, Labels: ds.Spec.Template.Labels,
+					Annotations: map[string]string{"portmap.test/backend": b}},
+				Spec: ds.Spec.Template.Spec,
+			}
+			n.runManifest(t, ds.Name, agent)
+			name := ds.Name + "-node1"
+			start := time.Now()
+			if !waitFor(60*time.Second, func() bool { return n.status(name).Ready }) {
+				t.Fatalf("the DaemonSet's pod is not Ready 60 s after its manifest appeared: %+v", n.status(name))
+			}
+			t.Logf("%s: the DaemonSet's pod Ready %s after its manifest appeared", b, time.Since(start).Round(100*time.Millisecond))
+			got, err := os.ReadFile(installed)
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("%s after the init container: %d bytes %v, want the image's plugin (%d bytes)", installed, len(got), err, len(want))
+			}
+
+			n.run(t, pod{Name: "web", Ports: []port{{ContainerPort: 8080, HostPort: 18090, Protocol: "TCP"}}})
+			who := "web sees " + cl.IP[0].String()
+			reply(t, cl, "tcp", at(18090), who, 90*time.Second)
+
+			for _, c := range flushes[b] {
+				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %v\n%s", c, err, out)
+				}
+			}
+			start = time.Now()
+			reply(t, cl, "tcp", at(18090), who, 15*time.Second)
+			t.Logf("%s: the host port answered again %s after %v", b, time.Since(start).Round(100*time.Millisecond), flushes[b])
+			// The agent did it: nothing else writes rules without an ADD.
+			if got := metric(t, "http://127.0.0.1:9765/metrics", `portmap_agent_repairs_total{kind="attachment"}`); got < 1 {
+				t.Errorf("the agent counts %v attachment repairs after the flush, want at least 1", got)
+			}
+
+			// Churn beside the agent: pods come and go, some at once.
+			for round := 0; round < 3; round++ {
+				names := []string{fmt.Sprintf("churn%da", round), fmt.Sprintf("churn%db", round)}
+				for i, p := range names {
+					n.run(t, pod{Name: p, Ports: []port{{ContainerPort: 8080, HostPort: 18100 + 2*round + i, Protocol: "TCP"}}})
+				}
+				for i, p := range names {
+					reply(t, cl, "tcp", at(18100+2*round+i), p+" sees ", 90*time.Second)
+				}
+				for _, p := range names {
+					n.remove(t, p)
+				}
+			}
+			n.remove(t, "web")
+			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+				t.Errorf("60 s after the churn's pods were removed: mappings %v, cache %v", portmapList(t), cached())
+			}
+			for _, port := range []int{18090, 18100, 18101, 18102, 18103, 18104, 18105} {
+				refused(t, cl, "tcp", at(port))
+			}
+			if s := n.status(name); !s.Ready || s.Restarts != 0 {
+				t.Errorf("the DaemonSet's pod after the churn: %+v, want Ready and never restarted", s)
+			}
+			n.remove(t, ds.Name)
+			if !waitFor(60*time.Second, func() bool { return !n.status(name).Found }) {
+				t.Errorf("the DaemonSet's pod still there 60 s after its manifest was removed")
+			}
+		})
+	}
+}
+
+// metric reads one sample (name with its labels, as exposed) from a
+// Prometheus text page; -1 when it is not there.
+func metric(t *testing.T, url, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("get %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", url, l, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
