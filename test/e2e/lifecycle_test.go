@@ -154,8 +154,16 @@ func TestStatusAfterFlush(t *testing.T) {
 		if err := status(); err != nil {
 			t.Errorf("STATUS after sync: %v", err)
 		}
-		// A second ADD after a flush works, as STATUS promised.
+		// A second ADD after a flush works, as STATUS promised: its host
+		// port answers and CHECK passes (iptables -t nat -F leaves every
+		// chain, the fast path's witness too, and empties the built-in
+		// ones: ADD must make their jumps again).
 		flush()
-		rt.MustAdd(t, "s2", nettest.Mapping{HostPort: 6152, ContainerPort: srvPort})
+		c2 := rt.MustAdd(t, "s2", nettest.Mapping{HostPort: 6152, ContainerPort: srvPort})
+		nettest.Serve(t, c2.NS, "s2", srvPort)
+		expectReply(t, client(t), "tcp", addr(nodeIP, 6152), "s2", clientIP)
+		if err := rt.Check(c2); err != nil {
+			t.Errorf("CHECK of an ADD after %q: %v", b.flush, err)
+		}
 	})
 }

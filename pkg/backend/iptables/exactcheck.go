@@ -127,16 +127,23 @@ func (p *payload) failedLineNumber(out string) int {
 // exactly. On iptables-legacy it is one iptables-restore of -C lines.
 // It changes nothing.
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
-	q := *p
-	q.Conditions = nil // the shared rules alone
-	missing, some, err = b.skeleton(append(GuardRules(&q), SharedRules(&q)...))
+	missing, some, err = b.skeleton(skeletonRules(p))
 	if errors.Is(err, ErrLegacy) {
 		// some: the listing that would tell is the whole table; say
 		// yes, and let STATUS ask the cache
+		q := *p
+		q.Conditions = nil // the shared rules alone
 		missing, _, err = b.exactCheck([]*plan.Plan{&q})
 		return missing, true, err
 	}
 	return missing, some, err
+}
+
+// skeletonRules are the shared rules ADD of plans like p makes.
+func skeletonRules(p *plan.Plan) []Rule {
+	q := *p
+	q.Conditions = nil // the shared rules alone
+	return append(GuardRules(&q), SharedRules(&q)...)
 }
 
 // skeleton names the first of rules that nf_tables does not hold, by

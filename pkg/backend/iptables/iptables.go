@@ -110,10 +110,12 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return errors.New("no container address to forward to")
 	}
 	pl := addPayload(p)
-	if err := b.Kernel.Restore(pl.bytes()); err == nil {
-		return nil
-	} else if !Refused(err) {
-		return b.restoreError("apply", pl, err)
+	if b.skeletonStands(p) {
+		if err := b.Kernel.Restore(pl.bytes()); err == nil {
+			return nil
+		} else if !Refused(err) {
+			return b.restoreError("apply", pl, err)
+		}
 	}
 	release, err := b.Lock()
 	if err != nil {
@@ -145,6 +147,19 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return b.restoreError("apply", pl, err)
 	}
 	return nil
+}
+
+// skeletonStands reports whether the shared rules ADD's fast path takes
+// for granted are there. The fast path's witness chain says they were
+// made, but a flush of the table (`iptables -t nat -F`) empties every
+// chain and deletes none, the witness included: on iptables-nft the rules
+// themselves are read over netlink, as STATUS reads them (the built-in
+// chains and the mark and masquerade chains, never CNI-HOSTPORT-DNAT, so
+// the cost does not grow with the attachments). On iptables-legacy, or
+// when netlink fails, the witness alone decides.
+func (b *Backend) skeletonStands(p *plan.Plan) bool {
+	missing, _, err := b.skeleton(skeletonRules(p))
+	return err != nil || missing == ""
 }
 
 // Remove deletes the attachment's chain and entry rules; it is idempotent.

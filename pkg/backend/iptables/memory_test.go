@@ -57,6 +57,38 @@ func TestMemoryTraceOfAnAttachment(t *testing.T) {
 	}
 }
 
+// ADD of a new attachment after `iptables -t nat -F` (every chain
+// emptied, none deleted: the fast path's witness chain survives) makes
+// the shared rules again: the new attachment's host port works, and the
+// older one's CHECK still fails until sync repairs it.
+func TestMemoryAddAfterFlush(t *testing.T) {
+	b, m := memBackend()
+	old := fixture.TestPlan(plan.IPv4, nil)
+	if err := b.Apply(old); err != nil {
+		t.Fatal(err)
+	}
+	m.FlushTable(Table)
+	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Owner.ContainerID = "after-the-flush"
+		r.Mappings = []plan.Mapping{{HostPort: 7070, ContainerPort: 80, Protocol: plan.TCP}}
+	})
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 7070, false); got.DNAT == "" {
+		t.Errorf("the host port of an ADD after the flush: %+v, want it forwarded", got)
+	}
+	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 7070, true); got.DNAT == "" {
+		t.Errorf("the host port of an ADD after the flush, from the node: %+v, want it forwarded", got)
+	}
+	if err := b.Check(p); err != nil {
+		t.Errorf("CHECK of the ADD after the flush: %v", err)
+	}
+	if err := b.Check(old); err == nil {
+		t.Error("CHECK of the attachment the flush emptied succeeded")
+	}
+}
+
 // ADD → iptables -t nat -F → sync → DEL, on the in-memory kernel.
 func TestMemoryAddFlushSyncDel(t *testing.T) {
 	b, m := memBackend()
