@@ -14,7 +14,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak kube-test kubelet install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak kube-test kubelet containerd2 install image clean
 
 all: build
 
@@ -78,8 +78,19 @@ KUBELET := $(CURDIR)/build/kube/kubelet
 kubelet:
 	cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o $(KUBELET) k8s.io/kubernetes/cmd/kubelet
 
-kube-test: deps plugins kubelet
-	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) $(GO) test -tags kube -count=1 -timeout 30m -v ./test/kube
+# The kube suite's second runtime: containerd 2.x (its daemon, shim and
+# ctr), built static from the Go module proxy at the version
+# test/kube/containerd/go.mod pins.
+CONTAINERD2 := $(CURDIR)/build/kube/containerd2
+
+containerd2:
+	cd test/kube/containerd && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
+		-o $(CONTAINERD2)/ github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+
+kube-test: deps plugins kubelet containerd2
+	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_CONTAINERD2=$(CONTAINERD2) \
+		$(GO) test -tags kube -count=1 -timeout 30m -v ./test/kube
 
 BENCH_OUT ?= test/bench/results
 

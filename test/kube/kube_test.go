@@ -67,7 +67,7 @@ func refused(t *testing.T, from *nettest.Client, proto, addr string) {
 // and its lease.
 func TestHostPortPods(t *testing.T) {
 	cl := nettest.NewClient(t, clientNet)
-	n := startNode(t)
+	n := startNode(t, containerd16)
 	node4, node6 := cl.HostIP[0].String(), cl.HostIP[1].String()
 	at := func(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
 	for _, v := range []struct {
@@ -150,7 +150,7 @@ func TestHostPortPods(t *testing.T) {
 // other container keeps the port.
 func TestHostPortConflict(t *testing.T) {
 	cl := nettest.NewClient(t, clientNet)
-	n := startNode(t)
+	n := startNode(t, containerd16)
 	addr := net.JoinHostPort(cl.HostIP[0].String(), "18200")
 	ports := []port{{ContainerPort: 8080, HostPort: 18200, Protocol: "TCP"}}
 
@@ -232,7 +232,7 @@ func TestDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := nettest.NewClient(t, clientNet)
-	n := startNode(t)
+	n := startNode(t, containerd16)
 	node4 := cl.HostIP[0].String()
 	at := func(port int) string { return net.JoinHostPort(node4, fmt.Sprint(port)) }
 	image := ds.Spec.Template.Spec.InitContainers[0].Image
@@ -340,4 +340,78 @@ func metric(t *testing.T, url, sample string) float64 {
 		}
 	}
 	return -1
+}
+
+// notReady is what the kubelet says of a pod it will not start while the
+// runtime reports NetworkReady=false (it asks the runtime every 5 s).
+const notReady = "network is not ready"
+
+// TestContainerd2: containerd 2.x, which asks every network's STATUS (CNI
+// 1.1) for the runtime's NetworkReady condition, runs hostPort pods
+// through the plugin on both backends. After a firewall flush the network
+// stays ready (STATUS is 0 while ADD can be served): a new pod starts and
+// answers through its host port, the kubelet never says the network is
+// not ready, and `portmap sync` brings the older pod's host port back. A
+// STATUS that fails (the socket path with a cgroup that does not exist:
+// code 50) does hold pods back, so the check above can fail.
+func TestContainerd2(t *testing.T) {
+	cl := nettest.NewClient(t, clientNet)
+	n := startNode(t, containerd2)
+	node4, node6 := cl.HostIP[0].String(), cl.HostIP[1].String()
+	at := func(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			n.setNetwork(t, map[string]any{"backend": b})
+			n.run(t, pod{Name: "web", Ports: []port{{ContainerPort: 8080, HostPort: 18300, Protocol: "TCP"}, {ContainerPort: 8080, HostPort: 18300, Protocol: "UDP"}}})
+			who4, who6 := "web sees "+cl.IP[0].String(), "web sees "+cl.IP[1].String()
+			reply(t, cl, "tcp", at(node4, 18300), who4, 90*time.Second)
+			reply(t, cl, "udp", at(node6, 18300), who6, 5*time.Second)
+
+			mark := n.logMark("kubelet")
+			for _, c := range flushes[b] {
+				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %v\n%s", c, err, out)
+				}
+			}
+			time.Sleep(6 * time.Second) // one of the kubelet's runtime checks and more
+			n.run(t, pod{Name: "after", Ports: []port{{ContainerPort: 8080, HostPort: 18301, Protocol: "TCP"}}})
+			reply(t, cl, "tcp", at(node4, 18301), "after sees ", 90*time.Second)
+			if n.logHas("kubelet", mark, notReady) {
+				t.Errorf("after %v the kubelet held a pod back: %q", flushes[b], notReady)
+			}
+			if _, err := nettest.Dial(cl.NS, "tcp", at(node4, 18300)); err == nil {
+				t.Errorf("the older pod's host port answers after %v: the flush removed nothing", flushes[b])
+			}
+			if out, stderr, status, err := nettest.Portmap("sync", "--cache-dir", "/var/lib/cni"); err != nil || status != 0 {
+				t.Fatalf("portmap sync: exit %d %v\n%s%s", status, err, out, stderr)
+			}
+			reply(t, cl, "tcp", at(node4, 18300), who4, 5*time.Second)
+			reply(t, cl, "udp", at(node6, 18300), who6, 5*time.Second)
+
+			n.remove(t, "web")
+			n.remove(t, "after")
+			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
+				t.Fatalf("60 s after the pods' manifests were removed: mappings %v, cache %v, leases %v", portmapList(t), cached(), leases())
+			}
+			refused(t, cl, "tcp", at(node4, 18300))
+		})
+	}
+	t.Run("status-fails", func(t *testing.T) {
+		mark := n.logMark("kubelet")
+		n.setNetwork(t, map[string]any{"backend": "nftables", "localhost": "socket", "cgroupPath": "/nonexistent/cgroup"})
+		time.Sleep(6 * time.Second)
+		n.run(t, pod{Name: "held", Ports: []port{{ContainerPort: 8080, HostPort: 18302, Protocol: "TCP"}}})
+		if !waitFor(30*time.Second, func() bool { return n.logHas("kubelet", mark, notReady) }) {
+			t.Errorf("30 s with a STATUS that fails, and the kubelet never held a pod back (%q)", notReady)
+		}
+		if len(cached()) != 0 {
+			t.Errorf("a sandbox was set up while STATUS failed: cache %v", cached())
+		}
+		n.setNetwork(t, map[string]any{"backend": "nftables"})
+		reply(t, cl, "tcp", at(node4, 18302), "held sees ", 90*time.Second)
+		n.remove(t, "held")
+		if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+			t.Fatalf("60 s after the pod's manifest was removed: mappings %v, cache %v", portmapList(t), cached())
+		}
+	})
 }

@@ -22,8 +22,11 @@ import (
 // hierarchy) the parent made for the node's pods.
 const (
 	kubeletEnv = "PORTMAP_KUBELET"
-	childEnv   = "PORTMAP_KUBE_NODE"
-	cgroupEnv  = "PORTMAP_KUBE_CGROUP"
+	// containerd2Env names the directory of containerd 2.x's binaries
+	// (make kube-test builds them from test/kube/containerd).
+	containerd2Env = "PORTMAP_CONTAINERD2"
+	childEnv       = "PORTMAP_KUBE_NODE"
+	cgroupEnv      = "PORTMAP_KUBE_CGROUP"
 	// parentNetEnv is the network namespace the suite was started in,
 	// which the node must not be in.
 	parentNetEnv = "PORTMAP_KUBE_PARENT_NET"
@@ -45,7 +48,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	nettest.RequireRoot("the kube suite", "it runs containerd and a kubelet in namespaces of its own")
-	for _, env := range []string{kubeletEnv, nettest.BinEnv} {
+	for _, env := range []string{kubeletEnv, containerd2Env, nettest.BinEnv} {
 		if os.Getenv(env) == "" {
 			if os.Getenv("CI") == "true" {
 				fmt.Fprintf(os.Stderr, "kube: %s is not set (make kube-test sets it)\n", env)

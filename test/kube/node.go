@@ -37,12 +37,42 @@ type node struct {
 	manifests string // the kubelet's static pod directory
 	cgroup    string // the kubelet's cgroupRoot
 
+	rt                  runtime
 	containerd, kubelet *exec.Cmd
 }
 
-// startNode starts containerd with images of the suite imported and the
+// runtime is a container runtime the suite runs pods with.
+type runtime struct {
+	name string
+	// bin is the directory of its containerd, containerd-shim-runc-v2
+	// and ctr; empty for the ones on PATH (Debian's).
+	bin string
+	// config is its configuration, formatted with: root, state, socket,
+	// sandbox image, CNI bin directory, CNI conf directory.
+	config string
+	// cniVersion is the conflist's: 1.1.0 where the runtime's libcni
+	// knows it (and calls STATUS for it).
+	cniVersion string
+}
+
+// containerd16 is Debian's containerd; containerd2 is containerd 2.x,
+// built from the Go module proxy at the release test/kube/containerd
+// pins (make kube-test).
+var (
+	containerd16 = runtime{name: "containerd-1.6", config: containerdConfig, cniVersion: "1.0.0"}
+	containerd2  = runtime{name: "containerd-2", bin: os.Getenv(containerd2Env), config: containerd2Config, cniVersion: "1.1.0"}
+)
+
+func (r runtime) path(prog string) string {
+	if r.bin == "" {
+		return prog
+	}
+	return filepath.Join(r.bin, prog)
+}
+
+// startNode starts the runtime with images of the suite imported and the
 // kubelet, and stops both when the test ends.
-func startNode(t *testing.T) *node {
+func startNode(t *testing.T, rt runtime) *node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kube-node-")
 	if err != nil {
@@ -55,8 +85,15 @@ func startNode(t *testing.T) *node {
 		sock:      filepath.Join(dir, "containerd.sock"),
 		manifests: filepath.Join(dir, "manifests"),
 		cgroup:    os.Getenv(cgroupEnv),
+		rt:        rt,
 	}
-	t.Cleanup(func() { n.stop(t); os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		n.stop(t)
+		if t.Failed() {
+			n.keepLogs(t)
+		}
+		os.RemoveAll(dir)
+	})
 	for _, d := range []string{n.cniBin, n.cniConf, n.manifests} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -108,15 +145,38 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
 `
 
+// The containerd 2.x configuration (version 3): the same, in the CRI
+// plugin's new layout.
+const containerd2Config = `version = 3
+root = %q
+state = %q
+[grpc]
+  address = %q
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %q
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%q]
+    conf_dir = %q
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+`
+
 func (n *node) startContainerd(t *testing.T) {
 	t.Helper()
 	cfg := filepath.Join(n.dir, "containerd.toml")
-	text := fmt.Sprintf(containerdConfig, filepath.Join(n.dir, "containerd"), filepath.Join(n.dir, "containerd-state"),
+	text := fmt.Sprintf(n.rt.config, filepath.Join(n.dir, "containerd"), filepath.Join(n.dir, "containerd-state"),
 		n.sock, pauseImage, n.cniBin, n.cniConf)
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.containerd = n.daemon(t, "containerd", "containerd", "--config", cfg)
+	n.containerd = n.daemon(t, "containerd", n.rt.path("containerd"), "--config", cfg)
 	if !waitFor(30*time.Second, func() bool { return n.ctr("version") == nil }) {
 		t.Fatalf("containerd did not answer in 30 s:\n%s", n.log("containerd"))
 	}
@@ -133,11 +193,30 @@ func (n *node) daemon(t *testing.T, name, path string, args ...string) *exec.Cmd
 	defer f.Close()
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if n.rt.bin != "" { // the runtime's own shim first
+		cmd.Env = append(os.Environ(), "PATH="+n.rt.bin+":"+os.Getenv("PATH"))
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	return cmd
+}
+
+// keepLogs copies the daemons' logs where they outlive the node and says
+// where.
+func (n *node) keepLogs(t *testing.T) {
+	keep, err := os.MkdirTemp("", "kube-logs-")
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	for _, name := range []string{"kubelet", "containerd"} {
+		if data, err := os.ReadFile(filepath.Join(n.dir, name+".log")); err == nil {
+			_ = os.WriteFile(filepath.Join(keep, name+".log"), data, 0o644)
+		}
+	}
+	t.Logf("the node's logs are kept in %s", keep)
 }
 
 // log is the tail of a daemon's log.
@@ -162,7 +241,7 @@ func (n *node) logHas(name string, mark int, s string) bool {
 }
 
 func (n *node) ctr(args ...string) error {
-	out, err := exec.Command("ctr", append([]string{"--address", n.sock, "--namespace", "k8s.io"}, args...)...).CombinedOutput()
+	out, err := exec.Command(n.rt.path("ctr"), append([]string{"--address", n.sock, "--namespace", "k8s.io"}, args...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ctr %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
@@ -313,7 +392,7 @@ func (n *node) setNetwork(t *testing.T, portmap map[string]any) {
 		pm[k] = v
 	}
 	list := map[string]any{
-		"cniVersion": "1.0.0",
+		"cniVersion": n.rt.cniVersion,
 		"name":       "kube",
 		"plugins": []any{
 			map[string]any{
