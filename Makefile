@@ -5,8 +5,9 @@
 #   make bench     ours vs upstream, both backends, N = 0, 100, 1000 containers
 #                  and M = 1, 100, 1000, 5000 mappings in one (root; ~20 minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
-#   make kube-test a kubelet (built from the module proxy) and containerd run
-#                  hostPort pods through the plugin, in namespaces of their own (root)
+#   make kube-test a kubelet and containerd 2 (built from the module proxy) and
+#                  Debian's containerd 1.6 run hostPort pods and the DaemonSet through
+#                  the plugin, in namespaces of their own (root; part of make test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap,
 #                  bin/portmap-agent -> $(DESTDIR)/usr/local/sbin/portmap-agent
 #   make image     the container image (FROM scratch, static binary) with podman

@@ -153,13 +153,31 @@ func (b *Backend) Apply(p *plan.Plan) error {
 // for granted are there. The fast path's witness chain says they were
 // made, but a flush of the table (`iptables -t nat -F`) empties every
 // chain and deletes none, the witness included: on iptables-nft the rules
-// themselves are read over netlink, as STATUS reads them (the built-in
-// chains and the mark and masquerade chains, never CNI-HOSTPORT-DNAT, so
-// the cost does not grow with the attachments). On iptables-legacy, or
-// when netlink fails, the witness alone decides.
+// themselves are read over netlink, as STATUS reads them — never
+// CNI-HOSTPORT-DNAT, and not POSTROUTING either, which holds a masquerade
+// rule per container of the ptp and bridge plugins: its jump to
+// CNI-HOSTPORT-MASQ is judged by that chain's references instead, so the
+// cost does not grow with the attachments. On iptables-legacy, or when
+// netlink fails, the witness alone decides.
 func (b *Backend) skeletonStands(p *plan.Plan) bool {
-	missing, _, err := b.skeleton(skeletonRules(p))
-	return err != nil || missing == ""
+	var rules []Rule
+	masqJump := false
+	for _, r := range skeletonRules(p) {
+		if r.Chain == "POSTROUTING" && jumpOf(r.Args) == MasqChain {
+			masqJump = true
+			continue
+		}
+		rules = append(rules, r)
+	}
+	missing, _, err := b.skeleton(rules)
+	if err != nil || missing != "" {
+		return err != nil
+	}
+	if !masqJump {
+		return true
+	}
+	got, err := b.Kernel.Chains(Table, []string{MasqChain}, true)
+	return err != nil || got[MasqChain].Refs > 0
 }
 
 // Remove deletes the attachment's chain and entry rules; it is idempotent.

@@ -57,35 +57,51 @@ func TestMemoryTraceOfAnAttachment(t *testing.T) {
 	}
 }
 
-// ADD of a new attachment after `iptables -t nat -F` (every chain
-// emptied, none deleted: the fast path's witness chain survives) makes
-// the shared rules again: the new attachment's host port works, and the
-// older one's CHECK still fails until sync repairs it.
+// ADD of a new attachment after a flush (`iptables -t nat -F` empties
+// every chain and deletes none: the fast path's witness chain survives;
+// or POSTROUTING alone, whose jump is judged by CNI-HOSTPORT-MASQ's
+// references) makes the shared rules again: the new attachment's host
+// port works and passes CHECK; the older one's CHECK fails until sync.
+// On iptables-legacy the witness alone decides (no netlink to read).
 func TestMemoryAddAfterFlush(t *testing.T) {
-	b, m := memBackend()
-	old := fixture.TestPlan(plan.IPv4, nil)
-	if err := b.Apply(old); err != nil {
-		t.Fatal(err)
-	}
-	m.FlushTable(Table)
-	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
-		r.Owner.ContainerID = "after-the-flush"
-		r.Mappings = []plan.Mapping{{HostPort: 7070, ContainerPort: 80, Protocol: plan.TCP}}
-	})
-	if err := b.Apply(p); err != nil {
-		t.Fatal(err)
-	}
-	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 7070, false); got.DNAT == "" {
-		t.Errorf("the host port of an ADD after the flush: %+v, want it forwarded", got)
-	}
-	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 7070, true); got.DNAT == "" {
-		t.Errorf("the host port of an ADD after the flush, from the node: %+v, want it forwarded", got)
-	}
-	if err := b.Check(p); err != nil {
-		t.Errorf("CHECK of the ADD after the flush: %v", err)
-	}
-	if err := b.Check(old); err == nil {
-		t.Error("CHECK of the attachment the flush emptied succeeded")
+	for _, tc := range []struct {
+		name  string
+		flush func(m *Memory)
+	}{
+		{"table", func(m *Memory) { m.FlushTable(Table) }},
+		{"POSTROUTING", func(m *Memory) {
+			if err := m.Kernel(Table).Restore([]byte("*nat\n-F POSTROUTING\nCOMMIT\n")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, m := memBackend()
+			old := fixture.TestPlan(plan.IPv4, nil)
+			if err := b.Apply(old); err != nil {
+				t.Fatal(err)
+			}
+			tc.flush(m)
+			p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+				r.Owner.ContainerID = "after-the-flush"
+				r.Mappings = []plan.Mapping{{HostPort: 7070, ContainerPort: 80, Protocol: plan.TCP}}
+			})
+			if err := b.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+			if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 7070, false); got.DNAT == "" {
+				t.Errorf("the host port of an ADD after the flush: %+v, want it forwarded", got)
+			}
+			if got := trace(m, plan.TCP, fixture.Loopback, fixture.Loopback, 7070, true); got.DNAT == "" || !got.Masquerade {
+				t.Errorf("127.0.0.1 to the host port of an ADD after the flush: %+v, want it forwarded and masqueraded", got)
+			}
+			if err := b.Check(p); err != nil {
+				t.Errorf("CHECK of the ADD after the flush: %v", err)
+			}
+			if err := b.Check(old); err == nil && tc.name == "table" {
+				t.Error("CHECK of the attachment the flush emptied succeeded")
+			}
+		})
 	}
 }
 
