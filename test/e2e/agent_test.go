@@ -56,18 +56,6 @@ func (a agentProbe) metric(name, labels string) float64 {
 	return -1
 }
 
-// eventually polls cond every 50 ms for d and says whether it held.
-func eventually(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
-}
-
 // TestAgentTellsHowItIs: portmap-agent sync --watch --metrics-addr
 // 127.0.0.1:0 logs the address it bound (JSON log lines); /readyz and
 // /healthz answer 503 with the reason while passes fail (the cache's
@@ -115,7 +103,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 			t.Fatalf("no bound address in the log:\n%s", w.Text())
 		}
 		a := agentProbe{t, "http://" + m[1]}
-		if !eventually(2*time.Second, func() bool { return a.metric("portmap_agent_errors_total", `kind="pass"`) >= 1 }) {
+		if !nettest.Eventually(2*time.Second, func() bool { return a.metric("portmap_agent_errors_total", `kind="pass"`) >= 1 }) {
 			t.Fatalf("no failed pass counted")
 		}
 		if code, body := a.get("/readyz"); code != 503 || !strings.Contains(body, "no pass has succeeded") {
@@ -126,7 +114,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		}
 
 		mendCache()
-		if !eventually(2*interval+time.Second, func() bool { code, _ := a.get("/readyz"); return code == 200 }) {
+		if !nettest.Eventually(2*interval+time.Second, func() bool { code, _ := a.get("/readyz"); return code == 200 }) {
 			t.Fatalf("/readyz not 200 within two intervals of the cache being mended")
 		}
 		if code, body := a.get("/healthz"); code != 200 || !strings.HasPrefix(body, "ok") {
@@ -137,7 +125,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		byEvent := a.metric("portmap_agent_passes_total", `trigger="event"`)
 		repairs := a.metric("portmap_agent_repairs_total", `kind="attachment"`)
 		b.flushFirewall(t)
-		if !eventually(2*time.Second, func() bool { return a.metric("portmap_agent_repairs_total", `kind="attachment"`) > repairs }) {
+		if !nettest.Eventually(2*time.Second, func() bool { return a.metric("portmap_agent_repairs_total", `kind="attachment"`) > repairs }) {
 			t.Fatalf("no repair counted 2 s after %v", b.flush)
 		}
 		expectReply(t, cl, "tcp", addr(nodeIP, 6501), "g1", clientIP)
@@ -146,7 +134,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 		}
 		// The interval's pass may repair first (both wait out the minimum
 		// sync period); the events' pass still follows.
-		if !eventually(2*time.Second, func() bool { return a.metric("portmap_agent_passes_total", `trigger="event"`) > byEvent }) {
+		if !nettest.Eventually(2*time.Second, func() bool { return a.metric("portmap_agent_passes_total", `trigger="event"`) > byEvent }) {
 			t.Errorf("no event-triggered pass 2 s after the flush (%v before it)", byEvent)
 		}
 		for _, name := range []string{"portmap_agent_pass_duration_seconds_count", "portmap_agent_last_success_timestamp_seconds",
@@ -164,7 +152,7 @@ func TestAgentTellsHowItIs(t *testing.T) {
 
 		breakCache()
 		start := time.Now()
-		if !eventually(2*interval+time.Second, func() bool { code, _ := a.get("/healthz"); return code == 503 }) {
+		if !nettest.Eventually(2*interval+time.Second, func() bool { code, _ := a.get("/healthz"); return code == 503 }) {
 			t.Errorf("/healthz still 200 %s after passes began to fail", time.Since(start))
 		}
 		t.Logf("/healthz 503 %s after the cache broke", time.Since(start).Round(time.Millisecond))

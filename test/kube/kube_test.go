@@ -38,7 +38,7 @@ func reply(t *testing.T, from *nettest.Client, proto, addr, want string, d time.
 	if from != nil {
 		in = from.NS
 	}
-	waitFor(d, func() bool {
+	nettest.Eventually(d, func() bool {
 		got, err = nettest.Dial(in, proto, addr)
 		return err == nil && strings.HasPrefix(got, want)
 	})
@@ -125,7 +125,7 @@ func TestHostPortPods(t *testing.T) {
 			}
 
 			n.remove(t, "web")
-			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
+			if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
 				t.Fatalf("60 s after the pod's manifest was removed: mappings %v, cache %v, leases %v", portmapList(t), cached(), leases())
 			}
 			for _, a := range []string{at(node4, 18080), at(node6, 18080), at(node4, 18081)} {
@@ -159,7 +159,7 @@ func TestHostPortConflict(t *testing.T) {
 	reply(t, cl, "tcp", addr, "first sees ", 90*time.Second)
 	mark := n.logMark("kubelet")
 	n.run(t, pod{Name: "second", Ports: ports})
-	if !waitFor(30*time.Second, func() bool { return n.status("second-node1").Phase == "Failed" }) {
+	if !nettest.Eventually(30*time.Second, func() bool { return n.status("second-node1").Phase == "Failed" }) {
 		t.Errorf("the second pod asking for the first's host port: %+v, want it Failed (rejected by the kubelet)", n.status("second-node1"))
 	}
 	if !n.logHas("kubelet", mark, "NodePorts") {
@@ -168,7 +168,7 @@ func TestHostPortConflict(t *testing.T) {
 	reply(t, cl, "tcp", addr, "first sees ", 5*time.Second)
 	n.remove(t, "second")
 	n.remove(t, "first")
-	if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+	if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
 		t.Fatalf("60 s after both pods were removed: mappings %v, cache %v", portmapList(t), cached())
 	}
 
@@ -189,7 +189,7 @@ func TestHostPortConflict(t *testing.T) {
 					reply(t, cl, "tcp", addr, name+" sees ", 90*time.Second)
 				} else {
 					want := `is already mapped by network`
-					if !waitFor(60*time.Second, func() bool { return n.logHas("kubelet", mark, want) }) {
+					if !nettest.Eventually(60*time.Second, func() bool { return n.logHas("kubelet", mark, want) }) {
 						t.Errorf("the kubelet logs no sandbox failure naming the policy (%s) 60 s after the pod appeared", want)
 					}
 					reply(t, cl, "tcp", addr, "other sees ", 5*time.Second)
@@ -198,7 +198,7 @@ func TestHostPortConflict(t *testing.T) {
 					}
 				}
 				n.remove(t, name)
-				if !waitFor(60*time.Second, func() bool { return len(cached()) == 0 }) {
+				if !nettest.Eventually(60*time.Second, func() bool { return len(cached()) == 0 }) {
 					t.Fatalf("60 s after the pod was removed: cache %v", cached())
 				}
 				if err := other.Del(c); err != nil {
@@ -260,7 +260,7 @@ func TestDaemonSet(t *testing.T) {
 			n.runManifest(t, ds.Name, agent)
 			name := ds.Name + "-node1"
 			start := time.Now()
-			if !waitFor(60*time.Second, func() bool { return n.status(name).Ready }) {
+			if !nettest.Eventually(60*time.Second, func() bool { return n.status(name).Ready }) {
 				t.Fatalf("the DaemonSet's pod is not Ready 60 s after its manifest appeared: %+v", n.status(name))
 			}
 			t.Logf("%s: the DaemonSet's pod Ready %s after its manifest appeared", b, time.Since(start).Round(100*time.Millisecond))
@@ -300,7 +300,7 @@ func TestDaemonSet(t *testing.T) {
 				}
 			}
 			n.remove(t, "web")
-			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+			if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
 				t.Errorf("60 s after the churn's pods were removed: mappings %v, cache %v", portmapList(t), cached())
 			}
 			for _, port := range []int{18090, 18100, 18101, 18102, 18103, 18104, 18105} {
@@ -310,7 +310,7 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("the DaemonSet's pod after the churn: %+v, want Ready and never restarted", s)
 			}
 			n.remove(t, ds.Name)
-			if !waitFor(60*time.Second, func() bool { return !n.status(name).Found }) {
+			if !nettest.Eventually(60*time.Second, func() bool { return !n.status(name).Found }) {
 				t.Errorf("the DaemonSet's pod still there 60 s after its manifest was removed")
 			}
 		})
@@ -390,7 +390,7 @@ func TestContainerd2(t *testing.T) {
 
 			n.remove(t, "web")
 			n.remove(t, "after")
-			if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
+			if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 && len(leases()) == 0 }) {
 				t.Fatalf("60 s after the pods' manifests were removed: mappings %v, cache %v, leases %v", portmapList(t), cached(), leases())
 			}
 			refused(t, cl, "tcp", at(node4, 18300))
@@ -401,7 +401,7 @@ func TestContainerd2(t *testing.T) {
 		n.setNetwork(t, map[string]any{"backend": "nftables", "localhost": "socket", "cgroupPath": "/nonexistent/cgroup"})
 		time.Sleep(6 * time.Second)
 		n.run(t, pod{Name: "held", Ports: []port{{ContainerPort: 8080, HostPort: 18302, Protocol: "TCP"}}})
-		if !waitFor(30*time.Second, func() bool { return n.logHas("kubelet", mark, notReady) }) {
+		if !nettest.Eventually(30*time.Second, func() bool { return n.logHas("kubelet", mark, notReady) }) {
 			t.Errorf("30 s with a STATUS that fails, and the kubelet never held a pod back (%q)", notReady)
 		}
 		if len(cached()) != 0 {
@@ -410,7 +410,7 @@ func TestContainerd2(t *testing.T) {
 		n.setNetwork(t, map[string]any{"backend": "nftables"})
 		reply(t, cl, "tcp", at(node4, 18302), "held sees ", 90*time.Second)
 		n.remove(t, "held")
-		if !waitFor(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
+		if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
 			t.Fatalf("60 s after the pod's manifest was removed: mappings %v, cache %v", portmapList(t), cached())
 		}
 	})

@@ -177,7 +177,7 @@ func (n *node) startContainerd(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.containerd = n.daemon(t, "containerd", n.rt.path("containerd"), "--config", cfg)
-	if !waitFor(30*time.Second, func() bool { return n.ctr("version") == nil }) {
+	if !nettest.Eventually(30*time.Second, func() bool { return n.ctr("version") == nil }) {
 		t.Fatalf("containerd did not answer in 30 s:\n%s", n.log("containerd"))
 	}
 }
@@ -315,7 +315,7 @@ func (n *node) startKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.kubelet = n.daemon(t, "kubelet", os.Getenv(kubeletEnv), "--config", cfg, "--hostname-override", "node1", "--v", "2")
-	if !waitFor(60*time.Second, func() bool { return httpOK("http://127.0.0.1:10248/healthz") }) {
+	if !nettest.Eventually(60*time.Second, func() bool { return httpOK("http://127.0.0.1:10248/healthz") }) {
 		t.Fatalf("the kubelet was not healthy in 60 s:\n%s", n.log("kubelet"))
 	}
 }
@@ -368,17 +368,6 @@ func httpOK(url string) bool {
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode == 200
-}
-
-func waitFor(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
 }
 
 // setNetwork writes the node's conflist (bridge, host-local, portmap with

@@ -113,3 +113,15 @@ func (w *Watcher) WaitFor(tb TB, s string, d time.Duration) {
 	}
 	tb.Fatalf("watch did not log %q within %s:\n%s", s, d, w.Text())
 }
+
+// Eventually polls cond every 50 ms for d and says whether it held.
+func Eventually(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
