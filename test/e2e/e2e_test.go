@@ -347,7 +347,7 @@ func upstreamToOurs(t *testing.T, b backend, extra map[string]string) {
 	ours := up.WithList(t, net)
 	if b.name == "iptables" {
 		// Our CHECK says what upstream never made: the localhost guard.
-		if err := ours.Check(c); err == nil || !strings.Contains(err.Error(), "missing chain CNI-HOSTPORT-GUARD in table filter") {
+		if err := ours.Check(c); err == nil || !strings.Contains(err.Error(), "CNI-HOSTPORT-GUARD") || !strings.Contains(err.Error(), "filter") {
 			t.Errorf("our CHECK of upstream's rules on a node without the guard: %v, want the guard named", err)
 		}
 		// Once one ADD of ours made it, the same layout and names mean our

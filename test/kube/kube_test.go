@@ -87,6 +87,7 @@ func TestHostPortPods(t *testing.T) {
 				{ContainerPort: 8080, HostPort: 18080, Protocol: "TCP"},
 				{ContainerPort: 8080, HostPort: 18080, Protocol: "UDP"},
 				{ContainerPort: 8080, HostPort: 18081, Protocol: "TCP", HostIP: node4},
+				{ContainerPort: 8080, HostPort: 18082, Protocol: "UDP", HostIP: node6},
 			}})
 			who := "web sees "
 			reply(t, cl, "tcp", at(node4, 18080), who+cl.IP[0].String(), 90*time.Second)
@@ -95,6 +96,7 @@ func TestHostPortPods(t *testing.T) {
 			reply(t, cl, "tcp", at(node6, 18080), who+cl.IP[1].String(), 5*time.Second)
 			reply(t, cl, "udp", at(node6, 18080), who+cl.IP[1].String(), 5*time.Second)
 			reply(t, cl, "tcp", at(node4, 18081), who+cl.IP[0].String(), 5*time.Second)
+			reply(t, cl, "udp", at(node6, 18082), who+cl.IP[1].String(), 5*time.Second)
 			reply(t, nil, "tcp", at(node4, 18080), who, 5*time.Second)
 			if v.socket {
 				for _, proto := range []string{"tcp", "udp"} {
@@ -131,6 +133,7 @@ func TestHostPortPods(t *testing.T) {
 			for _, a := range []string{at(node4, 18080), at(node6, 18080), at(node4, 18081)} {
 				refused(t, cl, "tcp", a)
 			}
+			refused(t, cl, "udp", at(node6, 18082))
 			if v.socket {
 				if res, err := site.Client("tcp", at("127.0.0.1", 18080), false); err == nil {
 					t.Errorf("127.0.0.1:18080 from the node's cgroup answered %q after the pod's end", res.Reply)
