@@ -228,7 +228,9 @@ var flushes = map[string][][]string{
 // after it run that binary; the kubelet judges the agent's probes (the
 // pod becomes Ready, and is never restarted); a firewall flush is
 // repaired by the agent and the host port answers again; pod churn with
-// the agent running leaves no mapping behind.
+// the agent running leaves no mapping behind; an update of the
+// DaemonSet's pod (a rolling update, on this node) keeps a running pod's
+// host port answering throughout.
 func TestDaemonSet(t *testing.T) {
 	ds, err := deploy.Read()
 	if err != nil {
@@ -302,6 +304,28 @@ func TestDaemonSet(t *testing.T) {
 					n.remove(t, p)
 				}
 			}
+			// An update of the DaemonSet's pod, what a rolling update does
+			// on this node (the old pod ends, the new one starts), leaves
+			// the running pods' host ports as they are throughout.
+			agent.Annotations["portmap.test/revision"] = "2"
+			n.runManifest(t, ds.Name, agent)
+			start = time.Now()
+			failed := 0
+			updated := nettest.Eventually(60*time.Second, func() bool {
+				if _, err := nettest.Dial(cl.NS, "tcp", at(18090)); err != nil {
+					failed++
+				}
+				return n.status(name, "portmap.test/revision", "2").Ready
+			})
+			if !updated {
+				t.Errorf("the updated DaemonSet pod is not Ready 60 s after its manifest changed")
+			}
+			if failed > 0 {
+				t.Errorf("the running pod's host port failed %d times while the DaemonSet's pod was updated", failed)
+			}
+			t.Logf("%s: the updated DaemonSet pod Ready %s after its manifest changed; the running pod's host port answered throughout", b, time.Since(start).Round(100*time.Millisecond))
+			reply(t, cl, "tcp", at(18090), who, 5*time.Second)
+
 			n.remove(t, "web")
 			if !nettest.Eventually(60*time.Second, func() bool { return len(portmapList(t)) == 0 && len(cached()) == 0 }) {
 				t.Errorf("60 s after the churn's pods were removed: mappings %v, cache %v", portmapList(t), cached())
@@ -309,7 +333,7 @@ func TestDaemonSet(t *testing.T) {
 			for _, port := range []int{18090, 18100, 18101, 18102, 18103, 18104, 18105} {
 				refused(t, cl, "tcp", at(port))
 			}
-			if s := n.status(name); !s.Ready || s.Restarts != 0 {
+			if s := n.status(name, "portmap.test/revision", "2"); !s.Ready || s.Restarts != 0 {
 				t.Errorf("the DaemonSet's pod after the churn: %+v, want Ready and never restarted", s)
 			}
 			n.remove(t, ds.Name)

@@ -555,8 +555,9 @@ type podStatus struct {
 }
 
 // status asks the kubelet's API (/pods on its port 10250: anonymous,
-// AlwaysAllow, on 127.0.0.1 of the node) about the pod named name.
-func (n *node) status(name string) podStatus {
+// AlwaysAllow, on 127.0.0.1 of the node) about the pod named name; with
+// annotation (a key and a value), about the one that carries it.
+func (n *node) status(name string, annotation ...string) podStatus {
 	c := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := c.Get("https://127.0.0.1:10250/pods")
 	if err != nil {
@@ -565,8 +566,11 @@ func (n *node) status(name string) podStatus {
 	defer resp.Body.Close()
 	var list struct {
 		Items []struct {
-			Metadata struct{ Name string }
-			Status   struct {
+			Metadata struct {
+				Name        string
+				Annotations map[string]string
+			}
+			Status struct {
 				Phase      string
 				Conditions []struct{ Type, Status string }
 				// the API's field names
@@ -580,7 +584,7 @@ func (n *node) status(name string) podStatus {
 		return podStatus{}
 	}
 	for _, p := range list.Items {
-		if p.Metadata.Name != name {
+		if p.Metadata.Name != name || (len(annotation) == 2 && p.Metadata.Annotations[annotation[0]] != annotation[1]) {
 			continue
 		}
 		s := podStatus{Phase: p.Status.Phase, Found: true}
