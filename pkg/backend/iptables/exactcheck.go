@@ -148,11 +148,17 @@ func skeletonRules(p *plan.Plan) []Rule {
 
 // skeleton names the first of rules that nf_tables does not hold, by
 // chain and jump; some says that one of them, or a chain of ours, is
-// there.
+// there. It reads no chain whose rules grow with the attachments.
 func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) {
 	// The rules' chains, read with their rules; the chains they jump to,
 	// only whether they exist (CNI-HOSTPORT-DNAT holds every
-	// attachment's entry rules).
+	// attachment's entry rules). POSTROUTING holds a masquerade rule per
+	// container of the ptp and bridge plugins: its jump to
+	// CNI-HOSTPORT-MASQ, a chain read with its rules anyway, is judged by
+	// that chain's references instead.
+	byRefs := func(r Rule) bool {
+		return r.Chain == "POSTROUTING" && jumpOf(r.Args) == MasqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == MasqChain })
+	}
 	var tables []string
 	names, jumped := map[string][]string{}, map[string][]string{}
 	for _, r := range rules {
@@ -160,7 +166,7 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		if _, ok := names[t]; !ok {
 			tables = append(tables, t)
 		}
-		if !slices.Contains(names[t], r.Chain) {
+		if !byRefs(r) && !slices.Contains(names[t], r.Chain) {
 			names[t] = append(names[t], r.Chain)
 		}
 	}
@@ -187,6 +193,12 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		builtin := slices.Contains(builtins[tableOf(r)], r.Chain)
 		c, ok := got[tableOf(r)][r.Chain]
 		to := jumpOf(r.Args)
+		if byRefs(r) {
+			if got[tableOf(r)][to].Refs == 0 {
+				missing = cmp.Or(missing, describe(r)+" missing")
+			}
+			continue
+		}
 		switch {
 		case !ok && !builtin:
 			missing = cmp.Or(missing, "chain "+r.Chain+" missing")

@@ -154,42 +154,12 @@ func (b *Backend) Apply(p *plan.Plan) error {
 // for granted are there. The fast path's witness chain says they were
 // made, but a flush of the table (`iptables -t nat -F`) empties every
 // chain and deletes none, the witness included: on iptables-nft the rules
-// themselves are read over netlink, as STATUS reads them — never
-// CNI-HOSTPORT-DNAT, and not POSTROUTING either, which holds a masquerade
-// rule per container of the ptp and bridge plugins: its jump to
-// CNI-HOSTPORT-MASQ is judged by that chain's references instead, so the
-// cost does not grow with the attachments. On iptables-legacy, or when
-// netlink fails, the witness alone decides.
+// themselves are read over netlink, as STATUS and CHECK read them
+// (skeleton: nothing that grows with the attachments). On
+// iptables-legacy, or when netlink fails, the witness alone decides.
 func (b *Backend) skeletonStands(p *plan.Plan) bool {
-	missing, err := b.skeletonMissing(p)
+	missing, _, err := b.skeleton(skeletonRules(p))
 	return err != nil || missing == ""
-}
-
-// skeletonMissing names what of p's shared rules nf_tables lacks, or "",
-// reading over netlink only chains whose size does not grow with the
-// attachments (ErrLegacy on iptables-legacy).
-func (b *Backend) skeletonMissing(p *plan.Plan) (string, error) {
-	var rules []Rule
-	var masqJump *Rule
-	for _, r := range skeletonRules(p) {
-		if r.Chain == "POSTROUTING" && jumpOf(r.Args) == MasqChain {
-			masqJump = &r
-			continue
-		}
-		rules = append(rules, r)
-	}
-	missing, _, err := b.skeleton(rules)
-	if err != nil || missing != "" || masqJump == nil {
-		return missing, err
-	}
-	got, err := b.Kernel.Chains(Table, []string{MasqChain}, true)
-	if err != nil {
-		return "", err
-	}
-	if got[MasqChain].Refs == 0 {
-		return describe(*masqJump) + " missing", nil
-	}
-	return "", nil
 }
 
 // Remove deletes the attachment's chain and entry rules; it is idempotent.
@@ -266,7 +236,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 			return fmt.Errorf("missing chain %s in table %s", c, Table)
 		}
 	}
-	missing, err := b.skeletonMissing(p)
+	missing, _, err := b.skeleton(skeletonRules(p))
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}

@@ -440,5 +440,25 @@ func TestCheckReadsNoTable(t *testing.T) {
 		if want := map[bool]int{false: 0, true: 1}[conditions]; restores != want {
 			t.Errorf("conditions %v: %d restores, want %d (%q)", conditions, restores, want, k.calls)
 		}
+		// The masquerade chain is read once, its references judging
+		// POSTROUTING's jump; STATUS reads the same way.
+		masq := 0
+		for _, c := range k.calls {
+			if strings.HasPrefix(c, "dump ") && strings.Contains(c, MasqChain) {
+				masq++
+			}
+		}
+		if masq != 1 {
+			t.Errorf("conditions %v: CHECK read %s %d times (%q)", conditions, MasqChain, masq, k.calls)
+		}
+		k.calls = nil
+		if what, _, err := b.Skeleton(p); err != nil || what != "" {
+			t.Fatalf("STATUS's skeleton: %q %v", what, err)
+		}
+		for _, c := range k.calls {
+			if strings.HasPrefix(c, "dump ") && (strings.Contains(c, "POSTROUTING") || strings.Contains(c, TopLevelDNATChain)) {
+				t.Errorf("STATUS's skeleton read %q", c)
+			}
+		}
 	}
 }
