@@ -7,7 +7,8 @@
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
 #   make kube-test a kubelet and containerd 2 (built from the module proxy) and
 #                  Debian's containerd 1.6 run hostPort pods and the DaemonSet through
-#                  the plugin, in namespaces of their own (root; part of make test)
+#                  the plugin, and a control plane of the kubelet's release rolls the
+#                  DaemonSet out, in namespaces of their own (root; part of make test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap,
 #                  bin/portmap-agent -> $(DESTDIR)/usr/local/sbin/portmap-agent
 #   make image     the container image (FROM scratch, static binary) with podman
@@ -75,9 +76,16 @@ demo: deps plugins
 # The kube suite's kubelet, built static from the Go module proxy at the
 # version test/kube/kubelet/go.mod pins (a module of its own).
 KUBELET := $(CURDIR)/build/kube/kubelet
+# The control plane of the suite's cluster test and its kubectl, from the
+# same module and release, into the kubelet's directory.
+KUBE_BIN := $(CURDIR)/build/kube
+KUBE_VERSION := $(shell sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' test/kube/kubelet/go.mod)
+KUBE_LDFLAGS := -s $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(KUBE_VERSION) -X $(p).gitTreeState=clean)
 
 kubelet:
-	cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o $(KUBELET) k8s.io/kubernetes/cmd/kubelet
+	cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags="$(KUBE_LDFLAGS)" -o $(KUBE_BIN)/ \
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 
 # The kube suite's second runtime: containerd 2.x (its daemon, shim and
 # ctr), built static from the Go module proxy at the version
@@ -90,7 +98,7 @@ containerd2:
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
 
 kube-test: deps plugins kubelet containerd2
-	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_CONTAINERD2=$(CONTAINERD2) \
+	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_KUBE_BIN=$(KUBE_BIN) PORTMAP_CONTAINERD2=$(CONTAINERD2) \
 		$(GO) test -tags kube -count=1 -timeout 30m -v ./test/kube
 
 BENCH_OUT ?= test/bench/results

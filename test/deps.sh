@@ -13,6 +13,8 @@ command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 # The kube suite (make kube-test) runs Debian's containerd under a kubelet.
 command -v containerd >/dev/null || need+=(containerd)
+# Its control plane test stores the cluster in Debian's etcd.
+command -v etcd >/dev/null || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2
@@ -21,6 +23,14 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # The tests start containerd and etcd in namespaces of their own; the
+  # packages must not start them on the machine (policy-rc.d says no),
+  # unless the machine already has a policy of its own.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v go >/dev/null || { echo "go is not on PATH" >&2; exit 1; }

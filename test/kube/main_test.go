@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	nettest.RequireRoot("the kube suite", "it runs containerd and a kubelet in namespaces of its own")
-	for _, env := range []string{kubeletEnv, containerd2Env, nettest.BinEnv} {
+	for _, env := range []string{kubeletEnv, kubeBinEnv, containerd2Env, nettest.BinEnv} {
 		if os.Getenv(env) == "" {
 			if os.Getenv("CI") == "true" {
 				fmt.Fprintf(os.Stderr, "kube: %s is not set (make kube-test sets it)\n", env)
@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 			os.Exit(0)
 		}
 	}
-	for _, tool := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"} {
+	for _, tool := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "etcd"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "kube: %s is missing (test/deps.sh installs it)\n", tool)
 			os.Exit(1)
@@ -96,7 +96,11 @@ func TestMain(m *testing.M) {
 		status = 1
 	}
 	if after := fingerprint(); after != before {
-		fmt.Fprintf(os.Stderr, "kube: the node touched the machine:\n%s", diffLines(before, after))
+		d := diffLines(before, after)
+		if d == "" { // the same lines in another order
+			d = "before:\n" + before + "after:\n" + after
+		}
+		fmt.Fprintf(os.Stderr, "kube: the node touched the machine:\n%s", d)
 		status = 1
 	}
 	os.Exit(status)

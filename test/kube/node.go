@@ -39,6 +39,11 @@ type node struct {
 
 	rt                  runtime
 	containerd, kubelet *exec.Cmd
+	// kubeletArgs are the kubelet's flags beyond its configuration (its
+	// API server's, in a cluster).
+	kubeletArgs []string
+	// control is the cluster's control plane, in the order it started.
+	control []*exec.Cmd
 }
 
 // runtime is a container runtime the suite runs pods with.
@@ -70,9 +75,29 @@ func (r runtime) path(prog string) string {
 	return filepath.Join(r.bin, prog)
 }
 
-// startNode starts the runtime with images of the suite imported and the
-// kubelet, and stops both when the test ends.
+// startNode starts the runtime with images of the suite imported and a
+// standalone kubelet, and stops both when the test ends.
 func startNode(t *testing.T, rt runtime) *node {
+	t.Helper()
+	n := prepareNode(t, rt)
+	n.startKubelet(t)
+	return n
+}
+
+// startClusterNode starts the runtime, a cluster's control plane and a
+// kubelet that registers the node as node1 with the node's LAN address.
+func startClusterNode(t *testing.T, rt runtime, nodeIP string) (*node, *controlPlane) {
+	t.Helper()
+	n := prepareNode(t, rt)
+	c := startControlPlane(t, n, nodeIP)
+	n.kubeletArgs = []string{"--kubeconfig", c.kubeconfig, "--node-ip", nodeIP}
+	n.startKubelet(t)
+	return n, c
+}
+
+// prepareNode starts the runtime with the suite's images imported, the
+// CNI directories made and the CNI plugins in place.
+func prepareNode(t *testing.T, rt runtime) *node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kube-node-")
 	if err != nil {
@@ -104,7 +129,6 @@ func startNode(t *testing.T, rt runtime) *node {
 	}
 	n.startContainerd(t)
 	n.importImages(t)
-	n.startKubelet(t)
 	return n
 }
 
@@ -211,9 +235,10 @@ func (n *node) keepLogs(t *testing.T) {
 		t.Log(err)
 		return
 	}
-	for _, name := range []string{"kubelet", "containerd"} {
-		if data, err := os.ReadFile(filepath.Join(n.dir, name+".log")); err == nil {
-			_ = os.WriteFile(filepath.Join(keep, name+".log"), data, 0o644)
+	logs, _ := filepath.Glob(filepath.Join(n.dir, "*.log"))
+	for _, l := range logs {
+		if data, err := os.ReadFile(l); err == nil {
+			_ = os.WriteFile(filepath.Join(keep, filepath.Base(l)), data, 0o644)
 		}
 	}
 	t.Logf("the node's logs are kept in %s", keep)
@@ -314,7 +339,8 @@ func (n *node) startKubelet(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.kubelet = n.daemon(t, "kubelet", os.Getenv(kubeletEnv), "--config", cfg, "--hostname-override", "node1", "--v", "2")
+	args := append([]string{"--config", cfg, "--hostname-override", "node1", "--v", "2"}, n.kubeletArgs...)
+	n.kubelet = n.daemon(t, "kubelet", os.Getenv(kubeletEnv), args...)
 	if !nettest.Eventually(60*time.Second, func() bool { return httpOK("http://127.0.0.1:10248/healthz") }) {
 		t.Fatalf("the kubelet was not healthy in 60 s:\n%s", n.log("kubelet"))
 	}
@@ -335,8 +361,12 @@ func (n *node) restart(t *testing.T, which string) {
 }
 
 func (n *node) stop(t *testing.T) {
-	// The kubelet first, so it does not restart what containerd ends.
+	// The kubelet first, so it does not restart what containerd ends;
+	// then the control plane, newest first.
 	end(n.kubelet)
+	for i := len(n.control) - 1; i >= 0; i-- {
+		end(n.control[i])
+	}
 	end(n.containerd)
 	if t.Failed() {
 		t.Logf("kubelet log:\n%s", n.log("kubelet"))
