@@ -83,9 +83,10 @@ KUBE_VERSION := $(shell sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' tes
 KUBE_LDFLAGS := -s $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(KUBE_VERSION) -X $(p).gitTreeState=clean)
 
 kubelet:
-	cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags="$(KUBE_LDFLAGS)" -o $(KUBE_BIN)/ \
+	@start=$$(date +%s); cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags="$(KUBE_LDFLAGS)" -o $(KUBE_BIN)/ \
 		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl && \
+		echo "kubelet, control plane and kubectl $(KUBE_VERSION) built in $$(($$(date +%s) - start)) s"
 
 # The kube suite's second runtime: containerd 2.x (its daemon, shim and
 # ctr), built static from the Go module proxy at the version
@@ -93,9 +94,10 @@ kubelet:
 CONTAINERD2 := $(CURDIR)/build/kube/containerd2
 
 containerd2:
-	cd test/kube/containerd && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
+	@start=$$(date +%s); cd test/kube/containerd && CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
 		-o $(CONTAINERD2)/ github.com/containerd/containerd/v2/cmd/containerd \
-		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr && \
+		echo "containerd 2 built in $$(($$(date +%s) - start)) s"
 
 kube-test: deps plugins kubelet containerd2
 	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_KUBE_BIN=$(KUBE_BIN) PORTMAP_CONTAINERD2=$(CONTAINERD2) \

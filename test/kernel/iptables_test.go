@@ -408,3 +408,68 @@ func TestLegacyTableKeepsTheTools(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRemoveReadsItsOwnJumps: DEL finds an attachment's jumps in
+// CNI-HOSTPORT-DNAT without reading that chain, whose rules grow with the
+// attachments (the jumps follow the chain's last rule in the kernel's
+// numbering, and the chain's use count says how many there are); with a
+// jump written some other way it reads the chain and still removes
+// everything; the other attachments stand.
+func TestRemoveReadsItsOwnJumps(t *testing.T) {
+	nettest.ResetNAT(t)
+	b, _ := backend(t, plan.IPv4)
+	var plans []*plan.Plan
+	for i := range 30 {
+		ports := []int{10000 + i}
+		if i == 10 { // 40 separate ports: three multiport jumps
+			ports = nil
+			for j := range 40 {
+				ports = append(ports, 30000+2*j)
+			}
+		}
+		p := mkPlan("net1", fmt.Sprintf("c%d", i), fmt.Sprintf("10.1.0.%d/16", i+2), ports...)
+		if err := b.Apply(p); err != nil {
+			t.Fatalf("Apply c%d: %v", i, err)
+		}
+		plans = append(plans, p)
+	}
+	if n := len(iptables.EntryRules(plans[10])); n != 3 {
+		t.Fatalf("c10 has %d entry rules, want 3", n)
+	}
+	// By hand, after everyone's ADD: a second jump to c20's chain.
+	c20 := iptables.ChainName(plans[20].Owner)
+	if out, err := exec.Command("iptables", "-t", "nat", "-A", iptables.TopLevelDNATChain, "-p", "udp", "--dport", "9999", "-j", c20).CombinedOutput(); err != nil {
+		t.Fatalf("iptables: %v: %s", err, out)
+	}
+	for _, tt := range []struct {
+		i        int
+		fallback bool
+	}{{5, false}, {10, false}, {29, false}, {20, true}} {
+		chain := iptables.ChainName(plans[tt.i].Owner)
+		found, read, err := iptables.Unlink(plan.IPv4, iptables.TopLevelDNATChain, chain)
+		if err != nil || !found {
+			t.Fatalf("Unlink c%d: found %v, %v", tt.i, found, err)
+		}
+		t.Logf("c%d: read %d rules of %s", tt.i, read, iptables.TopLevelDNATChain)
+		switch {
+		case !tt.fallback && read > len(iptables.EntryRules(plans[tt.i]))+4:
+			t.Errorf("Unlink c%d read %d rules of %s, want only its own jumps (and a few handles after)", tt.i, read, iptables.TopLevelDNATChain)
+		case tt.fallback && read < 30:
+			t.Errorf("Unlink c%d (a jump written by hand) read %d rules of %s, want the whole chain", tt.i, read, iptables.TopLevelDNATChain)
+		}
+		if rules := nettest.Save(t, 4); strings.Contains(rules, chain) {
+			t.Errorf("after Unlink c%d, its chain is left:\n%s", tt.i, rules)
+		}
+	}
+	for i, p := range plans {
+		if i == 5 || i == 10 || i == 20 || i == 29 {
+			continue
+		}
+		if err := b.Check(p); err != nil {
+			t.Errorf("Check c%d after the others' removal: %v", i, err)
+		}
+	}
+	if found, read, err := iptables.Unlink(plan.IPv4, iptables.TopLevelDNATChain, iptables.ChainName(plans[5].Owner)); found || read != 0 || err != nil {
+		t.Errorf("second Unlink of c5: found %v, read %d, %v; want nothing", found, read, err)
+	}
+}

@@ -413,7 +413,8 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return unlink(c, k.family, parent, chain)
+	found, _, err := unlink(c, k.family, parent, chain)
+	return found, err
 }
 
 func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {

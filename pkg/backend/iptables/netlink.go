@@ -106,33 +106,65 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 // every rule of parent and parses it). found is false when the chain does
 // not exist.
 //
+// The jumps are found without reading parent, whose rules grow with the
+// attachments: the kernel numbers a table's chains and rules from one
+// counter as it takes them, and ADD writes the chain's rules, then its
+// jumps, in one transaction, so the jumps are the rules that follow the
+// chain's last one. The chain's use count says how many there are
+// (references = use − its own rules). Those handles are asked of parent
+// one by one; each answer is taken only if it jumps to chain, and only
+// when all of them are found so. Otherwise (rules written by another
+// tool, or in other orders) parent is dumped, as it always was.
+//
 // The socket c stays open for the life of the process: closing a
 // netfilter socket after a deletion waits for the kernel to free what was
 // deleted (an RCU grace period, ~15 ms here), which the process's exit
 // pays anyway — later, overlapping its other work.
-func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err error) {
-	if found, err := chainExists(c, f, chain); !found || err != nil {
-		return false, err // no table or no chain: nothing to remove
-	}
+//
+// read is how many of parent's rules were read.
+func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read int, err error) {
 	fam := nfproto(f)
-	var dump nfnl.Attrs
-	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
-	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
-	if err != nil {
-		return true, fmt.Errorf("list rules of %s: %w", parent, err)
+	var get nfnl.Attrs
+	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
+	if errors.Is(err, unix.ENOENT) {
+		return false, 0, nil // no table or no chain: nothing to remove
 	}
-	var msgs []nfnl.Msg
-	for _, r := range rules {
-		handle, jumps := nfnl.RuleJumps(r.Attrs)
-		for _, j := range jumps {
-			if j == chain && handle != 0 {
-				var a nfnl.Attrs
-				a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
-				a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
-				msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
-				break
+	if err != nil {
+		return false, 0, fmt.Errorf("get chain %s: %w", chain, err)
+	}
+	use, last := u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE), u64Attr(reply.Attrs, unix.NFTA_CHAIN_HANDLE)
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
+	own, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	if err != nil {
+		return true, 0, fmt.Errorf("list rules of %s: %w", chain, err)
+	}
+	for _, r := range own {
+		last = max(last, u64Attr(r.Attrs, unix.NFTA_RULE_HANDLE))
+	}
+	refs := int(use) - len(own)
+	var jumps []uint64
+	if refs > 0 {
+		jumps, read, err = jumpsAfter(c, fam, parent, chain, last, refs)
+		if err != nil {
+			return true, read, err
+		}
+		if len(jumps) != refs {
+			var more int
+			jumps, more, err = jumpsIn(c, fam, parent, chain)
+			read += more
+			if err != nil {
+				return true, read, err
 			}
 		}
+	}
+	var msgs []nfnl.Msg
+	for _, h := range jumps {
+		var a nfnl.Attrs
+		a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, h))
+		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
 	}
 	var flush, del nfnl.Attrs
 	flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
@@ -141,7 +173,88 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, err 
 		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: flush.Bytes()},
 		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELCHAIN), Family: fam, Attrs: del.Bytes()})
 	if err := c.Batch(msgs, true); err != nil {
-		return true, fmt.Errorf("remove chain %s and %d rules of %s: %w", chain, len(msgs)-2, parent, err)
+		return true, read, fmt.Errorf("remove chain %s and %d rules of %s: %w", chain, len(msgs)-2, parent, err)
 	}
-	return true, nil
+	return true, read, nil
+}
+
+// jumpSlack is how many handles past the expected ones jumpsAfter asks
+// about: room for a rule of another chain written in the same
+// transaction between the chain's rules and its jumps.
+const jumpSlack = 4
+
+// jumpsAfter asks parent for the rules with handles after last (up to
+// refs+jumpSlack of them, in one round trip) and returns the handles of
+// those that jump to chain, and how many rules it read.
+func jumpsAfter(c *nfnl.Conn, fam uint8, parent, chain string, last uint64, refs int) (jumps []uint64, read int, err error) {
+	reqs := make([]nfnl.Msg, refs+jumpSlack)
+	for i := range reqs {
+		var a nfnl.Attrs
+		a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, last+1+uint64(i)))
+		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: a.Bytes()}
+	}
+	replies, errs, err := c.Get(reqs)
+	if err != nil {
+		return nil, 0, fmt.Errorf("get rules of %s: %w", parent, err)
+	}
+	for i, r := range replies {
+		if errs[i] != nil {
+			if errors.Is(errs[i], unix.ENOENT) {
+				continue // not a rule of parent (another chain's, or gone)
+			}
+			return nil, read, fmt.Errorf("get rule %d of %s: %w", last+1+uint64(i), parent, errs[i])
+		}
+		read++
+		if handle, to := nfnl.RuleJumps(r.Attrs); handle != 0 && slices.Contains(to, chain) {
+			jumps = append(jumps, handle)
+		}
+	}
+	return jumps, read, nil
+}
+
+// jumpsIn dumps parent and returns the handles of its rules that jump to
+// chain, and how many rules it read.
+func jumpsIn(c *nfnl.Conn, fam uint8, parent, chain string) (jumps []uint64, read int, err error) {
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	if err != nil {
+		return nil, 0, fmt.Errorf("list rules of %s: %w", parent, err)
+	}
+	for _, r := range rules {
+		if handle, to := nfnl.RuleJumps(r.Attrs); handle != 0 && slices.Contains(to, chain) {
+			jumps = append(jumps, handle)
+		}
+	}
+	return jumps, len(rules), nil
+}
+
+// Unlink is the DEL's removal over netlink on its own socket: chain of
+// the nat table of family f and parent's rules that jump to it, with how
+// many of parent's rules it read (what the kernel tests judge).
+func Unlink(f plan.Family, parent, chain string) (found bool, read int, err error) {
+	if legacyTable(f, Table) {
+		return false, 0, ErrLegacy
+	}
+	c, err := nfnl.Open()
+	if err != nil {
+		return false, 0, err
+	}
+	defer c.Close()
+	return unlink(c, f, parent, chain)
+}
+
+func u32Attr(b []byte, typ uint16) uint32 {
+	if v, ok := nfnl.Find(b, typ); ok && len(v) == 4 {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func u64Attr(b []byte, typ uint16) uint64 {
+	if v, ok := nfnl.Find(b, typ); ok && len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
 }
