@@ -332,9 +332,24 @@ func (r *report) goals() [][]string {
 		}
 	}
 	for _, verb := range []string{"ADD", "ADD tcp"} {
-		if o, u, z := r.find("ours", "iptables", verb, top), r.find("upstream", "iptables", verb, top), r.find("ours", "iptables", verb, 0); o != nil && u != nil && z != nil {
+		if o, u := r.find("ours", "iptables", verb, top), r.find("upstream", "iptables", verb, top); o != nil && u != nil {
 			add(fmt.Sprintf("iptables %s: p50 at N=%d ≤ 0.12× upstream", verb, top), fmt.Sprintf("%.2f×", o.P50/u.P50), o.P50/u.P50 <= 0.12)
+		}
+	}
+	// Flat in N: every iptables verb.
+	for _, verb := range verbs {
+		if o, z := r.find("ours", "iptables", verb, top), r.find("ours", "iptables", verb, 0); o != nil && z != nil && top > 0 {
 			add(fmt.Sprintf("iptables %s: p50 at N=%d ≤ 1.5× ours at N=0", verb, top), fmt.Sprintf("%.2f×", o.P50/z.P50), o.P50/z.P50 <= 1.5)
+		}
+	}
+	// Every verb, both backends, every N: at most half of upstream's.
+	for _, be := range r.backends() {
+		for _, verb := range verbs {
+			for _, n := range r.ns() {
+				if o, u := r.find("ours", be, verb, n), r.find("upstream", be, verb, n); o != nil && u != nil {
+					add(fmt.Sprintf("%s %s: p50 at N=%d ≤ 0.5× upstream", be, verb, n), fmt.Sprintf("%.2f×", o.P50/u.P50), o.P50/u.P50 <= 0.5)
+				}
+			}
 		}
 	}
 	if o := r.find("ours", "iptables", "ADD", top); o != nil {
