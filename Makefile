@@ -61,6 +61,7 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./plugins/portmap
 	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./plugins/portmap
+	$(GO) test -run '^$$' -fuzz '^FuzzMappingsJSON$$' -fuzztime $(FUZZTIME) ./plugins/portmap
 
 # The soak of issue #18: 1000 attachments in place, 10,000 ADD/DEL cycles
 # of 1-100 mappings per backend (about 10 minutes; its timing check wants

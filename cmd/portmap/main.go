@@ -16,7 +16,6 @@ package main
 import (
 	"os"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/buildinfo"
@@ -30,5 +29,5 @@ func main() {
 	if len(os.Args) > 1 && os.Getenv("CNI_COMMAND") == "" {
 		os.Exit(cli.Program{Name: "portmap", Install: true}.Run(os.Args[1:]))
 	}
-	skel.PluginMainFuncs(portmap.New().Funcs(), version.PluginSupports(buildinfo.CNIVersions...), buildinfo.Get().String())
+	portmap.New().Serve(version.PluginSupports(buildinfo.CNIVersions...), buildinfo.Get().String())
 }

@@ -65,7 +65,7 @@ type Config struct {
 type typedConf struct {
 	netConf
 	RuntimeConfig struct {
-		PortMappings []typedMapping `json:"portMappings"`
+		PortMappings typedMappings `json:"portMappings"`
 	} `json:"runtimeConfig"`
 }
 
@@ -117,7 +117,7 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 	// the rest: a Podman range sends thousands); else the values are
 	// kept as sent, so that an error can show them.
 	var nc netConf
-	var typed *[]typedMapping
+	var typed *typedMappings
 	var tc typedConf
 	if err := json.Unmarshal(stdin, &tc); err == nil {
 		nc, typed = tc.netConf, &tc.RuntimeConfig.PortMappings

@@ -172,3 +172,15 @@ func restoreTokens(line string) []string {
 	}
 	return out
 }
+
+// FuzzMappingsJSON: the hand decoder of portMappings gives exactly what
+// encoding/json gives whenever it takes an input (it may refuse more:
+// ParseConfig then takes the slow path).
+func FuzzMappingsJSON(f *testing.F) {
+	for _, seed := range mappingsJSONCases {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		diffMappingsJSON(t, b)
+	})
+}

@@ -27,6 +27,11 @@ type Plugin struct {
 	// Inventory reads the host's mappings and sockets for the "reject"
 	// conflict policy.
 	Inventory Inventory
+
+	// decoded is the request Serve decoded, and brief what it handed skel
+	// in its place (serve.go).
+	decoded *Config
+	brief   []byte
 }
 
 // New returns the plugin wired to the real host; notes go to stderr.
@@ -42,9 +47,12 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 
 // parse is ParseConfig with the host's default backend.
 func (p *Plugin) parse(args *skel.CmdArgs) (*Config, error) {
-	c, err := ParseConfig(args.StdinData, args.IfName, p.Host.DefaultBackend())
-	if err != nil {
-		return nil, err
+	c := p.decodedFor(args.StdinData)
+	if c == nil {
+		var err error
+		if c, err = ParseConfig(args.StdinData, args.IfName, p.Host.DefaultBackend()); err != nil {
+			return nil, err
+		}
 	}
 	p.Host.Resolve(&c.Request)
 	return c, nil

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -164,14 +165,16 @@ func program(h Hook, svc, rev int) asm.Instructions {
 
 // Version names this build's programs: a hash of all eight. A link
 // whose program carries another version was attached by another build
-// and is updated in place.
-var Version = func() string {
+// and is updated in place. Computed when first asked (the socket path
+// runs), not at every start of the plugin: printing the programs costs
+// more than a millisecond.
+var Version = sync.OnceValue(func() string {
 	h := sha256.New()
 	for _, hk := range Hooks {
 		fmt.Fprintf(h, "%s\n%v\n", hk.Name, program(hk, 0, 0))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:8]
-}()
+})
 
 // progName is hook h's program name: at most 15 characters, carrying
 // the version ("pm_c4_1a2b3c4d").

@@ -497,7 +497,7 @@ func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 	}
 	defer p.Close()
 	pi, err := p.Info()
-	if want := progName(h, Version); err != nil || pi.Name != want {
+	if want := progName(h, Version()); err != nil || pi.Name != want {
 		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", pi.Name, want)
 	}
 	return st
@@ -508,7 +508,7 @@ func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 // attached where missing, replaced where detached or moved, updated in
 // place (the link stays, so no connect() goes unrewritten) where stale.
 // The caller holds the host-wide lock.
-func (s *kernelSite) Install(states []HookState) error { return s.install(states, Version) }
+func (s *kernelSite) Install(states []HookState) error { return s.install(states, Version()) }
 
 // InstallBuild puts programs named as build version on every hook of
 // cfg's site (attached where missing, updated in place elsewhere), as

@@ -407,14 +407,14 @@ func TestSync(t *testing.T) {
 func TestProgramNames(t *testing.T) {
 	seen := map[string]bool{}
 	for _, h := range Hooks {
-		n := progName(h, Version)
+		n := progName(h, Version())
 		if len(n) > 15 || seen[n] {
 			t.Errorf("program name %q: too long or twice", n)
 		}
 		seen[n] = true
 	}
-	if len(Version) != 8 {
-		t.Errorf("version %q", Version)
+	if len(Version()) != 8 {
+		t.Errorf("version %q", Version())
 	}
 }
 

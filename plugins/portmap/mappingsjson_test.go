@@ -1,0 +1,69 @@
+package portmap
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// mappingsJSONCases are portMappings values, plain and not.
+var mappingsJSONCases = []string{
+	`null`, `[]`, ` [ ] `, `[{}]`,
+	`[{"hostPort":8080,"containerPort":80,"protocol":"tcp","hostIP":""}]`,
+	`[{"HostPort":8080,"ContainerPort":80,"Protocol":"TCP","HostIP":"::1"},{"hostport":1,"CONTAINERPORT":2}]`,
+	"[\n  {\"hostPort\": 1, \"containerPort\": 2, \"protocol\": null, \"hostIP\": null}\n]",
+	`[{"hostPort":1,"hostPort":2,"containerPort":3,"containerPort":null}]`,
+	`[{"hostPort":1,"containerPort":2,"extra":"x","n":-1.5e3,"b":true,"z":null}]`,
+	`[{"hostPort":-5,"containerPort":99999999}]`,
+	`[{"hostPort":80.0,"containerPort":1}]`, `[{"hostPort":8e1,"containerPort":1}]`,
+	`[{"hostPort":"80","containerPort":1}]`, `[{"hostPort":true}]`,
+	`[{"hostPort":99999999999999999999999}]`,
+	`[{"protocol":"t\u0063p"}]`, `[{"protocol":"tcp\n"}]`, `[{"hostIP":"ｆe80::1"}]`,
+	`[{"nested":{"a":1}}]`, `[{"list":[1]}]`, `[1]`, `["x"]`, `{}`, `"x"`, `[null]`,
+}
+
+// diffMappingsJSON fails when the hand decoder takes b and gives other
+// than encoding/json.
+func diffMappingsJSON(t *testing.T, b []byte) {
+	t.Helper()
+	var fast typedMappings
+	if err := json.Unmarshal(b, &fast); err != nil {
+		return // refused (or not JSON): the slow path decides
+	}
+	var std []typedMapping
+	if err := json.Unmarshal(b, &std); err != nil {
+		t.Fatalf("%s: the hand decoder took what encoding/json refuses (%v): %+v", b, err, fast)
+	}
+	if !reflect.DeepEqual([]typedMapping(fast), std) && !(len(fast) == 0 && len(std) == 0 && (fast == nil) == (std == nil)) {
+		t.Fatalf("%s: hand decoder %+v, encoding/json %+v", b, fast, std)
+	}
+}
+
+// TestMappingsJSON: the hand decoder agrees with encoding/json on every
+// case it takes, and takes the plain shapes runtimes send.
+func TestMappingsJSON(t *testing.T) {
+	for _, c := range mappingsJSONCases {
+		diffMappingsJSON(t, []byte(c))
+	}
+	for _, plain := range []string{mappingsJSONCases[4], mappingsJSONCases[5], mappingsJSONCases[6], mappingsJSONCases[7], mappingsJSONCases[8], mappingsJSONCases[9]} {
+		var m typedMappings
+		if err := json.Unmarshal([]byte(plain), &m); err != nil {
+			t.Errorf("%s: refused (%v), want taken", plain, err)
+		}
+	}
+	for _, odd := range []string{`[{"hostPort":80.0}]`, `[{"protocol":"t\u0063p"}]`, `[{"nested":{"a":1}}]`, `[{"hostIP":"ｆe80::1"}]`, `[1]`} {
+		var m typedMappings
+		if err := json.Unmarshal([]byte(odd), &m); err == nil {
+			t.Errorf("%s: taken as %+v, want the slow path", odd, m)
+		}
+	}
+	// A request whose mappings take the slow path decodes the same.
+	fast := `{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}`
+	slow := strings.Replace(fast, `"tcp"`, `"t\u0063p"`, 1)
+	a, errA := ParseConfig([]byte(fast), "eth0", "iptables")
+	b, errB := ParseConfig([]byte(slow), "eth0", "iptables")
+	if errA != nil || errB != nil || !reflect.DeepEqual(a.Request.Mappings, b.Request.Mappings) {
+		t.Errorf("plain %v %+v, escaped %v %+v: want the same mappings", errA, a, errB, b)
+	}
+}
