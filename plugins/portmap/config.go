@@ -56,9 +56,6 @@ type Config struct {
 	// ContainerNets holds the container's first address of each family on
 	// CNI_IFNAME, from prevResult.
 	ContainerNets map[plan.Family]*net.IPNet
-	// seen is, while the mappings are read, the index of the first
-	// mapping of each host port.
-	seen map[hostPortKey]int
 }
 
 // typedConf is netConf with its mappings' values typed.

@@ -23,17 +23,21 @@ type rawMapping struct {
 // pass the checks of parseMappings; false, with nothing taken, when one
 // does not (parseMappings then says why).
 func (c *Config) takeMappings(typed []typedMapping) bool {
-	c.seen = make(map[hostPortKey]int, len(typed))
+	seen := make(firstOf, len(typed))
 	c.Request.Mappings = make([]plan.Mapping, 0, len(typed))
 	for _, t := range typed {
-		if c.addMapping(t.HostPort, t.ContainerPort, t.Protocol, t.HostIP, nil) != nil {
-			c.Request.Mappings, c.seen = nil, nil
+		if c.addMapping(seen, t.HostPort, t.ContainerPort, t.Protocol, t.HostIP, nil) != nil {
+			c.Request.Mappings = nil
 			return false
 		}
 	}
-	c.HasMappings, c.seen = len(c.Request.Mappings) > 0, nil
+	c.HasMappings = len(c.Request.Mappings) > 0
 	return true
 }
+
+// firstOf is, while the mappings are read, the index of the first
+// mapping of each host port.
+type firstOf map[hostPortKey]int
 
 // parseMappings validates runtimeConfig.portMappings, as sent, into the
 // request: ports from 1 to 65535, tcp/udp/sctp in any case, a host IP
@@ -47,6 +51,7 @@ func (c *Config) parseMappings(raw json.RawMessage) error {
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return invalid("runtimeConfig.portMappings", raw, "must be of type array")
 	}
+	seen := make(firstOf, len(list))
 	for i, r := range list {
 		key := func() string { return fmt.Sprintf("runtimeConfig.portMappings[%d]", i) }
 		var rm rawMapping
@@ -69,12 +74,11 @@ func (c *Config) parseMappings(raw json.RawMessage) error {
 		if err != nil {
 			return err
 		}
-		if err := c.addMapping(hostPort, containerPort, proto, hostIP, &mappingText{key(), r}); err != nil {
+		if err := c.addMapping(seen, hostPort, containerPort, proto, hostIP, &mappingText{key(), r}); err != nil {
 			return err
 		}
 	}
 	c.HasMappings = len(c.Request.Mappings) > 0
-	c.seen = nil
 	return nil
 }
 
@@ -95,7 +99,7 @@ type mappingText struct {
 // addMapping checks one entry's values and appends it; sent, when there,
 // is how the entry was sent (errors name it). The ports were checked when
 // sent is there; without it, a port out of range is an error too.
-func (c *Config) addMapping(hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
+func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
 	if sent == nil && (hostPort < 1 || hostPort > 65535 || containerPort < 1 || containerPort > 65535) {
 		return errors.New("port out of range")
 	}
@@ -118,17 +122,14 @@ func (c *Config) addMapping(hostPort, containerPort int, proto, hostIP string, s
 			m.HostIP = v4
 		}
 	}
-	if c.seen == nil {
-		c.seen = map[hostPortKey]int{}
-	}
 	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
-	if j, ok := c.seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
+	if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
 		if sent == nil {
 			return errors.New("duplicate host port")
 		}
 		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
 	} else if !ok {
-		c.seen[hk] = len(c.Request.Mappings)
+		seen[hk] = len(c.Request.Mappings)
 	}
 	c.Request.Mappings = append(c.Request.Mappings, m)
 	return nil
