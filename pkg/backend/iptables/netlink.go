@@ -75,19 +75,14 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 			return nil, fmt.Errorf("get chain %s of table %s: %w", name, table, err)
 		}
 		// The chain's use count: its own rules and the rules that jump to it.
-		var use int
-		if v, ok := nfnl.Find(reply.Attrs, unix.NFTA_CHAIN_USE); ok && len(v) == 4 {
-			use = int(binary.BigEndian.Uint32(v))
-		}
+		use := int(u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE))
 		if !withRules {
 			out[name] = ChainSummary{}
 			continue
 		}
-		var dump nfnl.Attrs
-		dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, name)
-		rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: nfproto(f), Attrs: dump.Bytes()})
+		rules, err := dumpRules(c, nfproto(f), table, name)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of %s of table %s: %w", name, table, err)
+			return nil, err
 		}
 		s := ChainSummary{Rules: len(rules), Refs: use - len(rules)}
 		for _, r := range rules {
@@ -134,11 +129,9 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read
 		return false, 0, fmt.Errorf("get chain %s: %w", chain, err)
 	}
 	use, last := u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE), u64Attr(reply.Attrs, unix.NFTA_CHAIN_HANDLE)
-	var dump nfnl.Attrs
-	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
-	own, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	own, err := dumpRules(c, fam, Table, chain)
 	if err != nil {
-		return true, 0, fmt.Errorf("list rules of %s: %w", chain, err)
+		return true, 0, err
 	}
 	for _, r := range own {
 		last = max(last, u64Attr(r.Attrs, unix.NFTA_RULE_HANDLE))
@@ -216,11 +209,9 @@ func jumpsAfter(c *nfnl.Conn, fam uint8, parent, chain string, last uint64, refs
 // jumpsIn dumps parent and returns the handles of its rules that jump to
 // chain, and how many rules it read.
 func jumpsIn(c *nfnl.Conn, fam uint8, parent, chain string) (jumps []uint64, read int, err error) {
-	var dump nfnl.Attrs
-	dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
-	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	rules, err := dumpRules(c, fam, Table, parent)
 	if err != nil {
-		return nil, 0, fmt.Errorf("list rules of %s: %w", parent, err)
+		return nil, 0, err
 	}
 	for _, r := range rules {
 		if handle, to := nfnl.RuleJumps(r.Attrs); handle != 0 && slices.Contains(to, chain) {
@@ -243,6 +234,18 @@ func Unlink(f plan.Family, parent, chain string) (found bool, read int, err erro
 	}
 	defer c.Close()
 	return unlink(c, f, parent, chain)
+}
+
+// dumpRules reads the rules of one chain of table (the kernel looks the
+// chain up by name: other chains are not read).
+func dumpRules(c *nfnl.Conn, fam uint8, table, chain string) ([]nfnl.Reply, error) {
+	var dump nfnl.Attrs
+	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
+	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+	if err != nil {
+		return nil, fmt.Errorf("list rules of %s of table %s: %w", chain, table, err)
+	}
+	return rules, nil
 }
 
 func u32Attr(b []byte, typ uint16) uint32 {
