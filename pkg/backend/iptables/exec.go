@@ -1,0 +1,170 @@
+package iptables
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	goiptables "github.com/coreos/go-iptables/iptables"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// execKernel runs the real tools: iptables-restore for writes, go-iptables
+// for the slow path's checks and listings.
+type execKernel struct {
+	family  plan.Family
+	table   string // the table ListTable lists
+	nl      *nfnl.Conn
+	restore string
+	list    string
+	proto   goiptables.Protocol
+	ipt     *goiptables.IPTables // made on first use: it runs iptables --version
+}
+
+// RestoreCommand is the restore tool of family f.
+func RestoreCommand(f plan.Family) string {
+	if f == plan.IPv6 {
+		return "ip6tables-restore"
+	}
+	return "iptables-restore"
+}
+
+func newExecKernel(f plan.Family, table string) (*execKernel, error) {
+	path, err := exec.LookPath(RestoreCommand(f))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f, err)
+	}
+	proto, list := goiptables.ProtocolIPv4, "iptables"
+	if f == plan.IPv6 {
+		proto, list = goiptables.ProtocolIPv6, "ip6tables"
+	}
+	return &execKernel{family: f, table: table, restore: path, list: list, proto: proto}, nil
+}
+
+func (k *execKernel) Unlink(parent, chain string) (bool, error) {
+	if k.table != Table || legacyTable(k.family, k.table) {
+		return false, ErrLegacy
+	}
+	c, err := k.netlink()
+	if err != nil {
+		return false, err
+	}
+	found, _, err := unlink(c, k.family, parent, chain)
+	return found, err
+}
+
+func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+	if legacyTable(k.family, table) {
+		return nil, ErrLegacy
+	}
+	c, err := k.netlink()
+	if err != nil {
+		return nil, err
+	}
+	return summarize(c, k.family, table, names, rules)
+}
+
+// netlink is the kernel's nf_tables socket, opened once.
+func (k *execKernel) netlink() (*nfnl.Conn, error) {
+	if k.nl == nil {
+		c, err := nfnl.Open()
+		if err != nil {
+			return nil, err
+		}
+		k.nl = c
+	}
+	return k.nl, nil
+}
+
+func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }
+
+func (k *execKernel) Test(payload []byte) error { return k.run(payload, "--test") }
+
+func (k *execKernel) run(payload []byte, extra ...string) error {
+	cmd := exec.Command(k.restore, append([]string{"--noflush", "-w", "20"}, extra...)...)
+	cmd.Stdin = bytes.NewReader(payload)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		refused := errors.As(err, &ee) && (ee.ExitCode() == 1 || ee.ExitCode() == 2)
+		return &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
+	}
+	return nil
+}
+
+func (k *execKernel) handle() (*goiptables.IPTables, error) {
+	if k.ipt == nil {
+		ipt, err := goiptables.New(goiptables.IPFamily(k.proto), goiptables.Timeout(20))
+		if err != nil {
+			return nil, err
+		}
+		k.ipt = ipt
+	}
+	return k.ipt, nil
+}
+
+func (k *execKernel) ListTable() ([]string, error) {
+	// Listing one chain would be less text, but iptables-nft answers
+	// "incompatible" instead of "no such chain" when the table is missing.
+	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+func (k *execKernel) ListChain(chain string) ([]string, error) {
+	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -t %s -S %s: %w: %s", k.list, k.table, chain, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+func (k *execKernel) EnsureChain(c Chain) error {
+	ipt, err := k.handle()
+	if err != nil {
+		return err
+	}
+	exists, err := ipt.ChainExists(c.Table, c.Name)
+	if err != nil || exists {
+		return err
+	}
+	err = ipt.NewChain(c.Table, c.Name)
+	var ie *goiptables.Error
+	if errors.As(err, &ie) && ie.ExitStatus() == 1 {
+		// Created meanwhile by a process outside our lock (the upstream
+		// plugin): fine if it exists now.
+		if ok, _ := ipt.ChainExists(c.Table, c.Name); ok {
+			return nil
+		}
+	}
+	return err
+}
+
+func (k *execKernel) EnsureRule(r Rule) error {
+	ipt, err := k.handle()
+	if err != nil {
+		return err
+	}
+	t := tableOf(r)
+	exists, err := ipt.Exists(t, r.Chain, r.Args...)
+	if err != nil || exists {
+		return err
+	}
+	if r.Insert {
+		return ipt.Insert(t, r.Chain, 1, r.Args...)
+	}
+	return ipt.Append(t, r.Chain, r.Args...)
+}

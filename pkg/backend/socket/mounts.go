@@ -1,0 +1,90 @@
+package socket
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroup2Root is the mount point of the host's cgroup v2 hierarchy that
+// this process can reach (a mount hidden under a later one is not), or
+// "" when none is mounted.
+func cgroup2Root() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("find the cgroup v2 hierarchy: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options ... - fstype source super
+		fields := strings.Fields(sc.Text())
+		for i, x := range fields {
+			if x == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" && len(fields) > 4 && fields[3] == "/" {
+				if t, err := fsType(fields[4]); err == nil && t == cgroup2Magic {
+					return fields[4], nil
+				}
+			}
+		}
+	}
+	return "", sc.Err()
+}
+
+// PrivateCgroup2 is where the cgroup v2 hierarchy is mounted for the
+// default cgroupPath when the host has none mounted (a cgroup v1 host),
+// as Cilium mounts it under /run/cilium/cgroupv2.
+const PrivateCgroup2 = "/run/cni-portmap/cgroupv2"
+
+// HostCgroup2 is the root of the host's cgroup v2 hierarchy; when none is
+// mounted, it mounts one at at (the hierarchy exists on every kernel with
+// cgroup2 support, whatever v1 hierarchies are mounted).
+func HostCgroup2(at string) (string, error) {
+	root, err := cgroup2Root()
+	if err != nil || root != "" {
+		return root, err
+	}
+	if err := os.MkdirAll(at, 0o755); err != nil {
+		return "", fmt.Errorf("socket path: %w", err)
+	}
+	if err := unix.Mount("cgroup2", at, "cgroup2", 0, ""); err != nil {
+		return "", fmt.Errorf("socket path: no cgroup v2 hierarchy is mounted and mounting one at %s failed: %w", at, err)
+	}
+	return at, nil
+}
+
+// cgroup2Supported reports whether the kernel has the cgroup2 filesystem.
+func cgroup2Supported() bool {
+	b, err := os.ReadFile("/proc/filesystems")
+	return err == nil && strings.Contains(string(b), "\tcgroup2\n")
+}
+
+const (
+	bpffsMagic   = 0xcafe4a11
+	cgroup2Magic = 0x63677270
+)
+
+func fsType(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Type), nil
+}
+
+// onBPFFS finds the nearest existing directory of path and reports
+// whether it is on a bpf filesystem.
+func onBPFFS(path string) (string, bool) {
+	for p := path; ; p = filepath.Dir(p) {
+		t, err := fsType(p)
+		if err == nil {
+			return p, t == bpffsMagic
+		}
+		if p == "/" || p == "." {
+			return p, false
+		}
+	}
+}
