@@ -170,4 +170,11 @@ wait:
 	}) {
 		t.Errorf("the Deployment's pods left 60 s after its deletion: %q %v", left, err)
 	}
+
+	// The DaemonSet goes too: its agent would outlive the node (a pod's
+	// shim outlives containerd) and repair the next tests' flushes.
+	c.mustKubectl(t, "-n", ds.Namespace, "delete", "daemonset", ds.Name, "--wait=true", "--timeout=60s")
+	if !nettest.Eventually(60*time.Second, func() bool { return agentPod() == "" && !httpOK("http://127.0.0.1:9765/healthz") }) {
+		t.Errorf("the DaemonSet's pod still runs 60 s after its deletion: %q", agentPod())
+	}
 }

@@ -265,6 +265,25 @@ func (n *node) logHas(name string, mark int, s string) bool {
 	return len(data) > mark && bytes.Contains(data[mark:], []byte(s))
 }
 
+// tasks lists the running tasks of containerd's k8s.io namespace (the
+// pods' containers and sandboxes).
+func (n *node) tasks() []string {
+	if n.containerd == nil {
+		return nil
+	}
+	out, err := exec.Command(n.rt.path("ctr"), "--address", n.sock, "--namespace", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, l := range strings.Split(string(out), "\n")[1:] {
+		if f := strings.Fields(l); len(f) >= 3 && f[2] == "RUNNING" {
+			ids = append(ids, f[0])
+		}
+	}
+	return ids
+}
+
 func (n *node) ctr(args ...string) error {
 	out, err := exec.Command(n.rt.path("ctr"), append([]string{"--address", n.sock, "--namespace", "k8s.io"}, args...)...).CombinedOutput()
 	if err != nil {
@@ -361,11 +380,25 @@ func (n *node) restart(t *testing.T, which string) {
 }
 
 func (n *node) stop(t *testing.T) {
+	// A pod the test left would outlive containerd (its shim does) and
+	// run on beside the next tests: the kubelet gets some time to end the
+	// pods still stopping; what runs after that is the test's fault, and
+	// is killed.
+	var left []string
+	nettest.Eventually(20*time.Second, func() bool { left = n.tasks(); return len(left) == 0 })
 	// The kubelet first, so it does not restart what containerd ends;
 	// then the control plane, newest first.
 	end(n.kubelet)
 	for i := len(n.control) - 1; i >= 0; i-- {
 		end(n.control[i])
+	}
+	if len(left) > 0 {
+		if !t.Failed() {
+			t.Errorf("the node ends with pods' tasks still running (the test did not remove their pods): %v", left)
+		}
+		for _, id := range left {
+			_ = n.ctr("tasks", "kill", "--signal", "SIGKILL", id)
+		}
 	}
 	end(n.containerd)
 	if t.Failed() {
