@@ -337,8 +337,13 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("the DaemonSet's pod after the churn: %+v, want Ready and never restarted", s)
 			}
 			n.remove(t, ds.Name)
-			if !nettest.Eventually(60*time.Second, func() bool { return !n.status(name).Found }) {
-				t.Errorf("the DaemonSet's pod still there 60 s after its manifest was removed")
+			// Gone from the kubelet's list is not yet ended: the next
+			// subtest's agent must not meet this one (two agents, one
+			// metrics port, either repairing).
+			if !nettest.Eventually(60*time.Second, func() bool {
+				return !n.status(name).Found && len(n.tasks()) == 0 && !httpOK("http://127.0.0.1:9765/healthz")
+			}) {
+				t.Errorf("the DaemonSet's pod still runs 60 s after its manifest was removed: tasks %v", n.tasks())
 			}
 		})
 	}
