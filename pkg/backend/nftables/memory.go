@@ -7,7 +7,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -377,28 +376,4 @@ func (m *Memory) Dump() string {
 		}
 	}
 	return b.String()
-}
-
-// attrs is the rule as the kernel gets it (NFTA_RULE_* attributes), the
-// messages its anonymous sets need first, and whether it holds
-// conditions, which only nft can compile (their match is then missing
-// from the attributes).
-func (v *Rule) attrs(tx *Tx) (first []nfnl.Msg, a nfnl.Attrs, raw bool) {
-	a.Grow(256)
-	e := &exprs{fam: tx.Family, tx: tx, list: &a}
-	before := len(tx.anon)
-	a.String(unix.NFTA_RULE_TABLE, tx.Table)
-	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
-	a.Nested(unix.NFTA_RULE_EXPRESSIONS, func(*nfnl.Attrs) {
-		for _, s := range v.stmts {
-			s.encode(e)
-		}
-	})
-	for _, s := range tx.anon[before:] {
-		first = append(first, anonSetMsgs(uint8(nfproto(tx.Family)), tx.Table, s)...)
-	}
-	if v.Comment != "" {
-		a.Raw(nftaRuleUserdata, comment(v.Comment))
-	}
-	return first, a, e.raw
 }

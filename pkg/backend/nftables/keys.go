@@ -1,0 +1,117 @@
+package nftables
+
+import (
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// Key is a map key an attachment claims: (host IP,) protocol, host port
+// — or, with Last, the interval of host ports Port-Last.
+type Key struct {
+	HostIP   net.IP // nil: the wildcard maps
+	Protocol plan.Protocol
+	Port     int
+	// Last is the last port of an interval key (an identity run of ports,
+	// in the ranges maps); 0 for a key of one port.
+	Last int
+}
+
+// IsRange reports whether the key is an interval of ports.
+func (k Key) IsRange() bool { return k.Last > k.Port }
+
+// last is the key's last port (Port for a key of one port).
+func (k Key) last() int { return max(k.Port, k.Last) }
+
+// Map is the map the key lives in.
+func (k Key) Map() string {
+	switch {
+	case k.HostIP != nil && k.IsRange():
+		return HostIPPortRangesMap
+	case k.HostIP != nil:
+		return HostIPPortsMap
+	case k.IsRange():
+		return HostPortRangesMap
+	}
+	return HostPortsMap
+}
+
+// Fields are the key's concatenation, as nft prints it.
+func (k Key) Fields() []string {
+	port := strconv.Itoa(k.Port)
+	if k.IsRange() {
+		port += "-" + strconv.Itoa(k.Last)
+	}
+	f := []string{string(k.Protocol), port}
+	if k.HostIP != nil {
+		f = append([]string{k.HostIP.String()}, f...)
+	}
+	return f
+}
+
+func (k Key) String() string { return strings.Join(k.Fields(), " . ") }
+
+// Keys are the map keys of the plan, one per DNAT rule (dnatRuns): an
+// identity run of ports is one interval key, any other mapping one key.
+func Keys(p *plan.Plan) []Key {
+	runs := dnatRuns(p.Runs())
+	out := make([]Key, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, runKey(r))
+	}
+	return out
+}
+
+// runKey is the key of a run dnatRuns returns.
+func runKey(r plan.Run) Key {
+	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
+	if r.Len > 1 {
+		k.Last = r.Last()
+	}
+	return k
+}
+
+// hasRanges reports whether p claims an interval key.
+func hasRanges(p *plan.Plan) bool {
+	for _, r := range p.Runs() {
+		if r.Len > 1 && r.Identity() {
+			return true
+		}
+	}
+	return false
+}
+
+// parseKey reads a key back from its String form.
+func parseKey(s string) (Key, bool) {
+	f := strings.Split(s, " . ")
+	var k Key
+	if len(f) == 3 {
+		if k.HostIP = net.ParseIP(f[0]); k.HostIP == nil {
+			return k, false
+		}
+		if v4 := k.HostIP.To4(); v4 != nil {
+			k.HostIP = v4
+		}
+		f = f[1:]
+	}
+	if len(f) != 2 {
+		return k, false
+	}
+	proto, ok := plan.ParseProtocol(f[0])
+	from, to, isRange := strings.Cut(f[1], "-")
+	port, err := strconv.Atoi(from)
+	if !ok || f[0] == "" || err != nil || port < 0 || port > 65535 {
+		return k, false
+	}
+	k.Protocol, k.Port = proto, port
+	if isRange {
+		last, err := strconv.Atoi(to)
+		if err != nil || last <= port || last > 65535 {
+			return k, false
+		}
+		k.Last = last
+	}
+	return k, true
+}
