@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -101,7 +102,7 @@ func TestAdmission(t *testing.T) {
 	// An owner withheld as deleted: its objects are its DEL's to remove,
 	// never a pass's.
 	rep := &Report{}
-	if ws := ad.admit([]*wanted{{att: atts[3], plans: plans("192.0.2.6")}, {att: atts[0], plans: plans("192.0.2.2")}}, rep); len(ws) != 1 || len(rep.Withheld) != 1 {
+	if ws := ad.admit([]*wanted{{att: atts[3], Attachment: &attach.Attachment{Plans: plans("192.0.2.6")}}, {att: atts[0], Attachment: &attach.Attachment{Plans: plans("192.0.2.2")}}}, rep); len(ws) != 1 || len(rep.Withheld) != 1 {
 		t.Fatalf("admit: kept %d, withheld %+v", len(ws), rep.Withheld)
 	}
 	for _, network := range []string{"n", ""} {

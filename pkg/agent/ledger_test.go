@@ -72,7 +72,7 @@ func newMemNode() *memNode {
 			}
 		}
 	}
-	h.SocketReady = func(plan.Socket) error { return nil }
+	h.SocketReady = func(*plan.Request) error { return nil }
 	n.plugin = &portmap.Plugin{Host: h, Stdout: io.Discard, Inventory: inventory.OnHost{Host: h}}
 	n.agent = &Agent{Host: h}
 	return n

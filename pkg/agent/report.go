@@ -156,8 +156,8 @@ func (r *Report) addUnit(backend string, f plan.Family, u *converge.Report) {
 // finish adds one line per wanted attachment and the summary.
 func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 	for i, w := range ws {
-		a := Attachment{Network: w.c.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
-			Backend: string(w.c.Backend), State: string(converge.OK), File: w.att.File}
+		a := Attachment{Network: w.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
+			Backend: string(w.Backend), State: string(converge.OK), File: w.att.File}
 		switch {
 		case len(out.failed[i]) > 0:
 			a.State, a.What = string(converge.Error), strings.Join(append(out.failed[i], out.repaired[i]...), "; ")

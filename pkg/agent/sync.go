@@ -1,9 +1,8 @@
 // Package agent is the node agent: `portmap sync` brings every backend's
 // and layer's kernel state to what libcni's cache says the runtime made
 // (one pass), and Watch keeps it there (a pass after each firewall change
-// and on an interval). It reads each cache entry's configuration exactly as
-// ADD does (plugins/portmap.ParseConfig) and reaches the node only through
-// a *host.Host.
+// and on an interval). It loads each cache entry's attachment exactly as
+// ADD does (attach.Load) and reaches the node only through a *host.Host.
 package agent
 
 import (
@@ -16,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
@@ -24,7 +24,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/workers"
-	"github.com/portmap-dev/portmap/plugins/portmap"
 )
 
 // Agent runs passes on a host.
@@ -38,8 +37,8 @@ type Agent struct {
 }
 
 // parsedCache is what a pass parsed of each cache file, for the next
-// passes: the cache entries (cnicache.Reader) and the plugin
-// configurations rebuilt from them, by file and version of the file.
+// passes: the cache entries (cnicache.Reader) and the attachments
+// loaded from them, by file and version of the file.
 type parsedCache struct {
 	reader  *cnicache.Reader
 	configs map[string]parsedConfig
@@ -47,8 +46,8 @@ type parsedCache struct {
 
 type parsedConfig struct {
 	stamp   cnicache.Stamp
-	backend backend.Name // the default backend it was parsed with
-	c       *portmap.Config
+	backend backend.Name // the default backend it was loaded with
+	a       *attach.Attachment
 	err     error
 }
 
@@ -77,11 +76,10 @@ type Options struct {
 	protect func(network, containerID string) bool
 }
 
-// wanted is one cached attachment's plans.
+// wanted is one cached attachment, loaded.
 type wanted struct {
-	att   cnicache.Attachment
-	c     *portmap.Config
-	plans []*plan.Plan
+	att cnicache.Attachment
+	*attach.Attachment
 }
 
 // Sync is one pass of `portmap sync`: it rebuilds every cached
@@ -135,7 +133,7 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		var repaired []*plan.Plan
 		for i, w := range ws {
 			if len(out.repaired[i]) > 0 && len(out.failed[i]) == 0 {
-				repaired = append(repaired, w.plans...)
+				repaired = append(repaired, w.Plans...)
 			}
 		}
 		a.Host.Flush(repaired...)
@@ -170,7 +168,7 @@ func (a *Agent) admission(atts []cnicache.Attachment) (*admission, error) {
 func (ad *admission) admit(ws []*wanted, rep *Report) []*wanted {
 	kept := ws[:0]
 	for _, w := range ws {
-		reason, why := ad.withhold(w.att, w.plans)
+		reason, why := ad.withhold(w.att, w.Plans)
 		if reason == "" {
 			kept = append(kept, w)
 			continue
@@ -203,8 +201,8 @@ type outcomes struct {
 	failed   [][]string
 }
 
-// readWanted reads the cache and parses each entry's configuration as ADD
-// parses it (one worker per core). Entries it cannot use go to the
+// readWanted reads the cache and loads each entry's attachment as ADD
+// loads it (one worker per core). Entries it cannot use go to the
 // report; initial holds every cache file name it saw.
 func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) ([]*wanted, []cnicache.Attachment, map[string]bool, error) {
 	read := func(dir string) ([]cnicache.Attachment, []cnicache.Skipped, error) {
@@ -223,7 +221,7 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 		rep.Skipped = append(rep.Skipped, Skipped{File: s.File, Why: s.Why, Error: s.Corrupt})
 	}
 	defBackend := a.Host.DefaultBackend()
-	configs := make([]*portmap.Config, len(atts))
+	loaded := make([]*attach.Attachment, len(atts))
 	errs := make([]error, len(atts))
 	for _, at := range atts {
 		initial[filepath.Base(at.File)] = true
@@ -237,25 +235,22 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 			return
 		}
 		if m, ok := memo[atts[i].File]; ok && m.stamp == atts[i].Stamp && m.backend == defBackend {
-			configs[i], errs[i] = m.c, m.err
+			loaded[i], errs[i] = m.a, m.err
 			return
 		}
-		configs[i], errs[i] = portmap.ParseConfig(atts[i].Stdin, atts[i].IfName, defBackend)
-		if configs[i] != nil {
-			a.Host.Resolve(&configs[i].Request)
-		}
+		loaded[i], errs[i] = attach.Load(a.Host, atts[i].Stdin, atts[i].ContainerID, atts[i].IfName)
 	})
 	if a.parsed != nil {
 		a.parsed.configs = make(map[string]parsedConfig, len(atts))
 		for i, at := range atts {
 			if inScope(at.Network) {
-				a.parsed.configs[at.File] = parsedConfig{at.Stamp, defBackend, configs[i], errs[i]}
+				a.parsed.configs[at.File] = parsedConfig{at.Stamp, defBackend, loaded[i], errs[i]}
 			}
 		}
 	}
 	var ws []*wanted
 	for i, at := range atts {
-		c, err := configs[i], errs[i]
+		c, err := loaded[i], errs[i]
 		switch {
 		case !inScope(at.Network):
 			continue
@@ -269,8 +264,7 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 			rep.Skipped = append(rep.Skipped, Skipped{File: at.File, Why: "cache entry without a result", Error: true})
 			continue
 		}
-		c.Request.Owner = c.Owner(at.ContainerID, at.IfName)
-		ws = append(ws, &wanted{att: at, c: c, plans: c.Plans()})
+		ws = append(ws, &wanted{att: at, Attachment: c})
 	}
 	return ws, atts, initial, nil
 }

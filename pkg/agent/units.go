@@ -35,7 +35,7 @@ func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 	for _, k := range a.Host.Kinds {
 		for _, f := range plan.Families {
 			units = append(units, unit{string(k.Name), f,
-				func(w *wanted) bool { return w.c.Backend == k.Name },
+				func(w *wanted) bool { return w.Backend == k.Name },
 				func() (backend.Backend, error) { return a.Host.Open(k.Name, f) }})
 		}
 	}
@@ -53,8 +53,8 @@ func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 			}
 		}
 		for _, w := range ws {
-			if l.Wants(&w.c.Request) {
-				add(&w.c.Request)
+			if l.Wants(&w.Request) {
+				add(&w.Request)
 			}
 		}
 		if l.Site != nil {
@@ -66,7 +66,7 @@ func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 			req := sites[site]
 			for _, f := range plan.Families {
 				units = append(units, unit{l.Name, f,
-					func(w *wanted) bool { return l.Wants(&w.c.Request) && l.SiteOf(&w.c.Request) == site },
+					func(w *wanted) bool { return l.Wants(&w.Request) && l.SiteOf(&w.Request) == site },
 					func() (backend.Backend, error) { return a.Host.OpenLayer(l, f, req) }})
 			}
 		}
@@ -83,7 +83,7 @@ func (a *Agent) runUnits(units []unit, ws []*wanted, copts converge.Options, rep
 		var want []*plan.Plan
 		var idx []int
 		for i, w := range ws {
-			for _, pl := range w.plans {
+			for _, pl := range w.Plans {
 				if pl.Family == u.f && u.want(w) {
 					want = append(want, pl)
 					idx = append(idx, i)
@@ -165,7 +165,7 @@ func (a *Agent) fixRouteLocalnet(ws []*wanted, out *outcomes, dryRun bool) []err
 	var idx []int
 	var ips []net.IP
 	for i, w := range ws {
-		for _, pl := range w.plans {
+		for _, pl := range w.Plans {
 			if len(out.failed[i]) == 0 && pl.LocalNet() {
 				idx, ips = append(idx, i), append(ips, pl.ContainerNet.IP)
 			}

@@ -115,3 +115,36 @@ func TestAcceptWithoutIPTablesIsNothing(t *testing.T) {
 		t.Errorf("iptables without its tool: %v", err)
 	}
 }
+
+// The default backend is the first kind installed, as upstream chooses:
+// iptables where its tools are, else nftables.
+func TestDefault(t *testing.T) {
+	kind := func(name Name, installed bool) Kind {
+		return Kind{Name: name, Installed: func() bool { return installed }}
+	}
+	for _, tt := range []struct {
+		kinds []Kind
+		want  Name
+	}{
+		{[]Kind{kind(IPTables, true), kind(NFTables, true)}, IPTables},
+		{[]Kind{kind(IPTables, false), kind(NFTables, true)}, NFTables},
+		{[]Kind{kind(IPTables, false), kind(NFTables, false)}, NFTables},
+		{nil, ""},
+	} {
+		if got := Default(tt.kinds); got != tt.want {
+			t.Errorf("Default(%v) = %q, want %q", tt.kinds, got, tt.want)
+		}
+	}
+}
+
+// Canon gives each site one spelling: the socket path's default pin
+// directory named by its path is the default site "".
+func TestCanon(t *testing.T) {
+	for in, want := range map[string]string{"": "", "/sys/fs/bpf/cni-portmap": "", "/sys/fs/bpf/other": "/sys/fs/bpf/other"} {
+		req := &plan.Request{Socket: plan.Socket{PinDir: in}}
+		Canon(req)
+		if req.Socket.PinDir != want {
+			t.Errorf("Canon(%q) = %q, want %q", in, req.Socket.PinDir, want)
+		}
+	}
+}

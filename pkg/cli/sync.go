@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
-	"github.com/portmap-dev/portmap/pkg/backend/socket"
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
@@ -131,10 +131,9 @@ func pinDirSite(dir string) (*plan.Request, error) {
 	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
 		return nil, fmt.Errorf("--bpf-pin-dir %q: want a clean absolute path", dir)
 	}
-	if dir == socket.DefaultPinDir {
-		dir = "" // the default site, visited anyway
-	}
-	return &plan.Request{Socket: plan.Socket{PinDir: dir}}, nil
+	req := &plan.Request{Socket: plan.Socket{PinDir: dir}}
+	backend.Canon(req) // the default site is visited anyway
+	return req, nil
 }
 
 // runWatch runs the agent until SIGTERM or SIGINT, logging to stdout in

@@ -15,8 +15,6 @@ import (
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
-	"github.com/portmap-dev/portmap/pkg/backend/iptables"
-	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/lock"
@@ -60,8 +58,9 @@ type Host struct {
 	// failed flushes).
 	Log io.Writer
 	// SocketReady says what the host lacks to serve the socket path at
-	// a site; "localhost": "auto" uses it where it says nothing.
-	SocketReady func(plan.Socket) error
+	// req's site (the "localhost" layer's SiteReady on the real host);
+	// "localhost": "auto" uses it where it says nothing.
+	SocketReady func(req *plan.Request) error
 
 	mu     sync.Mutex
 	opened map[openKey]backend.Backend
@@ -104,23 +103,25 @@ func Real(log io.Writer) *Host {
 	return &Host{
 		Kinds:          backend.Kinds,
 		Layers:         backend.Layers,
-		DefaultBackend: defaultBackend,
+		DefaultBackend: func() backend.Name { return backend.Default(backend.Kinds) },
 		Sysctl:         sysctl.Host{},
 		Conntrack:      conntrack.Host{},
 		Lock:           lock.Host,
 		Ledger:         &ledger.Dir{},
 		Log:            log,
-		SocketReady:    socketReady,
+		SocketReady:    socketReady(),
 	}
 }
 
-func socketReady(cfg plan.Socket) error {
-	s, err := socket.OpenSite(cfg)
-	if err != nil {
-		return err
-	}
-	return s.Ready()
+// socketReady is the socket path's SiteReady, from the registry.
+func socketReady() func(*plan.Request) error {
+	l, _ := backend.LayerNamed(SocketLayer)
+	return l.SiteReady
 }
+
+// SocketLayer is the registry's name of the socket path: the layer
+// "localhost": "auto" resolves to where the host can serve it.
+const SocketLayer = "localhost"
 
 // Resolve turns "localhost": "auto" into what this host serves: the
 // socket path where it can, else NAT. Every verb and the agent resolve
@@ -130,20 +131,9 @@ func (h *Host) Resolve(req *plan.Request) {
 		return
 	}
 	req.Localhost = plan.LocalhostNAT
-	if h.SocketReady != nil && h.SocketReady(req.Socket) == nil {
+	if h.SocketReady != nil && h.SocketReady(req) == nil {
 		req.Localhost = plan.LocalhostSocket
 	}
-}
-
-// defaultBackend is upstream's choice when "backend" is absent: iptables
-// if its tools are there, else nftables — which talks to the kernel over
-// netlink and needs no nft binary. It looks at PATH only, so the choice
-// costs no process.
-func defaultBackend() backend.Name {
-	if _, err := exec.LookPath(iptables.RestoreCommand(plan.IPv4)); err == nil {
-		return backend.IPTables
-	}
-	return backend.NFTables
 }
 
 // Open returns the backend called name for family f.

@@ -6,6 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -14,31 +15,30 @@ import (
 // prints the previous result back. It is all or nothing: when a step fails,
 // what this ADD applied is removed before the error is returned.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := p.parse(args)
+	a, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	if c.PrevResult == nil {
+	if a.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig,
 			"missing prevResult: portmap must be called as a chained plugin, after one that assigns the container's addresses", "")
 	}
-	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
-	if err := p.add(c, args.Netns); err != nil {
-		return cniError(c, err)
+	if err := p.add(a, args.Netns); err != nil {
+		return cniError(a, err)
 	}
-	res, err := c.PrevResult.GetAsVersion(c.CNIVersion)
+	res, err := a.PrevResult.GetAsVersion(a.CNIVersion)
 	if err != nil {
-		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("convert prevResult to %s: %v", c.CNIVersion, err), "")
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("convert prevResult to %s: %v", a.CNIVersion, err), "")
 	}
 	return res.PrintTo(p.Stdout)
 }
 
 // add applies the attachment's plans (none without mappings: then it only
 // records the ADD, so that DEL has a record to forget).
-func (p *Plugin) add(c *Config, netnsPath string) error {
-	plans := c.Plans()
-	if c.Conflict == ConflictReject && len(plans) > 0 {
-		if err := p.rejectConflicts(c, plans); err != nil {
+func (p *Plugin) add(a *attach.Attachment, netnsPath string) error {
+	plans := a.Plans
+	if a.Conflict == attach.ConflictReject && len(plans) > 0 {
+		if err := p.rejectConflicts(a); err != nil {
 			return err
 		}
 	}
@@ -48,7 +48,7 @@ func (p *Plugin) add(c *Config, netnsPath string) error {
 	}
 	stacks := make([]backend.Stack, len(plans))
 	for i, pl := range plans {
-		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
+		s, err := p.Host.Stack(a.Backend, pl.Family, &a.Request)
 		if err != nil {
 			return err
 		}
@@ -57,14 +57,14 @@ func (p *Plugin) add(c *Config, netnsPath string) error {
 		}
 		stacks[i] = s
 	}
-	if err := p.recordAdd(c, netnsPath, plans); err != nil {
+	if err := p.recordAdd(a, netnsPath); err != nil {
 		return err
 	}
 	var done []applied
 	undo := func(cause error) error {
-		for _, a := range done {
-			if err := a.s.Remove(a.pl); err != nil {
-				fmt.Fprintf(p.Host.Log, "portmap: undo %s after failed ADD: %v\n", a.pl.Family, err)
+		for _, d := range done {
+			if err := d.s.Remove(d.pl); err != nil {
+				fmt.Fprintf(p.Host.Log, "portmap: undo %s after failed ADD: %v\n", d.pl.Family, err)
 			}
 		}
 		return cause

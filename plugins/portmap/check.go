@@ -5,28 +5,29 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/portmap-dev/portmap/pkg/attach"
 )
 
 // Check verifies that every rule ADD made still exists, and that
 // route_localnet is still on where ADD turned it on.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := p.parse(args)
+	a, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	if c.PrevResult == nil {
+	if a.PrevResult == nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, "missing prevResult: CHECK needs the result of ADD", "")
 	}
-	if !c.HasMappings {
+	if !a.HasMappings {
 		return nil
 	}
-	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
-	return cniError(c, p.check(c))
+	return cniError(a, p.check(a))
 }
 
-func (p *Plugin) check(c *Config) error {
-	for _, pl := range c.Plans() {
-		s, err := p.Host.Stack(c.Backend, pl.Family, &c.Request)
+func (p *Plugin) check(a *attach.Attachment) error {
+	for _, pl := range a.Plans {
+		s, err := p.Host.Stack(a.Backend, pl.Family, &a.Request)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -26,8 +27,8 @@ type Inventory interface {
 // port with another protocol, or another specific host IP, is no conflict;
 // a wildcard and a specific host IP on one port are. It reads the host's
 // whole host-port table: the price of the opt-in policy.
-func (p *Plugin) rejectConflicts(c *Config, plans []*plan.Plan) error {
-	for _, pl := range plans {
+func (p *Plugin) rejectConflicts(a *attach.Attachment) error {
+	for _, pl := range a.Plans {
 		entries, err := p.Inventory.Mappings(pl.Family)
 		if err != nil {
 			return fmt.Errorf("read host ports: %w", err)
@@ -39,7 +40,7 @@ func (p *Plugin) rejectConflicts(c *Config, plans []*plan.Plan) error {
 			}
 			proto := string(m.Protocol)
 			for _, e := range entries {
-				if !e.Overlaps(host, m.HostPort, proto) || (e.Network == c.Network && e.ContainerID == pl.Owner.ContainerID) {
+				if !e.Overlaps(host, m.HostPort, proto) || (e.Network == a.Network && e.ContainerID == pl.Owner.ContainerID) {
 					continue
 				}
 				return types.NewError(ErrHostPortInUse, fmt.Sprintf(

@@ -14,12 +14,11 @@ import (
 // and needs neither prevResult nor portMappings: without them the backend
 // finds the attachment's objects by their owner-derived names.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := p.parse(args)
+	a, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	c.Request.Owner = c.Owner(args.ContainerID, args.IfName)
-	if err := p.recordDel(c); err != nil {
+	if err := p.recordDel(a); err != nil {
 		// The rules go all the same: a DEL that failed here would leave
 		// them and the cache entry, for the runtime to retry.
 		fmt.Fprintf(p.Host.Log, "portmap: %v\n", err)
@@ -28,30 +27,30 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	var flush []*plan.Plan
 	usable := 0
 	for _, f := range plan.Families {
-		s, err := p.Host.Stack(c.Backend, f, &c.Request)
+		s, err := p.Host.Stack(a.Backend, f, &a.Request)
 		if host.NotInstalled(err) {
 			// No tools for this family: nothing of it can exist.
 			missing = append(missing, err)
 			continue
 		}
 		if err != nil {
-			return cniError(c, err)
+			return cniError(a, err)
 		}
 		usable++
-		pl := plan.Build(c.Request, f, c.ContainerNets[f])
+		pl := a.Plan(f)
 		if err := s.Remove(pl); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		// The conntrack walk costs the same whatever it finds: skip a
 		// family the container had no address of (when DEL is told).
-		if c.PrevResult == nil || c.ContainerNets[f] != nil {
+		if a.PrevResult == nil || a.ContainerNets[f] != nil {
 			flush = append(flush, pl)
 		}
 	}
 	p.Host.Flush(flush...)
 	if usable == 0 {
-		return cniError(c, fmt.Errorf("no family's tools are on PATH: %w", errors.Join(missing...)))
+		return cniError(a, fmt.Errorf("no family's tools are on PATH: %w", errors.Join(missing...)))
 	}
-	return cniError(c, errors.Join(errs...))
+	return cniError(a, errors.Join(errs...))
 }

@@ -16,27 +16,27 @@ import (
 // attachment owns, in both families. It keeps going after an error and
 // returns them all joined; it prints nothing.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := p.parse(args)
+	a, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	valid, err := validAttachments(args.StdinData, c.Network)
+	valid, err := validAttachments(args.StdinData, a.Network)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, f := range plan.Families {
-		s, err := p.Host.Stack(c.Backend, f, &c.Request)
+		s, err := p.Host.Stack(a.Backend, f, &a.Request)
 		if host.NotInstalled(err) {
 			continue // no tools for this family: nothing of it can exist
 		}
 		if err == nil {
-			err = s.GC(c.Network, valid)
+			err = s.GC(a.Network, valid)
 		}
 		errs = append(errs, err)
 	}
-	errs = append(errs, p.forgetInvalid(c.Network, valid))
-	return cniError(c, errors.Join(errs...))
+	errs = append(errs, p.forgetInvalid(a.Network, valid))
+	return cniError(a, errors.Join(errs...))
 }
 
 // validAttachments reads cni.dev/valid-attachments, or the older

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -15,9 +16,9 @@ import (
 // container's namespace: from then on no agent pass prunes what this ADD
 // writes before the runtime caches it, and none repairs the attachment
 // from a cache entry older than this ADD (pkg/ledger).
-func (p *Plugin) recordAdd(c *Config, netnsPath string, plans []*plan.Plan) error {
-	r := ledger.New(c.Request.Owner, ledger.Add)
-	r.NetNS, r.Plans = netnsPath, plan.Fingerprint(plans)
+func (p *Plugin) recordAdd(a *attach.Attachment, netnsPath string) error {
+	r := ledger.New(a.Request.Owner, ledger.Add)
+	r.NetNS, r.Plans = netnsPath, plan.Fingerprint(a.Plans)
 	return p.inLedger(func(l ledger.Ledger) error {
 		if err := l.Write(r); err != nil {
 			// Not the backend's: nothing has been written yet.
@@ -32,11 +33,11 @@ func (p *Plugin) recordAdd(c *Config, netnsPath string, plans []*plan.Plan) erro
 // entry the runtime removes only after DEL returns. An attachment ADDed
 // before this node's plugin kept a ledger has no record: while the
 // runtime still caches it, DEL leaves a Del record in its place.
-func (p *Plugin) recordDel(c *Config) error {
-	o := c.Request.Owner
+func (p *Plugin) recordDel(a *attach.Attachment) error {
+	o := a.Request.Owner
 	return p.inLedger(func(l ledger.Ledger) error {
 		had, err := l.Forget(o)
-		if err != nil || had || !cnicache.Cached(c.CacheDir, o.Network, o.ContainerID, o.IfName) {
+		if err != nil || had || !cnicache.Cached(a.CacheDir, o.Network, o.ContainerID, o.IfName) {
 			return err
 		}
 		return l.Write(ledger.New(o, ledger.Del))

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -25,8 +25,11 @@ func TestAddAndDelKeepTheLedger(t *testing.T) {
 	}
 	recs, _, _ := h.Ledger.Read()
 	r, ok := recs[owner1]
-	c, _ := ParseConfig(a.StdinData, "eth0", backend.IPTables)
-	if !ok || r.Verb != ledger.Add || r.NetNS != "/run/netns/c" || r.Plans != plan.Fingerprint(c.Plans()) || r.Plans == plan.Fingerprint(nil) {
+	att, err := attach.Load(p.Host, a.StdinData, a.ContainerID, a.IfName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok || r.Verb != ledger.Add || r.NetNS != "/run/netns/c" || r.Plans != plan.Fingerprint(att.Plans) || r.Plans == plan.Fingerprint(nil) {
 		t.Errorf("record after ADD: %+v (present %t), want add, the netns and the plans' fingerprint", r, ok)
 	}
 	calls := h.Calls()

@@ -1,8 +1,9 @@
-// Package portmap is the CNI plugin: it parses the configuration, builds a
-// plan per IP family, and hands each plan to the stack of the selected
-// backend and the layers the configuration turns on (pkg/backend). The
-// node is reached only through a *host.Host, so the verbs are tested with
-// a fake host and the kernel tests use the real one.
+// Package portmap is the CNI plugin: its verbs load the attachment
+// (pkg/attach: the configuration, the owner, a plan per IP family) and
+// hand each plan to the stack of the selected backend and the layers the
+// configuration turns on (pkg/backend). The node is reached only through
+// a *host.Host, so the verbs are tested with a fake host and the kernel
+// tests use the real one.
 package portmap
 
 import (
@@ -14,10 +15,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
-	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Plugin holds the verbs and what they need.
@@ -30,7 +31,7 @@ type Plugin struct {
 
 	// decoded is the request Serve decoded, and brief what it handed skel
 	// in its place (serve.go).
-	decoded *Config
+	decoded *attach.Config
 	brief   []byte
 }
 
@@ -45,41 +46,18 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
 }
 
-// parse is ParseConfig with the host's default backend.
-func (p *Plugin) parse(args *skel.CmdArgs) (*Config, error) {
+// load is attach.Load of the verb's request, decoded once (serve.go).
+func (p *Plugin) load(args *skel.CmdArgs) (*attach.Attachment, error) {
 	c := p.decodedFor(args.StdinData)
 	if c == nil {
-		var err error
-		if c, err = ParseConfig(args.StdinData, args.IfName, p.Host.DefaultBackend()); err != nil {
-			return nil, err
-		}
+		return attach.Load(p.Host, args.StdinData, args.ContainerID, args.IfName)
 	}
-	p.Host.Resolve(&c.Request)
-	return c, nil
-}
-
-// Owner is the attachment a configuration's verb acts for.
-func (c *Config) Owner(containerID, ifName string) plan.Owner {
-	return plan.Owner{Network: c.Network, ContainerID: containerID, IfName: ifName}
-}
-
-// Plans are the attachment's non-empty plans, one per family the
-// container has an address of.
-func (c *Config) Plans() []*plan.Plan {
-	var out []*plan.Plan
-	for _, f := range plan.Families {
-		if n := c.ContainerNets[f]; n != nil {
-			if pl := plan.Build(c.Request, f, n); !pl.Empty() {
-				out = append(out, pl)
-			}
-		}
-	}
-	return out
+	return attach.Of(p.Host, c, args.ContainerID, args.IfName), nil
 }
 
 // cniError gives an error its spec code at the boundary: lock timeouts are
 // "try again later"; *types.Error passes through; the rest is skel's 999.
-func cniError(c *Config, err error) error {
+func cniError(a *attach.Attachment, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -88,9 +66,9 @@ func cniError(c *Config, err error) error {
 		return te
 	}
 	if errors.Is(err, lock.ErrTimeout) {
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s backend: %v", c.Backend, err), "")
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s backend: %v", a.Backend, err), "")
 	}
 	// skel answers code 999 with the message; the chain stays for callers
 	// that look (errors.Is/As).
-	return fmt.Errorf("%s backend: %w", c.Backend, err)
+	return fmt.Errorf("%s backend: %w", a.Backend, err)
 }

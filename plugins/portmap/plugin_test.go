@@ -18,6 +18,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fakehost"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 func newFake() (*Plugin, *fakehost.Host, *bytes.Buffer) {
@@ -28,6 +29,11 @@ func newFake() (*Plugin, *fakehost.Host, *bytes.Buffer) {
 
 const prevDual = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],
   "ips":[{"address":"192.0.2.2/24","interface":0},{"address":"2001:db8::2/64","interface":0}]}`
+
+var (
+	conf     = fixture.Conf
+	mappings = fixture.PortMappings
+)
 
 func args(t *testing.T, extra map[string]string) *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c", StdinData: conf(t, extra)}
@@ -405,7 +411,8 @@ func TestConflictPolicy(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ParseConfig(conf(t, map[string]string{"hostPortConflict": `"first"`}), "eth0", backend.IPTables); codeOf(err) != 7 ||
+	p, _, _ := newFake()
+	if err := p.Add(args(t, map[string]string{"prevResult": prevDual, "hostPortConflict": `"first"`})); codeOf(err) != 7 ||
 		!strings.Contains(err.Error(), `invalid hostPortConflict "first": must be "replace" or "reject"`) {
 		t.Errorf("hostPortConflict \"first\": %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/portmap-dev/portmap/pkg/attach"
 )
 
 // Serve answers a runtime's CNI call through skel's dispatch (its
@@ -34,7 +36,7 @@ func (p *Plugin) Serve(info version.PluginInfo, about string) {
 // the verb), or the request itself when it does not decode.
 func (p *Plugin) preparse(stdin []byte, ifName string) *os.File {
 	forSkel := stdin
-	if c, err := ParseConfig(stdin, ifName, p.Host.DefaultBackend()); err == nil {
+	if c, err := attach.Parse(stdin, ifName, p.Host.DefaultBackend()); err == nil {
 		brief, err := json.Marshal(struct {
 			CNIVersion string `json:"cniVersion,omitempty"`
 			Name       string `json:"name"`
@@ -62,7 +64,7 @@ func pipeOf(b []byte) *os.File {
 
 // decodedFor returns the configuration Serve decoded, if stdin is what it
 // handed skel in the request's place.
-func (p *Plugin) decodedFor(stdin []byte) *Config {
+func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
 	if p.decoded == nil || !bytes.Equal(stdin, p.brief) {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -25,22 +26,22 @@ import (
 // while the cache holds an attachment of this network with host ports of
 // that family. The shared objects and the cache are read only then.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := p.parse(args)
+	a, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	s, err := p.Host.Stack(c.Backend, plan.IPv4, &c.Request)
+	s, err := p.Host.Stack(a.Backend, plan.IPv4, &a.Request)
 	if err == nil {
-		err = s.Ready(plan.Build(c.Request, plan.IPv4, nil))
+		err = s.Ready(plan.Build(a.Request, plan.IPv4, nil))
 	}
-	if err == nil && len(c.Request.ConditionsV6) > 0 {
-		err = s.Ready(plan.Build(c.Request, plan.IPv6, nil)) // what it needs for them
+	if err == nil && len(a.Request.ConditionsV6) > 0 {
+		err = s.Ready(plan.Build(a.Request, plan.IPv6, nil)) // what it needs for them
 	}
 	if err == nil {
 		return nil
 	}
-	why := fmt.Sprintf("%s backend cannot serve ADD: %v", c.Backend, err)
-	if broken, file := p.brokenWithAttachments(c); broken != "" {
+	why := fmt.Sprintf("%s backend cannot serve ADD: %v", a.Backend, err)
+	if broken, file := p.brokenWithAttachments(a); broken != "" {
 		return types.NewError(ErrLimitedConnectivity,
 			fmt.Sprintf("%s; and existing containers' host ports may not forward: its shared rules are broken (%s)", why, broken),
 			"cached attachment "+file)
@@ -55,7 +56,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // shared objects cannot be read. A family with nothing of its skeleton
 // left while the other has some was never set up (IPv4 host ports only):
 // the cache is not asked about it.
-func (p *Plugin) brokenWithAttachments(c *Config) (broken, file string) {
+func (p *Plugin) brokenWithAttachments(c *attach.Attachment) (broken, file string) {
 	found := map[plan.Family]string{}
 	some := map[plan.Family]bool{}
 	for _, f := range plan.Families {

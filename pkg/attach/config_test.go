@@ -1,7 +1,6 @@
-package portmap
+package attach
 
 import (
-	"encoding/json"
 	"errors"
 	"net"
 	"strings"
@@ -11,35 +10,18 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
-// conf builds a plugin configuration from a base and extra top-level keys
-// given as raw JSON.
-func conf(t *testing.T, extra map[string]string) []byte {
-	t.Helper()
-	m := map[string]json.RawMessage{
-		"cniVersion": json.RawMessage(`"1.0.0"`),
-		"name":       json.RawMessage(`"net1"`),
-		"type":       json.RawMessage(`"portmap"`),
-	}
-	for k, v := range extra {
-		m[k] = json.RawMessage(v)
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		t.Fatalf("test config %v: %v", extra, err)
-	}
-	return b
-}
-
-func mappings(list string) map[string]string {
-	return map[string]string{"runtimeConfig": `{"portMappings":` + list + `}`}
-}
+var (
+	conf     = fixture.Conf
+	mappings = fixture.PortMappings
+)
 
 func TestParseConfigDefaults(t *testing.T) {
-	c, err := ParseConfig(conf(t, nil), "eth0", backend.IPTables)
+	c, err := Parse(conf(t, nil), "eth0", backend.IPTables)
 	if err != nil {
-		t.Fatalf("ParseConfig: %v", err)
+		t.Fatalf("Parse: %v", err)
 	}
 	want := plan.Masquerade{Enabled: true, MarkBit: 13}
 	if c.Request.Masquerade != want {
@@ -112,9 +94,9 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := ParseConfig(conf(t, tt.extra), "eth0", backend.IPTables)
+			c, err := Parse(conf(t, tt.extra), "eth0", backend.IPTables)
 			if err != nil {
-				t.Fatalf("ParseConfig: %v", err)
+				t.Fatalf("Parse: %v", err)
 			}
 			if msg := tt.check(c); msg != "" {
 				t.Errorf("%s: %+v", msg, c.Request)
@@ -186,7 +168,7 @@ func TestParseConfigRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseConfig(conf(t, tt.extra), "eth0", backend.IPTables)
+			_, err := Parse(conf(t, tt.extra), "eth0", backend.IPTables)
 			var te *types.Error
 			if !errors.As(err, &te) {
 				t.Fatalf("error %v (%T), want *types.Error", err, err)
@@ -207,9 +189,9 @@ func TestParseConfigContainerNets(t *testing.T) {
 	         {"address":"192.0.2.3/24","interface":1},
 	         {"address":"2001:db8::2/64","interface":1},
 	         {"address":"2001:db8::3/64"}]}`
-	c, err := ParseConfig(conf(t, map[string]string{"prevResult": prev}), "eth0", backend.IPTables)
+	c, err := Parse(conf(t, map[string]string{"prevResult": prev}), "eth0", backend.IPTables)
 	if err != nil {
-		t.Fatalf("ParseConfig: %v", err)
+		t.Fatalf("Parse: %v", err)
 	}
 	if got := c.ContainerNets[plan.IPv4].String(); got != "192.0.2.2/24" {
 		t.Errorf("IPv4 = %s, want 192.0.2.2/24 (first address on eth0)", got)

@@ -1,4 +1,4 @@
-package portmap
+package attach
 
 import (
 	"encoding/json"
@@ -17,7 +17,6 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
-	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -106,10 +105,10 @@ func formatValue(v any) string {
 	}
 }
 
-// ParseConfig parses stdin for the attachment's interface ifName;
+// Parse parses stdin for the attachment's interface ifName;
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
-func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
+func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
 	// One pass when every value has its type (the mappings decoded with
 	// the rest: a Podman range sends thousands); else the values are
 	// kept as sent, so that an error can show them.
@@ -156,7 +155,7 @@ func ParseConfig(stdin []byte, ifName string, defaultBackend backend.Name) (*Con
 	if nc.Backend != nil {
 		k, ok := backend.Lookup(backend.Name(*nc.Backend))
 		if !ok {
-			return nil, invalid("backend", *nc.Backend, `must be "iptables" or "nftables"`)
+			return nil, invalid("backend", *nc.Backend, "must be "+backend.Choices())
 		}
 		c.Backend = k.Name
 	}
@@ -236,9 +235,7 @@ func (c *Config) parseLocalhost(nc netConf) error {
 		}
 		*kv.to = *kv.v
 	}
-	if c.Request.Socket.PinDir == socket.DefaultPinDir {
-		c.Request.Socket.PinDir = "" // one name for the default site
-	}
+	backend.Canon(&c.Request) // one name for each site
 	return nil
 }
 

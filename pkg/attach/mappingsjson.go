@@ -1,4 +1,4 @@
-package portmap
+package attach
 
 import (
 	"bytes"
@@ -13,11 +13,11 @@ import (
 // send — objects of numbers, strings and nulls, keys matched without
 // regard to case, as encoding/json matches them — and gives exactly what
 // encoding/json would; anything else (a fraction, an escape in a string,
-// a nested value, bytes beyond ASCII) is refused, and ParseConfig reads
+// a nested value, bytes beyond ASCII) is refused, and Parse reads
 // the request the slow way, which also words the errors.
 type typedMappings []typedMapping
 
-// errNotPlain sends ParseConfig down its slow path.
+// errNotPlain sends Parse down its slow path.
 var errNotPlain = errors.New("portMappings: not of the plain shape")
 
 // UnmarshalJSON is called by encoding/json with valid JSON.

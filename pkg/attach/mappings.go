@@ -1,4 +1,4 @@
-package portmap
+package attach
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package portmap
+package attach
 
 import (
 	"encoding/json"
@@ -61,8 +61,8 @@ func TestMappingsJSON(t *testing.T) {
 	// A request whose mappings take the slow path decodes the same.
 	fast := `{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}}`
 	slow := strings.Replace(fast, `"tcp"`, `"t\u0063p"`, 1)
-	a, errA := ParseConfig([]byte(fast), "eth0", "iptables")
-	b, errB := ParseConfig([]byte(slow), "eth0", "iptables")
+	a, errA := Parse([]byte(fast), "eth0", "iptables")
+	b, errB := Parse([]byte(slow), "eth0", "iptables")
 	if errA != nil || errB != nil || !reflect.DeepEqual(a.Request.Mappings, b.Request.Mappings) {
 		t.Errorf("plain %v %+v, escaped %v %+v: want the same mappings", errA, a, errB, b)
 	}

@@ -1,4 +1,4 @@
-package portmap
+package attach
 
 import (
 	"encoding/json"
@@ -14,7 +14,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// FuzzParseConfig: no input makes ParseConfig panic, and whatever it
+// FuzzParseConfig: no input makes Parse panic, and whatever it
 // accepts is valid.
 func FuzzParseConfig(f *testing.F) {
 	for _, seed := range []string{
@@ -28,7 +28,7 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, stdin []byte) {
-		c, err := ParseConfig(stdin, "eth0", backend.IPTables)
+		c, err := Parse(stdin, "eth0", backend.IPTables)
 		if err != nil {
 			return
 		}
@@ -72,7 +72,7 @@ func FuzzRender(f *testing.F) {
 		if err != nil {
 			return
 		}
-		c, err := ParseConfig(stdin, "eth0", backend.IPTables)
+		c, err := Parse(stdin, "eth0", backend.IPTables)
 		if err != nil {
 			return
 		}
@@ -175,7 +175,7 @@ func restoreTokens(line string) []string {
 
 // FuzzMappingsJSON: the hand decoder of portMappings gives exactly what
 // encoding/json gives whenever it takes an input (it may refuse more:
-// ParseConfig then takes the slow path).
+// Parse then takes the slow path).
 func FuzzMappingsJSON(f *testing.F) {
 	for _, seed := range mappingsJSONCases {
 		f.Add([]byte(seed))
