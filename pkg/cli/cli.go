@@ -19,10 +19,13 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/buildinfo"
+	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/nfevents"
 )
 
 // Program is one binary's command line.
@@ -35,6 +38,59 @@ type Program struct {
 	// metrics and probes through the observer it returns for a watcher
 	// passing every interval.
 	Metrics func(interval time.Duration) Observer
+
+	// What the commands are given of the process, as skel gives a
+	// plugin's verbs their streams and environment: Run fills what is
+	// nil with the real one, and tests run the commands in process with
+	// their own.
+	Stdout, Stderr io.Writer
+	// Host opens the node the commands act on (host.Real), after sync's
+	// --root chroot.
+	Host func(log io.Writer) *host.Host
+	// Executable is the binary install copies (os.Executable).
+	Executable func() (string, error)
+	// Chroot enters sync's --root (syscall.Chroot, then chdir "/").
+	Chroot func(dir string) error
+	// Events subscribes `sync --watch` to the firewall's changes
+	// (nfevents.Subscribe).
+	Events func() (*nfevents.Subscription, error)
+	// Context ends `sync --watch` when done; SIGTERM and SIGINT end it
+	// too (context.Background).
+	Context context.Context
+}
+
+// real fills what p leaves nil with the process's own.
+func (p Program) real() Program {
+	if p.Stdout == nil {
+		p.Stdout = os.Stdout
+	}
+	if p.Stderr == nil {
+		p.Stderr = os.Stderr
+	}
+	if p.Host == nil {
+		p.Host = host.Real
+	}
+	if p.Executable == nil {
+		p.Executable = os.Executable
+	}
+	if p.Chroot == nil {
+		p.Chroot = chroot
+	}
+	if p.Events == nil {
+		p.Events = nfevents.Subscribe
+	}
+	if p.Context == nil {
+		p.Context = context.Background()
+	}
+	return p
+}
+
+// chroot enters dir as the process's root.
+func chroot(dir string) error {
+	if err := syscall.Chroot(dir); err != nil {
+		return fmt.Errorf("chroot %s: %w", dir, err)
+	}
+	return os.Chdir("/")
 }
 
 // Observer is what the agent binary adds to the watcher: it is told of
@@ -69,8 +125,9 @@ func (p Program) commands() []command {
 // Run runs the command line args (without the program name) and returns
 // the exit status: 0 done, 1 failed, 2 bad usage.
 func (p Program) Run(args []string) int {
+	p = p.real()
 	if len(args) == 0 {
-		p.usage(os.Stderr)
+		p.usage(p.Stderr)
 		return 2
 	}
 	switch args[0] {
@@ -84,8 +141,8 @@ func (p Program) Run(args []string) int {
 			return c.run(args[1:])
 		}
 	}
-	fmt.Fprintf(os.Stderr, "%s: unknown command %q\n\n", p.Name, args[0])
-	p.usage(os.Stderr)
+	fmt.Fprintf(p.Stderr, "%s: unknown command %q\n\n", p.Name, args[0])
+	p.usage(p.Stderr)
 	return 2
 }
 
@@ -117,7 +174,7 @@ It is not a CNI plugin: the plugin is portmap. Its commands:
 
 func (p Program) helpMain(args []string) int {
 	if len(args) == 0 {
-		p.usage(os.Stdout)
+		p.usage(p.Stdout)
 		return 0
 	}
 	if len(args) == 1 && args[0] != "help" {
@@ -127,22 +184,22 @@ func (p Program) helpMain(args []string) int {
 			}
 		}
 	}
-	fmt.Fprintf(os.Stderr, "%s help: unknown command %q\n\n", p.Name, strings.Join(args, " "))
-	p.usage(os.Stderr)
+	fmt.Fprintf(p.Stderr, "%s help: unknown command %q\n\n", p.Name, strings.Join(args, " "))
+	p.usage(p.Stderr)
 	return 2
 }
 
 func (p Program) versionMain(args []string) int {
 	fs := p.newFlags("version", "", "Print which build this is.")
 	asJSON := fs.Bool("json", false, "print it as JSON")
-	if code, done := parse(fs, args); done {
+	if code, done := p.parse(fs, args); done {
 		return code
 	}
 	in := buildinfo.Get()
 	if *asJSON {
-		return printJSON(os.Stdout, in)
+		return printJSON(p.Stdout, in)
 	}
-	fmt.Print(in.Long())
+	fmt.Fprint(p.Stdout, in.Long())
 	return 0
 }
 
@@ -166,12 +223,12 @@ func (p Program) newFlags(name, synopsis, description string) *flag.FlagSet {
 // with code: 0 after --help (the usage on stdout), 2 after a bad flag or
 // argument (the error and the usage on stderr). A command without
 // positional arguments rejects any.
-func parse(fs *flag.FlagSet, args []string) (code int, done bool) {
+func (p Program) parse(fs *flag.FlagSet, args []string) (code int, done bool) {
 	var out bytes.Buffer
 	fs.SetOutput(&out)
 	err := fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
-		os.Stdout.Write(out.Bytes())
+		p.Stdout.Write(out.Bytes())
 		return 0, true
 	}
 	if err == nil && fs.NArg() > 0 {
@@ -179,9 +236,9 @@ func parse(fs *flag.FlagSet, args []string) (code int, done bool) {
 		fs.Usage()
 		err = errors.New("usage")
 	}
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(p.Stderr)
 	if err != nil {
-		os.Stderr.Write(out.Bytes())
+		p.Stderr.Write(out.Bytes())
 		return 2, true
 	}
 	return 0, false

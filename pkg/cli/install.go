@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/portmap-dev/portmap/pkg/install"
 )
@@ -18,17 +17,17 @@ func (p Program) installMain(args []string) int {
 			"runs it into the host's CNI plugin directory.")
 	dest := fs.String("dest", "/opt/cni/bin", "the CNI plugin directory to install into")
 	name := fs.String("name", "portmap", "the file name (the conflist's plugin type)")
-	if code, done := parse(fs, args); done {
+	if code, done := p.parse(fs, args); done {
 		return code
 	}
-	self, err := os.Executable()
+	self, err := p.Executable()
 	if err == nil {
 		err = install.File(self, *dest, *name)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, p.Name+" install:", err)
+		fmt.Fprintln(p.Stderr, p.Name+" install:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stdout, "installed %s/%s\n", *dest, *name)
+	fmt.Fprintf(p.Stdout, "installed %s/%s\n", *dest, *name)
 	return 0
 }

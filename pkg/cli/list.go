@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"text/tabwriter"
 
@@ -24,20 +23,20 @@ func (p Program) listMain(args []string) int {
 	asJSON := fs.Bool("json", false, "print the entries as JSON")
 	var pinDirs networks
 	fs.Var(&pinDirs, "bpf-pin-dir", "also read the socket path pinned here (a \"bpfPinDir\" of a configuration; repeatable)")
-	if code, done := parse(fs, args); done {
+	if code, done := p.parse(fs, args); done {
 		return code
 	}
 	var sites []*plan.Request
 	for _, d := range pinDirs {
 		req, err := pinDirSite(d)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, p.Name+" list:", err)
+			fmt.Fprintln(p.Stderr, p.Name+" list:", err)
 			return 2
 		}
 		sites = append(sites, req)
 	}
-	if err := list(os.Stdout, host.Real(os.Stderr), *asJSON, sites); err != nil {
-		fmt.Fprintln(os.Stderr, p.Name+" list:", err)
+	if err := list(p.Stdout, p.Host(p.Stderr), *asJSON, sites); err != nil {
+		fmt.Fprintln(p.Stderr, p.Name+" list:", err)
 		return 1
 	}
 	return 0

@@ -2,11 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"errors"
+	"net"
+	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/fixture"
-
 	"github.com/portmap-dev/portmap/pkg/inventory"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 func TestWriteTableGolden(t *testing.T) {
@@ -19,4 +22,32 @@ func TestWriteTableGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	fixture.Golden(t, "testdata/list.golden", b.String())
+}
+
+// list in process: every backend's and layer's mappings of both
+// families, as a table or JSON; a backend that cannot be read is exit 1
+// after what could be read.
+func TestListCommand(t *testing.T) {
+	installed := plan.Installed{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2").To4(), ContainerPort: 80,
+		Owner: plan.Owner{Network: "net1", ContainerID: "c1"}}
+	for _, tt := range []struct {
+		args []string
+		fail error
+		code int
+		out  string
+	}{
+		{args: nil, out: "*        8080       tcp    192.0.2.2     80              net1     c1            nftables"},
+		{args: []string{"--json"}, out: `"containerID": "c1"`},
+		{args: []string{"--bpf-pin-dir", "/run/pins"}, out: "HOST IP"},
+		{args: []string{"--bpf-pin-dir", "pins"}, code: 2},
+		{args: nil, fail: errors.New("netlink: permission denied"), code: 1, out: "HOST IP"},
+	} {
+		p, fh, out, errb := fakeProgram()
+		fh.Installed = map[string][]plan.Installed{"nftables ipv4": {installed}}
+		fh.FailAll = tt.fail
+		code := p.Run(append([]string{"list"}, tt.args...))
+		if code != tt.code || !strings.Contains(out.String(), tt.out) || (code == 0) != (errb.Len() == 0) {
+			t.Errorf("list %q: exit %d, want %d\nstdout:\n%s\nstderr:\n%s\nwant %q", tt.args, code, tt.code, out, errb, tt.out)
+		}
+	}
 }

@@ -1,11 +1,9 @@
 package cli
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -15,8 +13,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
-	"github.com/portmap-dev/portmap/pkg/host"
-	"github.com/portmap-dev/portmap/pkg/nfevents"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sdnotify"
 )
@@ -52,7 +48,7 @@ func (p Program) syncMain(args []string) int {
 	metricsAddr := fs.String("metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
 	logFormat := fs.String("log-format", "text", "with --watch: the log's format, text or json (one object a line)")
 	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
-	if code, done := parse(fs, args); done {
+	if code, done := p.parse(fs, args); done {
 		return code
 	}
 	o.Networks = nets
@@ -60,13 +56,13 @@ func (p Program) syncMain(args []string) int {
 	for _, d := range pinDirs {
 		req, err := pinDirSite(d)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, p.Name+" sync:", err)
+			fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 			return 2
 		}
 		o.Sites = append(o.Sites, req)
 	}
 	if *watch && (o.DryRun || o.JSON) {
-		fmt.Fprintln(os.Stderr, p.Name+" sync: --watch cannot be combined with --dry-run or --json")
+		fmt.Fprintln(p.Stderr, p.Name+" sync: --watch cannot be combined with --dry-run or --json")
 		return 2
 	}
 	if !*watch {
@@ -77,47 +73,43 @@ func (p Program) syncMain(args []string) int {
 			}
 		})
 		if len(watchOnly) > 0 {
-			fmt.Fprintf(os.Stderr, p.Name+" sync: %s only with --watch\n", strings.Join(watchOnly, ", "))
+			fmt.Fprintf(p.Stderr, p.Name+" sync: %s only with --watch\n", strings.Join(watchOnly, ", "))
 			return 2
 		}
 	}
 	if *metricsAddr != "" && p.Metrics == nil {
-		fmt.Fprintf(os.Stderr, "%s sync: --metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz "+
+		fmt.Fprintf(p.Stderr, "%s sync: --metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz "+
 			"(the plugin binary links no HTTP server: it would slow every CNI call)\n", p.Name)
 		return 2
 	}
 	if *logFormat != "text" && *logFormat != "json" {
-		fmt.Fprintf(os.Stderr, p.Name+" sync: --log-format %q: want text or json\n", *logFormat)
+		fmt.Fprintf(p.Stderr, p.Name+" sync: --log-format %q: want text or json\n", *logFormat)
 		return 2
 	}
 	if *watch && (*interval <= 0 || *debounce < 0 || *minPeriod < 0) {
-		fmt.Fprintln(os.Stderr, p.Name+" sync: --interval must be positive, --debounce and --min-sync-period not negative")
+		fmt.Fprintln(p.Stderr, p.Name+" sync: --interval must be positive, --debounce and --min-sync-period not negative")
 		return 2
 	}
 	if *root != "" {
-		if err := syscall.Chroot(*root); err != nil {
-			fmt.Fprintf(os.Stderr, p.Name+" sync: chroot %s: %v\n", *root, err)
-			return 1
-		}
-		if err := os.Chdir("/"); err != nil {
-			fmt.Fprintf(os.Stderr, p.Name+" sync: %v\n", err)
+		if err := p.Chroot(*root); err != nil {
+			fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 			return 1
 		}
 	}
 	// After the chroot: the host handle finds the host's own tools.
-	a := &agent.Agent{Host: host.Real(os.Stderr)}
+	a := &agent.Agent{Host: p.Host(p.Stderr)}
 	if *watch {
 		return p.runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce, MinPeriod: *minPeriod}, *metricsAddr, *logFormat)
 	}
 	rep, err := a.Sync(o)
 	if rep != nil {
-		if werr := rep.Write(os.Stdout, o.JSON); werr != nil {
-			fmt.Fprintln(os.Stderr, p.Name+" sync:", werr)
+		if werr := rep.Write(p.Stdout, o.JSON); werr != nil {
+			fmt.Fprintln(p.Stderr, p.Name+" sync:", werr)
 			return 1
 		}
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, p.Name+" sync:", err)
+		fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 		return 1
 	}
 	if rep.Failed() {
@@ -141,12 +133,12 @@ func pinDirSite(dir string) (*plan.Request, error) {
 // probes there; under systemd (NOTIFY_SOCKET) it says when it is ready
 // and feeds the watchdog.
 func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, format string) int {
-	var h slog.Handler = slog.NewTextHandler(os.Stdout, nil)
+	var h slog.Handler = slog.NewTextHandler(p.Stdout, nil)
 	if format == "json" {
-		h = slog.NewJSONHandler(os.Stdout, nil)
+		h = slog.NewJSONHandler(p.Stdout, nil)
 	}
 	log := slog.New(h)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(p.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if metricsAddr != "" {
 		obs := p.Metrics(o.Interval)
@@ -168,7 +160,7 @@ func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, for
 	}
 	var events <-chan struct{}
 	var drain func()
-	sub, err := nfevents.Subscribe()
+	sub, err := p.Events()
 	if err != nil {
 		// iptables-legacy hosts may lack nf_tables: the timer still works.
 		log.Warn("no nf_tables events; passes on the interval only", "err", err, "interval", o.Interval.String())

@@ -46,6 +46,9 @@ type Host struct {
 	Localnet   map[string]bool
 	FailSysctl error
 	Log        bytes.Buffer
+	// Installed is what Mappings reads back, by backend or layer and
+	// family ("nftables ipv4").
+	Installed map[string][]plan.Installed
 	// Ledger is the host's ledger; its writes and forgets are recorded
 	// ("ledger add net1/c1/eth0", "ledger forget net1/c1/eth0").
 	Ledger ledger.Memory
@@ -155,7 +158,9 @@ func (b fakeBackend) Ready(*plan.Plan) error {
 	}
 	return b.h.FailAll
 }
-func (b fakeBackend) Mappings() ([]plan.Installed, error) { return nil, b.h.FailAll }
+func (b fakeBackend) Mappings() ([]plan.Installed, error) {
+	return b.h.Installed[b.name+" "+b.f.String()], b.h.FailAll
+}
 
 // Skeleton makes every fake Skeletal: Missing says what is missing,
 // Traces whether some shared objects are left.
