@@ -121,7 +121,9 @@ func TestSyncWatch(t *testing.T) {
 	obs := &fakeObserver{passes: make(chan agent.PassInfo, 10)}
 	p.Metrics = func(time.Duration) Observer { return obs }
 	done := make(chan int)
-	go func() { done <- p.Run([]string{"sync", "--watch", "--cache-dir", dir, "--interval", "50ms", "--metrics-addr", "127.0.0.1:0", "--log-format", "json"}) }()
+	go func() {
+		done <- p.Run([]string{"sync", "--watch", "--cache-dir", dir, "--interval", "50ms", "--metrics-addr", "127.0.0.1:0", "--log-format", "json"})
+	}()
 	for i := 0; i < 2; i++ {
 		select {
 		case pi := <-obs.passes:
