@@ -155,7 +155,12 @@ func TestSyncWatch(t *testing.T) {
 
 type fakeObserver struct{ passes chan agent.PassInfo }
 
-func (o *fakeObserver) Pass(pi agent.PassInfo) { o.passes <- pi }
+func (o *fakeObserver) Pass(pi agent.PassInfo) {
+	select {
+	case o.passes <- pi:
+	default: // the test has seen enough
+	}
+}
 func (o *fakeObserver) Event()                 {}
 func (o *fakeObserver) Serve(context.Context, string, *slog.Logger) (net.Addr, error) {
 	return fakeAddr{}, nil
