@@ -3,6 +3,8 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -146,5 +148,124 @@ func TestCanon(t *testing.T) {
 		if req.Socket.PinDir != want {
 			t.Errorf("Canon(%q) = %q, want %q", in, req.Socket.PinDir, want)
 		}
+	}
+}
+
+// skeletal is a recorder with shared objects.
+type skeletal struct {
+	recorder
+	missing string
+	some    bool
+}
+
+func (s skeletal) Skeleton(*plan.Plan) (string, bool, error) {
+	return s.missing, s.some, s.do("skeleton")
+}
+
+// retiring is a recorder with node-wide objects to retire.
+type retiring struct{ recorder }
+
+func (r retiring) Retire() (string, error) { return "programs", r.do("retire") }
+
+// Every error of an opened backend names its family, once; Retire and
+// Skeleton reach the backend that has them and answer nothing for one
+// that has not.
+func TestInFamily(t *testing.T) {
+	boom := errors.New("boom")
+	var log []string
+	fail := map[string]error{}
+	for _, v := range []string{"apply", "remove", "check", "gc", "ready", "mappings", "sync", "skeleton", "retire"} {
+		fail[v] = boom
+	}
+	b, err := opened(plan.IPv6, skeletal{recorder{"sk", &log, fail}, "jump in PREROUTING", true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &plan.Plan{}
+	_, merr := b.Mappings()
+	_, serr := b.Sync(nil, converge.Options{})
+	x := b.(inFamily)
+	missing, some, kerr := x.Skeleton(p)
+	for i, err := range []error{b.Apply(p), b.Remove(p), b.Check(p), b.GC("n", nil), b.Ready(p), merr, serr, kerr} {
+		if err == nil || err.Error() != "ipv6: boom" || !errors.Is(err, boom) {
+			t.Errorf("call %d: %v, want \"ipv6: boom\"", i, err)
+		}
+	}
+	if missing != "jump in PREROUTING" || !some {
+		t.Errorf("Skeleton = %q, %v", missing, some)
+	}
+	if what, err := x.Retire(); what != "" || err != nil {
+		t.Errorf("Retire of a backend without node-wide objects = %q, %v", what, err)
+	}
+	r, _ := opened(plan.IPv4, retiring{recorder{"r", &log, nil}}, nil)
+	if what, err := r.(inFamily).Retire(); what != "programs" || err != nil {
+		t.Errorf("Retire = %q, %v", what, err)
+	}
+	if m, some, err := r.(inFamily).Skeleton(p); m != "" || some || err != nil {
+		t.Errorf("Skeleton of a backend without shared objects = %q, %v, %v", m, some, err)
+	}
+	if b, err := opened[recorder](plan.IPv4, recorder{}, boom); b != nil || err == nil || err.Error() != "ipv4: boom" {
+		t.Errorf("opened with an error = %v, %v; want nil and \"ipv4: boom\"", b, err)
+	}
+}
+
+// ADD asks the ReadyFirst layers alone, before anything; Skeleton takes
+// the first missing object and whether any has some.
+func TestStackReadyFirstAndSkeleton(t *testing.T) {
+	boom := errors.New("no cgroup2")
+	var log []string
+	base := skeletal{recorder{"base", &log, nil}, "", true}
+	l1 := skeletal{recorder{"l1", &log, map[string]error{"ready": boom}}, "map", false}
+	l2 := skeletal{recorder{"l2", &log, nil}, "pins", true}
+	s := Stack{Base: base, Layers: []Backend{l1, l2, recorder{"plain", &log, nil}}, ReadyFirst: []Backend{l1}}
+	if err := s.LayersReady(&plan.Plan{}); !errors.Is(err, boom) || strings.Join(log, ",") != "l1 ready" {
+		t.Errorf("LayersReady: %v, calls %q", err, log)
+	}
+	log = nil
+	missing, some, err := s.Skeleton(&plan.Plan{})
+	if missing != "map" || !some || err != nil || strings.Join(log, ",") != "base skeleton,l1 skeleton,l2 skeleton" {
+		t.Errorf("Skeleton = %q, %v, %v; calls %q", missing, some, err, log)
+	}
+	bad := Stack{Base: skeletal{recorder{"base", &log, map[string]error{"skeleton": boom}}, "", false}}
+	if _, _, err := bad.Skeleton(&plan.Plan{}); !errors.Is(err, boom) {
+		t.Errorf("Skeleton of a failing read: %v", err)
+	}
+}
+
+// The registry's rows: the names in errors, the socket layer found by
+// name with what the host asks of it, and the backends' installed checks
+// (iptables by its tool on PATH, nftables always: netlink).
+func TestRegistryRows(t *testing.T) {
+	if got := Choices(); got != `"iptables" or "nftables"` {
+		t.Errorf("Choices() = %s", got)
+	}
+	l, ok := LayerNamed("localhost")
+	if !ok || l.Canon == nil || l.SiteReady == nil || !l.ReadyFirst {
+		t.Fatalf("LayerNamed(localhost) = %+v, %v", l, ok)
+	}
+	if _, ok := LayerNamed("nothing"); ok {
+		t.Error("LayerNamed found an unregistered layer")
+	}
+	req := &plan.Request{Localhost: plan.LocalhostSocket, Socket: plan.Socket{PinDir: "/run/pins"}}
+	if !l.Wants(req) || l.SiteOf(req) != "/run/pins" || l.SiteOf(nil) != "" || Layers[0].SiteOf(req) != "" {
+		t.Errorf("sites: wants %v, %q %q %q", l.Wants(req), l.SiteOf(req), l.SiteOf(nil), Layers[0].SiteOf(req))
+	}
+	// A pin directory on no bpf filesystem: the site cannot be served.
+	if err := l.SiteReady(&plan.Request{Socket: plan.Socket{PinDir: t.TempDir(), CgroupPath: t.TempDir()}}); err == nil {
+		t.Error("SiteReady of a temporary directory: nil, want what the host lacks")
+	}
+	ipt, _ := Lookup(IPTables)
+	nft, _ := Lookup(NFTables)
+	t.Setenv("PATH", t.TempDir())
+	if ipt.Installed() || !nft.Installed() || Default(Kinds) != NFTables {
+		t.Errorf("without iptables on PATH: iptables installed %v, nftables %v, default %q", ipt.Installed(), nft.Installed(), Default(Kinds))
+	}
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "iptables-restore"), []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	if !ipt.Installed() || Default(Kinds) != IPTables {
+		t.Errorf("with iptables-restore on PATH: installed %v, default %q", ipt.Installed(), Default(Kinds))
 	}
 }
