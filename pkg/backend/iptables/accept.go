@@ -277,18 +277,29 @@ func sortedChains(m map[string]bool) []string {
 // CNI-FW chains no wanted plan names are orphans. The caller holds the
 // host-wide lock.
 func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
-	rep := converge.NewReport(len(want))
-	lines, err := fw.Kernel.ListTable()
-	if err != nil {
-		return nil, fmt.Errorf("list table %s: %w", FilterTable, err)
-	}
-	l := parseAccept(lines)
-	broken := map[int]bool{}
+	return converge.Run(len(want), o, converge.Pass[*fwListing, string]{
+		Read: func() (*fwListing, error) {
+			lines, err := fw.Kernel.ListTable()
+			if err != nil {
+				return nil, fmt.Errorf("list table %s: %w", FilterTable, err)
+			}
+			return parseAccept(lines), nil
+		},
+		Decide: func(l *fwListing) converge.Verdict[string] { return l.decide(want) },
+		Write: func(l *fwListing, fix converge.Repair[string]) (bool, error) {
+			return fw.writeSync(l, want, fix)
+		},
+	})
+}
+
+// decide judges each wanted plan's chain, its rules and its one jump,
+// the shared chain, and lists the CNI-FW chains no wanted plan names.
+func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
+	v := converge.Verdict[string]{Whys: make([]string, len(want))}
 	wanted := map[string]bool{}
 	for i, p := range want {
 		chain := AcceptChainName(p.Owner)
 		wanted[chain] = true
-		why := ""
 		var w, h []ruleID
 		for _, r := range AcceptRules(p) {
 			w = append(w, idOf(r.Args))
@@ -298,44 +309,40 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		}
 		switch {
 		case !l.chains[chain]:
-			why = "chain " + chain + " missing"
+			v.Whys[i] = "forwardAccept: chain " + chain + " missing"
 		case diff(w, h) != "":
-			why = "chain " + chain + ": " + diff(w, h)
+			v.Whys[i] = "forwardAccept: chain " + chain + ": " + diff(w, h)
 		case len(l.refs[chain]) != 1:
-			why = fmt.Sprintf("%d jumps to %s in %s, want 1", len(l.refs[chain]), chain, ForwardChain)
-		}
-		if why != "" {
-			broken[i] = true
-			rep.Results[i] = converge.Result{State: converge.Repaired, What: "forwardAccept: " + why}
+			v.Whys[i] = fmt.Sprintf("forwardAccept: %d jumps to %s in %s, want 1", len(l.refs[chain]), chain, ForwardChain)
 		}
 	}
 	if len(want) > 0 && !l.shared {
-		rep.Shared = append(rep.Shared, "forwardAccept: chain "+ForwardChain+" or the jump to it from FORWARD missing")
+		v.Shared = append(v.Shared, "forwardAccept: chain "+ForwardChain+" or the jump to it from FORWARD missing")
 	}
-	var orphans []string
 	for _, chain := range sortedChains(l.chains) {
-		if wanted[chain] {
-			continue
-		}
-		ow := l.owners[chain] // zero: no entry rule names the owner
-		if rep.AddOrphan(o, ow[0], ow[1], "chain "+chain+" (forwardAccept)") {
-			orphans = append(orphans, chain)
+		if !wanted[chain] {
+			ow := l.owners[chain] // zero: no entry rule names the owner
+			v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: ow[0], ContainerID: ow[1],
+				Object: "chain " + chain + " (forwardAccept)", Handle: chain})
 		}
 	}
-	prune := o.Prune && len(orphans) > 0
-	if o.DryRun || (len(broken) == 0 && len(rep.Shared) == 0 && !prune) {
-		return rep, nil
-	}
-	if len(rep.Shared) > 0 || len(broken) > 0 {
+	return v
+}
+
+// writeSync ensures the shared chain and its jump, then writes one
+// restore: the broken plans' chains re-declared and filled, the pruned
+// ones dropped.
+func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair[string]) (bool, error) {
+	wrote := false
+	if fix.Shared || len(fix.Broken) > 0 {
 		if err := fw.ensureShared(); err != nil {
-			rep.WriteFailed(broken, false, err)
-			return rep, nil
+			return false, err
 		}
-		rep.Wrote = true
+		wrote = true
 	}
 	pl := filterPayload()
 	for i, p := range want {
-		if !broken[i] {
+		if !fix.Broken[i] {
 			continue
 		}
 		chain := AcceptChainName(p.Owner)
@@ -345,21 +352,16 @@ func (fw *Accept) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		}
 		pl.rule("-A", forwardEntry(p.Owner))
 	}
-	if prune {
-		for _, chain := range orphans {
-			pl.drop(chain, l.refs[chain])
-		}
+	for _, chain := range fix.Prune {
+		pl.drop(chain, l.refs[chain])
 	}
 	if len(pl.what) == 1 {
-		return rep, nil
+		return wrote, nil
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		err = fmt.Errorf("forwardAccept sync: %w", err)
-		rep.WriteFailed(broken, prune, err)
-		return rep, nil
+		return wrote, fmt.Errorf("forwardAccept sync: %w", err)
 	}
-	rep.WriteDone(prune)
-	return rep, nil
+	return true, nil
 }
 
 // Ready reports whether the accept rules can be written: the restore tool

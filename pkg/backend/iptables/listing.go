@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -251,10 +250,12 @@ func splitRule(line string) []string {
 	return out
 }
 
-// orphans are the CNI-DN chains no wanted plan names, in scope, and not
-// of an attachment whose cache entry appeared meanwhile. Their owner is
-// read from their entry rules' comment.
-func (lt *listing) orphans(wanted map[string]bool, o converge.Options, r *converge.Report) {
+// orphan is a CNI-DN chain no wanted plan names, with its owner as its
+// entry rule names it ("": no entry rule does).
+type orphan struct{ chain, network, id string }
+
+// orphans are the CNI-DN chains no wanted plan names, sorted.
+func (lt *listing) orphans(wanted map[string]bool) []orphan {
 	var names []string
 	for c := range lt.chains {
 		if strings.HasPrefix(c, dnChain) && !wanted[c] {
@@ -262,14 +263,16 @@ func (lt *listing) orphans(wanted map[string]bool, o converge.Options, r *conver
 		}
 	}
 	sort.Strings(names)
+	out := make([]orphan, 0, len(names))
 	for _, c := range names {
-		var network, id string // "": no entry rule names the owner
+		o := orphan{chain: c}
 		for _, ref := range lt.refs[c] {
 			if m := entryOwnerRE().FindStringSubmatch(ref); m != nil && m[3] == c {
-				network, id = m[1], m[2]
+				o.network, o.id = m[1], m[2]
 				break
 			}
 		}
-		r.AddOrphan(o, network, id, "chain "+c)
+		out = append(out, o)
 	}
+	return out
 }

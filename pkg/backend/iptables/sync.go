@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -19,9 +18,31 @@ import (
 // the rest of a broken skeleton is checked and inserted rule by rule, as
 // ADD's slow path does. The caller holds the host-wide lock.
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
-	rep := converge.NewReport(len(want))
-	// The exact check and the listing are independent: they run side by
-	// side.
+	return converge.Run(len(want), o, converge.Pass[*syncState, string]{
+		Read:   func() (*syncState, error) { return b.readSync(want) },
+		Decide: func(s *syncState) converge.Verdict[string] { return s.decide() },
+		Write:  b.writeSync,
+	})
+}
+
+// syncState is the nat table as a pass read it: its listing, and what
+// iptables' own comparison found wrong.
+type syncState struct {
+	want []*plan.Plan
+	lt   *listing
+	// sharedBroken names what of the shared rules the exact check found
+	// missing ("": none); checked holds, per wanted plan, what of its
+	// entry rules with conditions it found missing.
+	sharedBroken string
+	checked      map[int]string
+	// witnesses are the witness chains of the wanted plans the table
+	// lacks: made last, once what they vouch for is written.
+	witnesses []Chain
+}
+
+// readSync lists the table and runs the exact check, side by side: they
+// are independent.
+func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	type checked struct {
 		shared string
 		broken map[int]string
@@ -40,84 +61,80 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	if ck.err != nil {
 		return nil, ck.err
 	}
-	lt := parseListing(lines)
-	broken := map[int]bool{}
-	whys := converge.Judge(len(want), func(i int) string { return lt.judge(want[i]) })
-	for i, why := range whys {
-		if why == "" {
-			why = ck.broken[i]
-		}
-		if why != "" {
-			broken[i] = true
-			rep.Results[i] = converge.Result{State: converge.Repaired, What: why}
-		}
-	}
-	sharedBroken := ck.shared
-	cascade(want, broken, rep)
-	// Witness chains are made last, once what they vouch for is written.
-	var witnesses []Chain
-	seenW := map[string]bool{}
+	s := &syncState{want: want, lt: parseListing(lines), sharedBroken: ck.shared, checked: ck.broken}
+	seen := map[string]bool{}
 	for _, p := range want {
-		if c, ok := Witness(p); ok && !lt.chains[c.Name] && !seenW[c.Name] {
-			seenW[c.Name] = true
-			witnesses = append(witnesses, c)
-			rep.Shared = append(rep.Shared, "chain "+c.Name+" missing")
+		if c, ok := Witness(p); ok && !s.lt.chains[c.Name] && !seen[c.Name] {
+			seen[c.Name] = true
+			s.witnesses = append(s.witnesses, c)
 		}
 	}
+	return s, nil
+}
 
+// decide judges every wanted plan (the listing first, then the exact
+// check), keeps "the newest ADD wins" through the repairs, and lists the
+// CNI-DN chains no wanted plan names.
+func (s *syncState) decide() converge.Verdict[string] {
+	var v converge.Verdict[string]
+	v.Whys = converge.Judge(len(s.want), func(i int) string { return s.lt.judge(s.want[i]) })
+	for i, why := range v.Whys {
+		if why == "" {
+			v.Whys[i] = s.checked[i]
+		}
+	}
+	cascade(s.want, v.Whys)
+	for _, c := range s.witnesses {
+		v.Shared = append(v.Shared, "chain "+c.Name+" missing")
+	}
+	if s.sharedBroken != "" {
+		v.Shared = append(v.Shared, s.sharedBroken)
+	}
 	wanted := map[string]bool{}
-	for _, p := range want {
+	for _, p := range s.want {
 		wanted[ChainName(p.Owner)] = true
 	}
-	lt.orphans(wanted, o, rep)
-	orphans := rep.Orphans
-	if sharedBroken != "" {
-		rep.Shared = append(rep.Shared, sharedBroken)
+	for _, o := range s.lt.orphans(wanted) {
+		v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: o.network, ContainerID: o.id,
+			Object: "chain " + o.chain, Handle: o.chain})
 	}
-	prune := o.Prune && len(orphans) > 0
-	if o.DryRun || (len(broken) == 0 && sharedBroken == "" && !prune && len(witnesses) == 0) {
-		return rep, nil
-	}
+	return v
+}
 
+// writeSync ensures the shared rules the exact check found missing, then
+// writes one restore: the broken plans' chains re-declared and filled,
+// the pruned chains dropped, the missing witnesses last — the restore is
+// all or nothing, and by then the shared rules are ensured or in it.
+func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, error) {
 	pl := newPayload()
-	if sharedBroken != "" {
-		// The exact check passed for the shared rules unless this is set.
-		ensure := b.sharedPayload(pl, want, lt)
+	wrote := false
+	if s.sharedBroken != "" {
+		ensure := b.sharedPayload(pl, s.want, s.lt)
 		if err := b.ensure(ensure); err != nil {
-			rep.WriteFailed(broken, false, err)
-			return rep, nil
+			return false, err
 		}
-		rep.Wrote = rep.Wrote || len(ensure.chains)+len(ensure.rules) > 0
+		wrote = len(ensure.chains)+len(ensure.rules) > 0
 	}
-	for i, p := range want {
-		if !broken[i] {
-			continue
-		}
-		chain := ChainName(p.Owner)
-		pl.redeclare(chain, lt.refs[chain])
-		fillChain(pl, p)
-	}
-	if prune {
-		for _, or := range orphans {
-			chain := strings.TrimPrefix(or.Object, "chain ")
-			pl.drop(chain, lt.refs[chain])
+	for i, p := range s.want {
+		if fix.Broken[i] {
+			chain := ChainName(p.Owner)
+			pl.redeclare(chain, s.lt.refs[chain])
+			fillChain(pl, p)
 		}
 	}
-	// Last in the restore, which is all or nothing: by then the shared
-	// rules are ensured or in the restore above.
-	for _, c := range witnesses {
+	for _, chain := range fix.Prune {
+		pl.drop(chain, s.lt.refs[chain])
+	}
+	for _, c := range s.witnesses {
 		pl.line("-N "+c.Name, "new chain "+c.Name)
 	}
 	if len(pl.what) == 1 { // only the table line: nothing to write
-		return rep, nil
+		return wrote, nil
 	}
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		err = b.restoreError("sync", pl, err)
-		rep.WriteFailed(broken, prune, err)
-		return rep, nil
+		return wrote, b.restoreError("sync", pl, err)
 	}
-	rep.WriteDone(prune)
-	return rep, nil
+	return true, nil
 }
 
 // shared is what of the shared objects is left to ensure one by one.
@@ -202,16 +219,14 @@ func (b *Backend) ensure(s shared) error {
 // entry rules go to the top of CNI-HOSTPORT-DNAT, above a newer plan of
 // the same host port that was right, so that newer plan is re-applied too
 // (after it, on top).
-func cascade(want []*plan.Plan, broken map[int]bool, rep *converge.Report) {
+func cascade(want []*plan.Plan, whys []string) {
 	for i := range want {
-		if !broken[i] {
+		if whys[i] == "" {
 			continue
 		}
 		for j := i + 1; j < len(want); j++ {
-			if !broken[j] && overlap(want[i], want[j]) {
-				broken[j] = true
-				rep.Results[j] = converge.Result{State: converge.Repaired,
-					What: "entry rules moved above an older attachment's repaired ones of the same host port"}
+			if whys[j] == "" && overlap(want[i], want[j]) {
+				whys[j] = "entry rules moved above an older attachment's repaired ones of the same host port"
 			}
 		}
 	}

@@ -275,11 +275,10 @@ func TestCascadeKeepsNewestOnTop(t *testing.T) {
 	other, _, _ := syncPlans("192.0.2.8")
 	other.Owner.ContainerID = "other"
 	other.Mappings = []plan.Mapping{{HostPort: 1, ContainerPort: 1, Protocol: plan.TCP}}
-	broken := map[int]bool{0: true}
-	rep := converge.NewReport(3)
-	cascade([]*plan.Plan{a, newer, other}, broken, rep)
-	if !broken[1] || broken[2] {
-		t.Errorf("broken %v: want the newer plan of the same port re-applied, the other left alone", broken)
+	whys := []string{"chain missing", "", ""}
+	cascade([]*plan.Plan{a, newer, other}, whys)
+	if whys[1] == "" || whys[2] != "" {
+		t.Errorf("whys %q: want the newer plan of the same port re-applied, the other left alone", whys)
 	}
 }
 

@@ -20,8 +20,38 @@ import (
 // names. Attachments that are right are not touched, so a pass after a
 // pass writes nothing. The caller holds the host-wide lock.
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
-	rep := converge.NewReport(len(want))
-	fam := nftFamily(b.Family)
+	return converge.Run(len(want), o, converge.Pass[*syncState, orphan]{
+		Read:   func() (*syncState, error) { return b.readSync(want) },
+		Decide: func(s *syncState) converge.Verdict[orphan] { return s.decide() },
+		Write:  b.writeSync,
+	})
+}
+
+// syncState is the family's tables as a pass read them, and what the
+// wanted plans make of them.
+type syncState struct {
+	family plan.Family
+	want   []*plan.Plan
+	st, up *State // the table (empty when absent) and upstream's
+	exists bool
+	// winner is the newest plan of each port (of an interval, port by
+	// port); all and served are the table's elements, read only when a
+	// wanted plan has intervals.
+	winner    map[string]int
+	anyRanges bool
+	all       []Element
+	served    *view
+	// kinds are the wanted plans by the skeleton they need.
+	kinds map[string]*plan.Plan
+}
+
+// orphan is what a pass removes of an orphan: a dn- chain of ours, or the
+// upstream plugin's rules of a container.
+type orphan struct {
+	chain, upstreamID string
+}
+
+func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	st, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
 		return nil, fmt.Errorf("read table: %w", err)
@@ -30,109 +60,137 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", UpstreamTable, err)
 	}
-	exists := st != nil
+	s := &syncState{family: b.Family, want: want, st: st, up: up, exists: st != nil,
+		winner: converge.Winners(want, portIDs), kinds: map[string]*plan.Plan{}}
 	if st == nil {
-		st = &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+		s.st = &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
 	}
-
-	// the newest plan of each port wins it, the ports of an interval
-	// one by one
-	winner := converge.Winners(want, portIDs)
-	anyRanges := false
 	for _, p := range want {
-		anyRanges = anyRanges || hasRanges(p)
+		s.anyRanges = s.anyRanges || hasRanges(p)
+		s.kinds[fmt.Sprintf("%v/%d/%v", marksOwnBit(p), p.Masquerade.MarkBit, p.LocalNet())] = p
 	}
-	var all []Element
-	var served *view
-	if anyRanges {
-		all = elementsOfState(st)
-		served = newView(all, func(Key) bool { return true })
+	if s.anyRanges {
+		s.all = elementsOfState(s.st)
+		s.served = newView(s.all, func(Key) bool { return true })
 	}
+	return s, nil
+}
 
-	// The skeleton every wanted plan relies on.
-	var shared []string
-	kinds := map[string]*plan.Plan{}
-	for _, p := range want {
-		kinds[fmt.Sprintf("%v/%d/%v", marksOwnBit(p), p.Masquerade.MarkBit, p.LocalNet())] = p
-	}
-	switch {
-	case len(want) == 0:
-	case !exists:
-		shared = append(shared, fmt.Sprintf("table %s %s missing", fam, Table))
-	default:
-		for _, m := range dispatchMaps {
-			if !st.Maps[m.name] && (anyRanges || !m.interval) {
-				shared = append(shared, "map "+m.name+" missing")
-			}
-		}
-		for _, k := range sortedStrings(kinds) {
-			skel := skeletonRules(kinds[k])
-			for _, c := range skeletonOrder(skel) {
-				cs, ok := st.Chains[c]
-				if !ok {
-					if !slices.Contains(shared, "chain "+c+" missing") {
-						shared = append(shared, "chain "+c+" missing")
-					}
-					continue
-				}
-				for _, r := range skel[c] {
-					if !hasRule(cs, r) && !contains(shared, "chain "+c) && (anyRanges || !rangesLookup(r)) {
-						shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(b.Family)))
-					}
-				}
-			}
-		}
-	}
-	rep.Shared = shared
-
-	broken := map[int]bool{}
-	whys := converge.Judge(len(want), func(i int) string { return judge(want[i], st, served, winner, i) })
-	for i, why := range whys {
-		if why != "" {
-			broken[i] = true
-			rep.Results[i] = converge.Result{State: converge.Repaired, What: why}
-		}
-	}
-
+// decide judges the skeleton, every wanted plan and the orphans.
+func (s *syncState) decide() converge.Verdict[orphan] {
+	v := converge.Verdict[orphan]{Shared: s.skeleton(),
+		Whys: converge.Judge(len(s.want), func(i int) string { return judge(s.want[i], s.st, s.served, s.winner, i) })}
 	wanted, wantedIDs := map[string]bool{}, map[string]bool{}
-	for _, p := range want {
+	for _, p := range s.want {
 		wanted[ChainName(p.Owner)] = true
 		wantedIDs[p.Owner.ContainerID] = true
 	}
-	orphanChains := map[string]bool{}
-	for _, name := range sortedChains(st) {
-		if !strings.HasPrefix(name, "dn-") || wanted[name] {
-			continue
-		}
-		network, id, _ := st.Chains[name].owner()
-		if rep.AddOrphan(o, network, id, "chain "+name) {
-			orphanChains[name] = true
+	for _, name := range sortedChains(s.st) {
+		if strings.HasPrefix(name, "dn-") && !wanted[name] {
+			network, id, _ := s.st.Chains[name].owner()
+			v.Candidates = append(v.Candidates, converge.Candidate[orphan]{Network: network, ContainerID: id,
+				Object: "chain " + name, Handle: orphan{chain: name}})
 		}
 	}
-	upRules := upstreamRules(up)
-	upIDs := map[string]bool{}
+	upRules := upstreamRules(s.up)
 	for _, id := range sortedStrings(upRules) {
-		// upstream's rules name the container only
-		if !wantedIDs[id] && rep.AddOrphan(o, "", id, fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable)) {
-			upIDs[id] = true
+		if !wantedIDs[id] { // upstream's rules name the container only
+			v.Candidates = append(v.Candidates, converge.Candidate[orphan]{ContainerID: id,
+				Object: fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable), Handle: orphan{upstreamID: id}})
 		}
 	}
+	return v
+}
 
-	prune := o.Prune && len(rep.Orphans) > 0
-	if o.DryRun || (len(broken) == 0 && len(shared) == 0 && !prune) {
-		return rep, nil
+// skeleton names what every wanted plan relies on and the table lacks.
+func (s *syncState) skeleton() []string {
+	if len(s.want) == 0 {
+		return nil
 	}
+	if !s.exists {
+		return []string{fmt.Sprintf("table %s %s missing", nftFamily(s.family), Table)}
+	}
+	var shared []string
+	for _, m := range dispatchMaps {
+		if !s.st.Maps[m.name] && (s.anyRanges || !m.interval) {
+			shared = append(shared, "map "+m.name+" missing")
+		}
+	}
+	for _, k := range sortedStrings(s.kinds) {
+		skel := skeletonRules(s.kinds[k])
+		for _, c := range skeletonOrder(skel) {
+			cs, ok := s.st.Chains[c]
+			if !ok {
+				if !slices.Contains(shared, "chain "+c+" missing") {
+					shared = append(shared, "chain "+c+" missing")
+				}
+				continue
+			}
+			for _, r := range skel[c] {
+				if !hasRule(cs, r) && !contains(shared, "chain "+c) && (s.anyRanges || !rangesLookup(r)) {
+					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(s.family)))
+				}
+			}
+		}
+	}
+	return shared
+}
 
+// writeSync writes the repair: one transaction for the table, one for
+// upstream's rules of pruned containers.
+func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, error) {
+	orphanChains, upIDs := map[string]bool{}, map[string]bool{}
+	for _, or := range fix.Prune {
+		if or.chain != "" {
+			orphanChains[or.chain] = true
+		} else {
+			upIDs[or.upstreamID] = true
+		}
+	}
 	tx := newTx(b.Family)
-	if len(shared) > 0 || (len(broken) > 0 && !exists) {
-		for _, k := range sortedStrings(kinds) {
-			addSkeleton(tx, kinds[k])
+	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) {
+		for _, k := range sortedStrings(s.kinds) {
+			addSkeleton(tx, s.kinds[k])
 		}
 	}
-	// Element changes are computed as a whole, so that a key is deleted
-	// or added once even when a repair and a prune both touch it.
+	desired := s.desiredElements(tx, fix.Broken)
+	cutIntervals(s.st, s.all, desired)
+	for id, h := range s.st.Holders {
+		if _, set := desired[id]; orphanChains[h] && !set {
+			desired[id] = ""
+		}
+	}
+	writeElements(tx, s.st, desired)
+	for _, name := range sortedChains(s.st) {
+		if orphanChains[name] {
+			tx.add(opFlush, chainObj{name: name})
+			tx.add(opDelete, chainObj{name: name})
+		}
+	}
+	var txs []*Tx
+	if tx.Len() > 0 {
+		txs = append(txs, tx)
+	}
+	if len(upIDs) > 0 {
+		if utx := upstreamTx(b.Family, s.up, upIDs); utx.Len() > 0 {
+			txs = append(txs, utx)
+		}
+	}
+	for _, t := range txs {
+		if err := b.Kernel.Apply(t); err != nil {
+			return false, fmt.Errorf("sync: %w", err)
+		}
+	}
+	return len(txs) > 0, nil
+}
+
+// desiredElements rewrites the chains of the broken plans into tx and
+// says which chain each of their keys is to send to ("": none). Element
+// changes are computed as a whole, so that a key is deleted or added once
+// even when a repair and a prune both touch it.
+func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) map[string]string {
 	desired := map[string]string{}
-	for i, p := range want {
+	for i, p := range s.want {
 		if !broken[i] {
 			continue
 		}
@@ -141,42 +199,37 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		for _, k := range Keys(p) {
 			if !k.IsRange() {
 				mine[k.ID()] = true
-				if winner[k.ID()] == i {
+				if s.winner[k.ID()] == i {
 					desired[k.ID()] = chain.name
 				}
 				continue
 			}
 			// the pieces of the interval the plan wins; an element of
 			// one port that would shadow a won port goes
-			for _, piece := range wonPieces(k, winner, i) {
+			for _, piece := range wonPieces(k, s.winner, i) {
 				mine[piece.ID()] = true
 				desired[piece.ID()] = chain.name
 				for port := piece.Port; port <= piece.last(); port++ {
 					one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()
-					if h := st.Holders[one]; h != "" && h != chain.name {
+					if h := s.st.Holders[one]; h != "" && h != chain.name {
 						desired[one] = ""
 					}
 				}
 			}
 		}
-		for id, h := range st.Holders {
-			if h == chain.name && !mine[id] {
-				if _, set := desired[id]; !set {
-					desired[id] = ""
-				}
-			}
-		}
-	}
-	cutIntervals(st, all, desired)
-	if prune {
-		for id, h := range st.Holders {
-			if _, set := desired[id]; orphanChains[h] && !set {
+		for id, h := range s.st.Holders {
+			if _, set := desired[id]; h == chain.name && !mine[id] && !set {
 				desired[id] = ""
 			}
 		}
 	}
-	// deletions first: the kernel checks an interval against the
-	// elements the transaction leaves
+	return desired
+}
+
+// writeElements adds to tx the element changes desired asks of st:
+// deletions first, as the kernel checks an interval against the elements
+// the transaction leaves.
+func writeElements(tx *Tx, st *State, desired map[string]string) {
 	for _, deleting := range []bool{true, false} {
 		for _, id := range sortedStrings(desired) {
 			k, ok := keyFromID(id)
@@ -192,35 +245,6 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 			}
 		}
 	}
-	if prune {
-		for _, name := range sortedChains(st) {
-			if orphanChains[name] {
-				tx.add(opFlush, chainObj{name: name})
-				tx.add(opDelete, chainObj{name: name})
-			}
-		}
-	}
-	var txs []*Tx
-	if tx.Len() > 0 {
-		txs = append(txs, tx)
-	}
-	if prune {
-		if utx := upstreamTx(b.Family, up, upIDs); utx.Len() > 0 {
-			txs = append(txs, utx)
-		}
-	}
-	for _, t := range txs {
-		if err := b.Kernel.Apply(t); err != nil {
-			err = fmt.Errorf("sync: %w", err)
-			rep.WriteFailed(broken, prune, err)
-			return rep, nil
-		}
-	}
-	if len(txs) == 0 {
-		return rep, nil
-	}
-	rep.WriteDone(prune)
-	return rep, nil
 }
 
 // judge says what of plan i the table shows missing or wrong, or "".

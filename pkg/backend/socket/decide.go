@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -163,14 +162,22 @@ func ownersEmptied(s *State, gone map[uint64]int) []uint64 {
 	return out
 }
 
-// syncWrite is a `portmap sync` pass over family f: every key goes to
-// the wanted plan (oldest first) that wins it — the highest rank, then
-// the newest — entries of wanted owners that no longer win a key go, and
-// entries of owners no plan wants are orphans, pruned with o.Prune. Keys
-// that are right are not written, so a pass after a pass writes nothing.
-func syncWrite(s *State, want []*plan.Plan, netns uint64, f plan.Family, o converge.Options) (*Write, *converge.Report, map[int]bool) {
-	rep := converge.NewReport(len(want))
-	w := &Write{}
+// entryDiff is what a `portmap sync` pass finds of family f's entries:
+// every key goes to the wanted plan (oldest first) that wins it — the
+// highest rank, then the newest — entries of wanted owners that no
+// longer win a key go, and entries of owners no plan wants are orphans.
+// Keys that are right are not written, so a pass after a pass writes
+// nothing.
+type entryDiff struct {
+	put   []Entry // keys a wanted plan wins that hold something else
+	stale []Key   // entries of wanted owners that win no key
+	whys  []string
+	// orphans are the keys of owners no plan wants, sorted.
+	orphans []Key
+}
+
+// diffEntries compares the entries of s with the wanted plans.
+func diffEntries(s *State, want []*plan.Plan, netns uint64, f plan.Family) entryDiff {
 	type claim struct {
 		e Entry
 		i int
@@ -185,7 +192,7 @@ func syncWrite(s *State, want []*plan.Plan, netns uint64, f plan.Family, o conve
 			}
 		}
 	}
-	broken := map[int]bool{}
+	d := entryDiff{whys: make([]string, len(want))}
 	what := map[int][]string{}
 	keys := make([]Key, 0, len(win))
 	for k := range win {
@@ -195,53 +202,46 @@ func syncWrite(s *State, want []*plan.Plan, netns uint64, f plan.Family, o conve
 	for _, k := range keys {
 		c := win[k]
 		cur, ok := s.Entries[k]
-		if ok && cur == c.e.Value {
+		switch {
+		case ok && cur == c.e.Value:
 			continue
-		}
-		w.Put = append(w.Put, c.e)
-		broken[c.i] = true
-		if !ok {
+		case !ok:
 			what[c.i] = append(what[c.i], "entry "+k.String()+" missing")
-		} else {
+		default:
 			what[c.i] = append(what[c.i], "entry "+k.String()+" went to "+cur.Target())
 		}
+		d.put = append(d.put, c.e)
 	}
-	var orphans []Key
 	for k, v := range s.Entries {
-		if k.Family() != f {
-			continue
-		}
-		if _, wins := win[k]; wins {
+		if _, wins := win[k]; wins || k.Family() != f {
 			continue
 		}
 		if i, ok := wantedOwner[v.Owner]; ok {
-			w.Delete = append(w.Delete, k)
-			broken[i] = true
+			d.stale = append(d.stale, k)
 			what[i] = append(what[i], "stale entry "+k.String())
 			continue
 		}
-		orphans = append(orphans, k)
+		d.orphans = append(d.orphans, k)
 	}
-	slices.SortFunc(orphans, compareKeys)
-	for _, k := range orphans {
-		v := s.Entries[k]
-		own, known := s.Owners[v.Owner]
-		if !known {
-			own = plan.Owner{}
-		}
-		if rep.AddOrphan(o, own.Network, own.ContainerID, "socket entry "+k.String()) && o.Prune {
-			w.Delete = append(w.Delete, k)
-		}
+	slices.SortFunc(d.stale, compareKeys)
+	slices.SortFunc(d.orphans, compareKeys)
+	for i, ws := range what {
+		slices.Sort(ws)
+		d.whys[i] = strings.Join(ws, ", ")
 	}
-	for i := range want {
-		if broken[i] {
-			slices.Sort(what[i])
-			rep.Results[i] = converge.Result{State: converge.Repaired, What: strings.Join(what[i], ", ")}
-		}
-	}
+	return d
+}
+
+// ownerRecords adds to w the owner records its entries leave: a record
+// for each wanted owner that holds an entry after w and has none (or
+// another), and none for an owner that holds no entry after w — a
+// wanted owner's, or with prune any owner's.
+func ownerRecords(s *State, want []*plan.Plan, w *Write, prune bool) {
 	after := holders(s, w)
+	wanted := map[uint64]bool{}
 	for _, p := range want {
 		id := OwnerID(p.Owner)
+		wanted[id] = true
 		if rec, ok := s.Owners[id]; (!ok || rec != p.Owner) && after[id] {
 			if w.PutOwners == nil {
 				w.PutOwners = map[uint64]plan.Owner{}
@@ -251,12 +251,11 @@ func syncWrite(s *State, want []*plan.Plan, netns uint64, f plan.Family, o conve
 	}
 	// a record goes with its owner's last entry in the namespace
 	for id := range s.Owners {
-		if _, wanted := wantedOwner[id]; !after[id] && (wanted || o.Prune) {
+		if !after[id] && (wanted[id] || prune) {
 			w.DelOwners = append(w.DelOwners, id)
 		}
 	}
 	slices.Sort(w.DelOwners)
-	return w, rep, broken
 }
 
 // holders are the owners that hold an entry after w (its puts and

@@ -31,6 +31,7 @@ package socket
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
@@ -190,7 +191,9 @@ func (l *Layer) Ready(p *plan.Plan) error {
 var hooksMu sync.Mutex
 
 // Sync repairs the hooks, then brings the entries to the wanted plans
-// (see syncWrite). The caller holds the host-wide lock.
+// (see entryDiff): a pass of its own for the node-wide programs, then
+// one for the entries, read once and written at most once. The caller
+// holds the host-wide lock.
 func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	netns, err := l.Netns()
 	if err != nil {
@@ -199,43 +202,76 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, e
 	if len(want) == 0 && !l.Site.Exists() {
 		return converge.NewReport(0), nil
 	}
-	var shared []string
-	var bad []HookState
-	if len(want) > 0 { // else nothing wants the programs: orphans only
-		// the families' passes run at once and share the hooks: one
-		// looks and repairs at a time, so the other finds them right
-		hooksMu.Lock()
-		defer hooksMu.Unlock()
-		states, err := l.Site.Hooks()
-		if err != nil {
-			return nil, err
-		}
-		bad = broken(states)
-	}
-	for _, st := range bad {
-		shared = append(shared, "socket path "+st.String())
-	}
-	if len(bad) > 0 && !o.DryRun {
-		if err := l.Site.Install(bad); err != nil {
-			return nil, err
-		}
-	}
-	st, err := l.Site.Read(netns, l.Family)
+	// the families' passes run at once and share the hooks: one looks
+	// and repairs at a time, so the other finds them right
+	hooksMu.Lock()
+	defer hooksMu.Unlock()
+	shared, installed, err := l.syncHooks(len(want) > 0, o.DryRun)
 	if err != nil {
 		return nil, err
 	}
-	w, rep, brk := syncWrite(st, want, netns, l.Family, o)
-	rep.Shared = shared
-	rep.Wrote = len(bad) > 0 && !o.DryRun
-	if o.DryRun || w.Empty() {
-		return rep, nil
+	type read struct {
+		st *State
+		d  entryDiff
 	}
-	if err := l.write(netns, w); err != nil {
-		rep.WriteFailed(brk, o.Prune, err)
-		return rep, nil
+	rep, err := converge.Run(len(want), o, converge.Pass[read, Key]{
+		Read: func() (read, error) {
+			st, err := l.Site.Read(netns, l.Family)
+			if err != nil {
+				return read{}, err
+			}
+			return read{st, diffEntries(st, want, netns, l.Family)}, nil
+		},
+		Decide: func(r read) converge.Verdict[Key] {
+			v := converge.Verdict[Key]{Whys: r.d.whys}
+			for _, k := range r.d.orphans {
+				own := r.st.Owners[r.st.Entries[k].Owner] // zero when unknown
+				v.Candidates = append(v.Candidates, converge.Candidate[Key]{Network: own.Network, ContainerID: own.ContainerID,
+					Object: "socket entry " + k.String(), Handle: k})
+			}
+			w := &Write{}
+			ownerRecords(r.st, want, w, o.Prune)
+			v.Tidy = !w.Empty()
+			return v
+		},
+		Write: func(r read, fix converge.Repair[Key]) (bool, error) {
+			w := &Write{Put: r.d.put, Delete: append(slices.Clip(r.d.stale), fix.Prune...)}
+			ownerRecords(r.st, want, w, o.Prune)
+			if w.Empty() {
+				return false, nil
+			}
+			return true, l.write(netns, w)
+		},
+	})
+	if rep != nil {
+		rep.Shared = append(shared, rep.Shared...)
+		rep.Wrote = rep.Wrote || installed
 	}
-	rep.WriteDone(o.Prune)
-	return rep, nil
+	return rep, err
+}
+
+// syncHooks judges the hooks when the programs are wanted, and repairs
+// what is broken unless dryRun: what it found, and whether it wrote.
+func (l *Layer) syncHooks(wanted, dryRun bool) ([]string, bool, error) {
+	if !wanted { // nothing wants the programs: orphans only
+		return nil, false, nil
+	}
+	states, err := l.Site.Hooks()
+	if err != nil {
+		return nil, false, err
+	}
+	bad := broken(states)
+	var shared []string
+	for _, st := range bad {
+		shared = append(shared, "socket path "+st.String())
+	}
+	if len(bad) == 0 || dryRun {
+		return shared, false, nil
+	}
+	if err := l.Site.Install(bad); err != nil {
+		return nil, false, err
+	}
+	return shared, true, nil
 }
 
 // Retire removes the site when no attachment of any namespace holds an
