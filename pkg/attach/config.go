@@ -109,20 +109,9 @@ func formatValue(v any) string {
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
 func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
-	// One pass when every value has its type (the mappings decoded with
-	// the rest: a Podman range sends thousands); else the values are
-	// kept as sent, so that an error can show them.
-	var nc netConf
-	var typed *typedMappings
-	var tc typedConf
-	if err := json.Unmarshal(stdin, &tc); err == nil {
-		nc, typed = tc.netConf, &tc.RuntimeConfig.PortMappings
-	} else if err := json.Unmarshal(stdin, &nc); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, invalid(te.Field, rawValue(stdin, te.Field, te.Value), "must be of type "+jsonType(te.Type.Kind().String()))
-		}
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	nc, typed, err := decode(stdin)
+	if err != nil {
+		return nil, err
 	}
 	// skel checked the name already; names end up in rule comments, so
 	// check again where the rendering relies on it.
@@ -132,59 +121,14 @@ func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, e
 	c := &Config{
 		CNIVersion:    nc.CNIVersion,
 		Network:       nc.Name,
-		CacheDir:      cnicache.DefaultDir,
+		Backend:       defaultBackend,
 		ContainerNets: map[plan.Family]*net.IPNet{},
 	}
-	if nc.CNICacheDir != nil {
-		if !cleanAbs(*nc.CNICacheDir) {
-			return nil, invalid("cniCacheDir", *nc.CNICacheDir, "must be a clean absolute path")
+	// In the order the keys are judged: the first invalid one is named.
+	for _, step := range []func(netConf) error{c.parseNode, c.parseMasquerade, c.parseLocalhost, c.parseConditions} {
+		if err := step(nc); err != nil {
+			return nil, err
 		}
-		c.CacheDir = *nc.CNICacheDir
-	}
-
-	c.Conflict = ConflictReplace
-	if nc.HostPortConflict != nil {
-		switch p := ConflictPolicy(*nc.HostPortConflict); p {
-		case ConflictReplace, ConflictReject:
-			c.Conflict = p
-		default:
-			return nil, invalid("hostPortConflict", *nc.HostPortConflict, `must be "replace" or "reject"`)
-		}
-	}
-	c.Backend = defaultBackend
-	if nc.Backend != nil {
-		k, ok := backend.Lookup(backend.Name(*nc.Backend))
-		if !ok {
-			return nil, invalid("backend", *nc.Backend, "must be "+backend.Choices())
-		}
-		c.Backend = k.Name
-	}
-
-	m := plan.Masquerade{Enabled: nc.SNAT == nil || *nc.SNAT, MarkBit: DefaultMarkBit, All: nc.MasqAll}
-	if nc.MarkMasqBit != nil && nc.ExternalSetMarkChain != nil {
-		return nil, invalid("markMasqBit", *nc.MarkMasqBit, "cannot be set together with externalSetMarkChain")
-	}
-	if nc.MarkMasqBit != nil {
-		if *nc.MarkMasqBit < 0 || *nc.MarkMasqBit > 31 {
-			return nil, invalid("markMasqBit", *nc.MarkMasqBit, "must be from 0 to 31")
-		}
-		m.MarkBit = *nc.MarkMasqBit
-	}
-	if nc.ExternalSetMarkChain != nil {
-		if !chainName().MatchString(*nc.ExternalSetMarkChain) {
-			return nil, invalid("externalSetMarkChain", *nc.ExternalSetMarkChain,
-				"must be an iptables chain name: 1 to 28 letters, digits, '_', '.' or '-', not starting with '-'")
-		}
-		m.ExternalSetMarkChain = *nc.ExternalSetMarkChain
-	}
-	c.Request.Masquerade = m
-	c.Request.ForwardAccept = nc.ForwardAccept
-	if err := c.parseLocalhost(nc); err != nil {
-		return nil, err
-	}
-
-	if err := c.parseConditions(nc); err != nil {
-		return nil, err
 	}
 	if typed == nil || !c.takeMappings(*typed) {
 		if typed != nil { // a value out of range: read again, as sent
@@ -196,19 +140,101 @@ func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, e
 			return nil, err
 		}
 	}
-
-	if nc.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")
-		}
-		c.PrevResult = nc.PrevResult
-		res, err := current.NewResultFromResult(nc.PrevResult)
-		if err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("convert prevResult: %v", err), "")
-		}
-		c.ContainerNets = containerNets(res, ifName)
+	if err := c.parsePrevResult(nc, ifName); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// decode reads stdin in one pass when every value has its type (the
+// mappings decoded with the rest: a Podman range sends thousands; typed
+// is then set); else with the values kept as sent, so that an error can
+// show them.
+func decode(stdin []byte) (nc netConf, typed *typedMappings, err error) {
+	var tc typedConf
+	if err := json.Unmarshal(stdin, &tc); err == nil {
+		return tc.netConf, &tc.RuntimeConfig.PortMappings, nil
+	}
+	if err := json.Unmarshal(stdin, &nc); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nc, nil, invalid(te.Field, rawValue(stdin, te.Field, te.Value), "must be of type "+jsonType(te.Type.Kind().String()))
+		}
+		return nc, nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
+	}
+	return nc, nil, nil
+}
+
+// parseNode reads what the node keeps for the attachment: libcni's
+// cache directory, the host-port conflict policy, the backend.
+func (c *Config) parseNode(nc netConf) error {
+	c.CacheDir = cnicache.DefaultDir
+	if nc.CNICacheDir != nil {
+		if !cleanAbs(*nc.CNICacheDir) {
+			return invalid("cniCacheDir", *nc.CNICacheDir, "must be a clean absolute path")
+		}
+		c.CacheDir = *nc.CNICacheDir
+	}
+	c.Conflict = ConflictReplace
+	if nc.HostPortConflict != nil {
+		switch p := ConflictPolicy(*nc.HostPortConflict); p {
+		case ConflictReplace, ConflictReject:
+			c.Conflict = p
+		default:
+			return invalid("hostPortConflict", *nc.HostPortConflict, `must be "replace" or "reject"`)
+		}
+	}
+	if nc.Backend != nil {
+		k, ok := backend.Lookup(backend.Name(*nc.Backend))
+		if !ok {
+			return invalid("backend", *nc.Backend, "must be "+backend.Choices())
+		}
+		c.Backend = k.Name
+	}
+	return nil
+}
+
+// parseMasquerade reads how hairpin and localhost connections are
+// marked for SNAT, and forwardAccept.
+func (c *Config) parseMasquerade(nc netConf) error {
+	m := plan.Masquerade{Enabled: nc.SNAT == nil || *nc.SNAT, MarkBit: DefaultMarkBit, All: nc.MasqAll}
+	if nc.MarkMasqBit != nil && nc.ExternalSetMarkChain != nil {
+		return invalid("markMasqBit", *nc.MarkMasqBit, "cannot be set together with externalSetMarkChain")
+	}
+	if nc.MarkMasqBit != nil {
+		if *nc.MarkMasqBit < 0 || *nc.MarkMasqBit > 31 {
+			return invalid("markMasqBit", *nc.MarkMasqBit, "must be from 0 to 31")
+		}
+		m.MarkBit = *nc.MarkMasqBit
+	}
+	if nc.ExternalSetMarkChain != nil {
+		if !chainName().MatchString(*nc.ExternalSetMarkChain) {
+			return invalid("externalSetMarkChain", *nc.ExternalSetMarkChain,
+				"must be an iptables chain name: 1 to 28 letters, digits, '_', '.' or '-', not starting with '-'")
+		}
+		m.ExternalSetMarkChain = *nc.ExternalSetMarkChain
+	}
+	c.Request.Masquerade = m
+	c.Request.ForwardAccept = nc.ForwardAccept
+	return nil
+}
+
+// parsePrevResult reads the previous plugin's result and the container's
+// addresses on ifName.
+func (c *Config) parsePrevResult(nc netConf, ifName string) error {
+	if nc.RawPrevResult == nil {
+		return nil
+	}
+	if err := version.ParsePrevResult(&nc.PluginConf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")
+	}
+	c.PrevResult = nc.PrevResult
+	res, err := current.NewResultFromResult(nc.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("convert prevResult: %v", err), "")
+	}
+	c.ContainerNets = containerNets(res, ifName)
+	return nil
 }
 
 // parseLocalhost reads "localhost" and where the socket path lives.
