@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -32,78 +33,28 @@ func (p Program) syncMain(args []string) int {
 		"Bring every cached attachment's host ports back to what the runtime made, in\n"+
 			"every backend and layer, both families: one pass, or with --watch the node\n"+
 			"agent (a pass after every firewall change and every --interval).")
-	var o agent.Options
-	var nets networks
-	fs.StringVar(&o.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
-	fs.Var(&nets, "network", "sync only this network (repeatable)")
-	var pinDirs networks
-	fs.Var(&pinDirs, "bpf-pin-dir", "also visit the socket path pinned here (a \"bpfPinDir\" no cached attachment names any more; repeatable)")
-	fs.BoolVar(&o.Prune, "prune", false, "remove host-port mappings whose owner has no cache entry; without --watch, also the socket path's programs and pins once no entry remains")
-	fs.BoolVar(&o.DryRun, "dry-run", false, "change nothing; report what a pass would do")
-	fs.BoolVar(&o.JSON, "json", false, "print the report as JSON")
-	watch := fs.Bool("watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
-	interval := fs.Duration("interval", 60*time.Second, "with --watch: time between passes without events")
-	debounce := fs.Duration("debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
-	minPeriod := fs.Duration("min-sync-period", time.Second, "with --watch: least time from one pass's start to the next that firewall changes trigger (a busy runtime changes it many times a second)")
-	metricsAddr := fs.String("metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
-	logFormat := fs.String("log-format", "text", "with --watch: the log's format, text or json (one object a line)")
-	root := fs.String("root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
+	f := syncFlags(fs)
 	if code, done := p.parse(fs, args); done {
 		return code
 	}
-	o.Networks = nets
-	o.Retire = o.Prune && !*watch
-	for _, d := range pinDirs {
-		req, err := pinDirSite(d)
-		if err != nil {
-			fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
-			return 2
-		}
-		o.Sites = append(o.Sites, req)
-	}
-	if *watch && (o.DryRun || o.JSON) {
-		fmt.Fprintln(p.Stderr, p.Name+" sync: --watch cannot be combined with --dry-run or --json")
+	if err := p.checkSync(fs, f); err != nil {
+		fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 		return 2
 	}
-	if !*watch {
-		var watchOnly []string
-		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "metrics-addr" || f.Name == "log-format" || f.Name == "interval" || f.Name == "debounce" || f.Name == "min-sync-period" {
-				watchOnly = append(watchOnly, "--"+f.Name)
-			}
-		})
-		if len(watchOnly) > 0 {
-			fmt.Fprintf(p.Stderr, p.Name+" sync: %s only with --watch\n", strings.Join(watchOnly, ", "))
-			return 2
-		}
-	}
-	if *metricsAddr != "" && p.Metrics == nil {
-		fmt.Fprintf(p.Stderr, "%s sync: --metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz "+
-			"(the plugin binary links no HTTP server: it would slow every CNI call)\n", p.Name)
-		return 2
-	}
-	if *logFormat != "text" && *logFormat != "json" {
-		fmt.Fprintf(p.Stderr, p.Name+" sync: --log-format %q: want text or json\n", *logFormat)
-		return 2
-	}
-	if *watch && (*interval <= 0 || *debounce < 0 || *minPeriod < 0) {
-		fmt.Fprintln(p.Stderr, p.Name+" sync: --interval must be positive, --debounce and --min-sync-period not negative")
-		return 2
-	}
-	if *root != "" {
-		if err := p.Chroot(*root); err != nil {
+	if f.root != "" {
+		if err := p.Chroot(f.root); err != nil {
 			fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 			return 1
 		}
 	}
 	// After the chroot: the host handle finds the host's own tools.
 	a := &agent.Agent{Host: p.Host(p.Stderr)}
-	if *watch {
-		return p.runWatch(a, agent.WatchOptions{Options: o, Interval: *interval, Debounce: *debounce, MinPeriod: *minPeriod}, *metricsAddr, *logFormat)
+	if f.watch {
+		return p.runWatch(a, f.WatchOptions, f.metricsAddr, f.logFormat)
 	}
-	rep, err := a.Sync(o)
+	rep, err := a.Sync(f.Options)
 	if rep != nil {
-		if werr := rep.Write(p.Stdout, o.JSON); werr != nil {
+		if werr := rep.Write(p.Stdout, f.JSON); werr != nil {
 			fmt.Fprintln(p.Stderr, p.Name+" sync:", werr)
 			return 1
 		}
@@ -116,6 +67,69 @@ func (p Program) syncMain(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// syncArgs are the flags of `portmap sync`.
+type syncArgs struct {
+	agent.WatchOptions
+	nets, pinDirs          networks
+	watch                  bool
+	metricsAddr, logFormat string
+	root                   string
+}
+
+// syncFlags defines the flags of `portmap sync` in fs.
+func syncFlags(fs *flag.FlagSet) *syncArgs {
+	f := &syncArgs{}
+	fs.StringVar(&f.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
+	fs.Var(&f.nets, "network", "sync only this network (repeatable)")
+	fs.Var(&f.pinDirs, "bpf-pin-dir", "also visit the socket path pinned here (a \"bpfPinDir\" no cached attachment names any more; repeatable)")
+	fs.BoolVar(&f.Prune, "prune", false, "remove host-port mappings whose owner has no cache entry; without --watch, also the socket path's programs and pins once no entry remains")
+	fs.BoolVar(&f.DryRun, "dry-run", false, "change nothing; report what a pass would do")
+	fs.BoolVar(&f.JSON, "json", false, "print the report as JSON")
+	fs.BoolVar(&f.watch, "watch", false, "keep running: a pass after every firewall change (nf_tables events) and every --interval")
+	fs.DurationVar(&f.Interval, "interval", 60*time.Second, "with --watch: time between passes without events")
+	fs.DurationVar(&f.Debounce, "debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
+	fs.DurationVar(&f.MinPeriod, "min-sync-period", time.Second, "with --watch: least time from one pass's start to the next that firewall changes trigger (a busy runtime changes it many times a second)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
+	fs.StringVar(&f.logFormat, "log-format", "text", "with --watch: the log's format, text or json (one object a line)")
+	fs.StringVar(&f.root, "root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
+	return f
+}
+
+// checkSync completes the options from the flags of fs and says what of
+// them is bad usage.
+func (p Program) checkSync(fs *flag.FlagSet, f *syncArgs) error {
+	f.Networks = f.nets
+	f.Retire = f.Prune && !f.watch
+	for _, d := range f.pinDirs {
+		req, err := pinDirSite(d)
+		if err != nil {
+			return err
+		}
+		f.Sites = append(f.Sites, req)
+	}
+	var watchOnly []string
+	fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "metrics-addr", "log-format", "interval", "debounce", "min-sync-period":
+			watchOnly = append(watchOnly, "--"+fl.Name)
+		}
+	})
+	switch {
+	case f.watch && (f.DryRun || f.JSON):
+		return errors.New("--watch cannot be combined with --dry-run or --json")
+	case !f.watch && len(watchOnly) > 0:
+		return fmt.Errorf("%s only with --watch", strings.Join(watchOnly, ", "))
+	case f.metricsAddr != "" && p.Metrics == nil:
+		return errors.New("--metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz " +
+			"(the plugin binary links no HTTP server: it would slow every CNI call)")
+	case f.logFormat != "text" && f.logFormat != "json":
+		return fmt.Errorf("--log-format %q: want text or json", f.logFormat)
+	case f.watch && (f.Interval <= 0 || f.Debounce < 0 || f.MinPeriod < 0):
+		return errors.New("--interval must be positive, --debounce and --min-sync-period not negative")
+	}
+	return nil
 }
 
 // pinDirSite is the socket path's site pinned at dir (--bpf-pin-dir).
