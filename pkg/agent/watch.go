@@ -82,66 +82,13 @@ func (a *Agent) KeepParsed() (stop func()) {
 // is removed only when two passes in a row found it, so an ADD whose rules
 // exist a moment before the runtime caches it is never pruned.
 func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log *slog.Logger) error {
-	seen := map[string]bool{}   // orphans of the last pass, by owner
-	logged := map[string]bool{} // orphans already logged
-	// withheld and kept of the last pass, logged when they appear
-	var withheld, kept map[string]bool
-	failing := "" // the error of the last pass, logged once
 	notify := func(state string) {
 		if o.Notify != nil {
 			o.Notify(state)
 		}
 	}
 	defer a.KeepParsed()()
-	var lastStart time.Time
-	pass := func(trigger string) bool {
-		if drain != nil {
-			drain()
-		}
-		so := o.Options
-		current := map[string]bool{}
-		var mu sync.Mutex // backends run concurrently
-		if so.Prune {
-			so.protect = func(network, id string) bool {
-				mu.Lock()
-				defer mu.Unlock()
-				k := network + "/" + id
-				current[k] = true
-				return !seen[k]
-			}
-		}
-		start := time.Now()
-		lastStart = start
-		rep, err := a.Sync(so)
-		took := time.Since(start)
-		if so.Prune {
-			seen = current
-		}
-		switch {
-		case err != nil && err.Error() != failing:
-			failing = err.Error()
-			log.Error("pass failed", "trigger", trigger, "err", err)
-		case err == nil && failing != "":
-			failing = ""
-			log.Info("passes succeed again", "trigger", trigger)
-		}
-		var fresh map[string]int
-		if rep != nil {
-			fresh = logHeld(log, rep, &withheld, &kept)
-			logChanges(log, rep, trigger, took, logged)
-		}
-		if o.Observe != nil {
-			o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err, NewlyWithheld: fresh})
-		}
-		// A pass is a burst (at 1000 attachments some 20 MB of listings
-		// and parsed rules) and the agent idles until the next one: give
-		// the memory back now, in one collection, rather than hold it
-		// through the idle minute (make bench: 20 MB resident between
-		// passes instead of 30).
-		debug.FreeOSMemory()
-		return rep != nil && rep.Changed()
-	}
-
+	w := &watcher{a: a, o: o, drain: drain, log: log, seen: map[string]bool{}, logged: map[string]bool{}}
 	interval := time.NewTicker(o.Interval)
 	defer interval.Stop()
 	var watchdog <-chan time.Time
@@ -153,11 +100,11 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 	var settle <-chan time.Time
 	arm := func() {
 		if settle == nil {
-			settle = time.After(max(o.Debounce, o.MinPeriod-time.Since(lastStart)))
+			settle = time.After(max(o.Debounce, o.MinPeriod-time.Since(w.lastStart)))
 		}
 	}
 	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "min-sync-period", o.MinPeriod.String(), "interval", o.Interval.String())
-	if pass(TriggerStart) {
+	if w.pass(TriggerStart) {
 		arm()
 	}
 	notify("READY=1")
@@ -179,17 +126,83 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			arm()
 		case <-settle:
 			settle = nil
-			if pass(TriggerEvent) {
+			if w.pass(TriggerEvent) {
 				arm()
 			}
 		case <-interval.C:
-			if pass(TriggerInterval) {
+			if w.pass(TriggerInterval) {
 				arm()
 			}
 		case <-watchdog:
 			notify("WATCHDOG=1")
 		}
 	}
+}
+
+// watcher is what the passes of one Watch remember of each other.
+type watcher struct {
+	a     *Agent
+	o     WatchOptions
+	drain func()
+	log   *slog.Logger
+	// seen are the orphans of the last pass and logged those already
+	// logged, by owner; withheld and kept those of the last pass, logged
+	// when they appear.
+	seen, logged   map[string]bool
+	withheld, kept map[string]bool
+	failing        string // the error of the last pass, logged once
+	lastStart      time.Time
+}
+
+// pass runs one pass, logs and reports it, and says whether it changed
+// anything (then a pass to confirm follows).
+func (w *watcher) pass(trigger string) bool {
+	if w.drain != nil {
+		w.drain()
+	}
+	so := w.o.Options
+	current := map[string]bool{}
+	var mu sync.Mutex // backends run concurrently
+	if so.Prune {
+		// only orphans seen twice go
+		so.protect = func(network, id string) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			k := network + "/" + id
+			current[k] = true
+			return !w.seen[k]
+		}
+	}
+	start := time.Now()
+	w.lastStart = start
+	rep, err := w.a.Sync(so)
+	took := time.Since(start)
+	if so.Prune {
+		w.seen = current
+	}
+	switch {
+	case err != nil && err.Error() != w.failing:
+		w.failing = err.Error()
+		w.log.Error("pass failed", "trigger", trigger, "err", err)
+	case err == nil && w.failing != "":
+		w.failing = ""
+		w.log.Info("passes succeed again", "trigger", trigger)
+	}
+	var fresh map[string]int
+	if rep != nil {
+		fresh = logHeld(w.log, rep, &w.withheld, &w.kept)
+		logChanges(w.log, rep, trigger, took, w.logged)
+	}
+	if w.o.Observe != nil {
+		w.o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err, NewlyWithheld: fresh})
+	}
+	// A pass is a burst (at 1000 attachments some 20 MB of listings and
+	// parsed rules) and the agent idles until the next one: give the
+	// memory back now, in one collection, rather than hold it through the
+	// idle minute (make bench: 20 MB resident between passes instead of
+	// 30).
+	debug.FreeOSMemory()
+	return rep != nil && rep.Changed()
 }
 
 // logChanges logs what a pass found wrong or did, one record each, and a
