@@ -121,27 +121,20 @@ func decodeRule(f plan.Family, b []byte) RuleState { return decodeAttrs(f, nfnl.
 
 // decodeAttrs is decodeRule of a rule's parsed attributes.
 func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
-	var r RuleState
 	var list []byte
+	d := ruleDecoder{}
+	d.saddrOffset, d.addrLen = addrOffset(f, false)
 	for _, a := range attrs {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
 			if len(a.Value) == 8 {
-				r.Handle = binary.BigEndian.Uint64(a.Value)
+				d.r.Handle = binary.BigEndian.Uint64(a.Value)
 			}
 		case nftaRuleUserdata:
-			r.Comment = commentOf(a.Value)
+			d.r.Comment = commentOf(a.Value)
 		case unix.NFTA_RULE_EXPRESSIONS:
 			list = a.Value
 		}
-	}
-	var regs [16][]byte // by register number; nat reads the ones immediates loaded
-	saddrOffset, addrLen := addrOffset(f, false)
-	var load struct {
-		ok   bool // the source address is loaded
-		len  uint32
-		mask []byte
-		what string // "l4proto" or "dport" when that is loaded
 	}
 	for le := range nfnl.All(list) {
 		var name string
@@ -154,91 +147,128 @@ func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 				data = x.Value
 			}
 		}
-		u32 := func(t uint16) uint32 {
-			v, _ := nfnl.Find(data, t)
-			return nfnl.Attr{Value: v}.U32()
-		}
-		value := func(t uint16) []byte {
-			x, _ := nfnl.Find(data, t)
-			v, _ := nfnl.Find(x, unix.NFTA_DATA_VALUE)
-			return v
-		}
-		switch name {
-		case "payload":
-			load.ok = u32(unix.NFTA_PAYLOAD_BASE) == unix.NFT_PAYLOAD_NETWORK_HEADER && u32(unix.NFTA_PAYLOAD_OFFSET) == saddrOffset
-			load.len, load.mask, load.what = u32(unix.NFTA_PAYLOAD_LEN), nil, ""
-			if u32(unix.NFTA_PAYLOAD_BASE) == unix.NFT_PAYLOAD_TRANSPORT_HEADER && u32(unix.NFTA_PAYLOAD_OFFSET) == 2 {
-				load.what = "dport"
-			}
-		case "bitwise":
-			load.mask = value(unix.NFTA_BITWISE_MASK)
-		case "cmp":
-			switch v, op := value(unix.NFTA_CMP_DATA), u32(unix.NFTA_CMP_OP); {
-			case op == unix.NFT_CMP_EQ && load.what == "l4proto" && len(v) == 1:
-				r.Proto = protoName(v[0])
-			case (op == unix.NFT_CMP_EQ || op == unix.NFT_CMP_GTE) && load.what == "dport" && len(v) == 2:
-				r.Dport = int(binary.BigEndian.Uint16(v))
-			case op == unix.NFT_CMP_LTE && load.what == "dport" && len(v) == 2:
-				r.DportLast = int(binary.BigEndian.Uint16(v))
-			}
-			if load.ok && u32(unix.NFTA_CMP_OP) == unix.NFT_CMP_EQ {
-				ip := make(net.IP, addrLen)
-				copy(ip, value(unix.NFTA_CMP_DATA))
-				ones := int(load.len) * 8
-				if load.mask != nil {
-					ones = 0
-					for _, byt := range load.mask {
-						for ; byt != 0; byt <<= 1 {
-							ones++
-						}
-					}
-				}
-				r.Saddr = prefixString(ip, ones, int(addrLen)*8)
-			}
-			load.ok = false
-		case "immediate":
-			imm, _ := nfnl.Find(data, unix.NFTA_IMMEDIATE_DATA)
-			if dreg := u32(unix.NFTA_IMMEDIATE_DREG); dreg != regVerdict {
-				if v, ok := nfnl.Find(imm, unix.NFTA_DATA_VALUE); ok && dreg < uint32(len(regs)) {
-					regs[dreg] = v
-				}
-				break
-			}
-			vd, _ := nfnl.Find(imm, unix.NFTA_DATA_VERDICT)
-			switch code, chain := nfnl.Verdict(vd); code {
-			case unix.NFT_JUMP, unix.NFT_GOTO:
-				r.Jump = chain
-			case nfDrop:
-				r.Drop = true
-			}
-		case "nat":
-			ar, pr := u32(unix.NFTA_NAT_REG_ADDR_MIN), u32(unix.NFTA_NAT_REG_PROTO_MIN)
-			if u32(unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(regs)) && pr < uint32(len(regs)) {
-				r.DNAT = net.IP(regs[ar]).String()
-				if p := regs[pr]; pr != regVerdict && len(p) >= 2 {
-					r.DNAT = net.JoinHostPort(r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
-				}
-			}
-		case "lookup":
-			if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
-				s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
-				r.Lookup = nfnl.Attr{Value: s}.String()
-			}
-		case "masq":
-			r.Masq = true
-		case "meta":
-			if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
-				r.SetMark = true
-			}
-			load.ok, load.what = false, ""
-			if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && u32(unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
-				load.what = "l4proto"
-			}
-		case "fib":
-			r.Fib = true
-		}
+		d.expr(name, data)
 	}
-	return r
+	return d.r
+}
+
+// ruleDecoder reads a rule's expressions in order, as the kernel runs
+// them: what a payload or meta expression loads, a cmp compares.
+type ruleDecoder struct {
+	r           RuleState
+	regs        [16][]byte // by register number; nat reads the ones immediates loaded
+	saddrOffset uint32
+	addrLen     uint32
+	load        struct {
+		ok   bool // the source address is loaded
+		len  uint32
+		mask []byte
+		what string // "l4proto" or "dport" when that is loaded
+	}
+}
+
+// attrU32 is the 32-bit attribute t of an expression's data.
+func attrU32(data []byte, t uint16) uint32 {
+	v, _ := nfnl.Find(data, t)
+	return nfnl.Attr{Value: v}.U32()
+}
+
+// attrValue is the value of the data attribute t of an expression's data.
+func attrValue(data []byte, t uint16) []byte {
+	x, _ := nfnl.Find(data, t)
+	v, _ := nfnl.Find(x, unix.NFTA_DATA_VALUE)
+	return v
+}
+
+func (d *ruleDecoder) expr(name string, data []byte) {
+	switch name {
+	case "payload":
+		base, off := attrU32(data, unix.NFTA_PAYLOAD_BASE), attrU32(data, unix.NFTA_PAYLOAD_OFFSET)
+		d.load.ok = base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == d.saddrOffset
+		d.load.len, d.load.mask, d.load.what = attrU32(data, unix.NFTA_PAYLOAD_LEN), nil, ""
+		if base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 2 {
+			d.load.what = "dport"
+		}
+	case "bitwise":
+		d.load.mask = attrValue(data, unix.NFTA_BITWISE_MASK)
+	case "cmp":
+		d.cmp(data)
+	case "immediate":
+		d.immediate(data)
+	case "nat":
+		ar, pr := attrU32(data, unix.NFTA_NAT_REG_ADDR_MIN), attrU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
+		if attrU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) {
+			d.r.DNAT = net.IP(d.regs[ar]).String()
+			if p := d.regs[pr]; pr != regVerdict && len(p) >= 2 {
+				d.r.DNAT = net.JoinHostPort(d.r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
+			}
+		}
+	case "lookup":
+		if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
+			s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
+			d.r.Lookup = nfnl.Attr{Value: s}.String()
+		}
+	case "masq":
+		d.r.Masq = true
+	case "meta":
+		if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
+			d.r.SetMark = true
+		}
+		d.load.ok, d.load.what = false, ""
+		if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && attrU32(data, unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
+			d.load.what = "l4proto"
+		}
+	case "fib":
+		d.r.Fib = true
+	}
+}
+
+// cmp reads a comparison with what was loaded: the protocol, the
+// destination port (or the bounds of a range), the source prefix.
+func (d *ruleDecoder) cmp(data []byte) {
+	v, op := attrValue(data, unix.NFTA_CMP_DATA), attrU32(data, unix.NFTA_CMP_OP)
+	switch {
+	case op == unix.NFT_CMP_EQ && d.load.what == "l4proto" && len(v) == 1:
+		d.r.Proto = protoName(v[0])
+	case (op == unix.NFT_CMP_EQ || op == unix.NFT_CMP_GTE) && d.load.what == "dport" && len(v) == 2:
+		d.r.Dport = int(binary.BigEndian.Uint16(v))
+	case op == unix.NFT_CMP_LTE && d.load.what == "dport" && len(v) == 2:
+		d.r.DportLast = int(binary.BigEndian.Uint16(v))
+	}
+	if d.load.ok && op == unix.NFT_CMP_EQ {
+		ip := make(net.IP, d.addrLen)
+		copy(ip, v)
+		ones := int(d.load.len) * 8
+		if d.load.mask != nil {
+			ones = 0
+			for _, byt := range d.load.mask {
+				for ; byt != 0; byt <<= 1 {
+					ones++
+				}
+			}
+		}
+		d.r.Saddr = prefixString(ip, ones, int(d.addrLen)*8)
+	}
+	d.load.ok = false
+}
+
+// immediate reads a verdict (a jump, a drop) or a value loaded into a
+// register for nat.
+func (d *ruleDecoder) immediate(data []byte) {
+	imm, _ := nfnl.Find(data, unix.NFTA_IMMEDIATE_DATA)
+	if dreg := attrU32(data, unix.NFTA_IMMEDIATE_DREG); dreg != regVerdict {
+		if v, ok := nfnl.Find(imm, unix.NFTA_DATA_VALUE); ok && dreg < uint32(len(d.regs)) {
+			d.regs[dreg] = v
+		}
+		return
+	}
+	vd, _ := nfnl.Find(imm, unix.NFTA_DATA_VERDICT)
+	switch code, chain := nfnl.Verdict(vd); code {
+	case unix.NFT_JUMP, unix.NFT_GOTO:
+		d.r.Jump = chain
+	case nfDrop:
+		d.r.Drop = true
+	}
 }
 
 // protoName is the protocol of an IP protocol number, "" for others.
