@@ -1,9 +1,15 @@
 package host_test
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"net"
+	"os/exec"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fakehost"
 )
@@ -42,5 +48,49 @@ func TestFlushOnceAWalkOnlyUDPAndSCTP(t *testing.T) {
 	h.Flush(plan.Build(plan.Request{Mappings: req.Mappings[2:3]}, plan.IPv4, n))
 	if got := fh.Calls(); got != "flush ipv4 sctp 9\nflush ipv4 udp 53\nflushed" {
 		t.Errorf("a TCP-only flush walked the table: %s", got)
+	}
+}
+
+// "localhost": "auto" becomes the socket path where the host can serve
+// it at the request's site, else NAT; other values stay as they are.
+func TestResolve(t *testing.T) {
+	for _, tt := range []struct {
+		in    plan.Localhost
+		ready error
+		nilFn bool
+		want  plan.Localhost
+	}{
+		{plan.LocalhostAuto, nil, false, plan.LocalhostSocket},
+		{plan.LocalhostAuto, errors.New("no cgroup2"), false, plan.LocalhostNAT},
+		{plan.LocalhostAuto, nil, true, plan.LocalhostNAT},
+		{plan.LocalhostNAT, nil, false, plan.LocalhostNAT},
+		{plan.LocalhostSocket, errors.New("no cgroup2"), false, plan.LocalhostSocket},
+	} {
+		h, _ := fakehost.New()
+		var asked *plan.Request
+		h.SocketReady = func(r *plan.Request) error { asked = r; return tt.ready }
+		if tt.nilFn {
+			h.SocketReady = nil
+		}
+		req := &plan.Request{Localhost: tt.in, Socket: plan.Socket{PinDir: "/run/pins"}}
+		h.Resolve(req)
+		if req.Localhost != tt.want || (asked != nil && asked != req) {
+			t.Errorf("%s with ready %v: %s, want %s", tt.in, tt.ready, req.Localhost, tt.want)
+		}
+	}
+}
+
+// The real host's handle: the registry's rows, the socket path's site
+// check from the registry, a default backend.
+func TestReal(t *testing.T) {
+	h := host.Real(io.Discard)
+	if len(h.Kinds) != len(backend.Kinds) || len(h.Layers) != len(backend.Layers) || h.SocketReady == nil || h.Ledger == nil {
+		t.Fatalf("Real: %+v", h)
+	}
+	if d := h.DefaultBackend(); d != backend.IPTables && d != backend.NFTables {
+		t.Errorf("default backend %q", d)
+	}
+	if !host.NotInstalled(fmt.Errorf("ipv4: %w", exec.ErrNotFound)) || host.NotInstalled(errors.New("permission denied")) {
+		t.Error("NotInstalled does not tell a missing tool from another error")
 	}
 }

@@ -118,3 +118,76 @@ func mustNet(s string) (*net.IPNet, error) {
 	}
 	return n, nil
 }
+
+// What the renderers ask of a plan: the mark, the hairpin source, the
+// DNAT target, control characters, the runs of its mappings.
+func TestPlanHelpers(t *testing.T) {
+	n4, _ := mustNet("192.0.2.2/24")
+	n6, _ := mustNet("2001:db8::2/64")
+	p4 := &Plan{Family: IPv4, ContainerNet: n4, Masquerade: Masquerade{MarkBit: 13}}
+	p6 := &Plan{Family: IPv6, ContainerNet: n6}
+	if m := p4.Masquerade.Mark(); m != 0x2000 {
+		t.Errorf("Mark() of bit 13 = %#x", m)
+	}
+	for _, tt := range []struct {
+		p    *Plan
+		all  bool
+		want string
+	}{{p4, false, "192.0.2.0/24"}, {p4, true, "0.0.0.0/0"}, {p6, false, "2001:db8::/64"}, {p6, true, "::/0"}} {
+		tt.p.Masquerade.All = tt.all
+		if got := tt.p.HairpinSource(); got != tt.want {
+			t.Errorf("%s masqAll %v: HairpinSource() = %s, want %s", tt.p.Family, tt.all, got, tt.want)
+		}
+	}
+	if got := p6.Target(Mapping{ContainerPort: 80}); got != "[2001:db8::2]:80" {
+		t.Errorf("Target = %s", got)
+	}
+	for s, want := range map[string]bool{"ip saddr 192.0.2.0/24": false, "a\nb": true, "tab\there": true, "del\x7f": true, "ünïcode": false} {
+		if HasControl(s) != want {
+			t.Errorf("HasControl(%q) = %v", s, !want)
+		}
+	}
+	p4.Mappings = Run{HostPort: 8000, ContainerPort: 8000, Len: 3, Protocol: TCP}.Mappings()
+	runs := p4.Runs()
+	if len(runs) != 1 || !runs[0].Identity() || runs[0].Ports("-") != "8000-8002" {
+		t.Errorf("Runs() = %+v", runs)
+	}
+	if (Run{HostPort: 80, ContainerPort: 8080, Len: 1}).Identity() {
+		t.Error("80 → 8080 is an identity run")
+	}
+}
+
+// Fingerprint tells apart what could send a host port elsewhere — the
+// address, a port, a protocol, a host IP, the family — and nothing else.
+func TestFingerprint(t *testing.T) {
+	n, _ := mustNet("192.0.2.2/24")
+	base := func() *Plan {
+		return &Plan{Family: IPv4, ContainerNet: n, Localhost: LocalhostNAT,
+			Mappings: []Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: TCP}}}
+	}
+	fp := Fingerprint([]*Plan{base()})
+	same := base()
+	same.Localhost, same.Masquerade.MarkBit = LocalhostSocket, 20
+	if Fingerprint([]*Plan{same}) != fp {
+		t.Error("options the host resolves change the fingerprint")
+	}
+	other, _ := mustNet("192.0.2.3/24")
+	for name, change := range map[string]func(*Plan){
+		"address":        func(p *Plan) { p.ContainerNet = other },
+		"host port":      func(p *Plan) { p.Mappings[0].HostPort = 8081 },
+		"container port": func(p *Plan) { p.Mappings[0].ContainerPort = 81 },
+		"protocol":       func(p *Plan) { p.Mappings[0].Protocol = UDP },
+		"host IP":        func(p *Plan) { p.Mappings[0].HostIP = net.ParseIP("198.51.100.1") },
+		"family":         func(p *Plan) { p.Family = IPv6 },
+		"no address":     func(p *Plan) { p.ContainerNet = nil },
+	} {
+		p := base()
+		change(p)
+		if Fingerprint([]*Plan{p}) == fp {
+			t.Errorf("a changed %s keeps the fingerprint", name)
+		}
+	}
+	if Fingerprint(nil) == fp || len(fp) != 32 {
+		t.Errorf("fingerprints %q and %q", fp, Fingerprint(nil))
+	}
+}
