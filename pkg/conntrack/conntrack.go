@@ -68,10 +68,47 @@ func (Host) FlushDstPorts(ports []Port) error {
 	if len(ports) == 0 || empty(countPath) {
 		return nil
 	}
+	return flush(kernelTable{}, ports)
+}
+
+// table is a conntrack table: one dump of every entry (messages as the
+// kernel sends them: nfgenmsg, then attributes), one deletion.
+type table interface {
+	dump() ([][]byte, error)
+	remove(family uint8, msg []byte) error
+}
+
+// flush deletes the entries of t that ports name, after one dump; an
+// entry gone meanwhile is no failure.
+func flush(t table, ports []Port) error {
 	want := map[key]bool{}
 	for _, p := range ports {
 		want[keyOf(p)] = true
 	}
+	msgs, err := t.dump()
+	if err != nil {
+		return fmt.Errorf("dump conntrack entries: %w", err)
+	}
+	var errs []error
+	for _, m := range msgs {
+		k, ok := origKey(m)
+		if !ok || !want[k] {
+			continue
+		}
+		if err := t.remove(k.family, m); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("flush conntrack entries of %d host ports: %d deletions failed: %w", len(ports), len(errs), errs[0])
+	}
+	return nil
+}
+
+// kernelTable is the table of the calling thread's namespace.
+type kernelTable struct{}
+
+func (kernelTable) dump() ([][]byte, error) {
 	var msgs [][]byte
 	var err error
 	for range 3 { // a dump interrupted by a concurrent change is retried
@@ -81,26 +118,18 @@ func (Host) FlushDstPorts(ports []Port) error {
 			break
 		}
 	}
-	if err != nil && !errors.Is(err, nl.ErrDumpInterrupted) {
-		return fmt.Errorf("dump conntrack entries: %w", err)
+	if errors.Is(err, nl.ErrDumpInterrupted) {
+		err = nil // what was read is used; the rest waits for the next flush
 	}
-	var errs []error
-	for _, m := range msgs {
-		k, ok := origKey(m)
-		if !ok || !want[k] {
-			continue
-		}
-		del := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
-		del.AddData(&nl.Nfgenmsg{NfgenFamily: k.family, Version: nl.NFNETLINK_V0})
-		del.AddRawData(m[4:])
-		if _, err := del.Execute(unix.NETLINK_NETFILTER, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("flush conntrack entries of %d host ports: %d deletions failed: %w", len(ports), len(errs), errs[0])
-	}
-	return nil
+	return msgs, err
+}
+
+func (kernelTable) remove(family uint8, m []byte) error {
+	del := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
+	del.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+	del.AddRawData(m[4:])
+	_, err := del.Execute(unix.NETLINK_NETFILTER, 0)
+	return err
 }
 
 // origKey reads an entry's family and its original direction's protocol

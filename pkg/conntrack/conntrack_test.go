@@ -2,8 +2,11 @@ package conntrack
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink/nl"
@@ -77,5 +80,65 @@ func TestEmpty(t *testing.T) {
 	}
 	if !empty(filepath.Join(dir, "absent")) {
 		t.Error("no count file (conntrack not loaded) is not empty")
+	}
+}
+
+// memTable is a conntrack table in memory.
+type memTable struct {
+	msgs    [][]byte
+	dumpErr error
+	fail    map[uint16]error // deletion of an entry of this port fails
+	removed []string
+}
+
+func (m *memTable) dump() ([][]byte, error) { return m.msgs, m.dumpErr }
+func (m *memTable) remove(family uint8, msg []byte) error {
+	k, _ := origKey(msg)
+	if err := m.fail[k.port]; err != nil {
+		return err
+	}
+	m.removed = append(m.removed, fmt.Sprintf("%d/%d/%d", family, k.proto, k.port))
+	return nil
+}
+
+// One dump, then a deletion for each entry of a flushed family,
+// protocol and port, in its own family; a deletion of an entry that went
+// meanwhile is no failure, other failures are counted.
+func TestFlush(t *testing.T) {
+	tbl := func() *memTable {
+		return &memTable{msgs: [][]byte{
+			entry(unix.AF_INET, unix.IPPROTO_UDP, 53),
+			entry(unix.AF_INET6, unix.IPPROTO_UDP, 53),
+			entry(unix.AF_INET, unix.IPPROTO_TCP, 53),
+			entry(unix.AF_INET, unix.IPPROTO_SCTP, 9000),
+			entry(unix.AF_INET, unix.IPPROTO_UDP, 54),
+			{2, 0},
+		}}
+	}
+	ports := []Port{{plan.IPv4, plan.UDP, 53}, {plan.IPv4, plan.SCTP, 9000}}
+	m := tbl()
+	if err := flush(m, ports); err != nil || strings.Join(m.removed, " ") != "2/17/53 2/132/9000" {
+		t.Errorf("flush: %v, removed %q", err, m.removed)
+	}
+	m = tbl()
+	m.fail = map[uint16]error{53: unix.ENOENT}
+	if err := flush(m, ports); err != nil || strings.Join(m.removed, " ") != "2/132/9000" {
+		t.Errorf("flush with an entry gone: %v, removed %q", err, m.removed)
+	}
+	m = tbl()
+	m.fail = map[uint16]error{53: unix.EPERM, 9000: unix.EPERM}
+	if err := flush(m, ports); err == nil || !strings.Contains(err.Error(), "2 deletions failed") || !errors.Is(err, unix.EPERM) {
+		t.Errorf("flush with failing deletions: %v", err)
+	}
+	m = tbl()
+	m.dumpErr = unix.EPERM
+	if err := flush(m, ports); !errors.Is(err, unix.EPERM) || len(m.removed) != 0 {
+		t.Errorf("flush with a failing dump: %v, removed %q", err, m.removed)
+	}
+	if !NeedsFlush(plan.UDP) || !NeedsFlush(plan.SCTP) || NeedsFlush(plan.TCP) {
+		t.Error("NeedsFlush: UDP and SCTP, not TCP")
+	}
+	if err := (Host{}).FlushDstPorts(nil); err != nil {
+		t.Errorf("no ports: %v", err)
 	}
 }
