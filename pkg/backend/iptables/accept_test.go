@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -117,5 +119,39 @@ func TestForwardCheckAndGC(t *testing.T) {
 	k.restores = nil
 	if err := fw.GC("other", nil); err != nil || len(k.restores) != 0 {
 		t.Errorf("GC of another network: %v %q", err, k.restores)
+	}
+}
+
+// What the registry opens and asks of the real kernel's constructors:
+// the tool each family runs, and a missing one named.
+func TestConstructorsNameTheirTool(t *testing.T) {
+	if RestoreCommand(plan.IPv4) != "iptables-restore" || RestoreCommand(plan.IPv6) != "ip6tables-restore" {
+		t.Errorf("RestoreCommand: %s, %s", RestoreCommand(plan.IPv4), RestoreCommand(plan.IPv6))
+	}
+	t.Setenv("PATH", t.TempDir())
+	for _, f := range plan.Families {
+		if _, err := New(f); !errors.Is(err, exec.ErrNotFound) || !strings.Contains(err.Error(), RestoreCommand(f)) {
+			t.Errorf("New(%s) without its tool: %v", f, err)
+		}
+		if _, err := NewAccept(f); !errors.Is(err, exec.ErrNotFound) {
+			t.Errorf("NewAccept(%s) without its tool: %v", f, err)
+		}
+	}
+}
+
+// forwardAccept's Ready asks the restore tool to test an empty filter
+// payload; the layer forwards no host port of its own.
+func TestAcceptReadyAndMappings(t *testing.T) {
+	k := &fakeKernel{}
+	fw := &Accept{Family: plan.IPv4, Kernel: k}
+	if err := fw.Ready(nil); err != nil {
+		t.Errorf("Ready: %v", err)
+	}
+	if ms, err := fw.Mappings(); ms != nil || err != nil {
+		t.Errorf("Mappings = %v, %v", ms, err)
+	}
+	re := &RestoreError{Err: exec.ErrNotFound, Output: " line 2 failed\n"}
+	if !errors.Is(re, exec.ErrNotFound) || re.Error() != "executable file not found in $PATH: line 2 failed" {
+		t.Errorf("RestoreError: %q", re.Error())
 	}
 }
