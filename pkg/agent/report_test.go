@@ -18,8 +18,8 @@ func fullReport(dryRun bool) *Report {
 			{Network: "net1", ContainerID: "c2", IfName: "eth0", Backend: "iptables", State: "repaired", What: "ipv4: chain CNI-DN-x missing"},
 			{Network: "net1", ContainerID: "c3", IfName: "eth0", Backend: "iptables", State: "error", What: "ipv4: restore: line 3 failed"},
 		},
-		Shared:   []Shared{{Backend: "nftables", Family: "ipv4", What: "map cni-portmap-dnat missing"}},
-		Removed:  []Shared{{Backend: "localhost", Family: "ipv4", What: "socket path: no entry left"}},
+		Shared:  []Shared{{Backend: "nftables", Family: "ipv4", What: "map cni-portmap-dnat missing"}},
+		Removed: []Shared{{Backend: "localhost", Family: "ipv4", What: "socket path: no entry left"}},
 		Orphans: []Orphan{
 			{Network: "net1", ContainerID: "gone", Backend: "nftables", Family: "ipv4", Object: "chain dn-x", State: "orphan"},
 			{Network: "?", ContainerID: "old", Backend: "iptables", Family: "ipv6", Object: "chain CNI-DN-y", State: "pruned"},
