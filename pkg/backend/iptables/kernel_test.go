@@ -1,0 +1,75 @@
+package iptables
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
+	"github.com/portmap-dev/portmap/test/userns"
+)
+
+// The package's tests run in a user and network namespace of their own
+// (no root needed): the kernel test below drives the real tools there.
+func TestMain(m *testing.M) { userns.Main(m) }
+
+// The real kernel behind the backend — iptables-restore, the nat table
+// read over nf_tables netlink, DEL by handles — in a namespace of the
+// test's own: ADD, CHECK, a sync that finds nothing to do, a flush that
+// CHECK and STATUS see, DEL that leaves only the shared chains.
+func TestRealKernel(t *testing.T) {
+	userns.Require(t)
+	noLock := func() (func(), error) { return func() {}, nil }
+	b, err := New(plan.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Lock = noLock
+	p := fixture.TestPlan(plan.IPv4, nil)
+	if err := b.Ready(p); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	if err := b.Apply(p); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if err := b.Check(p); err != nil {
+		t.Fatalf("Check after Apply: %v", err)
+	}
+	if missing, some, err := b.Skeleton(p); missing != "" || !some || err != nil {
+		t.Fatalf("Skeleton after Apply = %q, %v, %v", missing, some, err)
+	}
+	rep, err := b.Sync([]*plan.Plan{p}, converge.Options{})
+	if err != nil || rep.Wrote || rep.Results[0].State != converge.OK {
+		t.Fatalf("Sync after Apply: %+v, %v; want nothing to do", rep, err)
+	}
+	ms, err := b.Mappings()
+	if err != nil || len(ms) != len(p.Mappings) {
+		t.Fatalf("Mappings = %d, %v; want %d", len(ms), err, len(p.Mappings))
+	}
+	k := b.Kernel.(*execKernel)
+	if err := k.Restore([]byte("*nat\n-F " + ChainName(p.Owner) + "\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(p); err == nil {
+		t.Fatal("Check after the attachment's chain was flushed: nil")
+	}
+	if err := b.Remove(p); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	lines, err := k.ListTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(lines, "\n"); strings.Contains(got, "CNI-DN-") {
+		t.Errorf("after Remove the table still holds the attachment:\n%s", got)
+	}
+	fw, err := NewAccept(plan.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Lock = noLock
+	if err := fw.Ready(p); err != nil {
+		t.Errorf("forwardAccept Ready: %v", err)
+	}
+}

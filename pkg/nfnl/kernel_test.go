@@ -1,0 +1,127 @@
+package nfnl
+
+import (
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/test/userns"
+)
+
+// The package's tests run in a user and network namespace of their own
+// (no root needed): the kernel tests below write nf_tables objects there.
+func TestMain(m *testing.M) { userns.Main(m) }
+
+const testTable = "nfnl_test"
+
+// jump is NFT_JUMP, as the kernel reads a verdict code (signed).
+var jump int32 = unix.NFT_JUMP
+
+func tableMsg(typ int, flags uint16) Msg {
+	var a Attrs
+	a.String(unix.NFTA_TABLE_NAME, testTable)
+	return Msg{Type: NftType(typ), Flags: flags, Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}
+}
+
+func chainMsg(name string) Msg {
+	var a Attrs
+	a.String(unix.NFTA_CHAIN_TABLE, testTable).String(unix.NFTA_CHAIN_NAME, name)
+	return Msg{Type: NftType(unix.NFT_MSG_NEWCHAIN), Flags: unix.NLM_F_CREATE, Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}
+}
+
+// jumpRule is a rule of chain from that jumps to chain to.
+func jumpRule(from, to string) Msg {
+	var a Attrs
+	a.String(unix.NFTA_RULE_TABLE, testTable).String(unix.NFTA_RULE_CHAIN, from)
+	a.Nested(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, func(l *Attrs) {
+		l.Nested(unix.NFTA_LIST_ELEM|unix.NLA_F_NESTED, func(e *Attrs) {
+			e.String(unix.NFTA_EXPR_NAME, "immediate")
+			e.Nested(unix.NFTA_EXPR_DATA|unix.NLA_F_NESTED, func(d *Attrs) {
+				d.U32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+				d.Nested(unix.NFTA_IMMEDIATE_DATA|unix.NLA_F_NESTED, func(v *Attrs) {
+					v.Nested(unix.NFTA_DATA_VERDICT|unix.NLA_F_NESTED, func(vd *Attrs) {
+						vd.Raw(unix.NFTA_VERDICT_CODE, binary.BigEndian.AppendUint32(nil, uint32(jump)))
+						vd.String(unix.NFTA_VERDICT_CHAIN, to)
+					})
+				})
+			})
+		})
+	})
+	return Msg{Type: NftType(unix.NFT_MSG_NEWRULE), Flags: unix.NLM_F_CREATE | unix.NLM_F_APPEND, Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}
+}
+
+// A batch on the real kernel: all or nothing, a check that changes
+// nothing, the failing message named; gets and dumps read back what it
+// wrote, a missing object answers ENOENT.
+func TestKernel(t *testing.T) {
+	userns.Require(t)
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	objects := []Msg{tableMsg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE), chainMsg("a"), chainMsg("b"), jumpRule("a", "b"), jumpRule("a", "b")}
+
+	// A check (no commit) changes nothing.
+	if err := c.Batch(objects, false); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if _, err := c.GetOne(tableMsg(unix.NFT_MSG_GETTABLE, 0)); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("the table after a check: %v, want ENOENT", err)
+	}
+	// A batch with a bad message applies none, and names the message.
+	bad := append(slices.Clone(objects), jumpRule("a", "missing"))
+	var e *Error
+	if err := c.Batch(bad, true); !errors.As(err, &e) || e.Index != len(bad)-1 || !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("batch with a jump to a missing chain: %v (%+v), want ENOENT at %d", err, e, len(bad)-1)
+	}
+	if _, err := c.GetOne(tableMsg(unix.NFT_MSG_GETTABLE, 0)); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("the table after a failed batch: %v, want ENOENT", err)
+	}
+	if err := c.Batch(objects, true); err != nil {
+		t.Fatalf("batch: %v", err)
+	}
+
+	rep, err := c.GetOne(tableMsg(unix.NFT_MSG_GETTABLE, 0))
+	if v, _ := Find(rep.Attrs, unix.NFTA_TABLE_NAME); err != nil || (Attr{Value: v}).String() != testTable || rep.Type != NftType(unix.NFT_MSG_NEWTABLE) {
+		t.Fatalf("GetOne(table) = %+v, %v", rep, err)
+	}
+	var gets []Msg
+	for _, name := range []string{"a", "nope", "b"} {
+		var a Attrs
+		a.String(unix.NFTA_CHAIN_TABLE, testTable).String(unix.NFTA_CHAIN_NAME, name)
+		gets = append(gets, Msg{Type: NftType(unix.NFT_MSG_GETCHAIN), Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()})
+	}
+	replies, errs, err := c.Get(gets)
+	if err != nil || errs[0] != nil || errs[2] != nil || !errors.As(errs[1], &e) || e.Index != 1 || !errors.Is(errs[1], unix.ENOENT) {
+		t.Fatalf("Get(a, nope, b) = %v, %v", errs, err)
+	}
+	if v, _ := Find(replies[2].Attrs, unix.NFTA_CHAIN_NAME); (Attr{Value: v}).String() != "b" {
+		t.Errorf("the third reply names %q", v)
+	}
+
+	var a Attrs
+	a.String(unix.NFTA_RULE_TABLE, testTable).String(unix.NFTA_RULE_CHAIN, "a")
+	rules, err := c.Dump(Msg{Type: NftType(unix.NFT_MSG_GETRULE), Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()})
+	if err != nil || len(rules) != 2 {
+		t.Fatalf("Dump(rules of a) = %d rules, %v", len(rules), err)
+	}
+	var handles []uint64
+	for _, r := range rules {
+		h, chains := RuleJumps(r.Attrs)
+		if h == 0 || strings.Join(chains, ",") != "b" {
+			t.Errorf("RuleJumps = %d, %q; want a handle and b", h, chains)
+		}
+		handles = append(handles, h)
+	}
+	if handles[0] >= handles[1] {
+		t.Errorf("handles %v: want the order the rules were added", handles)
+	}
+	if err := c.Batch([]Msg{tableMsg(unix.NFT_MSG_DELTABLE, 0)}, true); err != nil {
+		t.Fatalf("delete the table: %v", err)
+	}
+}
