@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/userns"
 )
 
 // nla encodes one netlink attribute, padded to 4 bytes.
@@ -142,3 +143,26 @@ func TestFlush(t *testing.T) {
 		t.Errorf("no ports: %v", err)
 	}
 }
+
+// The kernel's table of a namespace of the test's own: one dump, and the
+// deletion of an entry it does not hold answers ENOENT, which a flush
+// takes for "gone meanwhile".
+func TestKernelTable(t *testing.T) {
+	userns.Require(t)
+	msgs, err := kernelTable{}.dump()
+	if err != nil || len(msgs) != 0 {
+		t.Fatalf("dump of a new namespace's table: %d entries, %v", len(msgs), err)
+	}
+	ip := nla(nl.CTA_TUPLE_IP, true, append(nla(nl.CTA_IP_V4_SRC, false, []byte{198, 51, 100, 2}), nla(nl.CTA_IP_V4_DST, false, []byte{192, 0, 2, 1})...))
+	pr := nla(nl.CTA_TUPLE_PROTO, true, append(append(nla(nl.CTA_PROTO_NUM, false, []byte{unix.IPPROTO_UDP}),
+		nla(nl.CTA_PROTO_SRC_PORT, false, be16(40001))...), nla(nl.CTA_PROTO_DST_PORT, false, be16(53))...))
+	msg := append([]byte{unix.AF_INET, nl.NFNETLINK_V0, 0, 0}, nla(nl.CTA_TUPLE_ORIG, true, append(ip, pr...))...)
+	if err := (kernelTable{}).remove(unix.AF_INET, msg); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("remove of an entry the table lacks: %v, want ENOENT", err)
+	}
+	if err := flush(kernelTable{}, []Port{{plan.IPv4, plan.UDP, 53}}); err != nil {
+		t.Errorf("flush of an empty table: %v", err)
+	}
+}
+
+func TestMain(m *testing.M) { userns.Main(m) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -52,5 +53,39 @@ func TestFileReplacesAtomically(t *testing.T) {
 	}
 	if err := File(filepath.Join(dir, "missing"), dest, "portmap"); err == nil {
 		t.Error("a missing source installed")
+	}
+}
+
+// Each failure names what failed and leaves no temporary file behind: a
+// source that is not there, a destination that is a file, a source that
+// cannot be read, a name taken by a directory.
+func TestFileFailures(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "portmap")
+	if err := os.WriteFile(src, []byte("binary"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	taken := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(taken, "portmap", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, src, dir, want string
+	}{
+		{"no source", filepath.Join(t.TempDir(), "none"), t.TempDir(), "open "},
+		{"destination is a file", src, file, "create " + file},
+		{"source is a directory", t.TempDir(), t.TempDir(), "write "},
+		{"name taken by a directory", src, taken, "rename to " + filepath.Join(taken, "portmap")},
+	} {
+		err := File(tt.src, tt.dir, "portmap")
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q…", tt.name, err, tt.want)
+		}
+		if left, _ := filepath.Glob(filepath.Join(tt.dir, ".portmap.tmp-*")); len(left) > 0 {
+			t.Errorf("%s: temporary files left: %v", tt.name, left)
+		}
 	}
 }

@@ -2,7 +2,9 @@ package lock
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -26,4 +28,19 @@ func TestAcquireExcludesAndTimesOut(t *testing.T) {
 		t.Fatalf("acquire after release: %v", err)
 	}
 	release2()
+}
+
+// A lock whose directory or file cannot be made says where.
+func TestAcquireFailures(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Acquire(filepath.Join(file, "sub", "lock"), time.Second); err == nil || !strings.Contains(err.Error(), "create lock directory") {
+		t.Errorf("lock under a file: %v", err)
+	}
+	dir := t.TempDir()
+	if _, err := Acquire(dir, time.Second); err == nil || !strings.Contains(err.Error(), "open lock") {
+		t.Errorf("lock on a directory: %v", err)
+	}
 }
