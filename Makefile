@@ -62,6 +62,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./pkg/attach
 	$(GO) test -run '^$$' -fuzz '^FuzzRender$$' -fuzztime $(FUZZTIME) ./pkg/attach
 	$(GO) test -run '^$$' -fuzz '^FuzzMappingsJSON$$' -fuzztime $(FUZZTIME) ./pkg/attach
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeFast$$' -fuzztime $(FUZZTIME) ./pkg/attach
 
 # The soak of issue #18: 1000 attachments in place, 10,000 ADD/DEL cycles
 # of 1-100 mappings per backend (about 10 minutes; its timing check wants

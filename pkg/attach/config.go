@@ -109,9 +109,15 @@ func formatValue(v any) string {
 // defaultBackend is used when "backend" is absent. Every error is a
 // *types.Error: code 6 for undecodable input, 7 for invalid values.
 func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
-	nc, typed, err := decode(stdin)
-	if err != nil {
-		return nil, err
+	// The plain shape without encoding/json reading the mappings
+	// (decodeFast), else encoding/json (decodeSlow).
+	nc, plain, fast := decodeFast(stdin)
+	var typed *typedMappings
+	if !fast {
+		var err error
+		if nc, typed, err = decodeSlow(stdin); err != nil {
+			return nil, err
+		}
 	}
 	// skel checked the name already; names end up in rule comments, so
 	// check again where the rendering relies on it.
@@ -130,8 +136,9 @@ func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, e
 			return nil, err
 		}
 	}
-	if typed == nil || !c.takeMappings(*typed) {
-		if typed != nil { // a value out of range: read again, as sent
+	taken := (fast && c.takePlain(plain)) || (typed != nil && c.takeMappings(*typed))
+	if !taken {
+		if fast || typed != nil { // read again, as sent, for the error
 			if err := json.Unmarshal(stdin, &nc); err != nil {
 				return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
 			}
@@ -146,11 +153,10 @@ func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, e
 	return c, nil
 }
 
-// decode reads stdin in one pass when every value has its type (the
-// mappings decoded with the rest: a Podman range sends thousands; typed
-// is then set); else with the values kept as sent, so that an error can
-// show them.
-func decode(stdin []byte) (nc netConf, typed *typedMappings, err error) {
+// decodeSlow reads stdin with encoding/json: in one pass when every value
+// has its type (typed is then set); else with the values kept as sent,
+// so that an error can show them.
+func decodeSlow(stdin []byte) (nc netConf, typed *typedMappings, err error) {
 	var tc typedConf
 	if err := json.Unmarshal(stdin, &tc); err == nil {
 		return tc.netConf, &tc.RuntimeConfig.PortMappings, nil

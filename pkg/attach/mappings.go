@@ -2,7 +2,6 @@ package attach
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -23,15 +22,73 @@ type rawMapping struct {
 // pass the checks of parseMappings; false, with nothing taken, when one
 // does not (parseMappings then says why).
 func (c *Config) takeMappings(typed []typedMapping) bool {
-	seen := make(firstOf, len(typed))
-	c.Request.Mappings = make([]plan.Mapping, 0, len(typed))
+	ms := make([]plan.Mapping, 0, len(typed))
 	for _, t := range typed {
-		if c.addMapping(seen, t.HostPort, t.ContainerPort, t.Protocol, t.HostIP, nil) != nil {
-			c.Request.Mappings = nil
+		m, ok := plainMapping(t)
+		if !ok {
 			return false
 		}
+		ms = append(ms, m)
 	}
-	c.HasMappings = len(c.Request.Mappings) > 0
+	return c.takePlain(ms)
+}
+
+// takePlain takes mappings converted by plainMapping, unless a host port
+// of them goes to two container ports (parseMappings then says so).
+func (c *Config) takePlain(ms []plan.Mapping) bool {
+	if !oneContainerPortEach(ms) {
+		return false
+	}
+	c.Request.Mappings = ms
+	c.HasMappings = len(ms) > 0
+	return true
+}
+
+// plainMapping converts an entry whose values have their types: false
+// when one is out of range or does not parse (parseMappings, on the
+// slow path, says which).
+func plainMapping(t typedMapping) (plan.Mapping, bool) {
+	m := plan.Mapping{HostPort: t.HostPort, ContainerPort: t.ContainerPort}
+	if t.HostPort < 1 || t.HostPort > 65535 || t.ContainerPort < 1 || t.ContainerPort > 65535 {
+		return m, false
+	}
+	var ok bool
+	if m.Protocol, ok = plan.ParseProtocol(t.Protocol); !ok {
+		return m, false
+	}
+	if t.HostIP != "" {
+		if m.HostIP = net.ParseIP(t.HostIP); m.HostIP == nil {
+			return m, false
+		}
+		if v4 := m.HostIP.To4(); v4 != nil {
+			m.HostIP = v4
+		}
+	}
+	return m, true
+}
+
+// oneContainerPortEach reports whether no host port (host IP, protocol,
+// port) of ms goes to two container ports. Mappings in ascending order
+// of host port (a Podman range) repeat none: that is checked in one
+// pass, without a set.
+func oneContainerPortEach(ms []plan.Mapping) bool {
+	ascending := true
+	for i := 1; i < len(ms) && ascending; i++ {
+		a, b := ms[i-1], ms[i]
+		ascending = string(a.HostIP) == string(b.HostIP) && a.Protocol == b.Protocol && a.HostPort < b.HostPort
+	}
+	if ascending {
+		return true
+	}
+	first := make(map[hostPortKey]int, len(ms))
+	for _, m := range ms {
+		hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
+		if cp, ok := first[hk]; ok && cp != m.ContainerPort {
+			return false
+		} else if !ok {
+			first[hk] = m.ContainerPort
+		}
+	}
 	return true
 }
 
@@ -96,26 +153,16 @@ type mappingText struct {
 	raw json.RawMessage
 }
 
-// addMapping checks one entry's values and appends it; sent, when there,
-// is how the entry was sent (errors name it). The ports were checked when
-// sent is there; without it, a port out of range is an error too.
+// addMapping checks one entry's values, as sent (errors name it), and
+// appends it; seen finds a host port mapped to two container ports.
 func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
-	if sent == nil && (hostPort < 1 || hostPort > 65535 || containerPort < 1 || containerPort > 65535) {
-		return errors.New("port out of range")
-	}
 	m := plan.Mapping{HostPort: hostPort, ContainerPort: containerPort}
 	var ok bool
 	if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
-		if sent == nil {
-			return errors.New("bad protocol")
-		}
 		return invalid(sent.key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
 	}
 	if hostIP != "" {
 		if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
-			if sent == nil {
-				return errors.New("bad host IP")
-			}
 			return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
 		}
 		if v4 := m.HostIP.To4(); v4 != nil {
@@ -124,9 +171,6 @@ func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, ho
 	}
 	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
 	if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
-		if sent == nil {
-			return errors.New("duplicate host port")
-		}
 		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
 	} else if !ok {
 		seen[hk] = len(c.Request.Mappings)

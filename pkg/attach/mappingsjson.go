@@ -3,8 +3,6 @@ package attach
 import (
 	"bytes"
 	"errors"
-	"strconv"
-	"strings"
 )
 
 // typedMappings is runtimeConfig.portMappings decoded by hand: a Podman
@@ -23,32 +21,40 @@ var errNotPlain = errors.New("portMappings: not of the plain shape")
 // UnmarshalJSON is called by encoding/json with valid JSON.
 func (m *typedMappings) UnmarshalJSON(b []byte) error {
 	s := scanner{b: b}
-	if s.literal("null") {
+	if s.literal("null") && s.end() {
 		*m = nil
 		return nil
 	}
-	if !s.next('[') {
+	out := make(typedMappings, 0, bytes.Count(b, []byte{'{'}))
+	if !s.mappings(func(t typedMapping) bool { out = append(out, t); return true }) || !s.end() {
 		return errNotPlain
 	}
-	out := make(typedMappings, 0, bytes.Count(b, []byte{'{'}))
+	*m = out
+	return nil
+}
+
+// mappings reads the array of mappings (or null) that comes next, and
+// hands each entry to take; false when an entry is not of the plain
+// shape or take refuses it.
+func (s *scanner) mappings(take func(typedMapping) bool) bool {
+	if s.literal("null") {
+		return true
+	}
+	if !s.next('[') {
+		return false
+	}
 	if s.next(']') {
-		*m = out
-		return nil
+		return true
 	}
 	for {
 		t, ok := s.mapping()
-		if !ok {
-			return errNotPlain
+		if !ok || !take(t) {
+			return false
 		}
-		out = append(out, t)
 		if s.next(',') {
 			continue
 		}
-		if s.next(']') && s.end() {
-			*m = out
-			return nil
-		}
-		return errNotPlain
+		return s.next(']')
 	}
 }
 
@@ -104,13 +110,13 @@ func (s *scanner) mapping() (typedMapping, bool) {
 			return t, false
 		}
 		switch {
-		case bytes.EqualFold(key, keyHostPort):
+		case isKey(key, keyHostPort):
 			t.HostPort, ok = s.integer(t.HostPort)
-		case bytes.EqualFold(key, keyContainerPort):
+		case isKey(key, keyContainerPort):
 			t.ContainerPort, ok = s.integer(t.ContainerPort)
-		case bytes.EqualFold(key, keyProtocol):
+		case isKey(key, keyProtocol):
 			t.Protocol, ok = s.strOrNull(t.Protocol)
-		case bytes.EqualFold(key, keyHostIP):
+		case isKey(key, keyHostIP):
 			t.HostIP, ok = s.strOrNull(t.HostIP)
 		default:
 			ok = s.scalar()
@@ -123,6 +129,12 @@ func (s *scanner) mapping() (typedMapping, bool) {
 		}
 		return t, s.next('}')
 	}
+}
+
+// isKey matches a key as encoding/json does, without regard to case;
+// the spelling runtimes send is compared first.
+func isKey(key, want []byte) bool {
+	return len(key) == len(want) && (string(key) == string(want) || bytes.EqualFold(key, want))
 }
 
 var (
@@ -167,30 +179,82 @@ func (s *scanner) str() (string, bool) {
 
 // strOrNull reads a string; null leaves old, as encoding/json does.
 func (s *scanner) strOrNull(old string) (string, bool) {
-	if s.literal("null") {
-		return old, true
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == 'n' {
+		return old, s.literal("null")
 	}
 	return s.str()
 }
 
 // integer reads a JSON number that is an integer of type int (no
-// fraction, no exponent); null leaves old, as encoding/json does.
+// fraction, no exponent, no leading zero); null leaves old, as
+// encoding/json does. Anything else is refused.
 func (s *scanner) integer(old int) (int, bool) {
-	if s.literal("null") {
-		return old, true
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == 'n' {
+		return old, s.literal("null")
 	}
-	start := s.i
+	neg := s.i < len(s.b) && s.b[s.i] == '-'
+	if neg {
+		s.i++
+	}
+	start, n := s.i, 0
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		if s.i-start >= 18 { // beyond what an int surely holds: the slow path says
+			return 0, false
+		}
+		n = n*10 + int(s.b[s.i]-'0')
+		s.i++
+	}
+	switch digits := s.i - start; {
+	case digits == 0, digits > 1 && s.b[start] == '0':
+		return 0, false
+	case s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E'):
+		return 0, false
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// number reads a JSON number, exactly as the grammar has it:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func (s *scanner) number() bool {
+	s.space()
+	digits := func() int {
+		n := 0
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+			n++
+		}
+		return n
+	}
 	if s.i < len(s.b) && s.b[s.i] == '-' {
 		s.i++
 	}
-	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+	switch {
+	case s.i < len(s.b) && s.b[s.i] == '0':
 		s.i++
+	case digits() == 0:
+		return false
 	}
-	if s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {
-		return 0, false
+	if s.i < len(s.b) && s.b[s.i] == '.' {
+		s.i++
+		if digits() == 0 {
+			return false
+		}
 	}
-	n, err := strconv.Atoi(string(s.b[start:s.i]))
-	return n, err == nil
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.i++
+		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			s.i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // scalar skips a value of a key it does not know: a number, a string, a
@@ -205,10 +269,7 @@ func (s *scanner) scalar() bool {
 		_, ok := s.raw()
 		return ok
 	case c == '-' || (c >= '0' && c <= '9'):
-		for s.i < len(s.b) && strings.IndexByte("+-.eE0123456789", s.b[s.i]) >= 0 {
-			s.i++
-		}
-		return true
+		return s.number()
 	}
 	return s.literal("null") || s.literal("true") || s.literal("false")
 }

@@ -5,10 +5,13 @@
 package plan
 
 import (
+	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,14 +176,24 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 		n := *containerNet
 		p.ContainerNet = &n
 	}
-	type mappingKey struct {
-		hostIP                  [16]byte
-		protocol                Protocol
-		hostPort, containerPort int
+	p.Mappings = dedupe(ofFamily(req.Mappings, f))
+	return p
+}
+
+// ofFamily are the mappings of family f, "any" for an unspecified host
+// IP. When that is all of them, as it is for a range, they are ms itself
+// (clipped: an append cannot write into it), not a copy.
+func ofFamily(ms []Mapping, f Family) []Mapping {
+	keep := func(m Mapping) bool { return m.HostIP == nil || (FamilyOf(m.HostIP) == f && !m.HostIP.IsUnspecified()) }
+	all := true
+	for i := 0; i < len(ms) && all; i++ {
+		all = keep(ms[i])
 	}
-	seen := make(map[mappingKey]bool, len(req.Mappings))
-	p.Mappings = make([]Mapping, 0, len(req.Mappings))
-	for _, m := range req.Mappings {
+	if all {
+		return slices.Clip(ms)
+	}
+	out := make([]Mapping, 0, len(ms))
+	for _, m := range ms {
 		if m.HostIP != nil {
 			if FamilyOf(m.HostIP) != f {
 				continue
@@ -189,15 +202,46 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 				m.HostIP = nil
 			}
 		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// dedupe drops the repeats of a mapping, keeping the first (in a new
+// slice: ms may be the request's). Mappings in
+// strictly ascending order (a Podman range) have none: that is checked
+// in one pass, without a set.
+func dedupe(ms []Mapping) []Mapping {
+	ascending := true
+	for i := 1; i < len(ms) && ascending; i++ {
+		ascending = compareMappings(ms[i-1], ms[i]) < 0
+	}
+	if ascending {
+		return ms
+	}
+	type mappingKey struct {
+		hostIP                  [16]byte
+		protocol                Protocol
+		hostPort, containerPort int
+	}
+	seen := make(map[mappingKey]bool, len(ms))
+	out := make([]Mapping, 0, len(ms))
+	for _, m := range ms {
 		key := mappingKey{protocol: m.Protocol, hostPort: m.HostPort, containerPort: m.ContainerPort}
 		copy(key.hostIP[:], m.HostIP.To16())
-		if seen[key] {
-			continue
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, m)
 		}
-		seen[key] = true
-		p.Mappings = append(p.Mappings, m)
 	}
-	return p
+	return out
+}
+
+// compareMappings orders mappings by host IP, protocol, host port and
+// container port.
+func compareMappings(a, b Mapping) int {
+	return cmp.Or(bytes.Compare(a.HostIP.To16(), b.HostIP.To16()), cmp.Compare(a.Protocol, b.Protocol),
+		cmp.Compare(a.HostPort, b.HostPort), cmp.Compare(a.ContainerPort, b.ContainerPort))
 }
 
 // Empty reports whether the plan forwards nothing.

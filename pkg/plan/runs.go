@@ -1,7 +1,10 @@
 package plan
 
 import (
+	"bytes"
+	"cmp"
 	"net"
+	"slices"
 	"strconv"
 )
 
@@ -52,6 +55,15 @@ func (r Run) Mappings() []Mapping {
 // that continues it. Runs come in the order of their first mapping, so
 // mappings that make no run keep their order; duplicates count once.
 func Runs(ms []Mapping) []Run {
+	if out, ok := linearRuns(ms); ok {
+		return out
+	}
+	return runsBySet(ms)
+}
+
+// runsBySet is Runs for any mappings: a set of every mapping's host
+// port says where each run starts and how far it goes.
+func runsBySet(ms []Mapping) []Run {
 	type key struct {
 		hostIP   [16]byte // zero: every address
 		protocol Protocol
@@ -88,6 +100,39 @@ func Runs(ms []Mapping) []Run {
 		out = append(out, r)
 	}
 	return out
+}
+
+// linearRuns coalesces mappings that continue the one before them, in
+// one pass; ok says the runs are those Runs defines: no two overlap or
+// would join (checked on the runs, sorted, not on the mappings), which
+// holds for a Podman range and for mappings that make no run.
+func linearRuns(ms []Mapping) ([]Run, bool) {
+	var out []Run
+	for _, m := range ms {
+		if n := len(out); n > 0 {
+			r := &out[n-1]
+			if r.Protocol == m.Protocol && r.HostIP.Equal(m.HostIP) && (r.HostIP == nil) == (m.HostIP == nil) &&
+				m.HostPort == r.HostPort+r.Len && m.ContainerPort == r.ContainerPortOf(m.HostPort) {
+				r.Len++
+				continue
+			}
+		}
+		out = append(out, Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
+	}
+	sorted := slices.Clone(out)
+	slices.SortFunc(sorted, func(a, b Run) int {
+		return cmp.Or(bytes.Compare(a.HostIP.To16(), b.HostIP.To16()), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort))
+	})
+	for i := 1; i < len(sorted); i++ {
+		a, b := sorted[i-1], sorted[i]
+		if a.Protocol != b.Protocol || !bytes.Equal(a.HostIP.To16(), b.HostIP.To16()) {
+			continue
+		}
+		if b.HostPort <= a.Last() || (b.HostPort == a.Last()+1 && b.ContainerPort == a.ContainerPortOf(b.HostPort)) {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 // Runs are the plan's mappings coalesced (Runs).

@@ -24,7 +24,7 @@ import (
 func (p *Plugin) Serve(info version.PluginInfo, about string) {
 	switch os.Getenv("CNI_COMMAND") {
 	case "ADD", "CHECK", "DEL":
-		if stdin, err := io.ReadAll(os.Stdin); err == nil {
+		if stdin, err := readAll(os.Stdin); err == nil {
 			os.Stdin = p.preparse(stdin, os.Getenv("CNI_IFNAME"))
 		}
 	}
@@ -71,4 +71,25 @@ func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
 	c := p.decoded
 	p.decoded, p.brief = nil, nil
 	return c
+}
+
+// readAll reads r to its end into one buffer whose capacity is reserved
+// up front: memory a process has not touched costs nothing, and a 300 KB
+// request then touches its own pages once, where io.ReadAll's doubling
+// would touch some 600 KB more on the way (each page a fault).
+func readAll(r io.Reader) ([]byte, error) {
+	b := make([]byte, 0, 1<<20)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }

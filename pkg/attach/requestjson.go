@@ -1,0 +1,196 @@
+package attach
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// decodeFast reads a request whose port mappings are of the plain shape
+// (mappingsjson.go) without handing them to encoding/json, which would
+// scan them twice (its validity check, then the skip to the value's end)
+// before the hand decoder read them a third time: 300 KB for a Podman
+// range of 5000 ports. The walk below finds runtimeConfig.portMappings,
+// reading every byte before it as strictly as encoding/json would; the
+// hand decoder reads the array, strictly; encoding/json reads the rest,
+// with null in the array's place. The entries become mappings as they
+// are read (plainMapping), with no copy of them between. ok is false — and the caller reads the
+// request the usual way — for anything the walk does not take: a key
+// with an escape or beyond ASCII, runtimeConfig or portMappings twice,
+// mappings of another shape or a value out of range, a request
+// encoding/json refuses.
+func decodeFast(stdin []byte) (nc netConf, ms []plan.Mapping, ok bool) {
+	// room for every object of the request: grown by doubling, the
+	// mappings of a range would touch twice their size
+	ms = make([]plan.Mapping, 0, bytes.Count(stdin, []byte{'{'}))
+	start, end, ok := findMappings(stdin, func(t typedMapping) bool {
+		m, ok := plainMapping(t)
+		ms = append(ms, m)
+		return ok
+	})
+	if !ok {
+		return nc, nil, false
+	}
+	rest := stdin
+	if start >= 0 {
+		rest = make([]byte, 0, len(stdin)-(end-start)+len("null"))
+		rest = append(append(append(rest, stdin[:start]...), "null"...), stdin[end:]...)
+	}
+	if json.Unmarshal(rest, &nc) != nil {
+		return netConf{}, nil, false
+	}
+	return nc, ms, true
+}
+
+var (
+	keyRuntimeConfig = []byte("runtimeConfig")
+	keyPortMappings  = []byte("portMappings")
+)
+
+// findMappings walks the top-level object of b and reads
+// runtimeConfig.portMappings where it is, handing each entry to take; it
+// returns the span [start, end) of their value in b (start is -1
+// without one).
+func findMappings(b []byte, take func(typedMapping) bool) (start, end int, ok bool) {
+	s := scanner{b: b}
+	start = -1
+	seen := false
+	ok = s.object(func(key []byte) bool {
+		if !bytes.EqualFold(key, keyRuntimeConfig) {
+			return s.skip(0)
+		}
+		if seen {
+			return false // encoding/json would merge the two
+		}
+		seen = true
+		if s.literal("null") {
+			return true
+		}
+		var found bool
+		return s.object(func(key []byte) bool {
+			if !bytes.EqualFold(key, keyPortMappings) {
+				return s.skip(0)
+			}
+			if found {
+				return false
+			}
+			found = true
+			s.space()
+			start = s.i
+			ok := s.mappings(take)
+			end = s.i
+			return ok
+		})
+	})
+	if !ok || !s.end() {
+		return -1, -1, false
+	}
+	return start, end, true
+}
+
+// object reads an object whose keys are plain (raw), calling value with
+// the scanner at each key's value, which value reads.
+func (s *scanner) object(value func(key []byte) bool) bool {
+	if !s.next('{') {
+		return false
+	}
+	if s.next('}') {
+		return true
+	}
+	for {
+		key, ok := s.raw()
+		if !ok || !s.next(':') || !value(key) {
+			return false
+		}
+		if s.next(',') {
+			continue
+		}
+		return s.next('}')
+	}
+}
+
+// maxDepth bounds the nesting skip follows, as encoding/json bounds its
+// own (10000).
+const maxDepth = 10000
+
+// skip reads any JSON value, exactly as the grammar has it.
+func (s *scanner) skip(depth int) bool {
+	s.space()
+	if s.i >= len(s.b) || depth > maxDepth {
+		return false
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		return s.skipString()
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.number()
+	case c == '{':
+		s.i++
+		if s.next('}') {
+			return true
+		}
+		for {
+			if s.space(); !s.skipString() || !s.next(':') || !s.skip(depth+1) {
+				return false
+			}
+			if s.next(',') {
+				continue
+			}
+			return s.next('}')
+		}
+	case c == '[':
+		s.i++
+		if s.next(']') {
+			return true
+		}
+		for {
+			if !s.skip(depth + 1) {
+				return false
+			}
+			if s.next(',') {
+				continue
+			}
+			return s.next(']')
+		}
+	}
+	return s.literal("null") || s.literal("true") || s.literal("false")
+}
+
+// skipString reads a string with any escapes JSON allows; bytes beyond
+// ASCII pass as encoding/json lets them.
+func (s *scanner) skipString() bool {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return false
+	}
+	for j := s.i + 1; j < len(s.b); j++ {
+		switch c := s.b[j]; {
+		case c == '"':
+			s.i = j + 1
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\':
+			j++
+			if j >= len(s.b) {
+				return false
+			}
+			switch s.b[j] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if j+4 >= len(s.b) {
+					return false
+				}
+				for _, h := range s.b[j+1 : j+5] {
+					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
+						return false
+					}
+				}
+				j += 4
+			default:
+				return false
+			}
+		}
+	}
+	return false
+}
