@@ -240,8 +240,17 @@ func dedupe(ms []Mapping) []Mapping {
 // compareMappings orders mappings by host IP, protocol, host port and
 // container port.
 func compareMappings(a, b Mapping) int {
-	return cmp.Or(bytes.Compare(a.HostIP.To16(), b.HostIP.To16()), cmp.Compare(a.Protocol, b.Protocol),
+	return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol),
 		cmp.Compare(a.HostPort, b.HostPort), cmp.Compare(a.ContainerPort, b.ContainerPort))
+}
+
+// compareIPs orders host IPs in their 16-byte form, nil (every address)
+// first.
+func compareIPs(a, b net.IP) int {
+	if a == nil && b == nil {
+		return 0
+	}
+	return bytes.Compare(a.To16(), b.To16())
 }
 
 // Empty reports whether the plan forwards nothing.

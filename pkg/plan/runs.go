@@ -1,7 +1,6 @@
 package plan
 
 import (
-	"bytes"
 	"cmp"
 	"net"
 	"slices"
@@ -111,8 +110,8 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 	for _, m := range ms {
 		if n := len(out); n > 0 {
 			r := &out[n-1]
-			if r.Protocol == m.Protocol && r.HostIP.Equal(m.HostIP) && (r.HostIP == nil) == (m.HostIP == nil) &&
-				m.HostPort == r.HostPort+r.Len && m.ContainerPort == r.ContainerPortOf(m.HostPort) {
+			if m.HostPort == r.HostPort+r.Len && m.ContainerPort == r.ContainerPortOf(m.HostPort) &&
+				r.Protocol == m.Protocol && compareIPs(r.HostIP, m.HostIP) == 0 {
 				r.Len++
 				continue
 			}
@@ -121,11 +120,11 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 	}
 	sorted := slices.Clone(out)
 	slices.SortFunc(sorted, func(a, b Run) int {
-		return cmp.Or(bytes.Compare(a.HostIP.To16(), b.HostIP.To16()), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort))
+		return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort))
 	})
 	for i := 1; i < len(sorted); i++ {
 		a, b := sorted[i-1], sorted[i]
-		if a.Protocol != b.Protocol || !bytes.Equal(a.HostIP.To16(), b.HostIP.To16()) {
+		if a.Protocol != b.Protocol || compareIPs(a.HostIP, b.HostIP) != 0 {
 			continue
 		}
 		if b.HostPort <= a.Last() || (b.HostPort == a.Last()+1 && b.ContainerPort == a.ContainerPortOf(b.HostPort)) {
