@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 )
 
@@ -79,6 +80,8 @@ type view struct {
 	exact     map[portKey]Element
 	intervals map[string][]Element // by class
 	ranges    func(Key) bool
+	// ports are the ports of exact's elements by class, sorted.
+	ports map[string][]int
 }
 
 type portKey struct {
@@ -95,16 +98,30 @@ func classOf(k Key) string {
 }
 
 func newView(els []Element, ranges func(Key) bool) *view {
-	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[string][]Element{}, ranges: ranges}
+	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[string][]Element{}, ranges: ranges, ports: map[string][]int{}}
 	for _, e := range els {
 		c := classOf(e.Key)
 		if e.Key.IsRange() {
 			v.intervals[c] = append(v.intervals[c], e)
 		} else {
 			v.exact[portKey{c, e.Key.Port}] = e
+			v.ports[c] = append(v.ports[c], e.Key.Port)
 		}
 	}
+	for _, ps := range v.ports {
+		slices.Sort(ps)
+	}
 	return v
+}
+
+// nextExact is the first port of class c from port on that an exact
+// element holds, or -1.
+func (v *view) nextExact(c string, port int) int {
+	ps := v.ports[c]
+	if i, _ := slices.BinarySearch(ps, port); i < len(ps) {
+		return ps[i]
+	}
+	return -1
 }
 
 // at is the element the dispatch finds for port in class c.
@@ -133,6 +150,15 @@ func (v *view) missingPort(k Key, chain string) string {
 	for port := k.Port; port <= k.Last; port++ {
 		e, ok := v.at(c, port)
 		if ok && e.Chain == chain {
+			if e.Key.IsRange() {
+				// the interval serves the ports up to its end, but for
+				// those an exact element holds: go on at the first of them
+				next := min(e.Key.Last, k.Last) + 1
+				if x := v.nextExact(c, port+1); x >= 0 && x < next {
+					next = x
+				}
+				port = next - 1
+			}
 			continue
 		}
 		one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
