@@ -48,23 +48,30 @@ func (c *Config) takePlain(ms []plan.Mapping) bool {
 // when one is out of range or does not parse (parseMappings, on the
 // slow path, says which).
 func plainMapping(t typedMapping) (plan.Mapping, bool) {
-	m := plan.Mapping{HostPort: t.HostPort, ContainerPort: t.ContainerPort}
 	if t.HostPort < 1 || t.HostPort > 65535 || t.ContainerPort < 1 || t.ContainerPort > 65535 {
-		return m, false
+		return plan.Mapping{}, false
 	}
+	m, bad := mappingOf(t.HostPort, t.ContainerPort, t.Protocol, t.HostIP)
+	return m, bad == ""
+}
+
+// mappingOf builds a mapping of checked ports; bad names the value that
+// does not parse ("protocol", "hostIP"), "" when both do.
+func mappingOf(hostPort, containerPort int, proto, hostIP string) (m plan.Mapping, bad string) {
+	m = plan.Mapping{HostPort: hostPort, ContainerPort: containerPort}
 	var ok bool
-	if m.Protocol, ok = plan.ParseProtocol(t.Protocol); !ok {
-		return m, false
+	if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
+		return m, "protocol"
 	}
-	if t.HostIP != "" {
-		if m.HostIP = net.ParseIP(t.HostIP); m.HostIP == nil {
-			return m, false
+	if hostIP != "" {
+		if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
+			return m, "hostIP"
 		}
 		if v4 := m.HostIP.To4(); v4 != nil {
 			m.HostIP = v4
 		}
 	}
-	return m, true
+	return m, ""
 }
 
 // oneContainerPortEach reports whether no host port (host IP, protocol,
@@ -156,18 +163,12 @@ type mappingText struct {
 // addMapping checks one entry's values, as sent (errors name it), and
 // appends it; seen finds a host port mapped to two container ports.
 func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
-	m := plan.Mapping{HostPort: hostPort, ContainerPort: containerPort}
-	var ok bool
-	if m.Protocol, ok = plan.ParseProtocol(proto); !ok {
+	m, bad := mappingOf(hostPort, containerPort, proto, hostIP)
+	switch bad {
+	case "protocol":
 		return invalid(sent.key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
-	}
-	if hostIP != "" {
-		if m.HostIP = net.ParseIP(hostIP); m.HostIP == nil {
-			return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
-		}
-		if v4 := m.HostIP.To4(); v4 != nil {
-			m.HostIP = v4
-		}
+	case "hostIP":
+		return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
 	}
 	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
 	if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
