@@ -401,10 +401,9 @@ func (n *node) stop(t *testing.T) {
 		}
 	}
 	end(n.containerd)
-	if t.Failed() {
-		t.Logf("kubelet log:\n%s", n.log("kubelet"))
-		t.Logf("containerd log:\n%s", n.log("containerd"))
-	}
+	// The daemons' logs are kept in a directory of their own on failure
+	// (keepLogs), not printed: pages of them would bury the failure's own
+	// message, and a CI run shows only the end of the output.
 }
 
 func end(cmd *exec.Cmd) {
