@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containernetworking/plugins/pkg/utils"
-
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -57,7 +55,7 @@ func NewAccept(f plan.Family) (*Accept, error) {
 
 // AcceptChainName is the attachment's chain of accept rules.
 func AcceptChainName(o plan.Owner) string {
-	return utils.MustFormatChainNameWithPrefix(o.Network, o.ContainerID, forwardChainPrefix)
+	return chainName(o, forwardChainPrefix)
 }
 
 // forwardJump is the shared jump from FORWARD.

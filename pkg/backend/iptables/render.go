@@ -1,12 +1,12 @@
 package iptables
 
 import (
+	"crypto/sha512"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
-
-	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -38,8 +38,15 @@ const (
 
 // ChainName is the attachment's own chain: upstream's hash of network name
 // and container ID.
-func ChainName(o plan.Owner) string {
-	return utils.MustFormatChainNameWithPrefix(o.Network, o.ContainerID, dnChainPrefix)
+func ChainName(o plan.Owner) string { return chainName(o, dnChainPrefix) }
+
+// chainName is the chain upstream names for an attachment with prefix
+// (its plugins' utils.MustFormatChainNameWithPrefix, which a test holds
+// this to): "CNI-", the prefix, then the hex SHA-512 of network name and
+// container ID, 28 characters in all.
+func chainName(o plan.Owner, prefix string) string {
+	sum := sha512.Sum512([]byte(o.Network + o.ContainerID))
+	return ("CNI-" + prefix + hex.EncodeToString(sum[:]))[:28]
 }
 
 // EntryComment is the comment on the attachment's entry rules, upstream's

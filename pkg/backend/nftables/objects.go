@@ -3,21 +3,31 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // The kinds of object a transaction writes, each with its two spellings
-// (nft text for the golden files and nft, netlink attributes for the
-// kernel; a kernel test holds the two equal for every plan shape) and, in
-// memory.go, what applying it does to the in-memory kernel.
+// (nft text for the golden files and nft, written as knftables writes it,
+// which a test holds; netlink attributes for the kernel, which a kernel
+// test holds equal to nft's for every plan shape) and, in memory.go, what
+// applying it does to the in-memory kernel.
 
-func (v tableObj) nft(*Tx) knftables.Object {
-	return &knftables.Table{Comment: knftables.PtrTo(v.comment)}
+// head writes the start of every command: "add chain ip cni_portmap".
+func head(b *strings.Builder, tx *Tx, v verb, kind string) {
+	fmt.Fprintf(b, "%s %s %s %s", v, kind, nftFamily(tx.Family), tx.Table)
+}
+
+func (v tableObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "table")
+	if vb == opAdd || vb == opCreate {
+		fmt.Fprintf(b, " { comment %q ; }", v.comment)
+	}
+	b.WriteByte('\n')
 }
 
 func (v tableObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
@@ -27,15 +37,20 @@ func (v tableObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg
 	return nil, nil
 }
 
-func (v chainObj) nft(*Tx) knftables.Object {
-	c := &knftables.Chain{Name: v.name}
-	if v.comment != "" {
-		c.Comment = knftables.PtrTo(v.comment)
+func (v chainObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "chain")
+	b.WriteString(" " + v.name)
+	if (vb == opAdd || vb == opCreate) && (v.base != nil || v.comment != "") {
+		b.WriteString(" {")
+		if v.base != nil {
+			fmt.Fprintf(b, " type %s hook %s priority %d ;", v.base.typ, v.base.hook, v.base.prio)
+		}
+		if v.comment != "" {
+			fmt.Fprintf(b, " comment %q ;", v.comment)
+		}
+		b.WriteString(" }")
 	}
-	if v.base != nil {
-		c.Type, c.Hook, c.Priority = knftables.PtrTo(v.base.typ), knftables.PtrTo(v.base.hook), knftables.PtrTo(v.base.priority)
-	}
-	return c
+	b.WriteByte('\n')
 }
 
 func (v chainObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
@@ -67,12 +82,17 @@ func (v chainObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Ms
 	return nil, nil
 }
 
-func (v mapObj) nft(tx *Tx) knftables.Object {
-	m := &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
-	if v.interval {
-		m.Flags = []knftables.SetFlag{knftables.IntervalFlag}
+func (v mapObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "map")
+	b.WriteString(" " + v.name)
+	if vb == opAdd || vb == opCreate {
+		fmt.Fprintf(b, " { type %s ;", mapType(tx.Family, v.addr))
+		if v.interval {
+			b.WriteString(" flags interval ;")
+		}
+		b.WriteString(" }")
 	}
-	return m
+	b.WriteByte('\n')
 }
 
 func (v mapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
@@ -118,12 +138,13 @@ func (v mapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, 
 	return nil, nil
 }
 
-func (v elemObj) nft(*Tx) knftables.Object {
-	e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
-	if v.chain != "" {
-		e.Value = []string{"goto " + v.chain}
+func (v elemObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "element")
+	fmt.Fprintf(b, " %s { %s", v.key.Map(), strings.Join(v.key.Fields(), " . "))
+	if (vb == opAdd || vb == opCreate) && v.chain != "" {
+		b.WriteString(" : goto " + v.chain)
 	}
-	return e
+	b.WriteString(" }\n")
 }
 
 func (v elemObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
@@ -135,15 +156,19 @@ func (v elemObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg
 	return nil, nil
 }
 
-func (v *Rule) nft(tx *Tx) knftables.Object {
-	r := &knftables.Rule{Chain: v.Chain, Rule: v.Text(tx.Family)}
-	if v.Comment != "" {
-		r.Comment = knftables.PtrTo(v.Comment)
-	}
+func (v *Rule) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "rule")
+	b.WriteString(" " + v.Chain)
 	if v.Handle != 0 {
-		r.Handle = knftables.PtrTo(int(v.Handle))
+		fmt.Fprintf(b, " handle %d", v.Handle)
 	}
-	return r
+	if vb == opAdd || vb == opCreate {
+		b.WriteString(" " + v.Text(tx.Family))
+		if v.Comment != "" {
+			fmt.Fprintf(b, " comment %q", v.Comment)
+		}
+	}
+	b.WriteByte('\n')
 }
 
 func (v *Rule) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -38,12 +37,8 @@ const (
 // the container's rules.
 const UpstreamTable = "cni_hostport"
 
-func nftFamily(f plan.Family) knftables.Family {
-	if f == plan.IPv6 {
-		return knftables.IPv6Family
-	}
-	return knftables.IPv4Family
-}
+// nftFamily is the family's name in nft: its tables' family.
+func nftFamily(f plan.Family) string { return ipX(f) }
 
 // ipX is the family's address expression keyword.
 func ipX(f plan.Family) string {
@@ -87,24 +82,23 @@ const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { establishe
 func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
 type baseChain struct {
-	name     string
-	typ      knftables.BaseChainType
-	hook     knftables.BaseChainHook
-	priority knftables.BaseChainPriority
-	hookNum  uint32 // the hook and priority as the kernel takes them
-	prio     int32
+	name    string
+	typ     string // nft's words for the type and the hook
+	hook    string
+	hookNum uint32 // the hook and priority as the kernel takes them
+	prio    int32
 }
 
 // baseChains are the hooks of the skeleton; both jump to dispatch for
 // packets to a local address.
 var baseChains = []baseChain{
-	{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, unix.NF_INET_PRE_ROUTING, -100},
-	{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority, unix.NF_INET_LOCAL_OUT, -100},
+	{"prerouting", "nat", "prerouting", unix.NF_INET_PRE_ROUTING, -100}, // dstnat
+	{"output", "nat", "output", unix.NF_INET_LOCAL_OUT, -100},
 }
 
 var (
-	masqBase  = baseChain{"", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, unix.NF_INET_POST_ROUTING, 100}
-	guardBase = baseChain{GuardChain, knftables.FilterType, knftables.InputHook, knftables.FilterPriority, unix.NF_INET_LOCAL_IN, 0}
+	masqBase  = baseChain{"", "nat", "postrouting", unix.NF_INET_POST_ROUTING, 100} // srcnat
+	guardBase = baseChain{GuardChain, "filter", "input", unix.NF_INET_LOCAL_IN, 0}
 )
 
 // dispatchRules look up the dispatch maps, in order.

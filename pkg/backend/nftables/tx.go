@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -28,6 +27,9 @@ type Tx struct {
 
 type verb int
 
+// String is the verb as nft spells it.
+func (v verb) String() string { return [...]string{"add", "create", "flush", "delete"}[v] }
+
 const (
 	opAdd    verb = iota // create, or leave as is when it exists
 	opCreate             // create, failing when it exists
@@ -45,8 +47,9 @@ type op struct {
 // attributes (Messages) — and applies itself to the in-memory kernel, so
 // a new kind is one type with three methods, not a case in three switches.
 type object interface {
-	// nft is the object as knftables writes it in tx.
-	nft(tx *Tx) knftables.Object
+	// text writes verb v of the object in tx as nft reads it, the way
+	// knftables writes it.
+	text(tx *Tx, v verb, b *strings.Builder)
 	// encode sets m's type and attributes for verb v in tx; messages the
 	// object needs first (a rule's anonymous sets) are returned.
 	encode(tx *Tx, v verb, m *nfnl.Msg, a *nfnl.Attrs) (first []nfnl.Msg, err error)
@@ -118,21 +121,11 @@ func (tx *Tx) NeedsNft() bool {
 
 // Text is the transaction as an nft script, as knftables writes it.
 func (tx *Tx) Text() string {
-	kt := knftables.NewFake(nftFamily(tx.Family), tx.Table).NewTransaction()
+	var b strings.Builder
 	for _, o := range tx.ops {
-		obj := o.obj.nft(tx)
-		switch o.verb {
-		case opAdd:
-			kt.Add(obj)
-		case opCreate:
-			kt.Create(obj)
-		case opFlush:
-			kt.Flush(obj)
-		case opDelete:
-			kt.Delete(obj)
-		}
+		o.obj.text(tx, o.verb, &b)
 	}
-	return kt.String()
+	return b.String()
 }
 
 // dispatchMaps are the skeleton's maps, in the order the dispatch chain

@@ -7,10 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/bpf"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -64,7 +63,7 @@ func (s *kernelSite) Hooks() ([]HookState, error) {
 
 func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 	st := HookState{Hook: h}
-	l, err := link.LoadPinnedLink(s.pin(h.Name), nil)
+	l, err := bpf.LoadPinnedLink(s.pin(h.Name))
 	if err != nil {
 		st.Problem = HookMissing
 		if !errors.Is(err, os.ErrNotExist) {
@@ -78,24 +77,23 @@ func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 		st.Problem, st.Detail = HookDetached, err.Error()
 		return st
 	}
-	ci := info.Cgroup()
 	switch {
-	case ci == nil || ci.CgroupId == 0:
+	case info.Type != bpf.LinkCgroup || info.CgroupID == 0:
 		st.Problem = HookDetached
 		return st
-	case ci.CgroupId != cg:
-		st.Problem, st.Detail = HookMoved, fmt.Sprintf("cgroup id %d, want %d (%s)", ci.CgroupId, cg, s.cgroup)
+	case info.CgroupID != cg:
+		st.Problem, st.Detail = HookMoved, fmt.Sprintf("cgroup id %d, want %d (%s)", info.CgroupID, cg, s.cgroup)
 		return st
 	}
-	p, err := ebpf.NewProgramFromID(info.Program)
+	p, err := bpf.ProgramFromID(info.ProgID)
 	if err != nil {
 		st.Problem, st.Detail = HookStale, err.Error()
 		return st
 	}
 	defer p.Close()
-	pi, err := p.Info()
-	if want := progName(h, Version()); err != nil || pi.Name != want {
-		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", pi.Name, want)
+	name, err := p.Name()
+	if want := progName(h, Version()); err != nil || name != want {
+		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", name, want)
 	}
 	return st
 }
@@ -146,16 +144,16 @@ func (s *kernelSite) install(states []HookState, version string) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("socket path: %w", err)
 	}
-	maps := map[string]*ebpf.Map{}
-	for _, ms := range []*ebpf.MapSpec{
-		{Name: "pm_svc", Type: ebpf.Hash, KeySize: keySize, ValueSize: valueSize, MaxEntries: svcEntries, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "pm_rev", Type: ebpf.LRUHash, KeySize: revKeySize, ValueSize: revValSize, MaxEntries: revEntries},
-		{Name: "pm_owners", Type: ebpf.Hash, KeySize: ownerKey, ValueSize: ownerSize, MaxEntries: ownersEntries, Flags: unix.BPF_F_NO_PREALLOC},
+	maps := map[string]*bpf.Map{}
+	for _, ms := range []bpf.MapSpec{
+		{Name: "pm_svc", Type: bpf.Hash, KeySize: keySize, ValueSize: valueSize, MaxEntries: svcEntries, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: "pm_rev", Type: bpf.LRUHash, KeySize: revKeySize, ValueSize: revValSize, MaxEntries: revEntries},
+		{Name: "pm_owners", Type: bpf.Hash, KeySize: ownerKey, ValueSize: ownerSize, MaxEntries: ownersEntries, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
 		name := strings.TrimPrefix(ms.Name, "pm_")
 		m, err := loadMap(s.pin(name), ms.Type, ms.KeySize, ms.ValueSize)
 		if errors.Is(err, os.ErrNotExist) {
-			if m, err = ebpf.NewMap(ms); err == nil {
+			if m, err = bpf.NewMap(ms); err == nil {
 				if err = m.Pin(s.pin(name)); err != nil {
 					m.Close()
 				}
@@ -183,15 +181,15 @@ func (s *kernelSite) install(states []HookState, version string) error {
 	return nil
 }
 
-func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version string) error {
-	prog, err := ebpf.NewProgram(spec(st.Hook, svc, rev, version))
+func (s *kernelSite) fix(st HookState, svc, rev *bpf.Map, cg *os.File, version string) error {
+	prog, err := bpf.NewProgram(spec(st.Hook, svc, rev, version))
 	if err != nil {
 		return err
 	}
 	defer prog.Close()
 	path := s.pin(st.Hook.Name)
 	if st.Problem == HookStale {
-		l, err := link.LoadPinnedLink(path, nil)
+		l, err := bpf.LoadPinnedLink(path)
 		if err != nil {
 			return err
 		}
@@ -203,7 +201,7 @@ func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version 
 			return err
 		}
 	}
-	l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(cg.Fd()), Program: prog, Attach: st.Hook.Attach})
+	l, err := bpf.AttachCgroup(int(cg.Fd()), prog, st.Hook.Attach)
 	if err != nil {
 		return err
 	}
@@ -219,15 +217,15 @@ func (s *kernelSite) Retire() (bool, error) {
 		return false, err
 	}
 	var k rawKey
-	if err := s.svc.NextKey(nil, &k); err == nil {
+	if err := s.svc.NextKey(nil, k[:]); err == nil {
 		return false, nil // an entry remains
-	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+	} else if !errors.Is(err, bpf.ErrKeyNotExist) {
 		return false, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
 	}
 	var ok rawOwnKey
-	if err := s.owners.NextKey(nil, &ok); err == nil {
+	if err := s.owners.NextKey(nil, ok[:]); err == nil {
 		return false, nil
-	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+	} else if !errors.Is(err, bpf.ErrKeyNotExist) {
 		return false, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
 	return true, s.unpin()
@@ -270,15 +268,15 @@ func Uninstall(cfg plan.Socket) error {
 // moment after Retire has returned. A link already gone, or a kernel
 // without BPF_LINK_DETACH (before 5.9), leaves that to the unpin.
 func detachPin(path string) error {
-	l, err := link.LoadPinnedLink(path, nil)
+	l, err := bpf.LoadPinnedLink(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("socket path: open %s: %w", path, err)
+		return fmt.Errorf("socket path: %w", err)
 	}
 	defer l.Close()
-	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+	if err := l.Detach(); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EOPNOTSUPP) {
 		return fmt.Errorf("socket path: detach %s: %w", path, err)
 	}
 	return nil

@@ -7,10 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
-
+	"github.com/portmap-dev/portmap/pkg/bpf"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -115,8 +112,8 @@ type kernelSite struct {
 	cfg    plan.Socket
 	dir    string // <pinDir>/<Layout>
 	cgroup string // resolved cgroup path, once resolveCgroup ran
-	svc    *ebpf.Map
-	owners *ebpf.Map
+	svc    *bpf.Map
+	owners *bpf.Map
 }
 
 // OpenSite returns the site of cfg on the running kernel; nothing is
@@ -160,7 +157,7 @@ func (s *kernelSite) Ready() error {
 	if s.Exists() {
 		return nil // installed: the kernel and the privilege were there
 	}
-	if err := features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetNetnsCookie); err != nil {
+	if err := bpf.HaveProgramHelper(bpf.CGroupSockAddr, bpf.AttachInet4Connect, bpf.FnGetNetnsCookie); err != nil {
 		return fmt.Errorf("socket path: the kernel lacks cgroup socket-address programs with bpf_get_netns_cookie (Linux 5.8 or later, CAP_BPF or CAP_SYS_ADMIN): %w", err)
 	}
 	return nil
@@ -184,11 +181,11 @@ func (s *kernelSite) open() error {
 	if s.svc != nil {
 		return nil
 	}
-	svc, err := loadMap(s.pin(svcMap), ebpf.Hash, keySize, valueSize)
+	svc, err := loadMap(s.pin(svcMap), bpf.Hash, keySize, valueSize)
 	if err != nil {
 		return err
 	}
-	owners, err := loadMap(s.pin(ownersMap), ebpf.Hash, ownerKey, ownerSize)
+	owners, err := loadMap(s.pin(ownersMap), bpf.Hash, ownerKey, ownerSize)
 	if err != nil {
 		svc.Close()
 		return err
@@ -198,14 +195,14 @@ func (s *kernelSite) open() error {
 }
 
 // loadMap opens a pinned map and checks its layout.
-func loadMap(path string, typ ebpf.MapType, k, v uint32) (*ebpf.Map, error) {
-	m, err := ebpf.LoadPinnedMap(path, nil)
+func loadMap(path string, typ, k, v uint32) (*bpf.Map, error) {
+	m, err := bpf.LoadPinnedMap(path)
 	if err != nil {
-		return nil, fmt.Errorf("socket path: open %s: %w", path, err)
+		return nil, fmt.Errorf("socket path: %w", err)
 	}
 	info, err := m.Info()
 	if err == nil && (info.Type != typ || info.KeySize != k || info.ValueSize != v) {
-		err = fmt.Errorf("socket path: %s is a %v map of %d/%d-byte keys/values, want %v of %d/%d", path, info.Type, info.KeySize, info.ValueSize, typ, k, v)
+		err = fmt.Errorf("socket path: %s is a map of type %d with %d/%d-byte keys/values, want type %d with %d/%d", path, info.Type, info.KeySize, info.ValueSize, typ, k, v)
 	}
 	if err != nil {
 		m.Close()
@@ -222,7 +219,7 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
-	keys, vals, err := dump[rawKey, rawValue](s.svc)
+	keys, vals, err := bpf.Dump[rawKey, rawValue](s.svc)
 	if err != nil {
 		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
 	}
@@ -231,7 +228,7 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 			st.Entries[k] = vals[i].value()
 		}
 	}
-	oks, recs, err := dump[rawOwnKey, rawOwner](s.owners)
+	oks, recs, err := bpf.Dump[rawOwnKey, rawOwner](s.owners)
 	if err != nil {
 		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
@@ -241,36 +238,6 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 		}
 	}
 	return st, nil
-}
-
-// dump reads every element of m, in batches where the kernel has them.
-func dump[K, V any](m *ebpf.Map) ([]K, []V, error) {
-	var keys []K
-	var vals []V
-	const chunk = 4096
-	var cursor ebpf.MapBatchCursor
-	kb, vb := make([]K, chunk), make([]V, chunk)
-	for {
-		n, err := m.BatchLookup(&cursor, kb, vb, nil)
-		keys, vals = append(keys, kb[:n]...), append(vals, vb[:n]...)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return keys, vals, nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	keys, vals = nil, nil
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys, vals = append(keys, k), append(vals, v)
-	}
-	return keys, vals, it.Err()
 }
 
 func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
@@ -286,7 +253,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for id, o := range w.PutOwners {
 			ids, recs = append(ids, ownerKeyOf(netns, f, id)), append(recs, ownerRecord(o))
 		}
-		if _, err := s.owners.BatchUpdate(ids, recs, nil); err != nil {
+		if err := bpf.BatchUpdate(s.owners, ids, recs); err != nil {
 			return fmt.Errorf("socket path: write owners: %w", err)
 		}
 	}
@@ -295,7 +262,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, e := range w.Put {
 			keys[i], vals[i] = e.Key.raw(), e.Value.raw()
 		}
-		if _, err := s.svc.BatchUpdate(keys, vals, nil); err != nil {
+		if err := bpf.BatchUpdate(s.svc, keys, vals); err != nil {
 			return fmt.Errorf("socket path: write entries: %w", err)
 		}
 	}
@@ -304,7 +271,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, k := range w.Delete {
 			keys[i] = k.raw()
 		}
-		if err := deleteAll(s.svc, keys); err != nil {
+		if err := bpf.DeleteAll(s.svc, keys); err != nil {
 			return fmt.Errorf("socket path: delete entries: %w", err)
 		}
 	}
@@ -313,23 +280,8 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, id := range w.DelOwners {
 			keys[i] = ownerKeyOf(netns, f, id)
 		}
-		if err := deleteAll(s.owners, keys); err != nil {
+		if err := bpf.DeleteAll(s.owners, keys); err != nil {
 			return fmt.Errorf("socket path: delete owners: %w", err)
-		}
-	}
-	return nil
-}
-
-// deleteAll deletes keys, one by one where the batch stops at a key
-// that is already gone.
-func deleteAll[K any](m *ebpf.Map, keys []K) error {
-	n, err := m.BatchDelete(keys, nil)
-	if err == nil {
-		return nil
-	}
-	for _, k := range keys[n:] {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
 		}
 	}
 	return nil
