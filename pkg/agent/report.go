@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
+	"sort"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
@@ -173,9 +173,7 @@ func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 		}
 		r.Attachments = append(r.Attachments, a)
 	}
-	slices.SortStableFunc(r.Orphans, func(a, b Orphan) int {
-		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
-	})
+	sortOrphans(r.Orphans)
 	r.Summary.Attachments = len(r.Attachments)
 	r.Summary.Orphans = len(r.Orphans)
 	for _, or := range r.Orphans {
@@ -184,10 +182,17 @@ func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 		}
 	}
 	r.Summary.Skipped = len(r.Skipped)
-	slices.SortStableFunc(r.Kept, func(a, b Orphan) int {
-		return strings.Compare(a.Backend+a.Family+a.Object, b.Backend+b.Family+b.Object)
-	})
+	sortOrphans(r.Kept)
 	r.Summary.Withheld, r.Summary.Kept = len(r.Withheld), len(r.Kept)
+}
+
+// sortOrphans orders orphans by backend, family and object. (sort, not
+// slices: a generic sort is a copy of the algorithm per element type, and
+// the plugin's binary carries every copy.)
+func sortOrphans(list []Orphan) {
+	sort.SliceStable(list, func(i, j int) bool {
+		return list[i].Backend+list[i].Family+list[i].Object < list[j].Backend+list[j].Family+list[j].Object
+	})
 }
 
 // line is the attachment's report line: network, container, interface,

@@ -20,10 +20,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -68,7 +67,12 @@ func (Host) FlushDstPorts(ports []Port) error {
 	if len(ports) == 0 || empty(countPath) {
 		return nil
 	}
-	return flush(kernelTable{}, ports)
+	c, err := nfnl.Open()
+	if err != nil {
+		return fmt.Errorf("flush conntrack entries: %w", err)
+	}
+	defer c.Close()
+	return flush(kernelTable{c}, ports)
 }
 
 // table is a conntrack table: one dump of every entry (messages as the
@@ -105,30 +109,33 @@ func flush(t table, ports []Port) error {
 	return nil
 }
 
-// kernelTable is the table of the calling thread's namespace.
-type kernelTable struct{}
+// ctnetlink's messages and attributes (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctGet         = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
+	ctDelete      = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2 // IPCTNL_MSG_CT_DELETE
+	ctaTupleOrig  = 1
+	ctaTupleProto = 2
+	ctaProtoNum   = 1
+	ctaProtoDport = 3
+)
 
-func (kernelTable) dump() ([][]byte, error) {
-	var msgs [][]byte
-	var err error
-	for range 3 { // a dump interrupted by a concurrent change is retried
-		req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
-		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
-		if msgs, err = req.Execute(unix.NETLINK_NETFILTER, 0); !errors.Is(err, nl.ErrDumpInterrupted) {
-			break
-		}
-	}
-	if errors.Is(err, nl.ErrDumpInterrupted) {
-		err = nil // what was read is used; the rest waits for the next flush
+// kernelTable is the table of the calling thread's namespace, through
+// one netlink socket.
+type kernelTable struct{ c *nfnl.Conn }
+
+// dump reads every entry of both families. A dump that concurrent
+// changes kept interrupting gives what it read: the rest waits for the
+// next flush.
+func (t kernelTable) dump() ([][]byte, error) {
+	msgs, err := t.c.DumpRaw(ctGet, []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0})
+	if errors.Is(err, nfnl.ErrInterrupted) {
+		err = nil
 	}
 	return msgs, err
 }
 
-func (kernelTable) remove(family uint8, m []byte) error {
-	del := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
-	del.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
-	del.AddRawData(m[4:])
-	_, err := del.Execute(unix.NETLINK_NETFILTER, 0)
+func (t kernelTable) remove(family uint8, m []byte) error {
+	_, err := t.c.Exec(ctDelete, append([]byte{family, unix.NFNETLINK_V0, 0, 0}, m[4:]...))
 	return err
 }
 
@@ -139,41 +146,21 @@ func origKey(m []byte) (key, bool) {
 		return key{}, false
 	}
 	k := key{family: m[0]}
-	orig, ok := attr(m[4:], nl.CTA_TUPLE_ORIG)
+	orig, ok := nfnl.Find(m[4:], ctaTupleOrig)
 	if !ok {
 		return k, false
 	}
-	proto, ok := attr(orig, nl.CTA_TUPLE_PROTO)
+	proto, ok := nfnl.Find(orig, ctaTupleProto)
 	if !ok {
 		return k, false
 	}
-	num, ok1 := attr(proto, nl.CTA_PROTO_NUM)
-	port, ok2 := attr(proto, nl.CTA_PROTO_DST_PORT)
+	num, ok1 := nfnl.Find(proto, ctaProtoNum)
+	port, ok2 := nfnl.Find(proto, ctaProtoDport)
 	if !ok1 || !ok2 || len(num) < 1 || len(port) < 2 {
 		return k, false
 	}
 	k.proto, k.port = num[0], binary.BigEndian.Uint16(port)
 	return k, true
-}
-
-// attr finds attribute typ among the netlink attributes in b.
-func attr(b []byte, typ uint16) ([]byte, bool) {
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		t := binary.NativeEndian.Uint16(b[2:4]) & nl.NLA_TYPE_MASK
-		if l < 4 || l > len(b) {
-			return nil, false
-		}
-		if t == typ {
-			return b[4:l], true
-		}
-		next := (l + 3) &^ 3
-		if next > len(b) {
-			return nil, false
-		}
-		b = b[next:]
-	}
-	return nil, false
 }
 
 // countPath is this namespace's number of conntrack entries.

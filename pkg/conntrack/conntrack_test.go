@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/userns"
 )
@@ -149,7 +150,13 @@ func TestFlush(t *testing.T) {
 // takes for "gone meanwhile".
 func TestKernelTable(t *testing.T) {
 	userns.Require(t)
-	msgs, err := kernelTable{}.dump()
+	c, err := nfnl.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kt := kernelTable{c}
+	msgs, err := kt.dump()
 	if err != nil || len(msgs) != 0 {
 		t.Fatalf("dump of a new namespace's table: %d entries, %v", len(msgs), err)
 	}
@@ -157,10 +164,10 @@ func TestKernelTable(t *testing.T) {
 	pr := nla(nl.CTA_TUPLE_PROTO, true, append(append(nla(nl.CTA_PROTO_NUM, false, []byte{unix.IPPROTO_UDP}),
 		nla(nl.CTA_PROTO_SRC_PORT, false, be16(40001))...), nla(nl.CTA_PROTO_DST_PORT, false, be16(53))...))
 	msg := append([]byte{unix.AF_INET, nl.NFNETLINK_V0, 0, 0}, nla(nl.CTA_TUPLE_ORIG, true, append(ip, pr...))...)
-	if err := (kernelTable{}).remove(unix.AF_INET, msg); !errors.Is(err, unix.ENOENT) {
+	if err := kt.remove(unix.AF_INET, msg); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("remove of an entry the table lacks: %v, want ENOENT", err)
 	}
-	if err := flush(kernelTable{}, []Port{{plan.IPv4, plan.UDP, 53}}); err != nil {
+	if err := flush(kt, []Port{{plan.IPv4, plan.UDP, 53}}); err != nil {
 		t.Errorf("flush of an empty table: %v", err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
-	"slices"
+	"sort"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
@@ -198,8 +198,9 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	if len(ports) == 0 {
 		return
 	}
-	slices.SortFunc(ports, func(a, b conntrack.Port) int {
-		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	sort.Slice(ports, func(i, j int) bool {
+		a, b := ports[i], ports[j]
+		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port)) < 0
 	})
 	if err := h.Conntrack.FlushDstPorts(ports); err != nil {
 		fmt.Fprintf(h.Log, "portmap: %v\n", err)

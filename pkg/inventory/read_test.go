@@ -94,11 +94,20 @@ func TestListener(t *testing.T) {
 	}
 	defer uc.Close()
 	cport := uc.LocalAddr().(*net.UDPAddr).Port
+	t6, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Fatalf("IPv6 loopback: %v", err)
+	}
+	defer t6.Close()
+	t6port := t6.Addr().(*net.TCPAddr).Port
 	for _, tt := range []struct {
 		proto, ip string
 		port      int
 		want      string
 	}{
+		{"tcp", "*", t6port, fmt.Sprintf("[::1]:%d", t6port)},
+		{"tcp", "::1", t6port, fmt.Sprintf("[::1]:%d", t6port)},
+		{"tcp", "127.0.0.1", t6port, ""},
 		{"tcp", "*", tport, fmt.Sprintf("127.0.0.1:%d", tport)},
 		{"tcp", "127.0.0.1", tport, fmt.Sprintf("127.0.0.1:%d", tport)},
 		{"tcp", "192.0.2.1", tport, ""},

@@ -47,14 +47,20 @@ type Conn struct {
 }
 
 // Open opens the socket in the calling thread's network namespace.
-func Open() (*Conn, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+func Open() (*Conn, error) { return OpenProtocol(unix.NETLINK_NETFILTER) }
+
+// OpenProtocol opens a netlink socket of protocol proto in the calling
+// thread's network namespace: NETLINK_NETFILTER for everything here, or
+// another family (NETLINK_ROUTE, NETLINK_SOCK_DIAG) for Exec and
+// DumpRaw, whose messages the caller frames.
+func OpenProtocol(proto int) (*Conn, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
-		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
+		return nil, fmt.Errorf("open netlink socket (protocol %d): %w", proto, err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("bind netfilter netlink socket: %w", err)
+		return nil, fmt.Errorf("bind netlink socket (protocol %d): %w", proto, err)
 	}
 	// Errors echo only the failed message's header, and carry the
 	// kernel's reason as text where it has one.
@@ -62,7 +68,7 @@ func Open() (*Conn, error) {
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
 	// Room for the errors of a large failed batch; FORCE needs
 	// CAP_NET_ADMIN, which changing nf_tables needs anyway.
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) != nil {
+	if proto == unix.NETLINK_NETFILTER && unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
 	}
 	c := &Conn{fd: fd}
@@ -269,26 +275,43 @@ func (c *Conn) GetOne(m Msg) (Reply, error) {
 }
 
 // Dump sends a dump request and returns every message until the end of
-// the dump. A dump interrupted by a concurrent change is retried.
+// the dump. A dump interrupted by a concurrent change is retried; after
+// a few tries what the last one read comes with ErrInterrupted.
 func (c *Conn) Dump(req Msg) ([]Reply, error) {
 	for try := 0; ; try++ {
 		out, err := c.dump(req)
-		if errors.Is(err, errInterrupted) && try < 5 {
+		if errors.Is(err, ErrInterrupted) && try < 5 {
 			continue
 		}
 		return out, err
 	}
 }
 
-var errInterrupted = errors.New("dump interrupted by a concurrent change")
+// ErrInterrupted is a dump's error when concurrent changes interrupted
+// it every time it was tried: what it read may lack entries.
+var ErrInterrupted = errors.New("dump interrupted by a concurrent change")
 
 func (c *Conn) dump(req Msg) ([]Reply, error) {
 	seq := c.seq.Add(1)
-	b := appendMsg(nil, req, unix.NLM_F_DUMP, seq, 0)
-	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("send nf_tables dump request: %w", err)
+	msgs, err := c.dumpFrames(appendMsg(nil, req, unix.NLM_F_DUMP, seq, 0), seq)
+	if err != nil && !errors.Is(err, ErrInterrupted) {
+		return nil, err
 	}
-	var out []Reply
+	out := make([]Reply, len(msgs))
+	for i, m := range msgs {
+		out[i] = Reply{Type: m.typ, Family: m.family, Attrs: m.attrs}
+	}
+	return out, err
+}
+
+// dumpFrames sends the framed dump request b (sequence number seq) and
+// returns every answer until the end of the dump; what an interrupted
+// dump returned comes with ErrInterrupted.
+func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
+	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("send netlink dump request: %w", err)
+	}
+	var out []rawMsg
 	interrupted := false
 	for {
 		// A fresh buffer per read: the replies keep slices of it. The
@@ -296,7 +319,7 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 		buf := make([]byte, 32<<10)
 		n, _, err := unix.Recvfrom(c.fd, buf, 0)
 		if err != nil {
-			return nil, fmt.Errorf("read nf_tables dump: %w", err)
+			return nil, fmt.Errorf("read netlink dump: %w", err)
 		}
 		for _, m := range split(buf[:n]) {
 			if m.seq != seq {
@@ -308,7 +331,7 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 			switch m.typ {
 			case unix.NLMSG_DONE:
 				if interrupted {
-					return nil, errInterrupted
+					return out, ErrInterrupted
 				}
 				return out, nil
 			case unix.NLMSG_ERROR:
@@ -316,7 +339,7 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 					return nil, e
 				}
 			default:
-				out = append(out, Reply{Type: m.typ, Family: m.family, Attrs: m.attrs})
+				out = append(out, m)
 			}
 		}
 	}

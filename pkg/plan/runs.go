@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net"
 	"slices"
+	"sort"
 	"strconv"
 )
 
@@ -119,8 +120,9 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 		out = append(out, Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
 	}
 	sorted := slices.Clone(out)
-	slices.SortFunc(sorted, func(a, b Run) int {
-		return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort))
+	sort.Slice(sorted, func(i, j int) bool {
+		a, b := sorted[i], sorted[j]
+		return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort)) < 0
 	})
 	for i := 1; i < len(sorted); i++ {
 		a, b := sorted[i-1], sorted[i]

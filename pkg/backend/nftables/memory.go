@@ -71,6 +71,14 @@ func (m *Memory) Validate(tx *Tx) error {
 	return err
 }
 
+// simulator is every object kind: it applies a verb to the in-memory
+// kernel, with the errno the kernel would answer. It is not part of
+// object, so that the plugin's binary, which has no in-memory kernel,
+// carries none of it.
+type simulator interface {
+	simulate(s *memTx, v verb) error
+}
+
 // memTx is a transaction being applied to a copy of the tables.
 type memTx struct {
 	*Memory
@@ -84,7 +92,7 @@ func (m *Memory) simulate(tx *Tx) (*Memory, error) {
 	}
 	s := &memTx{c, tx}
 	for _, o := range tx.ops {
-		if err := o.obj.simulate(s, o.verb); err != nil {
+		if err := o.obj.(simulator).simulate(s, o.verb); err != nil {
 			return nil, &Error{Op: strings.TrimSpace((&Tx{Family: tx.Family, Table: tx.Table, ops: []op{o}}).Text()), Err: err}
 		}
 	}

@@ -16,6 +16,10 @@ func memBackend() (*Backend, *Memory) {
 	return &Backend{Family: plan.IPv4, Kernel: m, Lock: func() (func(), error) { return func() {}, nil }, Log: &bytes.Buffer{}}, m
 }
 
+// Every kind of object applies itself to the in-memory kernel (checked
+// when the tests compile: the plugin's build carries no simulator).
+var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil)}
+
 func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
 	return m.Trace(plan.IPv4, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
 }

@@ -109,7 +109,7 @@ func newView(els []Element, ranges func(Key) bool) *view {
 		}
 	}
 	for _, ps := range v.ports {
-		slices.Sort(ps)
+		sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
 	}
 	return v
 }

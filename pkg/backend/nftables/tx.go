@@ -44,8 +44,9 @@ type op struct {
 
 // object is one kind of nf_tables object a transaction writes. Each kind
 // spells itself both ways — as knftables writes it (Text) and as netlink
-// attributes (Messages) — and applies itself to the in-memory kernel, so
-// a new kind is one type with three methods, not a case in three switches.
+// attributes (Messages) — and applies itself to the in-memory kernel
+// (simulator, in memory.go), so a new kind is one type with three
+// methods, not a case in three switches.
 type object interface {
 	// text writes verb v of the object in tx as nft reads it, the way
 	// knftables writes it.
@@ -53,9 +54,6 @@ type object interface {
 	// encode sets m's type and attributes for verb v in tx; messages the
 	// object needs first (a rule's anonymous sets) are returned.
 	encode(tx *Tx, v verb, m *nfnl.Msg, a *nfnl.Attrs) (first []nfnl.Msg, err error)
-	// simulate applies verb v to the in-memory kernel (Memory), with the
-	// errno the kernel would answer.
-	simulate(s *memTx, v verb) error
 }
 
 type tableObj struct{ comment string }

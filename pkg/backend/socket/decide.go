@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -198,7 +199,7 @@ func diffEntries(s *State, want []*plan.Plan, netns uint64, f plan.Family) entry
 	for k := range win {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, compareKeys)
+	sortKeys(keys)
 	for _, k := range keys {
 		c := win[k]
 		cur, ok := s.Entries[k]
@@ -223,8 +224,8 @@ func diffEntries(s *State, want []*plan.Plan, netns uint64, f plan.Family) entry
 		}
 		d.orphans = append(d.orphans, k)
 	}
-	slices.SortFunc(d.stale, compareKeys)
-	slices.SortFunc(d.orphans, compareKeys)
+	sortKeys(d.stale)
+	sortKeys(d.orphans)
 	for i, ws := range what {
 		slices.Sort(ws)
 		d.whys[i] = strings.Join(ws, ", ")
@@ -255,7 +256,7 @@ func ownerRecords(s *State, want []*plan.Plan, w *Write, prune bool) {
 			w.DelOwners = append(w.DelOwners, id)
 		}
 	}
-	slices.Sort(w.DelOwners)
+	sort.Slice(w.DelOwners, func(i, j int) bool { return w.DelOwners[i] < w.DelOwners[j] })
 }
 
 // holders are the owners that hold an entry after w (its puts and
@@ -307,8 +308,15 @@ func installed(s *State, f plan.Family) []plan.Installed {
 		}
 		out = append(out, in)
 	}
-	slices.SortFunc(out, func(a, b plan.Installed) int {
-		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort), bytes.Compare(a.HostIP, b.HostIP))
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort), bytes.Compare(a.HostIP, b.HostIP)) < 0
 	})
 	return out
+}
+
+// sortKeys orders keys by compareKeys. (sort, not slices: a generic sort
+// is a copy of the algorithm per element type in the plugin's binary.)
+func sortKeys(keys []Key) {
+	sort.Slice(keys, func(i, j int) bool { return compareKeys(keys[i], keys[j]) < 0 })
 }
