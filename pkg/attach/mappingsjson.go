@@ -65,7 +65,8 @@ type scanner struct {
 }
 
 func (s *scanner) space() {
-	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+	// one comparison for the byte that is not white space, most often
+	for s.i < len(s.b) && s.b[s.i] <= ' ' && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
 		s.i++
 	}
 }
@@ -97,6 +98,10 @@ func (s *scanner) literal(word string) bool {
 
 // mapping reads one object of the array.
 func (s *scanner) mapping() (typedMapping, bool) {
+	s.space()
+	if t, ok := s.quickMapping(); ok {
+		return t, true
+	}
 	var t typedMapping
 	if !s.next('{') {
 		return t, false
@@ -109,14 +114,14 @@ func (s *scanner) mapping() (typedMapping, bool) {
 		if !ok || !s.next(':') {
 			return t, false
 		}
-		switch {
-		case isKey(key, keyHostPort):
+		switch field(key) {
+		case keyHostPort:
 			t.HostPort, ok = s.integer(t.HostPort)
-		case isKey(key, keyContainerPort):
+		case keyContainerPort:
 			t.ContainerPort, ok = s.integer(t.ContainerPort)
-		case isKey(key, keyProtocol):
+		case keyProtocol:
 			t.Protocol, ok = s.strOrNull(t.Protocol)
-		case isKey(key, keyHostIP):
+		case keyHostIP:
 			t.HostIP, ok = s.strOrNull(t.HostIP)
 		default:
 			ok = s.scalar()
@@ -131,18 +136,152 @@ func (s *scanner) mapping() (typedMapping, bool) {
 	}
 }
 
-// isKey matches a key as encoding/json does, without regard to case;
-// the spelling runtimes send is compared first.
-func isKey(key, want []byte) bool {
-	return len(key) == len(want) && (string(key) == string(want) || bytes.EqualFold(key, want))
+// quickMapping reads, in one pass, an entry spelled as runtimes spell
+// it: the four keys as written here, in any order; at most a space
+// around colons and commas; ports of up to five digits; protocol and
+// hostIP strings of plain bytes. For anything else it leaves the
+// scanner where it was, and mapping reads the entry the general way
+// (which also refuses what must be refused): a range of 5000 ports is
+// 5000 entries, and this is most of the time a verb spends on them.
+func (s *scanner) quickMapping() (t typedMapping, ok bool) {
+	b, i := s.b, s.i
+	if i >= len(b) || b[i] != '{' {
+		return t, false
+	}
+	i++
+	for {
+		i = oneSpace(b, i)
+		key := quickKey(b, i)
+		if key == "" {
+			return t, false
+		}
+		if i = oneSpace(b, i+len(key)+2); i >= len(b) || b[i] != ':' {
+			return t, false
+		}
+		i = oneSpace(b, i+1)
+		switch key {
+		case keyHostPort, keyContainerPort:
+			n, k := 0, i
+			for k < len(b) && k-i < 5 && b[k] >= '0' && b[k] <= '9' {
+				n = n*10 + int(b[k]-'0')
+				k++
+			}
+			if k == i || b[i] == '0' || k == len(b) || b[k] >= '0' && b[k] <= '9' || b[k] == '.' || b[k] == 'e' || b[k] == 'E' {
+				return t, false
+			}
+			if key[0] == 'h' {
+				t.HostPort = n
+			} else {
+				t.ContainerPort = n
+			}
+			i = k
+		case keyProtocol, keyHostIP:
+			v, k, ok := quickString(b, i)
+			if !ok {
+				return t, false
+			}
+			if key[0] == 'p' {
+				t.Protocol = intern(v)
+			} else {
+				t.HostIP = intern(v)
+			}
+			i = k
+		default:
+			return t, false
+		}
+		switch i = oneSpace(b, i); {
+		case i < len(b) && b[i] == ',':
+			i++
+		case i < len(b) && b[i] == '}':
+			s.i = i + 1
+			return t, true
+		default:
+			return t, false
+		}
+	}
 }
 
-var (
-	keyHostPort      = []byte("hostPort")
-	keyContainerPort = []byte("containerPort")
-	keyProtocol      = []byte("protocol")
-	keyHostIP        = []byte("hostIP")
+// quickKey is the field whose key, quoted, is at i; "" for another.
+func quickKey(b []byte, i int) string {
+	if i+1 >= len(b) || b[i] != '"' {
+		return ""
+	}
+	var f string
+	switch b[i+1] {
+	case 'h':
+		f = keyHostPort
+		if i+5 < len(b) && b[i+5] == 'I' {
+			f = keyHostIP
+		}
+	case 'c':
+		f = keyContainerPort
+	case 'p':
+		f = keyProtocol
+	default:
+		return ""
+	}
+	if end := i + 1 + len(f); end < len(b) && string(b[i+1:end]) == f && b[end] == '"' {
+		return f
+	}
+	return ""
+}
+
+// oneSpace is i past a space, if one is there.
+func oneSpace(b []byte, i int) int {
+	if i < len(b) && b[i] == ' ' {
+		return i + 1
+	}
+	return i
+}
+
+// quickString reads the string of plain bytes (raw's) at i: its bytes
+// and the index after it.
+func quickString(b []byte, i int) (v []byte, next int, ok bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, i, false
+	}
+	if i+4 < len(b) && b[i+4] == '"' && (string(b[i+1:i+4]) == "tcp" || string(b[i+1:i+4]) == "udp") {
+		return b[i+1 : i+4], i + 5, true
+	}
+	k := i + 1
+	for k < len(b) && plainByte[b[k]] {
+		k++
+	}
+	if k == len(b) || b[k] != '"' {
+		return nil, i, false
+	}
+	return b[i+1 : k], k + 1, true
+}
+
+// The fields of a mapping.
+const (
+	keyHostPort      = "hostPort"
+	keyContainerPort = "containerPort"
+	keyProtocol      = "protocol"
+	keyHostIP        = "hostIP"
 )
+
+// field is the field key names, matched as encoding/json matches it,
+// without regard to case (the spelling runtimes send is compared first);
+// "" for none.
+func field(key []byte) string {
+	switch string(key) { // no copy: the constants are returned
+	case keyHostPort:
+		return keyHostPort
+	case keyContainerPort:
+		return keyContainerPort
+	case keyProtocol:
+		return keyProtocol
+	case keyHostIP:
+		return keyHostIP
+	}
+	for _, f := range [...]string{keyHostPort, keyContainerPort, keyProtocol, keyHostIP} {
+		if bytes.EqualFold(key, []byte(f)) {
+			return f
+		}
+	}
+	return ""
+}
 
 // raw reads a string of printable ASCII without escapes, and returns its
 // bytes.
@@ -150,31 +289,44 @@ func (s *scanner) raw() ([]byte, bool) {
 	if !s.next('"') {
 		return nil, false
 	}
-	for j := s.i; j < len(s.b); j++ {
-		switch c := s.b[j]; {
-		case c == '"':
-			v := s.b[s.i:j]
-			s.i = j + 1
-			return v, true
-		case c == '\\' || c < 0x20 || c >= 0x80:
-			return nil, false
-		}
+	j := s.i
+	for j < len(s.b) && plainByte[s.b[j]] {
+		j++
 	}
-	return nil, false
+	if j == len(s.b) || s.b[j] != '"' {
+		return nil, false // an escape, a control byte, a byte beyond ASCII, the end
+	}
+	v := s.b[s.i:j]
+	s.i = j + 1
+	return v, true
 }
 
-// str is raw as a string; the protocols runtimes send are not copied.
+// plainByte is what raw takes inside a string: printable ASCII but the
+// quote and the backslash.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// str is raw as a string.
 func (s *scanner) str() (string, bool) {
 	v, ok := s.raw()
+	return intern(v), ok
+}
+
+// intern is v as a string; the protocols runtimes send are not copied.
+func intern(v []byte) string {
 	switch string(v) {
 	case "tcp":
-		return "tcp", ok
+		return "tcp"
 	case "udp":
-		return "udp", ok
+		return "udp"
 	case "":
-		return "", ok
+		return ""
 	}
-	return string(v), ok
+	return string(v)
 }
 
 // strOrNull reads a string; null leaves old, as encoding/json does.

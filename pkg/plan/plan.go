@@ -346,6 +346,12 @@ func HasControl(s string) bool {
 
 // ParseProtocol accepts tcp, udp and sctp in any case; "" means tcp.
 func ParseProtocol(s string) (Protocol, bool) {
+	switch s { // the spellings runtimes send, without a copy
+	case "tcp":
+		return TCP, true
+	case "udp":
+		return UDP, true
+	}
 	switch strings.ToLower(s) {
 	case "", "tcp":
 		return TCP, true

@@ -3,6 +3,7 @@ package portmap
 import (
 	"bytes"
 	"encoding/json"
+	"golang.org/x/sys/unix"
 	"io"
 	"os"
 
@@ -77,6 +78,10 @@ func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
 // up front: memory a process has not touched costs nothing, and a 300 KB
 // request then touches its own pages once, where io.ReadAll's doubling
 // would touch some 600 KB more on the way (each page a fault).
+//
+// A request that fills a pipe's 64 KiB comes in rounds, each waiting for
+// the runtime's writer to be scheduled again: the pipe is then given
+// room for the rest at once (F_SETPIPE_SZ, which wakes the writer).
 func readAll(r io.Reader) ([]byte, error) {
 	b := make([]byte, 0, 1<<20)
 	for {
@@ -84,6 +89,11 @@ func readAll(r io.Reader) ([]byte, error) {
 			b = append(b, 0)[:len(b)]
 		}
 		n, err := r.Read(b[len(b):cap(b)])
+		if len(b) == 0 && n >= 64<<10 && err == nil {
+			if f, ok := r.(*os.File); ok {
+				_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20) // not a pipe, or refused: rounds it is
+			}
+		}
 		b = b[:len(b)+n]
 		if err == io.EOF {
 			return b, nil
