@@ -21,6 +21,15 @@ var mappingsJSONCases = []string{
 	`[{"hostPort":99999999999999999999999}]`,
 	`[{"protocol":"t\u0063p"}]`, `[{"protocol":"tcp\n"}]`, `[{"hostIP":"ｆe80::1"}]`,
 	`[{"nested":{"a":1}}]`, `[{"list":[1]}]`, `[1]`, `["x"]`, `{}`, `"x"`, `[null]`,
+	// the one-pass reader's edges (quickMapping) and where it hands over
+	`[{"hostPort": 20000, "containerPort": 20000, "protocol": "tcp"}, {"hostPort": 20001, "containerPort": 20001, "protocol": "udp"}]`,
+	`[{"hostIP": "10.0.0.1", "hostPort": 65535, "protocol": "sctp", "containerPort": 9}]`,
+	`[{"hostPort": 0, "containerPort": 1}]`, `[{"hostPort": 01, "containerPort": 1}]`,
+	`[{"hostPort": 123456, "containerPort": 1}]`, `[{"hostPort": 99999, "containerPort": 1}]`,
+	`[{"hostPort": 80 , "containerPort" : 1 }]`, `[{"hostPort":  80}]`, `[{ "hostPort": 80}]`,
+	`[{"hostPort": 80, "protocol": "tcp", "hostPort": 81}]`, `[{"protocol": "tc"}]`, `[{"protocol": "tcpx"}]`,
+	`[{"hostIPx": 1}]`, `[{"host": 1}]`, `[{"hostPort": 1e2}]`, `[{"hostPort": 1.5}]`, `[{"hostPort": 1, }]`,
+	`[{"hostPort": 80}`, `[{"hostPort": 80`, `[{"hostPort": "80"}]`, `[{"protocol": tcp}]`, `[{"hostIP": ""}]`,
 }
 
 // diffMappingsJSON fails when the hand decoder takes b and gives other
