@@ -3,6 +3,7 @@ package nfnl
 import (
 	"encoding/binary"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -123,5 +124,53 @@ func TestKernel(t *testing.T) {
 	}
 	if err := c.Batch([]Msg{tableMsg(unix.NFT_MSG_DELTABLE, 0)}, true); err != nil {
 		t.Fatalf("delete the table: %v", err)
+	}
+}
+
+// The raw requests of other families, on the test's own namespace: a
+// route dump (its loopback's local routes once it is up), a route get
+// answered with its reply, one refused with the kernel's errno, and an
+// acknowledged request that has no reply.
+func TestRaw(t *testing.T) {
+	userns.Require(t)
+	rt, err := OpenProtocol(unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RTM_NEWLINK: lo up (struct ifinfomsg: family, pad, type, index, flags, change)
+	up := make([]byte, unix.SizeofIfInfomsg)
+	binary.NativeEndian.PutUint32(up[4:], uint32(lo.Index))
+	binary.NativeEndian.PutUint32(up[8:], unix.IFF_UP)
+	binary.NativeEndian.PutUint32(up[12:], unix.IFF_UP)
+	if reply, err := rt.Exec(unix.RTM_NEWLINK, up); err != nil || reply != nil {
+		t.Fatalf("set lo up: reply %x, %v; want an acknowledgement alone", reply, err)
+	}
+	routes, err := rt.DumpRaw(unix.RTM_GETROUTE, make([]byte, unix.SizeofRtMsg))
+	if err != nil || len(routes) == 0 {
+		t.Fatalf("route dump: %d routes, %v", len(routes), err)
+	}
+	get := func(ip net.IP) ([]byte, error) {
+		req := make([]byte, unix.SizeofRtMsg)
+		req[0], req[1] = unix.AF_INET, 32
+		var a Attrs
+		a.Raw(unix.RTA_DST, ip.To4())
+		return rt.Exec(unix.RTM_GETROUTE, append(req, a.Bytes()...))
+	}
+	reply, err := get(net.IPv4(127, 0, 0, 1))
+	if err != nil || len(reply) < unix.SizeofRtMsg {
+		t.Fatalf("route to 127.0.0.1: %x %v", reply, err)
+	}
+	oif, ok := Find(reply[unix.SizeofRtMsg:], unix.RTA_OIF)
+	if !ok || int(binary.NativeEndian.Uint32(oif)) != lo.Index {
+		t.Errorf("route to 127.0.0.1 leaves by %x, want lo (%d)", oif, lo.Index)
+	}
+	var e *Error
+	if _, err := get(net.IPv4(203, 0, 113, 9)); !errors.As(err, &e) || e.Errno != unix.ENETUNREACH {
+		t.Errorf("route to an address no route leads to: %v, want ENETUNREACH", err)
 	}
 }
