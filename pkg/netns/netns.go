@@ -34,12 +34,15 @@ func Cookie() (uint64, error) {
 // ID names the calling thread's network namespace for files that must
 // differ per namespace: "cookie-N" where the kernel has cookies, else
 // "inode-N" (an inode number may be reused once its namespace is gone).
-func ID() (string, error) {
-	if c, err := Cookie(); err == nil {
+func ID() (string, error) { return id(Cookie, "/proc/thread-self/ns/net") }
+
+// id is ID with the cookie's source and the namespace's file given.
+func id(cookie func() (uint64, error), nsFile string) (string, error) {
+	if c, err := cookie(); err == nil {
 		return fmt.Sprintf("cookie-%d", c), nil
 	}
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+	if err := unix.Stat(nsFile, &st); err != nil {
 		return "", fmt.Errorf("network namespace of this thread: %w", err)
 	}
 	return fmt.Sprintf("inode-%d", st.Ino), nil

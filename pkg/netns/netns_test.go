@@ -1,10 +1,14 @@
 package netns
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestID(t *testing.T) {
@@ -15,6 +19,25 @@ func TestID(t *testing.T) {
 	b, _ := ID()
 	if a != b || !(strings.HasPrefix(a, "cookie-") || strings.HasPrefix(a, "inode-")) {
 		t.Errorf("ID %q then %q, want one stable name", a, b)
+	}
+}
+
+// Without cookies (a kernel before 5.14) the namespace is named by its
+// file's inode; without that file, ID fails.
+func TestIDWithoutCookies(t *testing.T) {
+	none := func() (uint64, error) { return 0, errors.New("ENOPROTOOPT") }
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := id(none, "/proc/thread-self/ns/net"); err != nil || got != fmt.Sprintf("inode-%d", st.Ino) {
+		t.Errorf("id without cookies: %q %v, want inode-%d", got, err, st.Ino)
+	}
+	if got, err := id(none, filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Errorf("id without cookies or the namespace's file: %q, want an error", got)
+	}
+	if got, err := id(func() (uint64, error) { return 7, nil }, ""); err != nil || got != "cookie-7" {
+		t.Errorf("id with a cookie: %q %v", got, err)
 	}
 }
 
