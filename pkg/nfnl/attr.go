@@ -12,6 +12,10 @@ import (
 // Attrs builds a sequence of netlink attributes.
 type Attrs struct{ b []byte }
 
+// AttrsIn returns a builder that writes into b's storage from its start
+// while it fits (then into storage of its own, as append does).
+func AttrsIn(b []byte) Attrs { return Attrs{b: b[:0]} }
+
 // Bytes returns the encoded attributes.
 func (a *Attrs) Bytes() []byte { return a.b }
 

@@ -107,7 +107,7 @@ func runsBySet(ms []Mapping) []Run {
 // would join (checked on the runs, sorted, not on the mappings), which
 // holds for a Podman range and for mappings that make no run.
 func linearRuns(ms []Mapping) ([]Run, bool) {
-	var out []Run
+	out := make([]Run, 0, min(len(ms), 1024)) // a range's mappings make one run
 	for _, m := range ms {
 		if n := len(out); n > 0 {
 			r := &out[n-1]
@@ -119,11 +119,17 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 		}
 		out = append(out, Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
 	}
-	sorted := slices.Clone(out)
-	sort.Slice(sorted, func(i, j int) bool {
-		a, b := sorted[i], sorted[j]
+	less := func(a, b Run) bool {
 		return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort)) < 0
-	})
+	}
+	sorted := out // mappings in ascending order (a runtime's usual) need no sorted copy
+	for i := 1; i < len(out); i++ {
+		if less(out[i], out[i-1]) {
+			sorted = slices.Clone(out)
+			sort.Slice(sorted, func(i, j int) bool { return less(sorted[i], sorted[j]) })
+			break
+		}
+	}
 	for i := 1; i < len(sorted); i++ {
 		a, b := sorted[i-1], sorted[i]
 		if a.Protocol != b.Protocol || compareIPs(a.HostIP, b.HostIP) != 0 {

@@ -122,9 +122,8 @@ func addrOffset(f plan.Family, dst bool) (offset, length uint32) {
 // messages its anonymous sets need first, and whether it holds
 // conditions, which only nft can compile (their match is then missing
 // from the attributes).
-func (v *Rule) attrs(tx *Tx) (first []nfnl.Msg, a nfnl.Attrs, raw bool) {
-	a.Grow(256)
-	e := &exprs{fam: tx.Family, tx: tx, list: &a}
+func (v *Rule) attrs(tx *Tx, a *nfnl.Attrs) (first []nfnl.Msg, raw bool) {
+	e := &exprs{fam: tx.Family, tx: tx, list: a}
 	before := len(tx.anon)
 	a.String(unix.NFTA_RULE_TABLE, tx.Table)
 	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
@@ -139,5 +138,5 @@ func (v *Rule) attrs(tx *Tx) (first []nfnl.Msg, a nfnl.Attrs, raw bool) {
 	if v.Comment != "" {
 		a.Raw(nftaRuleUserdata, comment(v.Comment))
 	}
-	return first, a, e.raw
+	return first, e.raw
 }

@@ -51,7 +51,18 @@ func (k Key) Fields() []string {
 	return f
 }
 
-func (k Key) String() string { return strings.Join(k.Fields(), " . ") }
+func (k Key) String() string {
+	if k.HostIP != nil {
+		return strings.Join(k.Fields(), " . ")
+	}
+	// the usual key, without the slice Fields makes: one for every mapping
+	b := make([]byte, 0, len(k.Protocol)+16)
+	b = strconv.AppendInt(append(append(b, k.Protocol...), " . "...), int64(k.Port), 10)
+	if k.IsRange() {
+		b = strconv.AppendInt(append(b, '-'), int64(k.Last), 10)
+	}
+	return string(b)
+}
 
 // Keys are the map keys of the plan, one per DNAT rule (dnatRuns): an
 // identity run of ports is one interval key, any other mapping one key.

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -288,7 +289,8 @@ func (v *Rule) simulate(s *memTx, _ verb) error {
 		}
 		return unix.ENOENT
 	}
-	_, a, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table})
+	var a nfnl.Attrs
+	_, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table}, &a)
 	r := decodeRule(s.tx.Family, a.Bytes())
 	if r.Jump != "" && t.chains[r.Jump] == nil {
 		return unix.ENOENT

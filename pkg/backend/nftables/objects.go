@@ -179,12 +179,11 @@ func (v *Rule) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, e
 		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, v.Handle))
 		return nil, nil
 	}
-	first, ra, raw := v.attrs(tx)
+	first, raw := v.attrs(tx, a)
 	if raw {
 		return nil, fmt.Errorf("rule %q holds conditions in nft syntax: only nft compiles them", v.Text(tx.Family))
 	}
 	m.Type = nfnl.NftType(unix.NFT_MSG_NEWRULE)
-	*a = ra
 	m.Flags = unix.NLM_F_APPEND
 	return first, nil
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -221,17 +222,20 @@ func chainRules(p *plan.Plan) []*Rule {
 				stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
 		}
 	}
-	for _, run := range dnatRuns(p.Runs()) {
-		match := with(protoIs{run.Protocol}, dportIs{run.HostPort, run.Last()})
+	runs := dnatRuns(p.Runs())
+	rules = slices.Grow(rules, len(runs))
+	for _, run := range runs {
+		stmts := make([]stmt, 0, len(cond)+4)
+		stmts = append(append(stmts, cond...), protoIs{run.Protocol}, dportIs{run.HostPort, run.Last()})
 		if run.HostIP != nil {
-			match = append(match, addrIs{dst: true, spec: run.HostIP.String()})
+			stmts = append(stmts, addrIs{dst: true, spec: run.HostIP.String()})
 		}
 		target := dnatTo{p.ContainerNet.IP, run.ContainerPort}
 		if run.Len > 1 {
 			target.port = 0 // an identity range: the port stays
 		}
 		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + runKeys(run),
-			stmts: append(match, target)})
+			stmts: append(stmts, target)})
 	}
 	return rules
 }
@@ -276,12 +280,15 @@ func rewriteChain(tx *Tx, p *plan.Plan) chainObj {
 // attachment holds a key, or the maps are missing).
 func fastAddTx(p *plan.Plan) *Tx {
 	tx := newTx(p.Family)
+	rules, keys := chainRules(p), Keys(p)
+	tx.ops = make([]op, 0, 1+len(rules)+len(keys))
 	tx.add(opCreate, ownChain(p))
-	for _, r := range chainRules(p) {
+	for _, r := range rules {
 		tx.add(opAdd, r)
 	}
-	for _, k := range Keys(p) {
-		tx.add(opAdd, elemObj{k, ChainName(p.Owner)})
+	chain := ChainName(p.Owner)
+	for _, k := range keys {
+		tx.add(opAdd, elemObj{k, chain})
 	}
 	return tx
 }

@@ -215,9 +215,16 @@ func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 	tx.anon, tx.nextID, tx.msgOp = nil, 0, nil
 	out := make([]nfnl.Msg, 0, len(tx.ops))
 	tx.msgOp = make([]int, 0, len(tx.ops))
+	// The messages' attributes are written one after the other into
+	// chunks of 64 KiB, not each into a buffer of its own: 5000 mappings
+	// are 10,000 messages.
+	var arena []byte
 	for i, o := range tx.ops {
-		var a nfnl.Attrs
-		a.Grow(256)
+		if cap(arena)-len(arena) < 1024 {
+			arena = make([]byte, 0, 64<<10)
+		}
+		free := arena[len(arena):]
+		a := nfnl.AttrsIn(free)
 		m := nfnl.Msg{Family: fam}
 		first, err := o.obj.encode(tx, o.verb, &m, &a)
 		if err != nil {
@@ -233,7 +240,11 @@ func (tx *Tx) Messages() ([]nfnl.Msg, error) {
 		case opCreate:
 			m.Flags |= unix.NLM_F_CREATE | unix.NLM_F_EXCL
 		}
-		m.Attrs = a.Bytes()
+		b := a.Bytes()
+		if len(b) > 0 && len(b) <= cap(free) && &b[0] == &free[:1][0] { // written in place
+			arena = arena[:len(arena)+len(b)]
+		}
+		m.Attrs = b[:len(b):len(b)] // an append to one cannot write into the next
 		out = append(out, m)
 		tx.msgOp = append(tx.msgOp, i)
 	}
