@@ -6,7 +6,6 @@ import (
 	"golang.org/x/sys/unix"
 	"io"
 	"os"
-	"runtime/debug"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
@@ -26,25 +25,12 @@ import (
 func (p *Plugin) Serve(info version.PluginInfo, about string) {
 	switch os.Getenv("CNI_COMMAND") {
 	case "ADD", "CHECK", "DEL":
-		// These verbs are processes of some milliseconds whose garbage
-		// dies with them, and what they hold is bounded by the request:
-		// collecting costs more than it frees (thousands of mappings
-		// allocate some 10 MB, four collections at the default target).
-		// None then, unless the runtime's memory nears the limit. (GC and
-		// STATUS read every attachment of the node: they keep the
-		// default.)
-		debug.SetGCPercent(-1)
-		debug.SetMemoryLimit(verbMemoryLimit)
 		if stdin, err := readAll(os.Stdin); err == nil {
 			os.Stdin = p.preparse(stdin, os.Getenv("CNI_IFNAME"))
 		}
 	}
 	skel.PluginMainFuncs(p.Funcs(), info, about)
 }
-
-// verbMemoryLimit is the memory past which ADD, CHECK and DEL collect
-// garbage (the resident memory of a verb with one mapping is some 15 MB).
-const verbMemoryLimit = 24 << 20
 
 // preparse decodes a request and returns what skel reads in its place:
 // the request's cniVersion and name (kept, with the configuration, for
