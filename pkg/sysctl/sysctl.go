@@ -44,11 +44,24 @@ func (Host) HostInterface(ip net.IP) (string, error) {
 	if !ok || r.oif == 0 {
 		return "", nil
 	}
-	link, err := net.InterfaceByIndex(r.oif)
-	if err != nil {
-		return "", nil
+	return linkName(c, r.oif), nil
+}
+
+// linkName is the name of link index, asked for that link alone
+// (net.InterfaceByIndex would dump every link: a node's thousand veths
+// on every ADD); "" when it is gone.
+func linkName(c *nfnl.Conn, index int) string {
+	req := make([]byte, unix.SizeofIfInfomsg) // struct ifinfomsg: family, pad, type, index, …
+	binary.NativeEndian.PutUint32(req[4:], uint32(index))
+	reply, err := c.Exec(unix.RTM_GETLINK, req)
+	if err != nil || len(reply) < unix.SizeofIfInfomsg {
+		return ""
 	}
-	return link.Name, nil
+	name, ok := nfnl.Find(reply[unix.SizeofIfInfomsg:], unix.IFLA_IFNAME)
+	if !ok {
+		return ""
+	}
+	return nfnl.Attr{Value: name}.String()
 }
 
 // route is what a routing table entry says that matters here.

@@ -109,3 +109,23 @@ func TestParseRoute(t *testing.T) {
 		}
 	}
 }
+
+// linkName asks the kernel for one link by index; a missing one is "".
+func TestLinkName(t *testing.T) {
+	userns.Require(t)
+	c, err := nfnl.OpenProtocol(unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := linkName(c, lo.Index); got != "lo" {
+		t.Errorf("link %d: %q, want lo", lo.Index, got)
+	}
+	if got := linkName(c, 1<<30); got != "" {
+		t.Errorf("a link that is not there: %q", got)
+	}
+}
