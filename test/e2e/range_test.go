@@ -20,9 +20,11 @@ func podmanRange(proto string, first, last, cfirst int) []nettest.Mapping {
 
 // TestPortRange runs ADD through libcni with Podman-style ranges — 1000
 // TCP ports forwarded to the same ports, 11 forwarded with an offset, 3
-// UDP ports — and sends real traffic to the first, a middle and the last
-// port of each, from a client, from localhost and over IPv6; then CHECK
-// and DEL.
+// UDP ports — and 9 single ports on the node's address, and sends real
+// traffic to the first, a middle and the last port of each, from a
+// client, from localhost and over IPv6; then CHECK and DEL. The ports
+// with an offset, and those on an address, are many single mappings of
+// one kind: nftables looks each kind up in a map of the chain's.
 func TestPortRange(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		cl := client(t)
@@ -32,6 +34,9 @@ func TestPortRange(t *testing.T) {
 		ms = append(ms, podmanRange("tcp", 10000, 10999, 10000)...)
 		ms = append(ms, podmanRange("tcp", 8000, 8010, 9000)...)
 		ms = append(ms, podmanRange("udp", 5000, 5002, 5000)...)
+		for i := range 9 {
+			ms = append(ms, nettest.Mapping{HostPort: 7100 + 2*i, ContainerPort: 9005, Protocol: "tcp", HostIP: nodeIP})
+		}
 		c := rt.MustAdd(t, "c-range", ms...)
 		for _, port := range []int{10000, 10500, 10999, 9000, 9005, 9010, 5000, 5002} {
 			nettest.Serve(t, c.NS, fmt.Sprint("c", port), port)
@@ -49,7 +54,13 @@ func TestPortRange(t *testing.T) {
 			expectReply(t, cl, tc.proto, addr(nodeIP6, tc.hostPort), tc.server, clientV6)
 			expectReply(t, nil, tc.proto, addr("127.0.0.1", tc.hostPort), tc.server, "")
 		}
-		// Ports next to the ranges are not forwarded.
+		for _, port := range []int{7100, 7108, 7116} {
+			expectReply(t, cl, "tcp", addr(nodeIP, port), "c9005", clientIP)
+		}
+		// Ports next to the ranges are not forwarded, nor those on the
+		// node's IPv4 address over IPv6.
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 7101))
+		expectNoReply(t, cl, "tcp", addr(nodeIP6, 7100))
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 11000))
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 8011))
 		if err := rt.Check(c); err != nil {
@@ -63,6 +74,7 @@ func TestPortRange(t *testing.T) {
 		}
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 10500))
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 8005))
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 7108))
 	})
 }
 

@@ -91,6 +91,10 @@ func equivalencePlans() map[string][]*plan.Plan {
 		// offset range (a rule per port), a UDP range on a host IP.
 		"ranges-v4": {m("c1", "192.0.2.2/24", on, ranges(net.ParseIP("198.51.100.1").To4())...)},
 		"ranges-v6": {m("c1", "2001:db8::2/64", on, ranges(net.ParseIP("2001:db8:1::1"))...)},
+		// Enough single mappings of each host IP kind for a DNAT map each
+		// (TCP and UDP on the wildcard, a host IP's), beside a range.
+		"maps-v4": {m("c1", "192.0.2.2/24", on, spread(net.ParseIP("198.51.100.1").To4())...)},
+		"maps-v6": {m("c1", "2001:db8::2/64", on, spread(net.ParseIP("2001:db8:1::1"))...)},
 		// Intervals taken over: c2 cuts c1's range in two, c3's port
 		// shadows c1's interval, c4 takes c2's range whole and a piece
 		// of c1's, leaving it one port.
@@ -112,6 +116,23 @@ func wantElements(name string, plans []*plan.Plan) []string {
 		"tcp . 10000 : goto " + c(0), "tcp . 10030 : goto " + c(2), // one port each
 		"tcp . 10001-10025 : goto " + c(3), "tcp . 10026-10049 : goto " + c(0),
 	}
+}
+
+// spread is 12 single mappings on the wildcard (TCP and UDP), 9 on
+// hostIP, and a range.
+func spread(hostIP net.IP) []plan.Mapping {
+	var ms []plan.Mapping
+	for i := range 12 {
+		proto := plan.TCP
+		if i%3 == 0 {
+			proto = plan.UDP
+		}
+		ms = append(ms, plan.Mapping{HostPort: 20000 + 2*i, ContainerPort: 80 + i, Protocol: proto})
+	}
+	for i := range 9 {
+		ms = append(ms, plan.Mapping{HostIP: hostIP, HostPort: 21000 + 2*i, ContainerPort: 80, Protocol: plan.TCP})
+	}
+	return append(ms, fixture.Span(plan.TCP, 10000, 10000, 50)...)
 }
 
 func ranges(hostIP net.IP) []plan.Mapping {

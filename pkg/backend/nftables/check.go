@@ -167,13 +167,27 @@ func hasRule(c *ChainState, r *Rule) bool {
 
 // judgeChain says what of the attachment's own chain is missing or
 // wrong, or "": each rule by its comment, what it jumps to or DNATs to,
-// the hairpin source, and no rule more. A chain in the layout releases
-// before port ranges wrote (legacyChainRules) is right too, so that CHECK
-// passes on an upgraded node until the next ADD rewrites the chain.
+// the hairpin source, and no rule more. Chains in the layouts older
+// releases wrote are right too, so that CHECK passes on an upgraded node
+// until the next ADD rewrites the chain: a DNAT rule for each mapping
+// where this one writes a map (before maps), and the layout before port
+// ranges (legacyChainRules).
 func judgeChain(p *plan.Plan, c *ChainState) string {
 	why := judgeRules(p, c, chainRules(p))
 	if why == "" {
 		return ""
+	}
+	mapped := false
+	for _, r := range c.Rules {
+		mapped = mapped || r.DNATMap != ""
+	}
+	perRule := layoutRules(p, 0)
+	if len(perRule) != len(chainRules(p)) {
+		if w := judgeRules(p, c, perRule); w == "" {
+			return ""
+		} else if !mapped {
+			why = w // the chain has no map: say what is wrong in that layout
+		}
 	}
 	legacy := judgeRules(p, c, legacyChainRules(p))
 	if legacy == "" {
@@ -244,6 +258,10 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*Rule) string {
 				if got.Jump != s.chain {
 					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.chain)
 				}
+			case dnatMap:
+				if why := judgeDNATs(p.Family, got.DNATs, s); why != "" {
+					return fmt.Sprintf("rule %q in chain %s: %s", r.Comment, own, why)
+				}
 			case addrIs:
 				if !s.dst && !samePrefix(got.Saddr, s.spec) {
 					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.text(p.Family))
@@ -253,6 +271,25 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*Rule) string {
 	}
 	if len(c.Rules) != len(rules) {
 		return fmt.Sprintf("chain %s holds %d rules, want %d", own, len(c.Rules), len(rules))
+	}
+	return ""
+}
+
+// judgeDNATs says what a DNAT map read back lacks, or holds more, of
+// what m should hold, or "".
+func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
+	to := make(map[string]string, len(got))
+	for _, d := range got {
+		to[d.Key.String()] = d.To
+	}
+	for _, e := range m.entries {
+		want := dnatTo{m.to, e.port}.text(f)
+		if "dnat to "+to[e.key.String()] != want {
+			return fmt.Sprintf("%s does not %s", e.key, want)
+		}
+	}
+	if len(got) != len(m.entries) {
+		return fmt.Sprintf("its map holds %d mappings, want %d", len(got), len(m.entries))
 	}
 	return ""
 }

@@ -80,6 +80,33 @@ func decodeElements(f plan.Family, b []byte) []Element {
 	return out
 }
 
+// decodeDNATs reads the elements of a DNAT map (dnatMap) out of a
+// GETSETELEM answer, or a NEWSETELEM request: keys of protocol and port,
+// with or without a host address before them, by their length.
+func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
+	ipLen := 4
+	if f == plan.IPv6 {
+		ipLen = 16
+	}
+	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+	var out []MapDNAT
+	for le := range nfnl.All(list) {
+		key, data := attrValue(le.Value, unix.NFTA_SET_ELEM_KEY), attrValue(le.Value, unix.NFTA_SET_ELEM_DATA)
+		set := HostPortsMap
+		if len(key) == 8+ipLen {
+			set = HostIPPortsMap
+		}
+		k, ok := keyFromBytes(f, set, key)
+		if !ok || len(data) < ipLen+2 {
+			continue
+		}
+		port := binary.BigEndian.Uint16(data[ipLen:])
+		to := net.JoinHostPort(net.IP(data[:ipLen]).String(), strconv.Itoa(int(port)))
+		out = append(out, MapDNAT{Key: k, To: to})
+	}
+	return out
+}
+
 // keyFromBytes reads a key of map set back (Key.bytes): the first port of
 // an interval key.
 func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
@@ -197,16 +224,20 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 		d.immediate(data)
 	case "nat":
 		ar, pr := attrU32(data, unix.NFTA_NAT_REG_ADDR_MIN), attrU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
-		if attrU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) {
+		if attrU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
 			d.r.DNAT = net.IP(d.regs[ar]).String()
 			if p := d.regs[pr]; pr != regVerdict && len(p) >= 2 {
 				d.r.DNAT = net.JoinHostPort(d.r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
 			}
 		}
 	case "lookup":
-		if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
+		if dreg, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
 			s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
-			d.r.Lookup = nfnl.Attr{Value: s}.String()
+			if (nfnl.Attr{Value: dreg}).U32() == regVerdict {
+				d.r.Lookup = nfnl.Attr{Value: s}.String()
+			} else {
+				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
+			}
 		}
 	case "masq":
 		d.r.Masq = true

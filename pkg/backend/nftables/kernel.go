@@ -82,7 +82,31 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	for _, r := range rules {
 		cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
 	}
+	if err := readDNATs(c, f, table, cs.Rules); err != nil {
+		return nil, err
+	}
 	return cs, nil
+}
+
+// readDNATs fills in the elements of the rules' DNAT maps, one dump of
+// each map.
+func readDNATs(c *nfnl.Conn, f plan.Family, table string, rules []RuleState) error {
+	for i := range rules {
+		r := &rules[i]
+		if r.DNATMap == "" {
+			continue
+		}
+		var el nfnl.Attrs
+		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, r.DNATMap)
+		msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+		if err != nil {
+			return &Error{Op: "list map " + r.DNATMap, Err: err}
+		}
+		for _, m := range msgs {
+			r.DNATs = append(r.DNATs, decodeDNATs(f, m.Attrs)...)
+		}
+	}
+	return nil
 }
 
 // holdersByDump is the number of keys above which Elements reads the maps
@@ -197,6 +221,11 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	for _, attrs := range rules {
 		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
 			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
+		}
+	}
+	for _, cs := range s.Chains {
+		if err := readDNATs(c, f, table, cs.Rules); err != nil {
+			return nil, err
 		}
 	}
 	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)

@@ -37,6 +37,11 @@ func forwardsOf(s *State) []plan.Installed {
 			owner = plan.Owner{Network: network, ContainerID: id}
 		}
 		for _, r := range c.Rules {
+			for _, d := range r.DNATs {
+				ip, port := target(d.To)
+				fs = append(fs, plan.Installed{HostIP: d.Key.HostIP, HostPort: d.Key.Port, Protocol: d.Key.Protocol,
+					Owner: owner, ContainerIP: ip, ContainerPort: port})
+			}
 			ks, ok := strings.CutPrefix(r.Comment, keyComment)
 			if !ok || r.DNAT == "" {
 				continue
@@ -45,11 +50,7 @@ func forwardsOf(s *State) []plan.Installed {
 			if !ok {
 				continue
 			}
-			ip, port := net.ParseIP(r.DNAT), -1 // an address alone: the port stays
-			if host, p, err := net.SplitHostPort(r.DNAT); err == nil {
-				ip = net.ParseIP(host)
-				port, _ = strconv.Atoi(p)
-			}
+			ip, port := target(r.DNAT)
 			for h := k.Port; h <= k.last(); h++ {
 				f := plan.Installed{HostIP: k.HostIP, HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
 				if port < 0 {
@@ -60,4 +61,14 @@ func forwardsOf(s *State) []plan.Installed {
 		}
 	}
 	return fs
+}
+
+// target reads a DNAT target back: "192.0.2.2:80", or an address alone,
+// the port kept (-1).
+func target(to string) (net.IP, int) {
+	if host, p, err := net.SplitHostPort(to); err == nil {
+		port, _ := strconv.Atoi(p)
+		return net.ParseIP(host), port
+	}
+	return net.ParseIP(to), -1
 }

@@ -290,8 +290,16 @@ func (v *Rule) simulate(s *memTx, _ verb) error {
 		return unix.ENOENT
 	}
 	var a nfnl.Attrs
-	_, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table}, &a)
+	first, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table}, &a)
 	r := decodeRule(s.tx.Family, a.Bytes())
+	if r.DNATMap != "" {
+		// the map's elements, read from the messages that write them
+		for _, m := range first {
+			if m.Type == nfnl.NftType(unix.NFT_MSG_NEWSETELEM) {
+				r.DNATs = append(r.DNATs, decodeDNATs(s.tx.Family, m.Attrs)...)
+			}
+		}
+	}
 	if r.Jump != "" && t.chains[r.Jump] == nil {
 		return unix.ENOENT
 	}

@@ -203,9 +203,31 @@ func OwnerComment(o plan.Owner) string {
 // one rule per run of mappings (plan.Runs): a single mapping, or a range
 // whose host and container ports are the same (`th dport 20000-20999
 // dnat to 192.0.2.2`, the port kept); a range with an offset becomes one
-// rule per port, as nft has no shifted port range. The conditions lead
-// every rule. A "hostport" comment names the keys of its rule.
-func chainRules(p *plan.Plan) []*Rule {
+// rule per port, as nft has no shifted port range. From mapMin single
+// mappings of one host IP kind (wildcard, or specific), their DNAT is
+// one rule looking them up in a map of its own (dnatMap), before the
+// ranges' rules, as the dispatch finds a port before an interval. The
+// conditions lead every rule. A "hostport" comment names the keys of its
+// rule; a map's rule is commented "hostports" (mapComment) and its keys
+// are its map's.
+func chainRules(p *plan.Plan) []*Rule { return layoutRules(p, mapMin) }
+
+// mapMin is the number of single mappings of one host IP kind from which
+// their DNAT is one rule and a map: below it, a rule each costs the
+// kernel less than a map, and reads as the mappings do in nft's listing.
+const mapMin = 8
+
+// mapComment comments the DNAT map rule of a host IP kind.
+func mapComment(addr bool) string {
+	if addr {
+		return "hostports by address"
+	}
+	return "hostports"
+}
+
+// layoutRules are the chain's rules with DNAT maps from `from` single
+// mappings of a kind; with from 0, none (the layout before maps).
+func layoutRules(p *plan.Plan, from int) []*Rule {
 	chain := ChainName(p.Owner)
 	var cond []stmt
 	if len(p.Conditions) > 0 {
@@ -223,8 +245,33 @@ func chainRules(p *plan.Plan) []*Rule {
 		}
 	}
 	runs := dnatRuns(p.Runs())
+	mapped := [2]bool{} // by kind: wildcard, specific host IP
+	if from > 0 {
+		var n [2]int
+		for _, r := range runs {
+			if r.Len == 1 {
+				n[kindOf(r)]++
+			}
+		}
+		for kind := range n {
+			if n[kind] < from {
+				continue
+			}
+			mapped[kind] = true
+			m := dnatMap{addr: kind == 1, to: p.ContainerNet.IP, entries: make([]mapEntry, 0, n[kind])}
+			for _, r := range runs {
+				if r.Len == 1 && kindOf(r) == kind {
+					m.entries = append(m.entries, mapEntry{runKey(r), r.ContainerPort})
+				}
+			}
+			rules = append(rules, &Rule{Chain: chain, Comment: mapComment(m.addr), stmts: with(m)})
+		}
+	}
 	rules = slices.Grow(rules, len(runs))
 	for _, run := range runs {
+		if run.Len == 1 && mapped[kindOf(run)] {
+			continue
+		}
 		stmts := make([]stmt, 0, len(cond)+4)
 		stmts = append(append(stmts, cond...), protoIs{run.Protocol}, dportIs{run.HostPort, run.Last()})
 		if run.HostIP != nil {
@@ -238,6 +285,14 @@ func chainRules(p *plan.Plan) []*Rule {
 			stmts: append(stmts, target)})
 	}
 	return rules
+}
+
+// kindOf is 1 for a run on a specific host IP, 0 for the wildcard.
+func kindOf(r plan.Run) int {
+	if r.HostIP != nil {
+		return 1
+	}
+	return 0
 }
 
 // dnatRuns splits the runs with an offset into single mappings.

@@ -151,11 +151,20 @@ func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []
 	if err != nil {
 		t.Fatal(err)
 	}
+	var dnats []MapDNAT // of the anonymous map the next rule looks up
 	for _, m := range msgs {
 		switch m.Type {
 		case nfnl.NftType(unix.NFT_MSG_NEWRULE):
-			rules = append(rules, decodeRule(f, m.Attrs))
+			r := decodeRule(f, m.Attrs)
+			if r.DNATMap != "" {
+				r.DNATs, dnats = dnats, nil
+			}
+			rules = append(rules, r)
 		case nfnl.NftType(unix.NFT_MSG_NEWSETELEM):
+			if set, _ := nfnl.Find(m.Attrs, unix.NFTA_SET_ELEM_LIST_SET); strings.HasPrefix(string(set), "__map") {
+				dnats = append(dnats, decodeDNATs(f, m.Attrs)...)
+				continue
+			}
 			elems = append(elems, decodeElements(f, m.Attrs)...)
 		}
 	}

@@ -40,6 +40,10 @@ type RuleState struct {
 	// DportLast is the last port of a th dport range, 0 for one port.
 	DportLast int
 	Lookup    string // map of a verdict-map lookup
+	// DNATMap is the anonymous map a DNAT rule looks its target up in
+	// (dnatMap), and DNATs what the map holds, which a reader fills.
+	DNATMap string
+	DNATs   []MapDNAT
 	Masq      bool
 	SetMark   bool
 	Drop      bool
@@ -58,7 +62,15 @@ func keyFromID(id string) (Key, bool) {
 	return parseKey(s)
 }
 
-// keys are the keys the chain's "hostport" rule comments claim.
+// MapDNAT is one element of a DNAT rule's map: a key and its target,
+// "192.0.2.2:80" or "[2001:db8::2]:80".
+type MapDNAT struct {
+	Key Key
+	To  string
+}
+
+// keys are the keys the chain claims: those its "hostport" rule comments
+// name, and those of its DNAT maps.
 func (c *ChainState) keys() []Key {
 	var out []Key
 	for _, r := range c.Rules {
@@ -66,6 +78,9 @@ func (c *ChainState) keys() []Key {
 			if k, ok := parseKey(s); ok {
 				out = append(out, k)
 			}
+		}
+		for _, d := range r.DNATs {
+			out = append(out, d.Key)
 		}
 	}
 	return out

@@ -301,3 +301,99 @@ func ruleText(f plan.Family, stmts []stmt) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// dnatMap: dnat ip to [ip daddr .] meta l4proto . th dport map { tcp .
+// 20000 : 192.0.2.2 . 80, … } — the DNAT of many single mappings as one
+// rule looking the packet's key up in an anonymous map of the rule's.
+// The kernel parses one rule and an element per mapping, not a rule per
+// mapping (5000 rules cost it ~75 ms here, a map of 5000 ~7 ms), and a
+// connection finds its target in one lookup, not a walk of the chain.
+type dnatMap struct {
+	addr    bool // keyed by the host address too (hostip_hostports)
+	to      net.IP
+	entries []mapEntry
+}
+
+// mapEntry is one key of a dnatMap and the container port it goes to.
+type mapEntry struct {
+	key  Key
+	port int
+}
+
+func (s dnatMap) text(f plan.Family) string {
+	var b strings.Builder
+	b.Grow(16 + 40*len(s.entries))
+	b.WriteString("dnat " + ipX(f) + " to ")
+	if s.addr {
+		b.WriteString(ipX(f) + " daddr . ")
+	}
+	b.WriteString("meta l4proto . th dport map { ")
+	to := s.to.String()
+	for i, m := range s.entries {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(m.key.String())
+		b.WriteString(" : " + to + " . ")
+		b.WriteString(strconv.Itoa(m.port))
+	}
+	b.WriteString(" }")
+	return b.String()
+}
+
+func (s dnatMap) encode(e *exprs) {
+	next, keyLen := uint32(reg32), uint32(8)
+	keyType := concatType(typeInetProto, typeInetService)
+	if s.addr {
+		offset, length := addrOffset(e.fam, true)
+		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, offset, length, reg1)
+		next += length / 4
+		keyLen += length
+		keyType = concatType(addrType(e.fam), typeInetProto, typeInetService)
+	}
+	protoReg := next
+	if !s.addr {
+		protoReg = reg1
+	}
+	e.meta(unix.NFT_META_L4PROTO, protoReg)
+	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
+	ip, fam, ipLen := s.to.To4(), uint32(unix.NFPROTO_IPV4), uint32(4)
+	if e.fam == plan.IPv6 {
+		ip, fam, ipLen = s.to.To16(), unix.NFPROTO_IPV6, 16
+	}
+	keys, data := make([][]byte, len(s.entries)), make([][]byte, len(s.entries))
+	// one buffer for every key and target: 5000 mappings are 10,000 values
+	buf := make([]byte, 0, len(s.entries)*int(keyLen+ipLen+4))
+	for i, m := range s.entries {
+		start := len(buf)
+		buf = m.key.appendBytes(buf)
+		keys[i] = buf[start:len(buf):len(buf)]
+		start = len(buf)
+		buf = append(buf, ip...)
+		buf = append(binary.BigEndian.AppendUint16(buf, uint16(m.port)), 0, 0)
+		data[i] = buf[start:len(buf):len(buf)]
+	}
+	set := e.tx.anonMap(keyType, keyLen, concatType(addrType(e.fam), typeInetService), ipLen+4, keys, data)
+	e.add("lookup", func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_LOOKUP_SET, set.name)
+		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
+		a.U32(unix.NFTA_LOOKUP_DREG, reg1)
+		a.U32(unix.NFTA_LOOKUP_SET_ID, set.id)
+	})
+	e.add("nat", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
+		a.U32(unix.NFTA_NAT_FAMILY, fam)
+		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+		// the port follows the address in the looked-up data; the kernel
+		// takes the port as given when a register holds it, as nft writes
+		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, reg32+ipLen/4)
+	})
+}
+
+// addrType is nft's type of the family's addresses.
+func addrType(f plan.Family) uint32 {
+	if f == plan.IPv6 {
+		return typeIPv6Addr
+	}
+	return typeIPv4Addr
+}

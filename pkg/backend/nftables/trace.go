@@ -55,6 +55,14 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				}
 				continue
 			}
+			if r.DNATMap != "" {
+				to, ok := lookupDNAT(r.DNATs, p)
+				if !ok {
+					continue // a miss ends the rule, as the kernel's lookup does
+				}
+				v.DNAT = to
+				return true
+			}
 			if r.SetMark {
 				marked[chain] = true
 			}
@@ -92,6 +100,17 @@ func lookup(els map[string]string, k Key) (string, bool) {
 	for id, to := range els {
 		if e, ok := keyFromID(id); ok && e.IsRange() && overlaps(e, k) {
 			return to, true
+		}
+	}
+	return "", false
+}
+
+// lookupDNAT finds p's key among a DNAT map's elements: protocol and
+// port, and the destination address for a map keyed by it.
+func lookupDNAT(els []MapDNAT, p plan.Packet) (string, bool) {
+	for _, e := range els {
+		if e.Key.Protocol == p.Protocol && e.Key.Port == p.Dport && (e.Key.HostIP == nil || e.Key.HostIP.Equal(p.Dst)) {
+			return e.To, true
 		}
 	}
 	return "", false

@@ -93,6 +93,9 @@ type anonSet struct {
 	keyType uint32
 	keyLen  uint32
 	elems   [][]byte
+	// a map's: the type and length of its data, and each element's
+	dataType, dataLen uint32
+	data              [][]byte
 }
 
 func newTx(f plan.Family) *Tx { return &Tx{Family: f, Table: Table} }
@@ -160,6 +163,16 @@ func mapType(f plan.Family, addr bool) string {
 func (tx *Tx) anonSet(keyType, keyLen uint32, elems [][]byte) anonSet {
 	tx.nextID++
 	s := anonSet{name: "__set%d", id: tx.nextID, keyType: keyType, keyLen: keyLen, elems: elems}
+	tx.anon = append(tx.anon, s)
+	return s
+}
+
+// anonMap declares an anonymous constant map for a rule of this
+// transaction: elems[i] maps to data[i].
+func (tx *Tx) anonMap(keyType, keyLen, dataType, dataLen uint32, elems, data [][]byte) anonSet {
+	tx.nextID++
+	s := anonSet{name: "__map%d", id: tx.nextID, keyType: keyType, keyLen: keyLen, elems: elems,
+		dataType: dataType, dataLen: dataLen, data: data}
 	tx.anon = append(tx.anon, s)
 	return s
 }
@@ -259,28 +272,56 @@ func setUserdata(keyOrder uint32) []byte {
 }
 
 func anonSetMsgs(fam uint8, table string, s anonSet) []nfnl.Msg {
+	flags := uint32(unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT)
+	if s.data != nil {
+		flags |= unix.NFT_SET_MAP
+	}
 	var set nfnl.Attrs
 	set.String(unix.NFTA_SET_TABLE, table)
 	set.String(unix.NFTA_SET_NAME, s.name)
-	set.U32(unix.NFTA_SET_FLAGS, unix.NFT_SET_ANONYMOUS|unix.NFT_SET_CONSTANT)
+	set.U32(unix.NFTA_SET_FLAGS, flags)
 	set.U32(unix.NFTA_SET_KEY_TYPE, s.keyType)
 	set.U32(unix.NFTA_SET_KEY_LEN, s.keyLen)
-	set.U32(unix.NFTA_SET_ID, s.id)
-	set.Raw(nftaSetUserdata, setUserdata(byteorderHost))
-	var el nfnl.Attrs
-	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	el.String(unix.NFTA_SET_ELEM_LIST_SET, s.name)
-	el.U32(unix.NFTA_SET_ELEM_LIST_SET_ID, s.id)
-	el.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		for _, k := range s.elems {
-			a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { dataValue(a, unix.NFTA_SET_ELEM_KEY, k) })
-		}
-	})
-	return []nfnl.Msg{
-		{Type: nfnl.NftType(unix.NFT_MSG_NEWSET), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: set.Bytes()},
-		{Type: nfnl.NftType(unix.NFT_MSG_NEWSETELEM), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: el.Bytes()},
+	if s.data != nil {
+		set.U32(unix.NFTA_SET_DATA_TYPE, s.dataType)
+		set.U32(unix.NFTA_SET_DATA_LEN, s.dataLen)
 	}
+	set.U32(unix.NFTA_SET_ID, s.id)
+	if s.data != nil {
+		// the size, as nft gives it: the kernel picks a fixed hash
+		set.Nested(unix.NFTA_SET_DESC, func(a *nfnl.Attrs) { a.U32(unix.NFTA_SET_DESC_SIZE, uint32(len(s.elems))) })
+	} else {
+		set.Raw(nftaSetUserdata, setUserdata(byteorderHost))
+	}
+	msgs := []nfnl.Msg{{Type: nfnl.NftType(unix.NFT_MSG_NEWSET), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: set.Bytes()}}
+	// The elements go in messages of at most elemChunk bytes of them: an
+	// attribute's length is 16 bits, and a map of 5000 is ~180 KB.
+	for from := 0; from < len(s.elems) || from == 0; {
+		el := nfnl.AttrsIn(make([]byte, 0, elemChunk+1024))
+		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+		el.String(unix.NFTA_SET_ELEM_LIST_SET, s.name)
+		el.U32(unix.NFTA_SET_ELEM_LIST_SET_ID, s.id)
+		el.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+			start := len(a.Bytes())
+			for ; from < len(s.elems) && len(a.Bytes())-start < elemChunk; from++ {
+				a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+					dataValue(a, unix.NFTA_SET_ELEM_KEY, s.elems[from])
+					if s.data != nil {
+						dataValue(a, unix.NFTA_SET_ELEM_DATA, s.data[from])
+					}
+				})
+			}
+		})
+		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWSETELEM), Flags: unix.NLM_F_CREATE, Family: fam, Attrs: el.Bytes()})
+		if from == 0 {
+			break
+		}
+	}
+	return msgs
 }
+
+// elemChunk bounds the bytes of elements in one message.
+const elemChunk = 48 << 10
 
 // elementAttrs names k's element of table; with chain, its verdict.
 func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
@@ -303,8 +344,10 @@ func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
 
 // bytes is the key as the kernel stores it: each field of the
 // concatenation in network order, padded to 4 bytes.
-func (k Key) bytes() []byte {
-	var b []byte
+func (k Key) bytes() []byte { return k.appendBytes(nil) }
+
+// appendBytes appends the key's bytes to b.
+func (k Key) appendBytes(b []byte) []byte {
 	if k.HostIP != nil {
 		if v4 := k.HostIP.To4(); v4 != nil {
 			b = append(b, v4...)

@@ -1,0 +1,189 @@
+package nftables
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
+)
+
+// singles is n single TCP mappings on the wildcard (20000, 20002, … to
+// 80, 81, …) and, with addr, n more on the host's address.
+func singles(n int, addr bool) func(*plan.Request) {
+	return func(r *plan.Request) {
+		r.Mappings = nil
+		for i := range n {
+			r.Mappings = append(r.Mappings, plan.Mapping{HostPort: 20000 + 2*i, ContainerPort: 80 + i, Protocol: plan.TCP})
+			if addr {
+				r.Mappings = append(r.Mappings, plan.Mapping{HostIP: fixture.HostIP, HostPort: 21000 + 2*i, ContainerPort: 80, Protocol: plan.UDP})
+			}
+		}
+	}
+}
+
+// dnatMaps are the DNAT map rules of rules.
+func dnatMaps(rules []*Rule) []dnatMap {
+	var out []dnatMap
+	for _, r := range rules {
+		for _, s := range r.stmts {
+			if m, ok := s.(dnatMap); ok {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// TestDNATMapFrom: from mapMin single mappings of a host IP kind, their
+// DNAT is one map rule; below, a rule each; a range stays a rule.
+func TestDNATMapFrom(t *testing.T) {
+	for _, tt := range []struct {
+		n     int
+		addr  bool
+		maps  int
+		rules int // DNAT rules besides the maps
+	}{
+		{mapMin - 1, false, 0, mapMin - 1},
+		{mapMin, false, 1, 0},
+		{mapMin, true, 2, 0},
+		{5000, false, 1, 0},
+	} {
+		p := build(plan.IPv4, singles(tt.n, tt.addr))
+		rules := chainRules(p)
+		maps := dnatMaps(rules)
+		if len(maps) != tt.maps {
+			t.Errorf("%d mappings (addr %v): %d maps, want %d", tt.n, tt.addr, len(maps), tt.maps)
+		}
+		keyed := 0
+		for _, r := range rules {
+			if strings.HasPrefix(r.Comment, keyComment) {
+				keyed++
+			}
+		}
+		if keyed != tt.rules {
+			t.Errorf("%d mappings (addr %v): %d DNAT rules, want %d", tt.n, tt.addr, keyed, tt.rules)
+		}
+		entries := 0
+		for _, m := range maps {
+			entries += len(m.entries)
+		}
+		if want := len(p.Mappings) - keyed; entries != want {
+			t.Errorf("%d mappings (addr %v): %d map entries, want %d", tt.n, tt.addr, entries, want)
+		}
+	}
+	p := build(plan.IPv4, func(r *plan.Request) {
+		singles(mapMin, false)(r)
+		r.Mappings = append(r.Mappings, fixture.Span(plan.TCP, 10000, 10000, 50)...)
+	})
+	rules := chainRules(p)
+	if last := rules[len(rules)-1]; last.Comment != keyComment+"tcp . 10000-10049" {
+		t.Errorf("the range's rule is %q, want it after the map", last.Comment)
+	}
+}
+
+// TestDNATMapInMemory: a chain with both maps forwards each port to its
+// target, and no other port; CHECK passes; the keys and forwards read
+// back; a flush is repaired to the same state; DEL leaves nothing of it.
+func TestDNATMapInMemory(t *testing.T) {
+	b, m := memBackend()
+	p := build(plan.IPv4, singles(10, true))
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	for _, mp := range p.Mappings {
+		dst := fixture.HostIP
+		got := trace(m, mp.Protocol, fixture.Remote, dst, mp.HostPort, false)
+		if want := "192.0.2.2:" + strconv.Itoa(mp.ContainerPort); got.DNAT != want {
+			t.Errorf("%s %d: %+v, want %s", mp.Protocol, mp.HostPort, got, want)
+		}
+	}
+	for _, miss := range []struct {
+		proto plan.Protocol
+		port  int
+	}{{plan.TCP, 20001}, {plan.UDP, 20000}, {plan.TCP, 21000}} {
+		if got := trace(m, miss.proto, fixture.Remote, fixture.HostIP, miss.port, false); got.DNAT != "" {
+			t.Errorf("%s %d: %+v, want nothing translated", miss.proto, miss.port, got)
+		}
+	}
+	if err := b.Check(p); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	c, _ := m.Chain(plan.IPv4, Table, ChainName(p.Owner))
+	if got := ports(c.keys()); got != len(p.Mappings) {
+		t.Errorf("the chain names %d keys, want %d", got, len(p.Mappings))
+	}
+	fs, err := b.Mappings()
+	if err != nil || len(fs) != len(p.Mappings) {
+		t.Fatalf("Mappings: %d, %v; want %d", len(fs), err, len(p.Mappings))
+	}
+	for _, f := range fs {
+		if f.Owner.ContainerID != p.Owner.ContainerID || !f.ContainerIP.Equal(net.ParseIP("192.0.2.2")) || f.ContainerPort < 80 {
+			t.Errorf("forward read back: %+v", f)
+		}
+	}
+
+	afterAdd := m.Dump()
+	m.FlushRuleset()
+	if rep, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil || !rep.Wrote {
+		t.Fatalf("sync after a flush: %+v, %v", rep, err)
+	}
+	if got := m.Dump(); got != afterAdd {
+		t.Errorf("after sync:\n%s\nwant:\n%s", got, afterAdd)
+	}
+
+	if err := b.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if d := m.Dump(); strings.Contains(d, "dn-") {
+		t.Errorf("left after DEL:\n%s", d)
+	}
+}
+
+// TestJudgeDNATMap: CHECK names a map that lost a mapping, holds one
+// more, or sends one elsewhere; a chain in the layout before maps (a
+// rule per mapping) passes and names its keys for DEL.
+func TestJudgeDNATMap(t *testing.T) {
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		p := build(f, singles(12, true))
+		rules, _ := roundTrip(t, f, fastAddTx(p))
+		c := &ChainState{Rules: rules}
+		if why := judgeChain(p, c); why != "" {
+			t.Fatalf("%s: the chain as written: %s", f, why)
+		}
+		fewer := build(f, singles(12, true))
+		fewer.Mappings = append(fewer.Mappings, plan.Mapping{HostPort: 30000, ContainerPort: 80, Protocol: plan.TCP})
+		if why := judgeChain(fewer, c); !strings.Contains(why, "tcp . 30000 does not dnat to") {
+			t.Errorf("%s: a mapping missing from the map judged %q", f, why)
+		}
+		more := build(f, singles(12, true))
+		more.Mappings = more.Mappings[1:]
+		if why := judgeChain(more, c); !strings.Contains(why, "holds 12 mappings, want 11") {
+			t.Errorf("%s: a mapping too many judged %q", f, why)
+		}
+		moved := build(f, singles(12, true))
+		moved.Mappings[2].ContainerPort = 99
+		if why := judgeChain(moved, c); !strings.Contains(why, "does not dnat to") || !strings.Contains(why, ":99") {
+			t.Errorf("%s: a moved mapping judged %q", f, why)
+		}
+
+		tx := newTx(f)
+		for _, r := range layoutRules(p, 0) {
+			tx.add(opAdd, r)
+		}
+		before, _ := roundTrip(t, f, tx)
+		old := &ChainState{Rules: before}
+		if why := judgeChain(p, old); why != "" {
+			t.Errorf("%s: the layout before maps does not pass: %s", f, why)
+		}
+		if got := ports(old.keys()); got != len(p.Mappings) {
+			t.Errorf("%s: the layout before maps names %d keys, want %d", f, got, len(p.Mappings))
+		}
+		if why := judgeChain(moved, old); !strings.Contains(why, "does not dnat to") {
+			t.Errorf("%s: a moved mapping in the layout before maps judged %q", f, why)
+		}
+	}
+}
