@@ -44,10 +44,10 @@ type RuleState struct {
 	// (dnatMap), and DNATs what the map holds, which a reader fills.
 	DNATMap string
 	DNATs   []MapDNAT
-	Masq      bool
-	SetMark   bool
-	Drop      bool
-	Fib       bool
+	Masq    bool
+	SetMark bool
+	Drop    bool
+	Fib     bool
 }
 
 // ID is how maps of keys are indexed: the map and the key.
