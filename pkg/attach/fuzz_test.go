@@ -177,7 +177,7 @@ func restoreTokens(line string) []string {
 // encoding/json gives whenever it takes an input (it may refuse more:
 // Parse then takes the slow path).
 func FuzzMappingsJSON(f *testing.F) {
-	for _, seed := range mappingsJSONCases {
+	for _, seed := range append(mappingsJSONCases, shapeCases...) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {

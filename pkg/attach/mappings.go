@@ -81,8 +81,8 @@ func mappingOf(hostPort, containerPort int, proto, hostIP string) (m plan.Mappin
 func oneContainerPortEach(ms []plan.Mapping) bool {
 	ascending := true
 	for i := 1; i < len(ms) && ascending; i++ {
-		a, b := ms[i-1], ms[i]
-		ascending = string(a.HostIP) == string(b.HostIP) && a.Protocol == b.Protocol && a.HostPort < b.HostPort
+		a, b := &ms[i-1], &ms[i]
+		ascending = a.HostPort < b.HostPort && a.Protocol == b.Protocol && string(a.HostIP) == string(b.HostIP)
 	}
 	if ascending {
 		return true

@@ -60,8 +60,9 @@ func (s *scanner) mappings(take func(typedMapping) bool) bool {
 
 // scanner reads JSON bytes from i on.
 type scanner struct {
-	b []byte
-	i int
+	b     []byte
+	i     int
+	shape shape // of the last entry quickMapping read
 }
 
 func (s *scanner) space() {
@@ -99,6 +100,9 @@ func (s *scanner) literal(word string) bool {
 // mapping reads one object of the array.
 func (s *scanner) mapping() (typedMapping, bool) {
 	s.space()
+	if t, ok := s.shaped(); ok {
+		return t, true
+	}
 	if t, ok := s.quickMapping(); ok {
 		return t, true
 	}

@@ -32,6 +32,37 @@ var mappingsJSONCases = []string{
 	`[{"hostPort": 80}`, `[{"hostPort": 80`, `[{"hostPort": "80"}]`, `[{"protocol": tcp}]`, `[{"hostIP": ""}]`,
 }
 
+// shapeCases are entries after one of a range's (shaped): the next entry
+// is compared with its shape, and must hand over where it differs.
+var shapeCases = func() []string {
+	first := `{"hostPort": 20000, "containerPort": 30000, "protocol": "tcp"}`
+	var out []string
+	for _, next := range []string{
+		`{"hostPort": 20001, "containerPort": 30001, "protocol": "tcp"}`, // the shape
+		`{"hostPort": 1, "containerPort": 65535, "protocol": "tcp"}`,
+		`{"hostPort": 0, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 020001, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 200011, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 99999, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 20001.0, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 20001, "containerPort": 3e4, "protocol": "tcp"}`,
+		`{"hostPort": 20001, "containerPort": 30001, "protocol": "udp"}`,
+		`{"hostPort": 20001, "containerPort": 30001, "protocol": "tcp", "hostIP": "10.0.0.1"}`,
+		`{"containerPort": 30001, "hostPort": 20001, "protocol": "tcp"}`,
+		`{"hostPort":20001, "containerPort": 30001, "protocol": "tcp"}`,
+		`{"hostPort": 20001, "containerPort": 30001, "protocol": "tcp" }`,
+		`{"hostPort": 20001, "containerPort": 30001}`,
+		`{"hostPort": 20001, "containerPort": -30001, "protocol": "tcp"}`,
+		`{"hostPort": 20001, "containerPort": 30001, "protocol": "tcp"`,
+	} {
+		out = append(out, "["+first+", "+next+"]", "["+first+", "+next+", "+next+"]")
+	}
+	// the shape of the other order, and of a host IP
+	out = append(out, `[{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81, "hostPort": 8081}]`,
+		`[{"hostIP": "10.0.0.1", "hostPort": 1, "containerPort": 2}, {"hostIP": "10.0.0.1", "hostPort": 3, "containerPort": 4}]`)
+	return out
+}()
+
 // diffMappingsJSON fails when the hand decoder takes b and gives other
 // than encoding/json.
 func diffMappingsJSON(t *testing.T, b []byte) {
@@ -52,7 +83,7 @@ func diffMappingsJSON(t *testing.T, b []byte) {
 // TestMappingsJSON: the hand decoder agrees with encoding/json on every
 // case it takes, and takes the plain shapes runtimes send.
 func TestMappingsJSON(t *testing.T) {
-	for _, c := range mappingsJSONCases {
+	for _, c := range append(mappingsJSONCases, shapeCases...) {
 		diffMappingsJSON(t, []byte(c))
 	}
 	for _, plain := range []string{mappingsJSONCases[4], mappingsJSONCases[5], mappingsJSONCases[6], mappingsJSONCases[7], mappingsJSONCases[8], mappingsJSONCases[9]} {

@@ -13,6 +13,10 @@ func (s *scanner) quickMapping() (t typedMapping, ok bool) {
 		return t, false
 	}
 	i++
+	// where the ports are, for the shape of the next entry
+	var at [2][2]int
+	var which [2]byte
+	ports := 0
 	for {
 		i = oneSpace(b, i)
 		key := quickKey(b, i)
@@ -38,6 +42,10 @@ func (s *scanner) quickMapping() (t typedMapping, ok bool) {
 			} else {
 				t.ContainerPort = n
 			}
+			if ports < 2 {
+				at[ports], which[ports] = [2]int{i, k}, key[0]
+			}
+			ports++
 			i = k
 		case keyProtocol, keyHostIP:
 			v, k, ok := quickString(b, i)
@@ -57,12 +65,65 @@ func (s *scanner) quickMapping() (t typedMapping, ok bool) {
 		case i < len(b) && b[i] == ',':
 			i++
 		case i < len(b) && b[i] == '}':
+			s.shape = shape{}
+			if ports == 2 && which[0] != which[1] {
+				s.shape = shape{ok: true, hostFirst: which[0] == 'h', t: t,
+					lit: [3][]byte{b[s.i:at[0][0]], b[at[0][1]:at[1][0]], b[at[1][1] : i+1]}}
+			}
 			s.i = i + 1
 			return t, true
 		default:
 			return t, false
 		}
 	}
+}
+
+// shape is the last entry quickMapping read, its two ports cut out: an
+// entry of a range differs from the one before it in its ports alone, so
+// the next is first compared with it byte for byte around them.
+type shape struct {
+	ok        bool
+	lit       [3][]byte // before the first port, between them, after the second
+	hostFirst bool      // the first port is hostPort
+	t         typedMapping
+}
+
+// shaped reads the entry at the scanner if it is the last one's shape
+// with other ports (of one to five digits, the first not 0): what
+// quickMapping would read of it, for a few comparisons.
+func (s *scanner) shaped() (t typedMapping, ok bool) {
+	sh := &s.shape
+	if !sh.ok {
+		return t, false
+	}
+	b, i := s.b, s.i
+	var ports [2]int
+	for n, l := range sh.lit {
+		if len(b)-i < len(l) || string(b[i:i+len(l)]) != string(l) {
+			return t, false
+		}
+		if i += len(l); n == 2 {
+			break
+		}
+		v, k := 0, i
+		for k < len(b) && k-i < 5 && b[k] >= '0' && b[k] <= '9' {
+			v = v*10 + int(b[k]-'0')
+			k++
+		}
+		// what follows must be the next literal, which starts with no
+		// digit: a sixth digit, a fraction or an exponent fails there
+		if k == i || b[i] == '0' {
+			return t, false
+		}
+		ports[n], i = v, k
+	}
+	t = sh.t
+	t.HostPort, t.ContainerPort = ports[0], ports[1]
+	if !sh.hostFirst {
+		t.HostPort, t.ContainerPort = ports[1], ports[0]
+	}
+	s.i = i
+	return t, true
 }
 
 // quickKey is the field whose key, quoted, is at i; "" for another.

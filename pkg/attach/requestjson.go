@@ -24,9 +24,20 @@ func decodeFast(stdin []byte) (nc netConf, ms []plan.Mapping, ok bool) {
 	// room for every object of the request: grown by doubling, the
 	// mappings of a range would touch twice their size
 	ms = make([]plan.Mapping, 0, bytes.Count(stdin, []byte{'{'}))
+	// an entry with the protocol and host IP of the one before it (every
+	// entry of a range) reuses what was parsed of them
+	var last typedMapping
+	var lastM plan.Mapping
 	start, end, ok := findMappings(stdin, func(t typedMapping) bool {
+		if len(ms) > 0 && t.Protocol == last.Protocol && t.HostIP == last.HostIP &&
+			t.HostPort >= 1 && t.HostPort <= 65535 && t.ContainerPort >= 1 && t.ContainerPort <= 65535 {
+			lastM.HostPort, lastM.ContainerPort = t.HostPort, t.ContainerPort
+			ms = append(ms, lastM)
+			return true
+		}
 		m, ok := plainMapping(t)
 		ms = append(ms, m)
+		last, lastM = t, m
 		return ok
 	})
 	if !ok {

@@ -74,6 +74,17 @@ func TestDecodeFast(t *testing.T) {
 			fast++
 		}
 	}
+	// a range's entries after the first, read by their shape, with the
+	// protocol and host IP of the entry before them
+	shaped := 0
+	for _, c := range shapeCases {
+		if diffDecode(t, []byte(`{"name":"n","runtimeConfig":{"portMappings":`+c+`}}`)) {
+			shaped++
+		}
+	}
+	if shaped < 10 {
+		t.Errorf("decodeFast read %d of the shaped requests, want 10 or more", shaped)
+	}
 	if fast < 9 {
 		t.Errorf("decodeFast read %d of the plain requests, want 9 or more", fast)
 	}
@@ -92,6 +103,9 @@ func TestDecodeFast(t *testing.T) {
 func FuzzDecodeFast(f *testing.F) {
 	for _, r := range requests {
 		f.Add([]byte(r))
+	}
+	for _, c := range shapeCases {
+		f.Add([]byte(`{"name":"n","runtimeConfig":{"portMappings":` + c + `}}`))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) { diffDecode(t, b) })
 }

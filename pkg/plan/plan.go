@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Family is an IP family.
@@ -117,6 +118,18 @@ type Plan struct {
 	// LocalhostSocket.
 	Localhost Localhost
 	Socket    Socket
+
+	// runs remembers Runs of Mappings (Build makes it): a verb asks for
+	// them several times, and 5000 mappings take ~0.1 ms to coalesce.
+	runs *runsMemo
+}
+
+// runsMemo is Runs of the mappings in of. A copy of the plan shares it,
+// and a copy given other mappings (another slice) computes its own.
+type runsMemo struct {
+	mu   sync.Mutex
+	of   []Mapping
+	runs []Run
 }
 
 // Localhost is a value of the "localhost" key: how a process on the node
@@ -177,6 +190,7 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 		p.ContainerNet = &n
 	}
 	p.Mappings = dedupe(ofFamily(req.Mappings, f))
+	p.runs = &runsMemo{}
 	return p
 }
 
@@ -214,7 +228,12 @@ func ofFamily(ms []Mapping, f Family) []Mapping {
 func dedupe(ms []Mapping) []Mapping {
 	ascending := true
 	for i := 1; i < len(ms) && ascending; i++ {
-		ascending = compareMappings(ms[i-1], ms[i]) < 0
+		a, b := &ms[i-1], &ms[i]
+		// the usual case first: the same host IP and protocol, a port up
+		if a.HostPort < b.HostPort && a.Protocol == b.Protocol && len(a.HostIP) == 0 && len(b.HostIP) == 0 {
+			continue
+		}
+		ascending = compareMappings(*a, *b) < 0
 	}
 	if ascending {
 		return ms

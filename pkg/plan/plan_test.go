@@ -191,3 +191,30 @@ func TestFingerprint(t *testing.T) {
 		t.Errorf("fingerprints %q and %q", fp, Fingerprint(nil))
 	}
 }
+
+// TestRunsRemembered: a plan coalesces its mappings once; a copy given
+// other mappings coalesces its own, and the original still has its runs.
+func TestRunsRemembered(t *testing.T) {
+	var ms []Mapping
+	for i := range 100 {
+		ms = append(ms, Mapping{HostPort: 20000 + i, ContainerPort: 20000 + i, Protocol: TCP})
+	}
+	p := Build(Request{Mappings: ms}, IPv4, nil)
+	a, b := p.Runs(), p.Runs()
+	if len(a) != 1 || &a[0] != &b[0] {
+		t.Fatalf("Runs twice: %v and %v, want one run computed once", a, b)
+	}
+	moved := *p
+	moved.Mappings = append([]Mapping(nil), p.Mappings...)
+	moved.Mappings[50].ContainerPort = 80
+	if got := moved.Runs(); len(got) != 3 {
+		t.Errorf("a copy with other mappings: %+v, want 3 runs", got)
+	}
+	if got := p.Runs(); len(got) != 1 || got[0].Len != 100 {
+		t.Errorf("the original after its copy: %+v, want its one run", got)
+	}
+	lit := &Plan{Mappings: ms[:2]}
+	if got := lit.Runs(); len(got) != 1 || got[0].Len != 2 {
+		t.Errorf("a plan not built: %+v", got)
+	}
+}

@@ -142,5 +142,18 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 	return out, true
 }
 
-// Runs are the plan's mappings coalesced (Runs).
-func (p *Plan) Runs() []Run { return Runs(p.Mappings) }
+// Runs are the plan's mappings coalesced (Runs), computed once for the
+// plan's slice of mappings: change what it holds in place, and the runs
+// are stale. The caller must not change them.
+func (p *Plan) Runs() []Run {
+	m := p.runs
+	if m == nil {
+		return Runs(p.Mappings)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.of == nil || len(m.of) != len(p.Mappings) || len(m.of) > 0 && &m.of[0] != &p.Mappings[0] {
+		m.of, m.runs = p.Mappings, Runs(p.Mappings)
+	}
+	return m.runs
+}
