@@ -5,8 +5,6 @@
 package plan
 
 import (
-	"bytes"
-	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -15,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // Family is an IP family.
@@ -122,14 +119,6 @@ type Plan struct {
 	// runs remembers Runs of Mappings (Build makes it): a verb asks for
 	// them several times, and 5000 mappings take ~0.1 ms to coalesce.
 	runs *runsMemo
-}
-
-// runsMemo is Runs of the mappings in of. A copy of the plan shares it,
-// and a copy given other mappings (another slice) computes its own.
-type runsMemo struct {
-	mu   sync.Mutex
-	of   []Mapping
-	runs []Run
 }
 
 // Localhost is a value of the "localhost" key: how a process on the node
@@ -254,22 +243,6 @@ func dedupe(ms []Mapping) []Mapping {
 		}
 	}
 	return out
-}
-
-// compareMappings orders mappings by host IP, protocol, host port and
-// container port.
-func compareMappings(a, b Mapping) int {
-	return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol),
-		cmp.Compare(a.HostPort, b.HostPort), cmp.Compare(a.ContainerPort, b.ContainerPort))
-}
-
-// compareIPs orders host IPs in their 16-byte form, nil (every address)
-// first.
-func compareIPs(a, b net.IP) int {
-	if a == nil && b == nil {
-		return 0
-	}
-	return bytes.Compare(a.To16(), b.To16())
 }
 
 // Empty reports whether the plan forwards nothing.

@@ -1,11 +1,13 @@
 package plan
 
 import (
+	"bytes"
 	"cmp"
 	"net"
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 )
 
 // Run is a stretch of consecutive host ports of one protocol and host IP
@@ -142,6 +144,14 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 	return out, true
 }
 
+// runsMemo is Runs of the mappings in of. A copy of the plan shares it,
+// and a copy given other mappings (another slice) computes its own.
+type runsMemo struct {
+	mu   sync.Mutex
+	of   []Mapping
+	runs []Run
+}
+
 // Runs are the plan's mappings coalesced (Runs), computed once for the
 // plan's slice of mappings: change what it holds in place, and the runs
 // are stale. The caller must not change them.
@@ -156,4 +166,20 @@ func (p *Plan) Runs() []Run {
 		m.of, m.runs = p.Mappings, Runs(p.Mappings)
 	}
 	return m.runs
+}
+
+// compareMappings orders mappings by host IP, protocol, host port and
+// container port.
+func compareMappings(a, b Mapping) int {
+	return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol),
+		cmp.Compare(a.HostPort, b.HostPort), cmp.Compare(a.ContainerPort, b.ContainerPort))
+}
+
+// compareIPs orders host IPs in their 16-byte form, nil (every address)
+// first.
+func compareIPs(a, b net.IP) int {
+	if a == nil && b == nil {
+		return 0
+	}
+	return bytes.Compare(a.To16(), b.To16())
 }
