@@ -17,6 +17,8 @@
 //	    [conditions] ip saddr 127.0.0.1 jump mark-bit13 comment "localhost"
 //	    [conditions] meta l4proto tcp th dport 8080 dnat to 192.0.2.2:80 comment "hostport tcp . 8080"
 //	    [conditions] meta l4proto tcp th dport 20000-20999 dnat to 192.0.2.2 comment "hostport tcp . 20000-20999" }
+//	    (from 8 single mappings of a host IP kind, one rule for them all, before the ranges':
+//	    [conditions] dnat ip to meta l4proto . th dport map { tcp . 8080 : 192.0.2.2 . 80, … } comment "hostports")
 //	  chain mark-bit13 { meta mark set meta mark | 0x2000 }
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
@@ -24,7 +26,8 @@
 // A map element (one per host port, or per range of ports: ranges.go)
 // names its owner in its verdict (goto dn-...); the attachment's chain
 // holds one DNAT rule per run of consecutive ports (plan.Runs), so a
-// Podman range is one rule and one element whatever its length. ADD's
+// Podman range is one rule and one element whatever its length; many
+// single mappings are one rule and an anonymous map (dnatMap). ADD's
 // fast path (plans without ranges) is
 // one transaction that creates the attachment's chain (failing if it
 // exists) and adds its elements (failing if another attachment holds a
@@ -35,7 +38,8 @@
 // then deletes its chain (which the kernel refuses while any element still
 // points at it). Only when a fast path fails does the slow path run under
 // the host-wide lock, reading the attachment's own chain (its "hostport"
-// rule comments record the keys it claims) and its keys' map elements.
+// rule comments and its DNAT maps record the keys it claims) and its
+// keys' map elements.
 //
 // The backend talks to the kernel itself, over netlink (pkg/nfnl): a
 // transaction (Tx) is one nf_tables batch, all or nothing, and reads fetch
