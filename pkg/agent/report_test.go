@@ -2,7 +2,7 @@ package agent
 
 import (
 	"bytes"
-	"log/slog"
+	"github.com/portmap-dev/portmap/pkg/logline"
 	"strings"
 	"testing"
 	"time"
@@ -55,12 +55,8 @@ func TestReportText(t *testing.T) {
 // that found everything right.
 func TestLogChanges(t *testing.T) {
 	var b bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-		if a.Key == slog.TimeKey {
-			return slog.Attr{}
-		}
-		return a
-	}}))
+	log := logline.New(&b, false)
+	log.Now = nil
 	logged := map[string]bool{}
 	logChanges(log, fullReport(false), TriggerEvent, 12*time.Millisecond, logged)
 	first := b.String()
