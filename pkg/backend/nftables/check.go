@@ -173,7 +173,8 @@ func hasRule(c *ChainState, r *Rule) bool {
 // where this one writes a map (before maps), and the layout before port
 // ranges (legacyChainRules).
 func judgeChain(p *plan.Plan, c *ChainState) string {
-	why := judgeRules(p, c, chainRules(p))
+	current := chainRules(p)
+	why := judgeRules(p, c, current)
 	if why == "" {
 		return ""
 	}
@@ -182,7 +183,7 @@ func judgeChain(p *plan.Plan, c *ChainState) string {
 		mapped = mapped || r.DNATMap != ""
 	}
 	perRule := layoutRules(p, 0)
-	if len(perRule) != len(chainRules(p)) {
+	if len(perRule) != len(current) {
 		if w := judgeRules(p, c, perRule); w == "" {
 			return ""
 		} else if !mapped {

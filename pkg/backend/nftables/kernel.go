@@ -96,9 +96,7 @@ func readDNATs(c *nfnl.Conn, f plan.Family, table string, rules []RuleState) err
 		if r.DNATMap == "" {
 			continue
 		}
-		var el nfnl.Attrs
-		el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, r.DNATMap)
-		msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+		msgs, err := dumpSet(c, f, table, r.DNATMap)
 		if err != nil {
 			return &Error{Op: "list map " + r.DNATMap, Err: err}
 		}
@@ -171,12 +169,17 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	return out, nil
 }
 
+// dumpSet dumps the elements of set name of the family's table.
+func dumpSet(c *nfnl.Conn, f plan.Family, table, name string) ([]nfnl.Reply, error) {
+	var el nfnl.Attrs
+	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
+	return c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+}
+
 // dumpElements lists the elements of one map of the family's cni_portmap
 // table; a missing map has none (a node set up before the interval maps).
 func dumpElements(c *nfnl.Conn, f plan.Family, name string) ([]Element, error) {
-	var el nfnl.Attrs
-	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, Table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
-	msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+	msgs, err := dumpSet(c, f, Table, name)
 	if IsNotFound(err) {
 		return nil, nil
 	}
