@@ -296,7 +296,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 			t.Errorf("withheld %+v, want c4 gone", rep.Withheld)
 		}
 		if prune == n.holds(t, "c4", c4.ip) {
-			t.Errorf("prune=%t: c4's objects there: %t, want the opposite:\n%s", prune, !prune, n.state(t))
+			t.Errorf("prune=%t: c4's objects there: %t, want the opposite (%+v):\n%s", prune, !prune, rep, n.state(t))
 		}
 		recs, _, _ := n.fh.Ledger.Read()
 		if _, ok := recs[plan.Owner{Network: "net1", ContainerID: "c4", IfName: "eth0"}]; !ok {

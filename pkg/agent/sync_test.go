@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,8 +127,11 @@ func TestSyncDryRunAndScope(t *testing.T) {
 	dir := t.TempDir()
 	cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
 	cacheEntry(t, dir, "net2", "b", "", `[{"hostPort":8081,"containerPort":80}]`, time.Hour)
+	var mu sync.Mutex // the units of both families answer at once
 	var scope func(string) bool
 	h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		mu.Lock()
+		defer mu.Unlock()
 		scope = o.InScope
 		return converge.NewReport(len(want))
 	}

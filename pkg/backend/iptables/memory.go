@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,6 +19,9 @@ import (
 // spelling of iptables -S. Kernel(table) is the view a backend gets.
 // Trace follows a packet through the nat table.
 type Memory struct {
+	// mu makes each restore, listing and ensure one step, as the kernel
+	// (and the xtables lock) do: the agent's units write concurrently.
+	mu     sync.Mutex
 	tables map[string]*xtable
 	// Restores counts the payloads committed.
 	Restores int
@@ -78,6 +82,8 @@ func (m *Memory) clone() *Memory {
 // FlushTable is `iptables -t table -F`: every chain emptied, user chains
 // kept.
 func (m *Memory) FlushTable(table string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	t := m.table(table)
 	for c := range t.rules {
 		t.rules[c] = nil
@@ -218,11 +224,21 @@ type memKernel struct {
 	table string
 }
 
-func (k *memKernel) Restore(payload []byte) error { return k.m.restore(payload, true) }
-func (k *memKernel) Test(payload []byte) error    { return k.m.restore(payload, false) }
+func (k *memKernel) Restore(payload []byte) error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
+	return k.m.restore(payload, true)
+}
+func (k *memKernel) Test(payload []byte) error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
+	return k.m.restore(payload, false)
+}
 
 // ListChain prints one chain as iptables -S CHAIN does.
 func (k *memKernel) ListChain(chain string) ([]string, error) {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	t := k.m.table(k.table)
 	if !t.has(chain) {
 		return nil, fmt.Errorf("iptables: chain %s: No chain/target/match by that name", chain)
@@ -236,6 +252,8 @@ func (k *memKernel) ListChain(chain string) ([]string, error) {
 
 // ListTable prints the table as iptables -S does: policies, chains, rules.
 func (k *memKernel) ListTable() ([]string, error) {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	t := k.m.table(k.table)
 	var out []string
 	for _, c := range builtins[k.table] {
@@ -255,6 +273,8 @@ func (k *memKernel) ListTable() ([]string, error) {
 }
 
 func (k *memKernel) EnsureChain(c Chain) error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	t := k.m.table(tableOf(Rule{Table: c.Table}))
 	if !t.has(c.Name) {
 		t.order, t.rules[c.Name] = append(t.order, c.Name), nil
@@ -263,6 +283,8 @@ func (k *memKernel) EnsureChain(c Chain) error {
 }
 
 func (k *memKernel) EnsureRule(r Rule) error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	t := k.m.table(tableOf(r))
 	if !t.has(r.Chain) {
 		return unix.ENOENT
@@ -283,6 +305,8 @@ func (k *memKernel) EnsureRule(r Rule) error {
 // Unlink deletes chain and parent's jumps to it in one step, as the
 // netlink DEL does on iptables-nft.
 func (k *memKernel) Unlink(parent, chain string) (bool, error) {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	t := k.m.table(k.table)
 	if !t.has(chain) {
 		return false, nil
@@ -301,6 +325,8 @@ func (k *memKernel) Unlink(parent, chain string) (bool, error) {
 // Chains summarizes chains as nf_tables netlink would, unless the tables
 // are legacy.
 func (k *memKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
 	if k.m.Legacy {
 		return nil, ErrLegacy
 	}

@@ -15,6 +15,8 @@ import (
 // the packet got. It knows the matches this package writes; a rule with
 // any other match does not match.
 func (m *Memory) Trace(p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var v plan.Verdict
 	t := m.table(Table)
 	var mark uint32

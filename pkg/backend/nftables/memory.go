@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -21,6 +22,9 @@ import (
 // decoder the netlink reader uses, so Memory is no third reader of our
 // rules. Trace follows a packet through what it holds.
 type Memory struct {
+	// mu makes each transaction and read one step, as the kernel does:
+	// the agent's units of both families run at once.
+	mu         sync.Mutex
 	tables     map[memKey]*memTable
 	nextHandle uint64
 	// Committed counts the transactions applied.
@@ -50,13 +54,15 @@ type memChain struct {
 }
 
 // FlushRuleset is `nft flush ruleset`: every table gone.
-func (m *Memory) FlushRuleset() { m.tables = map[memKey]*memTable{} }
+func (m *Memory) FlushRuleset() { m.mu.Lock(); defer m.mu.Unlock(); m.tables = map[memKey]*memTable{} }
 
 // NewMemory returns an empty nf_tables.
 func NewMemory() *Memory { return &Memory{tables: map[memKey]*memTable{}} }
 
 // Apply commits tx, or nothing when an operation fails.
 func (m *Memory) Apply(tx *Tx) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	next, err := m.simulate(tx)
 	if err != nil {
 		return err
@@ -68,6 +74,8 @@ func (m *Memory) Apply(tx *Tx) error {
 
 // Validate checks tx as Apply would, committing nothing.
 func (m *Memory) Validate(tx *Tx) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	_, err := m.simulate(tx)
 	return err
 }
@@ -317,16 +325,25 @@ func (m *Memory) state(f plan.Family, table string) *memTable { return m.tables[
 
 // Chain reads one chain; nil when it or its table is absent.
 func (m *Memory) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.chain(f, table, chain), nil
+}
+
+// chain is Chain under the lock.
+func (m *Memory) chain(f plan.Family, table, chain string) *ChainState {
 	t := m.state(f, table)
 	if t == nil || t.chains[chain] == nil {
-		return nil, nil
+		return nil
 	}
 	c := t.chains[chain]
-	return &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}, nil
+	return &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}
 }
 
 // Elements answers as the kernel's reads do (Kernel.Elements).
 func (m *Memory) Elements(f plan.Family, keys []Key) ([]Element, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	t := m.state(f, Table)
 	if t == nil {
 		return nil, nil
@@ -344,13 +361,15 @@ func (m *Memory) Elements(f plan.Family, keys []Key) ([]Element, error) {
 
 // Table reads a table whole; nil when it is absent.
 func (m *Memory) Table(f plan.Family, table string) (*State, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	t := m.state(f, table)
 	if t == nil {
 		return nil, nil
 	}
 	st := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
 	for n := range t.chains {
-		st.Chains[n], _ = m.Chain(f, table, n)
+		st.Chains[n] = m.chain(f, table, n)
 	}
 	for n, els := range t.maps {
 		st.Maps[n] = true
@@ -364,6 +383,8 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 // Dump prints every table, sorted, one object a line: a whole-state
 // picture tests compare before and after a sequence.
 func (m *Memory) Dump() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var keys []memKey
 	for k := range m.tables {
 		keys = append(keys, k)

@@ -14,6 +14,8 @@ import (
 // attachment's chain, the mark and masquerade chains. Rules holding
 // conditions are taken as matching.
 func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var v plan.Verdict
 	t := m.state(f, Table)
 	if t == nil {
