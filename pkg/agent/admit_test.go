@@ -21,7 +21,7 @@ func TestAdmission(t *testing.T) {
 	plans := func(ip string) []*plan.Plan {
 		_, n, _ := net.ParseCIDR(ip + "/24")
 		n.IP = net.ParseIP(ip).To4()
-		return []*plan.Plan{{Family: plan.IPv4, ContainerNet: n, Mappings: []plan.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP}}}}
+		return []*plan.Plan{{Family: plan.IPv4, ContainerNet: n, Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP})}}
 	}
 	add := func(o plan.Owner, netns, ip string) ledger.Record {
 		r := ledger.New(o, ledger.Add)

@@ -57,8 +57,8 @@ func TestLoad(t *testing.T) {
 			var fams []plan.Family
 			for _, pl := range a.Plans {
 				fams = append(fams, pl.Family)
-				if pl.Owner != fixture.Owner || pl.Localhost != tt.localhost || len(pl.Mappings) != 1 {
-					t.Errorf("%s plan: owner %+v localhost %q %d mappings, want the attachment's and 1", pl.Family, pl.Owner, pl.Localhost, len(pl.Mappings))
+				if pl.Owner != fixture.Owner || pl.Localhost != tt.localhost || pl.Mappings.Len() != 1 {
+					t.Errorf("%s plan: owner %+v localhost %q %d mappings, want the attachment's and 1", pl.Family, pl.Owner, pl.Localhost, pl.Mappings.Len())
 				}
 			}
 			if len(fams) != len(tt.families) || (len(fams) > 0 && fams[0] != tt.families[0]) {
@@ -77,8 +77,8 @@ func TestLoad(t *testing.T) {
 				for _, b := range a.Plans {
 					built = built || b == pl
 				}
-				if built != (len(tt.families) > 0 && f == plan.IPv4) || (!built && pl.ContainerNet != nil) || len(pl.Mappings) != map[plan.Family]int{plan.IPv4: 1, plan.IPv6: 2}[f] {
-					t.Errorf("Plan(%s): the built plan %t, container %v, %d mappings", f, built, pl.ContainerNet, len(pl.Mappings))
+				if built != (len(tt.families) > 0 && f == plan.IPv4) || (!built && pl.ContainerNet != nil) || pl.Mappings.Len() != map[plan.Family]int{plan.IPv4: 1, plan.IPv6: 2}[f] {
+					t.Errorf("Plan(%s): the built plan %t, container %v, %d mappings", f, built, pl.ContainerNet, pl.Mappings.Len())
 				}
 			}
 		})

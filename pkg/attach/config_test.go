@@ -76,20 +76,20 @@ func TestParseConfigKeys(t *testing.T) {
 			return when(c.Request.ConditionsV4 != nil || c.Request.ConditionsV6 != nil, "empty conditions kept")
 		}},
 		{"mapping defaults", mappings(`[{"hostPort":8080,"containerPort":80}]`), func(c *Config) string {
-			m := c.Request.Mappings
+			m := c.Request.Mappings.Slice()
 			return when(!c.HasMappings || len(m) != 1 || m[0].Protocol != plan.TCP || m[0].HostIP != nil ||
 				m[0].HostPort != 8080 || m[0].ContainerPort != 80, "bad mapping")
 		}},
 		{"containerd keys and case", mappings(`[{"HostPort":53,"ContainerPort":5353,"Protocol":"UDP","HostIP":""}]`), func(c *Config) string {
-			m := c.Request.Mappings
+			m := c.Request.Mappings.Slice()
 			return when(len(m) != 1 || m[0].Protocol != plan.UDP || m[0].HostPort != 53 || m[0].ContainerPort != 5353 || m[0].HostIP != nil, "bad mapping")
 		}},
 		{"sctp and hostIP", mappings(`[{"hostPort":1,"containerPort":65535,"protocol":"sctp","hostIP":"2001:db8::1"}]`), func(c *Config) string {
-			m := c.Request.Mappings
-			return when(m[0].Protocol != plan.SCTP || !m[0].HostIP.Equal(net.ParseIP("2001:db8::1")), "bad mapping")
+			m := c.Request.Mappings.Slice()
+			return when(len(m) != 1 || m[0].Protocol != plan.SCTP || !m[0].HostIP.Equal(net.ParseIP("2001:db8::1")), "bad mapping")
 		}},
 		{"same port two protocols", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":80,"protocol":"udp"}]`), func(c *Config) string {
-			return when(len(c.Request.Mappings) != 2, "mappings dropped")
+			return when(c.Request.Mappings.Len() != 2, "mappings dropped")
 		}},
 	}
 	for _, tt := range tests {

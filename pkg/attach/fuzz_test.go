@@ -32,7 +32,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, m := range c.Request.Mappings {
+		for m := range c.Request.Mappings.All() {
 			if m.HostPort < 1 || m.HostPort > 65535 || m.ContainerPort < 1 || m.ContainerPort > 65535 {
 				t.Fatalf("accepted port out of range: %+v", m)
 			}

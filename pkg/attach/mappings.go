@@ -22,25 +22,25 @@ type rawMapping struct {
 // pass the checks of parseMappings; false, with nothing taken, when one
 // does not (parseMappings then says why).
 func (c *Config) takeMappings(typed []typedMapping) bool {
-	ms := make([]plan.Mapping, 0, len(typed))
+	var ms plan.Mappings
 	for _, t := range typed {
 		m, ok := plainMapping(t)
 		if !ok {
 			return false
 		}
-		ms = append(ms, m)
+		ms.Add(m)
 	}
 	return c.takePlain(ms)
 }
 
 // takePlain takes mappings converted by plainMapping, unless a host port
 // of them goes to two container ports (parseMappings then says so).
-func (c *Config) takePlain(ms []plan.Mapping) bool {
+func (c *Config) takePlain(ms plan.Mappings) bool {
 	if !oneContainerPortEach(ms) {
 		return false
 	}
 	c.Request.Mappings = ms
-	c.HasMappings = len(ms) > 0
+	c.HasMappings = ms.Len() > 0
 	return true
 }
 
@@ -76,19 +76,14 @@ func mappingOf(hostPort, containerPort int, proto, hostIP string) (m plan.Mappin
 
 // oneContainerPortEach reports whether no host port (host IP, protocol,
 // port) of ms goes to two container ports. Mappings in ascending order
-// of host port (a Podman range) repeat none: that is checked in one
-// pass, without a set.
-func oneContainerPortEach(ms []plan.Mapping) bool {
-	ascending := true
-	for i := 1; i < len(ms) && ascending; i++ {
-		a, b := &ms[i-1], &ms[i]
-		ascending = a.HostPort < b.HostPort && a.Protocol == b.Protocol && string(a.HostIP) == string(b.HostIP)
-	}
-	if ascending {
+// (a Podman range) repeat none: that is checked on their stretches,
+// without a set.
+func oneContainerPortEach(ms plan.Mappings) bool {
+	if ms.Ascending() {
 		return true
 	}
-	first := make(map[hostPortKey]int, len(ms))
-	for _, m := range ms {
+	first := make(map[hostPortKey]int, ms.Len())
+	for m := range ms.All() {
 		hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
 		if cp, ok := first[hk]; ok && cp != m.ContainerPort {
 			return false
@@ -99,9 +94,9 @@ func oneContainerPortEach(ms []plan.Mapping) bool {
 	return true
 }
 
-// firstOf is, while the mappings are read, the index of the first
-// mapping of each host port.
-type firstOf map[hostPortKey]int
+// firstOf is, while the mappings are read, the first mapping of each
+// host port: its index and container port.
+type firstOf map[hostPortKey][2]int
 
 // parseMappings validates runtimeConfig.portMappings, as sent, into the
 // request: ports from 1 to 65535, tcp/udp/sctp in any case, a host IP
@@ -142,7 +137,7 @@ func (c *Config) parseMappings(raw json.RawMessage) error {
 			return err
 		}
 	}
-	c.HasMappings = len(c.Request.Mappings) > 0
+	c.HasMappings = c.Request.Mappings.Len() > 0
 	return nil
 }
 
@@ -171,12 +166,12 @@ func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, ho
 		return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
 	}
 	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
-	if j, ok := seen[hk]; ok && c.Request.Mappings[j].ContainerPort != m.ContainerPort {
-		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", j))
+	if first, ok := seen[hk]; ok && first[1] != m.ContainerPort {
+		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", first[0]))
 	} else if !ok {
-		seen[hk] = len(c.Request.Mappings)
+		seen[hk] = [2]int{c.Request.Mappings.Len(), m.ContainerPort}
 	}
-	c.Request.Mappings = append(c.Request.Mappings, m)
+	c.Request.Mappings.Add(m)
 	return nil
 }
 

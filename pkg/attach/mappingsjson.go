@@ -34,8 +34,10 @@ func (m *typedMappings) UnmarshalJSON(b []byte) error {
 }
 
 // mappings reads the array of mappings (or null) that comes next, and
-// hands each entry to take; false when an entry is not of the plain
-// shape or take refuses it.
+// hands each entry to take — or, when the scanner has more, entries that
+// continue the one taken before them, both ports one up (a range), to
+// more, by their number; false when an entry is not of the plain shape
+// or take or more refuses it.
 func (s *scanner) mappings(take func(typedMapping) bool) bool {
 	if s.literal("null") {
 		return true
@@ -47,8 +49,11 @@ func (s *scanner) mappings(take func(typedMapping) bool) bool {
 		return true
 	}
 	for {
-		t, ok := s.mapping()
-		if !ok || !take(t) {
+		if n := s.continuedRun(); n > 0 {
+			if !s.more(n) {
+				return false
+			}
+		} else if t, ok := s.mapping(); !ok || !take(t) {
 			return false
 		}
 		if s.next(',') {
@@ -63,6 +68,9 @@ type scanner struct {
 	b     []byte
 	i     int
 	shape shape // of the last entry quickMapping read
+	// more, if set, takes n entries that continue the last one taken
+	// (mappings)
+	more func(n int) bool
 }
 
 func (s *scanner) space() {
@@ -100,6 +108,9 @@ func (s *scanner) literal(word string) bool {
 // mapping reads one object of the array.
 func (s *scanner) mapping() (typedMapping, bool) {
 	s.space()
+	if t, ok := s.continued(); ok {
+		return t, true
+	}
 	if t, ok := s.shaped(); ok {
 		return t, true
 	}

@@ -2,7 +2,9 @@ package attach
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,8 +62,52 @@ var shapeCases = func() []string {
 	// the shape of the other order, and of a host IP
 	out = append(out, `[{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81, "hostPort": 8081}]`,
 		`[{"hostIP": "10.0.0.1", "hostPort": 1, "containerPort": 2}, {"hostIP": "10.0.0.1", "hostPort": 3, "containerPort": 4}]`)
-	return out
+	return append(out, continuedCases()...)
 }()
+
+// continuedCases are ranges whose entries from the third on are read as
+// the continuation of the two before (scanner.continued): the range as
+// it comes, and with each way an entry can differ from its continuation
+// in the third, the fifth or the last place.
+func continuedCases() []string {
+	entry := func(h, c int) string {
+		return fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h, c)
+	}
+	ranges := [][2]int{{20000, 30000}, {9996, 9996}, {20005, 30095}, {65530, 65530}, {1, 99990}}
+	var out []string
+	for _, r := range ranges {
+		var es []string
+		for i := range 8 {
+			es = append(es, entry(r[0]+i, r[1]+i))
+		}
+		out = append(out, "["+strings.Join(es, ", ")+"]", "["+strings.Join(es, ",")+"]", "[\n"+strings.Join(es, ",\n ")+"\n]")
+		h, c := r[0], r[1]
+		for _, at := range []int{2, 4, 7} {
+			for _, odd := range []string{
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h+at, c+at+1),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h+at+1, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h+at-1, c+at-1),
+				fmt.Sprintf(`{"hostPort": %d1, "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d0, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d.0, "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %de0, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": 0%d, "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "udp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp", "hostIP": "10.0.0.1"}`, h+at, c+at),
+				fmt.Sprintf(`{"containerPort": %d, "hostPort": %d, "protocol": "tcp"}`, c+at, h+at),
+				fmt.Sprintf(`{"hostPort": %d,  "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"`, h+at, c+at),
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}}`, h+at, c+at),
+			} {
+				cut := slices.Clone(es)
+				cut[at] = odd
+				out = append(out, "["+strings.Join(cut, ", ")+"]")
+			}
+		}
+	}
+	return out
+}
 
 // diffMappingsJSON fails when the hand decoder takes b and gives other
 // than encoding/json.
@@ -105,5 +151,37 @@ func TestMappingsJSON(t *testing.T) {
 	b, errB := Parse([]byte(slow), "eth0", "iptables")
 	if errA != nil || errB != nil || !reflect.DeepEqual(a.Request.Mappings, b.Request.Mappings) {
 		t.Errorf("plain %v %+v, escaped %v %+v: want the same mappings", errA, a, errB, b)
+	}
+}
+
+// TestContinuedRead: the entries of a range from the third on reach
+// more, by their number, and the rest take; a port gaining a digit, a
+// carry and a break are read on.
+func TestContinuedRead(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		in         string
+		takes      int
+		continued  []int
+		lastHost   int
+		totalPorts int
+	}{
+		{"a range", `[{"hostPort": 20000, "containerPort": 20000}, {"hostPort": 20001, "containerPort": 20001}, {"hostPort": 20002, "containerPort": 20002}, {"hostPort": 20003, "containerPort": 20003}]`, 2, []int{2}, 20003, 4},
+		{"a digit more", `[{"hostPort": 9998, "containerPort": 99}, {"hostPort": 9999, "containerPort": 100},{"hostPort": 10000, "containerPort": 101},{"hostPort": 10001, "containerPort": 102}]`, 2, []int{2}, 10001, 4},
+		{"a carry", `[{"hostPort": 18, "containerPort": 28}, {"hostPort": 19, "containerPort": 29}, {"hostPort": 20, "containerPort": 30}]`, 2, []int{1}, 20, 3},
+		{"a break", `[{"hostPort": 1, "containerPort": 1}, {"hostPort": 2, "containerPort": 2}, {"hostPort": 3, "containerPort": 3}, {"hostPort": 5, "containerPort": 5}, {"hostPort": 6, "containerPort": 6}, {"hostPort": 7, "containerPort": 7}]`, 4, []int{1, 1}, 7, 6},
+		{"the last port", `[{"hostPort": 65533, "containerPort": 1}, {"hostPort": 65534, "containerPort": 2}, {"hostPort": 65535, "containerPort": 3}]`, 2, []int{1}, 65535, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var takes, last, total int
+			var continued []int
+			s := scanner{b: []byte(tc.in)}
+			s.more = func(n int) bool { continued = append(continued, n); last += n; total += n; return true }
+			ok := s.mappings(func(m typedMapping) bool { takes++; last = m.HostPort; total++; return true })
+			if !ok || !s.end() || takes != tc.takes || !slices.Equal(continued, tc.continued) || last != tc.lastHost || total != tc.totalPorts {
+				t.Errorf("read %v: %d taken, continued %v, last host port %d, %d ports; want %d, %v, %d, %d",
+					ok, takes, continued, last, total, tc.takes, tc.continued, tc.lastHost, tc.totalPorts)
+			}
+		})
 	}
 }

@@ -1,5 +1,7 @@
 package attach
 
+import "strconv"
+
 // quickMapping reads, in one pass, an entry spelled as runtimes spell
 // it: the four keys as written here, in any order; at most a space
 // around colons and commas; ports of up to five digits; protocol and
@@ -65,9 +67,9 @@ func (s *scanner) quickMapping() (t typedMapping, ok bool) {
 		case i < len(b) && b[i] == ',':
 			i++
 		case i < len(b) && b[i] == '}':
-			s.shape = shape{}
+			s.shape = shape{next: s.shape.next[:0]}
 			if ports == 2 && which[0] != which[1] {
-				s.shape = shape{ok: true, hostFirst: which[0] == 'h', t: t,
+				s.shape = shape{ok: true, hostFirst: which[0] == 'h', t: t, next: s.shape.next,
 					lit: [3][]byte{b[s.i:at[0][0]], b[at[0][1]:at[1][0]], b[at[1][1] : i+1]}}
 			}
 			s.i = i + 1
@@ -86,6 +88,98 @@ type shape struct {
 	lit       [3][]byte // before the first port, between them, after the second
 	hostFirst bool      // the first port is hostPort
 	t         typedMapping
+
+	// next, once two entries in a row had both ports one up, is the
+	// entry that would continue them, spelled as they were: the third
+	// entry of a range on is then one comparison (continued). digits
+	// are where its two ports are in it.
+	next   []byte
+	digits [2][2]int
+}
+
+// spellNext makes next the entry of the shape whose ports are first and
+// second, in the order written; false when a port would be above 65535.
+func (sh *shape) spellNext(first, second int) bool {
+	if first > 65535 || second > 65535 {
+		sh.next = sh.next[:0]
+		return false
+	}
+	b := append(sh.next[:0], sh.lit[0]...)
+	sh.digits[0][0] = len(b)
+	b = strconv.AppendInt(b, int64(first), 10)
+	sh.digits[0][1] = len(b)
+	b = append(b, sh.lit[1]...)
+	sh.digits[1][0] = len(b)
+	b = strconv.AppendInt(b, int64(second), 10)
+	sh.digits[1][1] = len(b)
+	sh.next = append(b, sh.lit[2]...)
+	return true
+}
+
+// continued reads the entry at the scanner if it is next: the last
+// entry with both ports one up. Every entry of a range from its third
+// on is, so a range costs one comparison an entry.
+func (s *scanner) continued() (t typedMapping, ok bool) {
+	if !s.continuedOne() {
+		return t, false
+	}
+	return s.shape.t, true
+}
+
+// continuedRun reads, when the scanner has more, the entries from the
+// scanner on that each continue the one before (continued), with the
+// commas between them, and says how many; it stops after the last.
+func (s *scanner) continuedRun() int {
+	if s.more == nil || len(s.shape.next) == 0 {
+		return 0
+	}
+	n := 0
+	for {
+		at := s.i
+		if n > 0 && !s.next(',') {
+			return n
+		}
+		s.space()
+		if !s.continuedOne() {
+			s.i = at
+			return n
+		}
+		n++
+	}
+}
+
+// continuedOne is continued, without the entry: the shape has it.
+func (s *scanner) continuedOne() bool {
+	sh := &s.shape
+	n := len(sh.next)
+	if n == 0 || len(s.b)-s.i < n || string(s.b[s.i:s.i+n]) != string(sh.next) {
+		return false
+	}
+	s.i += n
+	sh.t.HostPort++
+	sh.t.ContainerPort++
+	// the one after: both ports one up again, in place while no port
+	// gains a digit
+	for _, d := range sh.digits {
+		k := d[1] - 1
+		for k >= d[0] && sh.next[k] == '9' {
+			sh.next[k] = '0'
+			k--
+		}
+		if k < d[0] {
+			first, second := sh.t.HostPort+1, sh.t.ContainerPort+1
+			if !sh.hostFirst {
+				first, second = second, first
+			}
+			sh.spellNext(first, second)
+			return true
+		}
+		sh.next[k]++
+	}
+	if sh.t.HostPort+1 > 65535 || sh.t.ContainerPort+1 > 65535 {
+		sh.next = sh.next[:0]
+	}
+	return true
 }
 
 // shaped reads the entry at the scanner if it is the last one's shape
@@ -123,6 +217,13 @@ func (s *scanner) shaped() (t typedMapping, ok bool) {
 		t.HostPort, t.ContainerPort = ports[1], ports[0]
 	}
 	s.i = i
+	// the second entry of a range: the third is then spelled ahead
+	if t.HostPort == sh.t.HostPort+1 && t.ContainerPort == sh.t.ContainerPort+1 {
+		sh.spellNext(ports[0]+1, ports[1]+1)
+	} else {
+		sh.next = sh.next[:0]
+	}
+	sh.t = t
 	return t, true
 }
 

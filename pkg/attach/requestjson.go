@@ -20,28 +20,25 @@ import (
 // with an escape or beyond ASCII, runtimeConfig or portMappings twice,
 // mappings of another shape or a value out of range, a request
 // encoding/json refuses.
-func decodeFast(stdin []byte) (nc netConf, ms []plan.Mapping, ok bool) {
-	// room for every object of the request: grown by doubling, the
-	// mappings of a range would touch twice their size
-	ms = make([]plan.Mapping, 0, bytes.Count(stdin, []byte{'{'}))
+func decodeFast(stdin []byte) (nc netConf, ms plan.Mappings, ok bool) {
 	// an entry with the protocol and host IP of the one before it (every
 	// entry of a range) reuses what was parsed of them
 	var last typedMapping
 	var lastM plan.Mapping
 	start, end, ok := findMappings(stdin, func(t typedMapping) bool {
-		if len(ms) > 0 && t.Protocol == last.Protocol && t.HostIP == last.HostIP &&
+		if ms.Len() > 0 && t.Protocol == last.Protocol && t.HostIP == last.HostIP &&
 			t.HostPort >= 1 && t.HostPort <= 65535 && t.ContainerPort >= 1 && t.ContainerPort <= 65535 {
 			lastM.HostPort, lastM.ContainerPort = t.HostPort, t.ContainerPort
-			ms = append(ms, lastM)
+			ms.Add(lastM)
 			return true
 		}
 		m, ok := plainMapping(t)
-		ms = append(ms, m)
+		ms.Add(m)
 		last, lastM = t, m
 		return ok
-	})
+	}, ms.Extend)
 	if !ok {
-		return nc, nil, false
+		return nc, plan.Mappings{}, false
 	}
 	rest := stdin
 	if start >= 0 {
@@ -49,7 +46,7 @@ func decodeFast(stdin []byte) (nc netConf, ms []plan.Mapping, ok bool) {
 		rest = append(append(append(rest, stdin[:start]...), "null"...), stdin[end:]...)
 	}
 	if json.Unmarshal(rest, &nc) != nil {
-		return netConf{}, nil, false
+		return netConf{}, plan.Mappings{}, false
 	}
 	return nc, ms, true
 }
@@ -60,11 +57,12 @@ var (
 )
 
 // findMappings walks the top-level object of b and reads
-// runtimeConfig.portMappings where it is, handing each entry to take; it
+// runtimeConfig.portMappings where it is, handing each entry to take, or
+// to more those that continue the one before (scanner.mappings); it
 // returns the span [start, end) of their value in b (start is -1
 // without one).
-func findMappings(b []byte, take func(typedMapping) bool) (start, end int, ok bool) {
-	s := scanner{b: b}
+func findMappings(b []byte, take func(typedMapping) bool, more func(n int) bool) (start, end int, ok bool) {
+	s := scanner{b: b, more: more}
 	start = -1
 	seen := false
 	ok = s.object(func(key []byte) bool {

@@ -58,10 +58,11 @@ func diffDecode(t *testing.T, b []byte) (fast bool) {
 	// The raw mappings are what the slow path reads again; compare the
 	// rest, and the mappings.
 	fnc.RuntimeConfig.PortMappings, snc.RuntimeConfig.PortMappings = nil, nil
-	if len(fms) == 0 {
-		fms = nil
+	got := fms.Slice()
+	if len(got) == 0 {
+		got = nil
 	}
-	if !reflect.DeepEqual(fnc, snc) || !reflect.DeepEqual(fms, sms) {
+	if !reflect.DeepEqual(fnc, snc) || !reflect.DeepEqual(got, sms) {
 		t.Fatalf("%q:\nfast %+v %+v\nslow %+v %+v", b, fnc, fms, snc, sms)
 	}
 	return true

@@ -184,14 +184,16 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	var ports []conntrack.Port
 	seen := map[conntrack.Port]bool{}
 	for _, pl := range pls {
-		for _, m := range pl.Mappings {
-			if !conntrack.NeedsFlush(m.Protocol) {
-				continue
+		for _, r := range pl.Mappings.Stretches() {
+			if !conntrack.NeedsFlush(r.Protocol) {
+				continue // a TCP range: nothing of it is read
 			}
-			cp := conntrack.Port{Family: pl.Family, Protocol: m.Protocol, Port: m.HostPort}
-			if !seen[cp] {
-				seen[cp] = true
-				ports = append(ports, cp)
+			for port := r.HostPort; port <= r.Last(); port++ {
+				cp := conntrack.Port{Family: pl.Family, Protocol: r.Protocol, Port: port}
+				if !seen[cp] {
+					seen[cp] = true
+					ports = append(ports, cp)
+				}
 			}
 		}
 	}

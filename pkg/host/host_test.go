@@ -35,17 +35,18 @@ func TestStackTakesTheLayersTheRequestTurnsOn(t *testing.T) {
 func TestFlushOnceAWalkOnlyUDPAndSCTP(t *testing.T) {
 	h, fh := fakehost.New()
 	_, n, _ := net.ParseCIDR("192.0.2.2/24")
-	req := plan.Request{Mappings: []plan.Mapping{
+	ms := []plan.Mapping{
 		{HostPort: 53, ContainerPort: 53, Protocol: plan.UDP},
 		{HostPort: 53, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("198.51.100.1")},
 		{HostPort: 80, ContainerPort: 80, Protocol: plan.TCP},
 		{HostPort: 9, ContainerPort: 9, Protocol: plan.SCTP},
-	}}
+	}
+	req := plan.Request{Mappings: plan.MappingsOf(ms...)}
 	h.Flush(plan.Build(req, plan.IPv4, n), plan.Build(req, plan.IPv4, n))
 	if got, want := fh.Calls(), "flush ipv4 sctp 9\nflush ipv4 udp 53\nflushed"; got != want {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 	}
-	h.Flush(plan.Build(plan.Request{Mappings: req.Mappings[2:3]}, plan.IPv4, n))
+	h.Flush(plan.Build(plan.Request{Mappings: plan.MappingsOf(ms[2:3]...)}, plan.IPv4, n))
 	if got := fh.Calls(); got != "flush ipv4 sctp 9\nflush ipv4 udp 53\nflushed" {
 		t.Errorf("a TCP-only flush walked the table: %s", got)
 	}

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -102,7 +101,7 @@ type Plan struct {
 	// ContainerNet is the container's address with its prefix (the hairpin
 	// source match uses the prefix). Its IP is nil on DEL without prevResult.
 	ContainerNet *net.IPNet
-	Mappings     []Mapping
+	Mappings     Mappings
 	Masquerade   Masquerade
 	// Conditions are extra match tokens for the entry rules, already
 	// validated for the backend.
@@ -117,7 +116,7 @@ type Plan struct {
 	Socket    Socket
 
 	// runs remembers Runs of Mappings (Build makes it): a verb asks for
-	// them several times, and 5000 mappings take ~0.1 ms to coalesce.
+	// them several times, and mappings out of order are sorted for them.
 	runs *runsMemo
 }
 
@@ -148,7 +147,7 @@ type Socket struct {
 // Request is the family-independent input of Build.
 type Request struct {
 	Owner      Owner
-	Mappings   []Mapping
+	Mappings   Mappings
 	Masquerade Masquerade
 	ConditionsV4,
 	ConditionsV6 []string
@@ -185,46 +184,38 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 
 // ofFamily are the mappings of family f, "any" for an unspecified host
 // IP. When that is all of them, as it is for a range, they are ms itself
-// (clipped: an append cannot write into it), not a copy.
-func ofFamily(ms []Mapping, f Family) []Mapping {
-	keep := func(m Mapping) bool { return m.HostIP == nil || (FamilyOf(m.HostIP) == f && !m.HostIP.IsUnspecified()) }
+// (its stretches clipped: an Add cannot write into them), not a copy.
+func ofFamily(ms Mappings, f Family) Mappings {
+	keep := func(ip net.IP) bool { return ip == nil || (FamilyOf(ip) == f && !ip.IsUnspecified()) }
 	all := true
-	for i := 0; i < len(ms) && all; i++ {
-		all = keep(ms[i])
+	for i := 0; i < len(ms.seq) && all; i++ {
+		all = keep(ms.seq[i].HostIP)
 	}
 	if all {
-		return slices.Clip(ms)
+		ms.seq = slices.Clip(ms.seq)
+		return ms
 	}
-	out := make([]Mapping, 0, len(ms))
-	for _, m := range ms {
-		if m.HostIP != nil {
-			if FamilyOf(m.HostIP) != f {
+	var out Mappings
+	for _, r := range ms.seq {
+		if r.HostIP != nil {
+			if FamilyOf(r.HostIP) != f {
 				continue
 			}
-			if m.HostIP.IsUnspecified() {
-				m.HostIP = nil
+			if r.HostIP.IsUnspecified() {
+				r.HostIP = nil
 			}
 		}
-		out = append(out, m)
+		out.addRun(r)
 	}
 	return out
 }
 
 // dedupe drops the repeats of a mapping, keeping the first (in a new
-// slice: ms may be the request's). Mappings in
-// strictly ascending order (a Podman range) have none: that is checked
-// in one pass, without a set.
-func dedupe(ms []Mapping) []Mapping {
-	ascending := true
-	for i := 1; i < len(ms) && ascending; i++ {
-		a, b := &ms[i-1], &ms[i]
-		// the usual case first: the same host IP and protocol, a port up
-		if a.HostPort < b.HostPort && a.Protocol == b.Protocol && len(a.HostIP) == 0 && len(b.HostIP) == 0 {
-			continue
-		}
-		ascending = compareMappings(*a, *b) < 0
-	}
-	if ascending {
+// list: ms may be the request's). Mappings in strictly ascending order
+// (a Podman range) have none: that is checked on their stretches,
+// without a set.
+func dedupe(ms Mappings) Mappings {
+	if ms.Ascending() {
 		return ms
 	}
 	type mappingKey struct {
@@ -232,21 +223,21 @@ func dedupe(ms []Mapping) []Mapping {
 		protocol                Protocol
 		hostPort, containerPort int
 	}
-	seen := make(map[mappingKey]bool, len(ms))
-	out := make([]Mapping, 0, len(ms))
-	for _, m := range ms {
+	seen := make(map[mappingKey]bool, ms.Len())
+	var out Mappings
+	for m := range ms.All() {
 		key := mappingKey{protocol: m.Protocol, hostPort: m.HostPort, containerPort: m.ContainerPort}
 		copy(key.hostIP[:], m.HostIP.To16())
 		if !seen[key] {
 			seen[key] = true
-			out = append(out, m)
+			out.Add(m)
 		}
 	}
 	return out
 }
 
 // Empty reports whether the plan forwards nothing.
-func (p *Plan) Empty() bool { return len(p.Mappings) == 0 }
+func (p *Plan) Empty() bool { return p.Mappings.Len() == 0 }
 
 // HairpinSource is the source the hairpin mark rules match: the
 // container's subnet, or every address with masqAll.
@@ -279,49 +270,6 @@ func (p *Plan) LocalhostRule() bool { return p.LocalNet() && !p.Masquerade.All }
 // and port, "192.0.2.2:80" or "[2001:db8::2]:80".
 func (p *Plan) Target(m Mapping) string {
 	return net.JoinHostPort(p.ContainerNet.IP.String(), strconv.Itoa(m.ContainerPort))
-}
-
-// PortsByProtocol returns the distinct host ports per protocol, in mapping
-// order, for the entry rules.
-func (p *Plan) PortsByProtocol() map[Protocol][]int {
-	out := map[Protocol][]int{}
-	seen := map[string]bool{}
-	for _, m := range p.Mappings {
-		k := fmt.Sprintf("%s/%d", m.Protocol, m.HostPort)
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
-		out[m.Protocol] = append(out[m.Protocol], m.HostPort)
-	}
-	return out
-}
-
-// HostPorts returns the sorted distinct (protocol, port) pairs of the plan,
-// for conntrack flushing.
-func (p *Plan) HostPorts() []ProtoPort {
-	seen := map[ProtoPort]bool{}
-	var out []ProtoPort
-	for _, m := range p.Mappings {
-		pp := ProtoPort{m.Protocol, m.HostPort}
-		if !seen[pp] {
-			seen[pp] = true
-			out = append(out, pp)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Protocol != out[j].Protocol {
-			return out[i].Protocol < out[j].Protocol
-		}
-		return out[i].Port < out[j].Port
-	})
-	return out
-}
-
-// ProtoPort is a host port of one protocol.
-type ProtoPort struct {
-	Protocol Protocol
-	Port     int
 }
 
 // HasControl reports whether s holds a control character: text that
@@ -372,11 +320,15 @@ func Fingerprint(plans []*Plan) string {
 			b = append(b, p.ContainerNet.Mask...)
 		}
 		b = append(b, 0xff)
-		for _, m := range p.Mappings {
-			b = append(b, m.HostIP.To16()...)
-			b = append(b, byte(len(m.HostIP)), byte(m.HostPort>>8), byte(m.HostPort), byte(m.ContainerPort>>8), byte(m.ContainerPort))
-			b = append(b, m.Protocol...)
-			b = append(b, 0)
+		for _, r := range p.Mappings.seq {
+			ip := r.HostIP.To16()
+			for i := range r.Len {
+				hp, cp := r.HostPort+i, r.ContainerPort+i
+				b = append(b, ip...)
+				b = append(b, byte(len(r.HostIP)), byte(hp>>8), byte(hp), byte(cp>>8), byte(cp))
+				b = append(b, r.Protocol...)
+				b = append(b, 0)
+			}
 		}
 		h.Write(b)
 	}

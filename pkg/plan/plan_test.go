@@ -9,14 +9,14 @@ import (
 func TestBuildFiltersByFamily(t *testing.T) {
 	req := Request{
 		Owner: Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"},
-		Mappings: []Mapping{
+		Mappings: MappingsOf([]Mapping{
 			{HostPort: 80, ContainerPort: 8080, Protocol: TCP},
 			{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 53, ContainerPort: 53, Protocol: UDP},
 			{HostIP: net.ParseIP("2001:db8::1"), HostPort: 54, ContainerPort: 54, Protocol: UDP},
 			{HostIP: net.ParseIP("0.0.0.0").To4(), HostPort: 81, ContainerPort: 81, Protocol: TCP},
 			{HostIP: net.ParseIP("::"), HostPort: 82, ContainerPort: 82, Protocol: SCTP},
 			{HostPort: 80, ContainerPort: 8080, Protocol: TCP}, // exact duplicate
-		},
+		}...),
 		ConditionsV4: []string{"-s", "192.0.2.0/24"},
 		ConditionsV6: []string{"-s", "2001:db8::/32"},
 	}
@@ -32,7 +32,7 @@ func TestBuildFiltersByFamily(t *testing.T) {
 		t.Run(tt.f.String(), func(t *testing.T) {
 			p := Build(req, tt.f, nil)
 			var got []string
-			for _, m := range p.Mappings {
+			for m := range p.Mappings.All() {
 				got = append(got, m.String())
 			}
 			if strings.Join(got, " ") != tt.want {
@@ -46,26 +46,9 @@ func TestBuildFiltersByFamily(t *testing.T) {
 }
 
 func TestBuildOtherFamilyOnlyIsEmpty(t *testing.T) {
-	req := Request{Mappings: []Mapping{{HostIP: net.ParseIP("::1"), HostPort: 80, ContainerPort: 80, Protocol: TCP}}}
+	req := Request{Mappings: MappingsOf(Mapping{HostIP: net.ParseIP("::1"), HostPort: 80, ContainerPort: 80, Protocol: TCP})}
 	if p := Build(req, IPv4, nil); !p.Empty() {
 		t.Errorf("IPv4 plan of an IPv6-only mapping has %v", p.Mappings)
-	}
-}
-
-func TestPortsAndHostPorts(t *testing.T) {
-	p := &Plan{Mappings: []Mapping{
-		{HostPort: 90, Protocol: UDP},
-		{HostPort: 80, Protocol: TCP},
-		{HostIP: net.ParseIP("192.0.2.1"), HostPort: 80, Protocol: TCP},
-		{HostPort: 70, Protocol: TCP},
-	}}
-	byProto := p.PortsByProtocol()
-	if got := byProto[TCP]; len(got) != 2 || got[0] != 80 || got[1] != 70 {
-		t.Errorf("tcp ports %v, want [80 70]", got)
-	}
-	hp := p.HostPorts()
-	if len(hp) != 3 || hp[0] != (ProtoPort{TCP, 70}) || hp[2] != (ProtoPort{UDP, 90}) {
-		t.Errorf("host ports %v", hp)
 	}
 }
 
@@ -99,7 +82,7 @@ func TestPolicyDecisions(t *testing.T) {
 		{"ipv4 snat off", IPv4, v4, Masquerade{}, false, false, "192.0.2.2:80"},
 		{"ipv6", IPv6, v6, Masquerade{Enabled: true}, false, false, "[2001:db8::2]:80"},
 	} {
-		p := Build(Request{Mappings: []Mapping{m}, Masquerade: tt.masq}, tt.f, tt.n)
+		p := Build(Request{Mappings: MappingsOf(m), Masquerade: tt.masq}, tt.f, tt.n)
 		if p.LocalNet() != tt.localNet || p.LocalhostRule() != tt.lhost || p.Target(m) != tt.target {
 			t.Errorf("%s: LocalNet %v, LocalhostRule %v, Target %q; want %v, %v, %q",
 				tt.name, p.LocalNet(), p.LocalhostRule(), p.Target(m), tt.localNet, tt.lhost, tt.target)
@@ -147,7 +130,7 @@ func TestPlanHelpers(t *testing.T) {
 			t.Errorf("HasControl(%q) = %v", s, !want)
 		}
 	}
-	p4.Mappings = Run{HostPort: 8000, ContainerPort: 8000, Len: 3, Protocol: TCP}.Mappings()
+	p4.Mappings = MappingsOf(Run{HostPort: 8000, ContainerPort: 8000, Len: 3, Protocol: TCP}.Mappings()...)
 	runs := p4.Runs()
 	if len(runs) != 1 || !runs[0].Identity() || runs[0].Ports("-") != "8000-8002" {
 		t.Errorf("Runs() = %+v", runs)
@@ -163,7 +146,7 @@ func TestFingerprint(t *testing.T) {
 	n, _ := mustNet("192.0.2.2/24")
 	base := func() *Plan {
 		return &Plan{Family: IPv4, ContainerNet: n, Localhost: LocalhostNAT,
-			Mappings: []Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: TCP}}}
+			Mappings: MappingsOf(Mapping{HostPort: 8080, ContainerPort: 80, Protocol: TCP})}
 	}
 	fp := Fingerprint([]*Plan{base()})
 	same := base()
@@ -172,12 +155,19 @@ func TestFingerprint(t *testing.T) {
 		t.Error("options the host resolves change the fingerprint")
 	}
 	other, _ := mustNet("192.0.2.3/24")
+	first := func(change func(*Mapping)) func(*Plan) {
+		return func(p *Plan) {
+			ms := p.Mappings.Slice()
+			change(&ms[0])
+			p.Mappings = MappingsOf(ms...)
+		}
+	}
 	for name, change := range map[string]func(*Plan){
 		"address":        func(p *Plan) { p.ContainerNet = other },
-		"host port":      func(p *Plan) { p.Mappings[0].HostPort = 8081 },
-		"container port": func(p *Plan) { p.Mappings[0].ContainerPort = 81 },
-		"protocol":       func(p *Plan) { p.Mappings[0].Protocol = UDP },
-		"host IP":        func(p *Plan) { p.Mappings[0].HostIP = net.ParseIP("198.51.100.1") },
+		"host port":      first(func(m *Mapping) { m.HostPort = 8081 }),
+		"container port": first(func(m *Mapping) { m.ContainerPort = 81 }),
+		"protocol":       first(func(m *Mapping) { m.Protocol = UDP }),
+		"host IP":        first(func(m *Mapping) { m.HostIP = net.ParseIP("198.51.100.1") }),
 		"family":         func(p *Plan) { p.Family = IPv6 },
 		"no address":     func(p *Plan) { p.ContainerNet = nil },
 	} {
@@ -199,21 +189,22 @@ func TestRunsRemembered(t *testing.T) {
 	for i := range 100 {
 		ms = append(ms, Mapping{HostPort: 20000 + i, ContainerPort: 20000 + i, Protocol: TCP})
 	}
-	p := Build(Request{Mappings: ms}, IPv4, nil)
+	p := Build(Request{Mappings: MappingsOf(ms...)}, IPv4, nil)
 	a, b := p.Runs(), p.Runs()
 	if len(a) != 1 || &a[0] != &b[0] {
 		t.Fatalf("Runs twice: %v and %v, want one run computed once", a, b)
 	}
 	moved := *p
-	moved.Mappings = append([]Mapping(nil), p.Mappings...)
-	moved.Mappings[50].ContainerPort = 80
+	changed := p.Mappings.Slice()
+	changed[50].ContainerPort = 80
+	moved.Mappings = MappingsOf(changed...)
 	if got := moved.Runs(); len(got) != 3 {
 		t.Errorf("a copy with other mappings: %+v, want 3 runs", got)
 	}
 	if got := p.Runs(); len(got) != 1 || got[0].Len != 100 {
 		t.Errorf("the original after its copy: %+v, want its one run", got)
 	}
-	lit := &Plan{Mappings: ms[:2]}
+	lit := &Plan{Mappings: MappingsOf(ms[:2]...)}
 	if got := lit.Runs(); len(got) != 1 || got[0].Len != 2 {
 		t.Errorf("a plan not built: %+v", got)
 	}

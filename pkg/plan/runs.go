@@ -56,16 +56,16 @@ func (r Run) Mappings() []Mapping {
 // mapping's of the same protocol and host IP, and takes every mapping
 // that continues it. Runs come in the order of their first mapping, so
 // mappings that make no run keep their order; duplicates count once.
-func Runs(ms []Mapping) []Run {
-	if out, ok := linearRuns(ms); ok {
-		return out
+func Runs(ms Mappings) []Run {
+	if linearRuns(ms.seq) {
+		return ms.seq
 	}
 	return runsBySet(ms)
 }
 
 // runsBySet is Runs for any mappings: a set of every mapping's host
 // port says where each run starts and how far it goes.
-func runsBySet(ms []Mapping) []Run {
+func runsBySet(ms Mappings) []Run {
 	type key struct {
 		hostIP   [16]byte // zero: every address
 		protocol Protocol
@@ -76,13 +76,13 @@ func runsBySet(ms []Mapping) []Run {
 		copy(k.hostIP[:], m.HostIP.To16())
 		return k
 	}
-	to := make(map[key]int, len(ms)) // host port -> container port
-	for _, m := range ms {
+	to := make(map[key]int, ms.Len()) // host port -> container port
+	for m := range ms.All() {
 		to[keyOf(m, m.HostPort)] = m.ContainerPort
 	}
 	var out []Run
 	started := make(map[key]bool)
-	for _, m := range ms {
+	for m := range ms.All() {
 		if cp, ok := to[keyOf(m, m.HostPort-1)]; ok && cp == m.ContainerPort-1 {
 			continue // a run that starts lower takes it
 		}
@@ -104,30 +104,18 @@ func runsBySet(ms []Mapping) []Run {
 	return out
 }
 
-// linearRuns coalesces mappings that continue the one before them, in
-// one pass; ok says the runs are those Runs defines: no two overlap or
-// would join (checked on the runs, sorted, not on the mappings), which
-// holds for a Podman range and for mappings that make no run.
-func linearRuns(ms []Mapping) ([]Run, bool) {
-	out := make([]Run, 0, min(len(ms), 1024)) // a range's mappings make one run
-	for _, m := range ms {
-		if n := len(out); n > 0 {
-			r := &out[n-1]
-			if m.HostPort == r.HostPort+r.Len && m.ContainerPort == r.ContainerPortOf(m.HostPort) &&
-				r.Protocol == m.Protocol && compareIPs(r.HostIP, m.HostIP) == 0 {
-				r.Len++
-				continue
-			}
-		}
-		out = append(out, Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
-	}
+// linearRuns reports whether stretches of mappings (Mappings.Stretches:
+// each already takes every entry that continues it) are the runs Runs
+// defines: no two overlap or would join — checked on them sorted, which
+// they are already for a Podman range and most runtimes' mappings.
+func linearRuns(seq []Run) bool {
 	less := func(a, b Run) bool {
 		return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.HostPort, b.HostPort)) < 0
 	}
-	sorted := out // mappings in ascending order (a runtime's usual) need no sorted copy
-	for i := 1; i < len(out); i++ {
-		if less(out[i], out[i-1]) {
-			sorted = slices.Clone(out)
+	sorted := seq // in ascending order they need no sorted copy
+	for i := 1; i < len(seq); i++ {
+		if less(seq[i], seq[i-1]) {
+			sorted = slices.Clone(seq)
 			sort.Slice(sorted, func(i, j int) bool { return less(sorted[i], sorted[j]) })
 			break
 		}
@@ -138,32 +126,33 @@ func linearRuns(ms []Mapping) ([]Run, bool) {
 			continue
 		}
 		if b.HostPort <= a.Last() || (b.HostPort == a.Last()+1 && b.ContainerPort == a.ContainerPortOf(b.HostPort)) {
-			return nil, false
+			return false
 		}
 	}
-	return out, true
+	return true
 }
 
-// runsMemo is Runs of the mappings in of. A copy of the plan shares it,
-// and a copy given other mappings (another slice) computes its own.
+// runsMemo is Runs of the mappings whose stretches are of. A copy of
+// the plan shares it, and a copy given other mappings computes its own.
 type runsMemo struct {
 	mu   sync.Mutex
-	of   []Mapping
+	of   []Run
+	n    int
 	runs []Run
 }
 
 // Runs are the plan's mappings coalesced (Runs), computed once for the
-// plan's slice of mappings: change what it holds in place, and the runs
-// are stale. The caller must not change them.
+// plan's mappings: change them in place, and the runs are stale. The
+// caller must not change them.
 func (p *Plan) Runs() []Run {
-	m := p.runs
-	if m == nil {
+	m, seq := p.runs, p.Mappings.seq
+	if m == nil || len(seq) == 0 {
 		return Runs(p.Mappings)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.of == nil || len(m.of) != len(p.Mappings) || len(m.of) > 0 && &m.of[0] != &p.Mappings[0] {
-		m.of, m.runs = p.Mappings, Runs(p.Mappings)
+	if len(m.of) != len(seq) || m.n != p.Mappings.n || &m.of[0] != &seq[0] {
+		m.of, m.n, m.runs = seq, p.Mappings.n, Runs(p.Mappings)
 	}
 	return m.runs
 }

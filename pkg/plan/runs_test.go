@@ -59,7 +59,7 @@ func TestRuns(t *testing.T) {
 		{"every port", span(UDP, 1, 1, 65535), "1-65535/udp->1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runs := Runs(tc.in)
+			runs := Runs(MappingsOf(tc.in...))
 			if got := spell(runs); got != tc.want {
 				t.Errorf("Runs = %q, want %q", got, tc.want)
 			}
@@ -103,12 +103,12 @@ func TestLinearRunsAgreeWithTheSet(t *testing.T) {
 			}
 			ms[j] = Mapping{HostIP: ips[rng.IntN(len(ips))], Protocol: Protocols[rng.IntN(2)], HostPort: 100 + rng.IntN(12), ContainerPort: 100 + base + rng.IntN(12)}
 		}
-		got, ok := linearRuns(ms)
-		if !ok {
+		l := MappingsOf(ms...)
+		if !linearRuns(l.seq) {
 			continue
 		}
 		linear++
-		if want := runsBySet(ms); spell(got) != spell(want) {
+		if got, want := l.seq, runsBySet(l); spell(got) != spell(want) {
 			t.Fatalf("mappings %v:\n linear %s\n set    %s", ms, spell(got), spell(want))
 		}
 	}

@@ -33,7 +33,7 @@ func (p *Plugin) rejectConflicts(a *attach.Attachment) error {
 		if err != nil {
 			return fmt.Errorf("read host ports: %w", err)
 		}
-		for _, m := range pl.Mappings {
+		for m := range pl.Mappings.All() {
 			host := "*"
 			if m.HostIP != nil {
 				host = m.HostIP.String()

@@ -54,7 +54,7 @@ func TestPreparse(t *testing.T) {
 				t.Fatalf("skel reads %s, want only the request's cniVersion (%v) and name (%v)", got, full["cniVersion"], full["name"])
 			}
 			c := p.decodedFor(got)
-			if c == nil || len(c.Request.Mappings) != 2 || c.Network != full["name"] {
+			if c == nil || c.Request.Mappings.Len() != 2 || c.Network != full["name"] {
 				t.Fatalf("decodedFor the brief: %+v, want the request's configuration", c)
 			}
 			if c := p.decodedFor(got); c != nil {

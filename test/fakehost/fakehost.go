@@ -175,7 +175,7 @@ var _ backend.Skeletal = fakeBackend{}
 
 func (b fakeBackend) record(op string, p *plan.Plan, err error) error {
 	var ms []string
-	for _, m := range p.Mappings {
+	for m := range p.Mappings.All() {
 		ms = append(ms, m.String())
 	}
 	ip := "-"

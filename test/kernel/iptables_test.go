@@ -66,7 +66,7 @@ func mkPlan(net, id, ip string, ports ...int) *plan.Plan {
 		Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
 	}
 	for _, p := range ports {
-		req.Mappings = append(req.Mappings, plan.Mapping{HostPort: p, ContainerPort: 80, Protocol: plan.TCP})
+		req.Mappings.Add(plan.Mapping{HostPort: p, ContainerPort: 80, Protocol: plan.TCP})
 	}
 	n := cidr(ip)
 	return plan.Build(req, plan.FamilyOf(n.IP), n)

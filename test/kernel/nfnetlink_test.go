@@ -73,7 +73,7 @@ func listIn(t *testing.T, n ns.NetNS, args ...string) string {
 func equivalencePlans() map[string][]*plan.Plan {
 	m := func(id, ip string, masq plan.Masquerade, maps ...plan.Mapping) *plan.Plan {
 		n := cidr(ip)
-		req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"}, Masquerade: masq, Mappings: maps}
+		req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"}, Masquerade: masq, Mappings: plan.MappingsOf(maps...)}
 		return plan.Build(req, plan.FamilyOf(n.IP), n)
 	}
 	on := plan.Masquerade{Enabled: true, MarkBit: 13}
@@ -204,9 +204,9 @@ func rules(debug string) string {
 func releasePlan() *plan.Plan {
 	req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"},
 		Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
-		Mappings: []plan.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
-			{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP},
-			{HostPort: 9000, ContainerPort: 9000, Protocol: plan.SCTP}}}
+		Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
+			plan.Mapping{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP},
+			plan.Mapping{HostPort: 9000, ContainerPort: 9000, Protocol: plan.SCTP})}
 	n := cidr("192.0.2.2/24")
 	n.IP = n.IP.To4()
 	return plan.Build(req, plan.IPv4, n)

@@ -37,7 +37,7 @@ func socketPlan(f plan.Family, c *nettest.Client, site *nettest.CgroupSite, id s
 	}
 	return &plan.Plan{Family: f, Owner: plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"},
 		ContainerNet: &net.IPNet{IP: c.IP[i], Mask: net.CIDRMask(bits, 8*len(c.IP[i].To16()))},
-		Mappings:     ms, Localhost: plan.LocalhostSocket,
+		Mappings:     plan.MappingsOf(ms...), Localhost: plan.LocalhostSocket,
 		Socket: plan.Socket{CgroupPath: site.Cgroup, PinDir: site.PinDir}}
 }
 

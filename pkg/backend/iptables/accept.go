@@ -73,7 +73,7 @@ func AcceptRules(p *plan.Plan) []Rule {
 	chain := AcceptChainName(p.Owner)
 	var out []Rule
 	seen := map[string]bool{}
-	for _, m := range p.Mappings {
+	for m := range p.Mappings.All() {
 		args := []string{"-p", string(m.Protocol), "-m", "conntrack", "--ctstate", "DNAT",
 			"--ctorigdstport", strconv.Itoa(m.HostPort)}
 		if m.HostIP != nil {

@@ -44,8 +44,8 @@ func TestRealKernel(t *testing.T) {
 		t.Fatalf("Sync after Apply: %+v, %v; want nothing to do", rep, err)
 	}
 	ms, err := b.Mappings()
-	if err != nil || len(ms) != len(p.Mappings) {
-		t.Fatalf("Mappings = %d, %v; want %d", len(ms), err, len(p.Mappings))
+	if err != nil || len(ms) != p.Mappings.Len() {
+		t.Fatalf("Mappings = %d, %v; want %d", len(ms), err, p.Mappings.Len())
 	}
 	k := b.Kernel.(*execKernel)
 	if err := k.Restore([]byte("*nat\n-F " + ChainName(p.Owner) + "\nCOMMIT\n")); err != nil {

@@ -84,7 +84,7 @@ func TestMemoryAddAfterFlush(t *testing.T) {
 			tc.flush(m)
 			p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
 				r.Owner.ContainerID = "after-the-flush"
-				r.Mappings = []plan.Mapping{{HostPort: 7070, ContainerPort: 80, Protocol: plan.TCP}}
+				r.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 7070, ContainerPort: 80, Protocol: plan.TCP})
 			})
 			if err := b.Apply(p); err != nil {
 				t.Fatal(err)
@@ -287,8 +287,8 @@ func TestMemoryRanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != len(p.Mappings) {
-		t.Errorf("listing shows %d mappings, want %d", len(all), len(p.Mappings))
+	if len(all) != p.Mappings.Len() {
+		t.Errorf("listing shows %d mappings, want %d", len(all), p.Mappings.Len())
 	}
 	for _, f := range all {
 		if f.HostPort == 8005 && f.ContainerPort != 9005 {
@@ -363,9 +363,9 @@ func TestMemorySkeleton(t *testing.T) {
 // per rule).
 func TestCheckJudgesAChainOfManyRules(t *testing.T) {
 	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
-		r.Mappings = nil
+		r.Mappings = plan.Mappings{}
 		for i := range 20 {
-			r.Mappings = append(r.Mappings, plan.Mapping{HostPort: 9000 + 2*i, ContainerPort: 80, Protocol: plan.TCP})
+			r.Mappings.Add(plan.Mapping{HostPort: 9000 + 2*i, ContainerPort: 80, Protocol: plan.TCP})
 		}
 	})
 	chain := ChainName(p.Owner)

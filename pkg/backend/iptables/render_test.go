@@ -16,9 +16,9 @@ var (
 )
 
 func manyPorts(r *plan.Request) {
-	r.Mappings = nil
+	r.Mappings = plan.Mappings{}
 	for p := 10001; p <= 10017; p++ {
-		r.Mappings = append(r.Mappings, plan.Mapping{HostPort: p, ContainerPort: 80, Protocol: plan.TCP})
+		r.Mappings.Add(plan.Mapping{HostPort: p, ContainerPort: 80, Protocol: plan.TCP})
 	}
 }
 
@@ -43,7 +43,7 @@ func TestGoldenPayloads(t *testing.T) {
 		{"add-ranges-v6", addPayload(build(plan.IPv6, fixture.Ranges))},
 		{"replace-v4", replacePayload(build(plan.IPv4, nil), []string{ref})},
 		{"del-fast-v4", delPayload(build(plan.IPv4, nil), EntryRules(build(plan.IPv4, nil)), nil)},
-		{"del-refs", delPayload(build(plan.IPv4, func(r *plan.Request) { r.Mappings = nil }), nil, []string{ref})},
+		{"del-refs", delPayload(build(plan.IPv4, func(r *plan.Request) { r.Mappings = plan.Mappings{} }), nil, []string{ref})},
 		{"check-v4", checkPayload(build(plan.IPv4, nil))},
 	}
 	for _, tt := range tests {

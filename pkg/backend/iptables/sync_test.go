@@ -274,7 +274,7 @@ func TestCascadeKeepsNewestOnTop(t *testing.T) {
 	newer.Owner.ContainerID = "newer"
 	other, _, _ := syncPlans("192.0.2.8")
 	other.Owner.ContainerID = "other"
-	other.Mappings = []plan.Mapping{{HostPort: 1, ContainerPort: 1, Protocol: plan.TCP}}
+	other.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 1, ContainerPort: 1, Protocol: plan.TCP})
 	whys := []string{"chain missing", "", ""}
 	cascade([]*plan.Plan{a, newer, other}, whys)
 	if whys[1] == "" || whys[2] != "" {

@@ -75,7 +75,7 @@ func TestApplyTakesOverNewestWins(t *testing.T) {
 func TestReAddDropsStaleKeys(t *testing.T) {
 	// a again, without its host-IP mapping: its own stale element goes.
 	a, _, _ := syncPlans("192.0.2.2")
-	a.Mappings = a.Mappings[:1]
+	a.Mappings = plan.MappingsOf(a.Mappings.Slice()[:1]...)
 	b, k, _, _ := lockedBackend(t, true, failing("create chain"))
 	if err := b.Apply(a); err != nil {
 		t.Fatal(err)

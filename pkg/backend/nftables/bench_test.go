@@ -10,9 +10,9 @@ import (
 // bench's "spread" shape): host ports 20000, 20002, … to port 80.
 func spread(n int) func(*plan.Request) {
 	return func(r *plan.Request) {
-		r.Mappings = make([]plan.Mapping, n)
-		for i := range r.Mappings {
-			r.Mappings[i] = plan.Mapping{Protocol: plan.TCP, HostPort: 20000 + 2*i, ContainerPort: 80}
+		r.Mappings = plan.Mappings{}
+		for i := range n {
+			r.Mappings.Add(plan.Mapping{Protocol: plan.TCP, HostPort: 20000 + 2*i, ContainerPort: 80})
 		}
 	}
 }

@@ -208,7 +208,7 @@ func judgeChain(p *plan.Plan, c *ChainState) string {
 func legacyChainRules(p *plan.Plan) []*Rule {
 	chain := ChainName(p.Owner)
 	var rules []*Rule
-	for _, m := range p.Mappings {
+	for m := range p.Mappings.All() {
 		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
 		var match []stmt
 		if len(p.Conditions) > 0 {

@@ -15,11 +15,11 @@ import (
 // 80, 81, …) and, with addr, n more on the host's address.
 func singles(n int, addr bool) func(*plan.Request) {
 	return func(r *plan.Request) {
-		r.Mappings = nil
+		r.Mappings = plan.Mappings{}
 		for i := range n {
-			r.Mappings = append(r.Mappings, plan.Mapping{HostPort: 20000 + 2*i, ContainerPort: 80 + i, Protocol: plan.TCP})
+			r.Mappings.Add(plan.Mapping{HostPort: 20000 + 2*i, ContainerPort: 80 + i, Protocol: plan.TCP})
 			if addr {
-				r.Mappings = append(r.Mappings, plan.Mapping{HostIP: fixture.HostIP, HostPort: 21000 + 2*i, ContainerPort: 80, Protocol: plan.UDP})
+				r.Mappings.Add(plan.Mapping{HostIP: fixture.HostIP, HostPort: 21000 + 2*i, ContainerPort: 80, Protocol: plan.UDP})
 			}
 		}
 	}
@@ -71,13 +71,15 @@ func TestDNATMapFrom(t *testing.T) {
 		for _, m := range maps {
 			entries += len(m.entries)
 		}
-		if want := len(p.Mappings) - keyed; entries != want {
+		if want := p.Mappings.Len() - keyed; entries != want {
 			t.Errorf("%d mappings (addr %v): %d map entries, want %d", tt.n, tt.addr, entries, want)
 		}
 	}
 	p := build(plan.IPv4, func(r *plan.Request) {
 		singles(mapMin, false)(r)
-		r.Mappings = append(r.Mappings, fixture.Span(plan.TCP, 10000, 10000, 50)...)
+		for _, m := range fixture.Span(plan.TCP, 10000, 10000, 50) {
+			r.Mappings.Add(m)
+		}
 	})
 	rules := chainRules(p)
 	if last := rules[len(rules)-1]; last.Comment != keyComment+"tcp . 10000-10049" {
@@ -94,7 +96,7 @@ func TestDNATMapInMemory(t *testing.T) {
 	if err := b.Apply(p); err != nil {
 		t.Fatal(err)
 	}
-	for _, mp := range p.Mappings {
+	for mp := range p.Mappings.All() {
 		dst := fixture.HostIP
 		got := trace(m, mp.Protocol, fixture.Remote, dst, mp.HostPort, false)
 		if want := "192.0.2.2:" + strconv.Itoa(mp.ContainerPort); got.DNAT != want {
@@ -113,12 +115,12 @@ func TestDNATMapInMemory(t *testing.T) {
 		t.Fatalf("CHECK: %v", err)
 	}
 	c, _ := m.Chain(plan.IPv4, Table, ChainName(p.Owner))
-	if got := ports(c.keys()); got != len(p.Mappings) {
-		t.Errorf("the chain names %d keys, want %d", got, len(p.Mappings))
+	if got := ports(c.keys()); got != p.Mappings.Len() {
+		t.Errorf("the chain names %d keys, want %d", got, p.Mappings.Len())
 	}
 	fs, err := b.Mappings()
-	if err != nil || len(fs) != len(p.Mappings) {
-		t.Fatalf("Mappings: %d, %v; want %d", len(fs), err, len(p.Mappings))
+	if err != nil || len(fs) != p.Mappings.Len() {
+		t.Fatalf("Mappings: %d, %v; want %d", len(fs), err, p.Mappings.Len())
 	}
 	for _, f := range fs {
 		if f.Owner.ContainerID != p.Owner.ContainerID || !f.ContainerIP.Equal(net.ParseIP("192.0.2.2")) || f.ContainerPort < 80 {
@@ -155,17 +157,19 @@ func TestJudgeDNATMap(t *testing.T) {
 			t.Fatalf("%s: the chain as written: %s", f, why)
 		}
 		fewer := build(f, singles(12, true))
-		fewer.Mappings = append(fewer.Mappings, plan.Mapping{HostPort: 30000, ContainerPort: 80, Protocol: plan.TCP})
+		fewer.Mappings.Add(plan.Mapping{HostPort: 30000, ContainerPort: 80, Protocol: plan.TCP})
 		if why := judgeChain(fewer, c); !strings.Contains(why, "tcp . 30000 does not dnat to") {
 			t.Errorf("%s: a mapping missing from the map judged %q", f, why)
 		}
 		more := build(f, singles(12, true))
-		more.Mappings = more.Mappings[1:]
+		more.Mappings = plan.MappingsOf(more.Mappings.Slice()[1:]...)
 		if why := judgeChain(more, c); !strings.Contains(why, "holds 12 mappings, want 11") {
 			t.Errorf("%s: a mapping too many judged %q", f, why)
 		}
 		moved := build(f, singles(12, true))
-		moved.Mappings[2].ContainerPort = 99
+		ms := moved.Mappings.Slice()
+		ms[2].ContainerPort = 99
+		moved.Mappings = plan.MappingsOf(ms...)
 		if why := judgeChain(moved, c); !strings.Contains(why, "does not dnat to") || !strings.Contains(why, ":99") {
 			t.Errorf("%s: a moved mapping judged %q", f, why)
 		}
@@ -179,8 +183,8 @@ func TestJudgeDNATMap(t *testing.T) {
 		if why := judgeChain(p, old); why != "" {
 			t.Errorf("%s: the layout before maps does not pass: %s", f, why)
 		}
-		if got := ports(old.keys()); got != len(p.Mappings) {
-			t.Errorf("%s: the layout before maps names %d keys, want %d", f, got, len(p.Mappings))
+		if got := ports(old.keys()); got != p.Mappings.Len() {
+			t.Errorf("%s: the layout before maps names %d keys, want %d", f, got, p.Mappings.Len())
 		}
 		if why := judgeChain(moved, old); !strings.Contains(why, "does not dnat to") {
 			t.Errorf("%s: a moved mapping in the layout before maps judged %q", f, why)

@@ -53,9 +53,11 @@ func TestSubtract(t *testing.T) {
 func rangePlan(id, ip string, spans ...[2]int) *plan.Plan {
 	return fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
 		r.Owner.ContainerID = id
-		r.Mappings = nil
+		r.Mappings = plan.Mappings{}
 		for _, s := range spans {
-			r.Mappings = append(r.Mappings, fixture.Span(plan.TCP, s[0], s[0], s[1]-s[0]+1)...)
+			for _, m := range fixture.Span(plan.TCP, s[0], s[0], s[1]-s[0]+1) {
+				r.Mappings.Add(m)
+			}
 		}
 	})
 }

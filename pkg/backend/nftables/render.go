@@ -235,7 +235,7 @@ func layoutRules(p *plan.Plan, from int) []*Rule {
 	}
 	with := func(more ...stmt) []stmt { return append(append([]stmt(nil), cond...), more...) }
 	var rules []*Rule
-	if p.Masquerade.Enabled && len(p.Mappings) > 0 {
+	if p.Masquerade.Enabled && !p.Empty() {
 		setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
 		rules = append(rules, &Rule{Chain: chain, Comment: hairpinRule,
 			stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})

@@ -71,7 +71,7 @@ func TestGoldenTransactions(t *testing.T) {
 // range on one host IP.
 func smallRanges(r *plan.Request) {
 	fixture.Ranges(r)
-	r.Mappings = append(fixture.Span(plan.TCP, 10000, 10000, 5), r.Mappings[1000:]...)
+	r.Mappings = plan.MappingsOf(append(fixture.Span(plan.TCP, 10000, 10000, 5), r.Mappings.Slice()[1000:]...)...)
 }
 
 func TestNames(t *testing.T) {
@@ -185,12 +185,13 @@ func TestJudgeLegacyLayout(t *testing.T) {
 		if why := judgeChain(p, c); why != "" {
 			t.Errorf("%s: the older layout does not pass: %s", p.Family, why)
 		}
-		if got, want := ports(c.keys()), len(p.Mappings); got != want {
+		if got, want := ports(c.keys()), p.Mappings.Len(); got != want {
 			t.Errorf("%s: the older layout names %d ports, want %d", p.Family, got, want)
 		}
 		moved := *p
-		moved.Mappings = append([]plan.Mapping(nil), p.Mappings...)
-		moved.Mappings[0].ContainerPort++
+		ms := p.Mappings.Slice()
+		ms[0].ContainerPort++
+		moved.Mappings = plan.MappingsOf(ms...)
 		if why := judgeChain(&moved, c); !strings.Contains(why, "does not dnat to") {
 			t.Errorf("%s: a changed container port in the older layout judged %q", p.Family, why)
 		}

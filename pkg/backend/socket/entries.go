@@ -173,9 +173,9 @@ func Entries(p *plan.Plan, netns uint64) []Entry {
 	if p.ContainerNet != nil {
 		caddr = addr16(p.ContainerNet.IP)
 	}
-	out := make([]Entry, 0, len(p.Mappings))
-	seen := make(map[Key]bool, len(p.Mappings))
-	for _, m := range p.Mappings {
+	out := make([]Entry, 0, p.Mappings.Len())
+	seen := make(map[Key]bool, p.Mappings.Len())
+	for m := range p.Mappings.All() {
 		if !Served(m) {
 			continue
 		}

@@ -20,7 +20,7 @@ func pl(f plan.Family, id, ip string, ms ...plan.Mapping) *plan.Plan {
 	if f == plan.IPv6 {
 		bits = 128
 	}
-	p := &plan.Plan{Family: f, Owner: owner(id), Mappings: ms, Localhost: plan.LocalhostSocket}
+	p := &plan.Plan{Family: f, Owner: owner(id), Mappings: plan.MappingsOf(ms...), Localhost: plan.LocalhostSocket}
 	if ip != "" {
 		p.ContainerNet = &net.IPNet{IP: net.ParseIP(ip), Mask: net.CIDRMask(bits, 8*len(net.ParseIP(ip).To16()))}
 		if f == plan.IPv4 {

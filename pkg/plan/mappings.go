@@ -1,0 +1,100 @@
+package plan
+
+import "iter"
+
+// Mappings are mappings in the order a request gave them, held as the
+// stretches their consecutive entries make: an entry that continues the
+// one before it (the same protocol and host IP, both ports one up) adds
+// to its stretch instead of taking room of its own, so a Podman range of
+// 5000 ports is one Run here, not 5000 Mappings. Expanding them gives
+// back every entry, in order, repeats and all. The zero value is empty.
+type Mappings struct {
+	seq []Run
+	n   int
+}
+
+// MappingsOf holds ms.
+func MappingsOf(ms ...Mapping) Mappings {
+	var l Mappings
+	for _, m := range ms {
+		l.Add(m)
+	}
+	return l
+}
+
+// Add appends m. It may change the last stretch in place, which a copy
+// of l shares: build a list, then hand it on.
+func (l *Mappings) Add(m Mapping) {
+	l.addRun(Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
+}
+
+// addRun appends the mappings of r, in order.
+func (l *Mappings) addRun(r Run) {
+	l.n += r.Len
+	if k := len(l.seq); k > 0 {
+		last := &l.seq[k-1]
+		if r.HostPort == last.HostPort+last.Len && r.ContainerPort == last.ContainerPort+last.Len &&
+			r.Protocol == last.Protocol && string(r.HostIP) == string(last.HostIP) {
+			last.Len += r.Len
+			return
+		}
+	}
+	l.seq = append(l.seq, r)
+}
+
+// Extend appends n mappings that each continue the one before: both
+// ports one up, as a range's entries do. false, with nothing appended,
+// when there is no mapping before them or a port would pass 65535.
+func (l *Mappings) Extend(n int) bool {
+	k := len(l.seq)
+	if k == 0 || n < 0 || l.seq[k-1].Last()+n > 65535 || l.seq[k-1].ContainerPort+l.seq[k-1].Len-1+n > 65535 {
+		return false
+	}
+	l.seq[k-1].Len += n
+	l.n += n
+	return true
+}
+
+// Len is the number of mappings.
+func (l Mappings) Len() int { return l.n }
+
+// Stretches are the mappings as runs of consecutive entries, in order;
+// unlike Runs they may overlap or repeat. The caller must not change
+// them.
+func (l Mappings) Stretches() []Run { return l.seq }
+
+// All yields every mapping, in order.
+func (l Mappings) All() iter.Seq[Mapping] {
+	return func(yield func(Mapping) bool) {
+		for _, r := range l.seq {
+			for i := range r.Len {
+				if !yield(Mapping{HostIP: r.HostIP, Protocol: r.Protocol, HostPort: r.HostPort + i, ContainerPort: r.ContainerPort + i}) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// Slice is every mapping, in order, in a new slice.
+func (l Mappings) Slice() []Mapping {
+	out := make([]Mapping, 0, l.n)
+	for m := range l.All() {
+		out = append(out, m)
+	}
+	return out
+}
+
+// Ascending reports whether every mapping's host IP, protocol and host
+// port come strictly after the one's before it (compareMappings): there
+// are then no repeats, nor two container ports for one host port.
+func (l Mappings) Ascending() bool {
+	for i := 1; i < len(l.seq); i++ {
+		a, b := &l.seq[i-1], &l.seq[i]
+		if compareMappings(Mapping{HostIP: a.HostIP, Protocol: a.Protocol, HostPort: a.Last()},
+			Mapping{HostIP: b.HostIP, Protocol: b.Protocol, HostPort: b.HostPort}) >= 0 {
+			return false
+		}
+	}
+	return true
+}
