@@ -312,9 +312,11 @@ func ParseProtocol(s string) (Protocol, bool) {
 // another address.
 func Fingerprint(plans []*Plan) string {
 	h := sha256.New()
-	var b []byte
+	// what is hashed goes through one small buffer: a range of 5000
+	// ports is 45 KB of it, which would otherwise all be in memory
+	b := make([]byte, 0, 4096)
 	for _, p := range plans {
-		b = append(b[:0], byte(p.Family))
+		b = append(b, byte(p.Family))
 		if p.ContainerNet != nil {
 			b = append(b, p.ContainerNet.IP.To16()...)
 			b = append(b, p.ContainerNet.Mask...)
@@ -323,6 +325,10 @@ func Fingerprint(plans []*Plan) string {
 		for _, r := range p.Mappings.seq {
 			ip := r.HostIP.To16()
 			for i := range r.Len {
+				if len(b) > cap(b)-64 {
+					h.Write(b)
+					b = b[:0]
+				}
 				hp, cp := r.HostPort+i, r.ContainerPort+i
 				b = append(b, ip...)
 				b = append(b, byte(len(r.HostIP)), byte(hp>>8), byte(hp), byte(cp>>8), byte(cp))
@@ -330,7 +336,7 @@ func Fingerprint(plans []*Plan) string {
 				b = append(b, 0)
 			}
 		}
-		h.Write(b)
 	}
+	h.Write(b)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
