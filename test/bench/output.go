@@ -164,6 +164,7 @@ func (r *report) markdown() string {
 	b.WriteString(manyMarkdown(r))
 	if len(r.Conns) > 0 {
 		b.WriteString("\n### New TCP connections per second\n\n")
+		fmt.Fprintf(&b, "From a client namespace to the host port and to the container's address (connect, read a line, close), in %d alternating rounds; the median round of each.\n\n", connRounds)
 		b.WriteString(mdTable(connHead, r.connRows()))
 	}
 	b.WriteString(socketMarkdown(r))
