@@ -117,6 +117,10 @@ func (s *scanner) mapping() (typedMapping, bool) {
 	if t, ok := s.quickMapping(); ok {
 		return t, true
 	}
+	// read the general way, this entry is not the shape's: no entry
+	// after it continues the shape's (continuedRun hands on entries that
+	// continue the one read before them)
+	s.shape = shape{next: s.shape.next[:0]}
 	var t typedMapping
 	if !s.next('{') {
 		return t, false

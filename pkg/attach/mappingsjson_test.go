@@ -99,10 +99,17 @@ func continuedCases() []string {
 				fmt.Sprintf(`{"hostPort": %d,  "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
 				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"`, h+at, c+at),
 				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}}`, h+at, c+at),
+				// read the general way: another key, a key in another case
+				fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp", "name": "web"}`, h+at, c+at),
+				fmt.Sprintf(`{"HostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h+at, c+at),
 			} {
 				cut := slices.Clone(es)
 				cut[at] = odd
-				out = append(out, "["+strings.Join(cut, ", ")+"]")
+				// and put before the entry that continues the one
+				// before it, which must then not be read as continuing
+				// the odd one
+				put := slices.Insert(slices.Clone(es), at, odd)
+				out = append(out, "["+strings.Join(cut, ", ")+"]", "["+strings.Join(put, ", ")+"]")
 			}
 		}
 	}
