@@ -182,13 +182,8 @@ func run(tb *benchTB, o options) *report {
 	}
 	for _, be := range o.backends {
 		for _, shape := range manyShapes {
-			for _, m := range o.ms {
-				for _, p := range plugins {
-					if n := manySamples(p, be, m, o.samples); n > 0 {
-						progress("many %s %s %s M=%d", p, be, shape, m)
-						r.Many = append(r.Many, measureMany(tb, p, be, shape, m, n)...)
-					}
-				}
+			for _, p := range plugins {
+				r.Many = append(r.Many, measureMany(tb, p, be, shape, o.ms, o.samples)...)
 			}
 		}
 	}
