@@ -20,10 +20,14 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/buildinfo"
 	"github.com/portmap-dev/portmap/pkg/cli"
+	"github.com/portmap-dev/portmap/pkg/stdinpipe"
 	"github.com/portmap-dev/portmap/plugins/portmap"
 )
 
 func main() {
+	// first: a runtime's writer waiting on a full stdin pipe writes the
+	// rest of a large request while the program starts
+	stdinpipe.Widen(0)
 	// Runtimes run plugins without arguments and with CNI_COMMAND set;
 	// without both, skel prints the about text, as upstream's plugins do.
 	if len(os.Args) > 1 && os.Getenv("CNI_COMMAND") == "" {

@@ -3,7 +3,6 @@ package portmap
 import (
 	"bytes"
 	"encoding/json"
-	"golang.org/x/sys/unix"
 	"io"
 	"os"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/attach"
+	"github.com/portmap-dev/portmap/pkg/stdinpipe"
 )
 
 // Serve answers a runtime's CNI call through skel's dispatch (its
@@ -80,8 +80,10 @@ func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
 // would touch some 600 KB more on the way (each page a fault).
 //
 // A request that fills a pipe's 64 KiB comes in rounds, each waiting for
-// the runtime's writer to be scheduled again: the pipe is then given
-// room for the rest at once (F_SETPIPE_SZ, which wakes the writer).
+// the runtime's writer to be scheduled again: main widens a full pipe as
+// the program starts (stdinpipe.Widen), and one that the first read
+// finds full is given room for the rest here (F_SETPIPE_SZ, which wakes
+// the writer).
 func readAll(r io.Reader) ([]byte, error) {
 	b := make([]byte, 0, 1<<20)
 	for {
@@ -91,7 +93,7 @@ func readAll(r io.Reader) ([]byte, error) {
 		n, err := r.Read(b[len(b):cap(b)])
 		if len(b) == 0 && n >= 64<<10 && err == nil {
 			if f, ok := r.(*os.File); ok {
-				_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, 1<<20) // not a pipe, or refused: rounds it is
+				stdinpipe.Grow(int(f.Fd())) // not a pipe, or refused: rounds it is
 			}
 		}
 		b = b[:len(b)+n]

@@ -1,0 +1,90 @@
+package stdinpipe
+
+import (
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// pipe returns a pipe whose write end does not block, and its size.
+func pipe(t *testing.T) (r, w *os.File, size int) {
+	t.Helper()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	r, w = os.NewFile(uintptr(fds[0]), "r"), os.NewFile(uintptr(fds[1]), "w")
+	t.Cleanup(func() { r.Close(); w.Close() })
+	size, err := unix.FcntlInt(w.Fd(), unix.F_GETPIPE_SZ, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, w, size
+}
+
+// fill writes to w until it would block, and says how much it wrote.
+func fill(t *testing.T, w *os.File) int {
+	t.Helper()
+	buf := make([]byte, 4096)
+	n := 0
+	for {
+		k, err := unix.Write(int(w.Fd()), buf)
+		n += max(k, 0)
+		if err == unix.EAGAIN {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestWiden(t *testing.T) {
+	t.Run("a full pipe takes the rest of a request at once", func(t *testing.T) {
+		r, w, size := pipe(t)
+		if got := fill(t, w); got != size {
+			t.Fatalf("filled %d bytes of a %d-byte pipe", got, size)
+		}
+		if !Widen(int(r.Fd())) {
+			t.Fatal("a full pipe was not widened")
+		}
+		if got, _ := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0); got != Room {
+			t.Errorf("pipe size %d, want %d", got, Room)
+		}
+		if more := fill(t, w); more != Room-size {
+			t.Errorf("the writer wrote %d bytes more, want %d", more, Room-size)
+		}
+		if Widen(int(r.Fd())) {
+			t.Error("a pipe of Room widened again")
+		}
+	})
+	t.Run("a pipe not full is left as it is", func(t *testing.T) {
+		r, w, size := pipe(t)
+		if _, err := w.Write([]byte(`{"cniVersion":"1.0.0"}`)); err != nil {
+			t.Fatal(err)
+		}
+		if Widen(int(r.Fd())) {
+			t.Error("a pipe holding a small request was widened")
+		}
+		if got, _ := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0); got != size {
+			t.Errorf("pipe size %d, want %d", got, size)
+		}
+		if !Grow(int(r.Fd())) {
+			t.Error("Grow refused a pipe")
+		}
+	})
+	t.Run("no pipe", func(t *testing.T) {
+		f, err := os.CreateTemp(t.TempDir(), "stdin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.Write(make([]byte, 1<<17)); err != nil {
+			t.Fatal(err)
+		}
+		if Widen(int(f.Fd())) || Grow(int(f.Fd())) {
+			t.Error("a file was taken for a pipe")
+		}
+	})
+}
