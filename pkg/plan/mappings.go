@@ -47,11 +47,15 @@ func (l *Mappings) addRun(r Run) {
 // when there is no mapping before them or a port would pass 65535.
 func (l *Mappings) Extend(n int) bool {
 	k := len(l.seq)
-	if k == 0 || n < 0 || l.seq[k-1].Last()+n > 65535 || l.seq[k-1].ContainerPort+l.seq[k-1].Len-1+n > 65535 {
+	if k == 0 || n < 0 {
 		return false
 	}
-	l.seq[k-1].Len += n
-	l.n += n
+	last := l.seq[k-1]
+	next := Run{HostIP: last.HostIP, Protocol: last.Protocol, HostPort: last.Last() + 1, ContainerPort: last.ContainerPortOf(last.Last() + 1), Len: n}
+	if next.Last() > 65535 || next.ContainerPort+n-1 > 65535 {
+		return false
+	}
+	l.addRun(next)
 	return true
 }
 
