@@ -63,7 +63,8 @@ func (s *scanner) mappings(take func(typedMapping) bool) bool {
 	}
 }
 
-// scanner reads JSON bytes from i on.
+// scanner reads JSON bytes from i on: those of b, or, with a source,
+// those it reads into b as it goes (window.go).
 type scanner struct {
 	b     []byte
 	i     int
@@ -71,11 +72,13 @@ type scanner struct {
 	// more, if set, takes n entries that continue the last one taken
 	// (mappings)
 	more func(n int) bool
+
+	source
 }
 
 func (s *scanner) space() {
 	// one comparison for the byte that is not white space, most often
-	for s.i < len(s.b) && s.b[s.i] <= ' ' && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+	for s.has(1) && s.b[s.i] <= ' ' && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
 		s.i++
 	}
 }
@@ -83,7 +86,7 @@ func (s *scanner) space() {
 // next consumes c (after white space) if it comes next.
 func (s *scanner) next(c byte) bool {
 	s.space()
-	if s.i < len(s.b) && s.b[s.i] == c {
+	if s.has(1) && s.b[s.i] == c {
 		s.i++
 		return true
 	}
@@ -92,12 +95,13 @@ func (s *scanner) next(c byte) bool {
 
 func (s *scanner) end() bool {
 	s.space()
-	return s.i == len(s.b)
+	return !s.has(1)
 }
 
 // literal consumes word (null, true, false) if it comes next.
 func (s *scanner) literal(word string) bool {
 	s.space()
+	s.has(len(word))
 	if bytes.HasPrefix(s.b[s.i:], []byte(word)) {
 		s.i += len(word)
 		return true
@@ -108,6 +112,9 @@ func (s *scanner) literal(word string) bool {
 // mapping reads one object of the array.
 func (s *scanner) mapping() (typedMapping, bool) {
 	s.space()
+	// the quick readers read what b holds: an entry they find cut
+	// short is read the general way, which reads on
+	s.has(quickRoom)
 	if t, ok := s.continued(); ok {
 		return t, true
 	}
@@ -192,10 +199,10 @@ func (s *scanner) raw() ([]byte, bool) {
 		return nil, false
 	}
 	j := s.i
-	for j < len(s.b) && plainByte[s.b[j]] {
+	for (j < len(s.b) || s.fill(j-s.i+1)) && plainByte[s.b[j]] {
 		j++
 	}
-	if j == len(s.b) || s.b[j] != '"' {
+	if j >= len(s.b) || s.b[j] != '"' {
 		return nil, false // an escape, a control byte, a byte beyond ASCII, the end
 	}
 	v := s.b[s.i:j]
@@ -234,7 +241,7 @@ func intern(v []byte) string {
 // strOrNull reads a string; null leaves old, as encoding/json does.
 func (s *scanner) strOrNull(old string) (string, bool) {
 	s.space()
-	if s.i < len(s.b) && s.b[s.i] == 'n' {
+	if s.has(1) && s.b[s.i] == 'n' {
 		return old, s.literal("null")
 	}
 	return s.str()
@@ -245,15 +252,15 @@ func (s *scanner) strOrNull(old string) (string, bool) {
 // encoding/json does. Anything else is refused.
 func (s *scanner) integer(old int) (int, bool) {
 	s.space()
-	if s.i < len(s.b) && s.b[s.i] == 'n' {
+	if s.has(1) && s.b[s.i] == 'n' {
 		return old, s.literal("null")
 	}
-	neg := s.i < len(s.b) && s.b[s.i] == '-'
+	neg := s.has(1) && s.b[s.i] == '-'
 	if neg {
 		s.i++
 	}
 	start, n := s.i, 0
-	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+	for s.has(1) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
 		if s.i-start >= 18 { // beyond what an int surely holds: the slow path says
 			return 0, false
 		}
@@ -263,7 +270,7 @@ func (s *scanner) integer(old int) (int, bool) {
 	switch digits := s.i - start; {
 	case digits == 0, digits > 1 && s.b[start] == '0':
 		return 0, false
-	case s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E'):
+	case s.has(1) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E'):
 		return 0, false
 	}
 	if neg {
@@ -278,30 +285,30 @@ func (s *scanner) number() bool {
 	s.space()
 	digits := func() int {
 		n := 0
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		for s.has(1) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
 			s.i++
 			n++
 		}
 		return n
 	}
-	if s.i < len(s.b) && s.b[s.i] == '-' {
+	if s.has(1) && s.b[s.i] == '-' {
 		s.i++
 	}
 	switch {
-	case s.i < len(s.b) && s.b[s.i] == '0':
+	case s.has(1) && s.b[s.i] == '0':
 		s.i++
 	case digits() == 0:
 		return false
 	}
-	if s.i < len(s.b) && s.b[s.i] == '.' {
+	if s.has(1) && s.b[s.i] == '.' {
 		s.i++
 		if digits() == 0 {
 			return false
 		}
 	}
-	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+	if s.has(1) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
 		s.i++
-		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+		if s.has(1) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
 			s.i++
 		}
 		if digits() == 0 {
@@ -315,7 +322,7 @@ func (s *scanner) number() bool {
 // literal. A nested value is refused.
 func (s *scanner) scalar() bool {
 	s.space()
-	if s.i >= len(s.b) {
+	if !s.has(1) {
 		return false
 	}
 	switch c := s.b[s.i]; {

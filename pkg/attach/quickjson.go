@@ -1,6 +1,9 @@
 package attach
 
-import "strconv"
+import (
+	"slices"
+	"strconv"
+)
 
 // quickMapping reads, in one pass, an entry spelled as runtimes spell
 // it: the four keys as written here, in any order; at most a space
@@ -130,11 +133,24 @@ func (s *scanner) continued() (t typedMapping, ok bool) {
 // scanner on that each continue the one before (continued), with the
 // commas between them, and says how many; it stops after the last.
 func (s *scanner) continuedRun() int {
-	if s.more == nil || len(s.shape.next) == 0 {
+	if s.more == nil {
 		return 0
 	}
+	defer func() { s.open = false }() // what was not let go stays in b
 	n := 0
-	for {
+	for len(s.shape.next) > 0 {
+		need := 1 + len(s.shape.next)
+		if len(s.b)-s.i < need {
+			s.letGo()
+			s.has(need)
+		}
+		if n > 0 {
+			if k := s.tight(); k > 0 {
+				n += k
+				continue
+			}
+		}
+		s.open = false
 		at := s.i
 		if n > 0 && !s.next(',') {
 			return n
@@ -146,6 +162,7 @@ func (s *scanner) continuedRun() int {
 		}
 		n++
 	}
+	return n
 }
 
 // continuedOne is continued, without the entry: the shape has it.
@@ -156,10 +173,25 @@ func (s *scanner) continuedOne() bool {
 		return false
 	}
 	s.i += n
+	sh.advance()
+	return true
+}
+
+// advance makes the shape's entry the one it spelled next, and spells
+// the one after: both ports one up again, in place while no port gains
+// a digit.
+func (sh *shape) advance() {
 	sh.t.HostPort++
 	sh.t.ContainerPort++
-	// the one after: both ports one up again, in place while no port
-	// gains a digit
+	// most often neither port ends in a 9
+	if a, b := sh.digits[0][1]-1, sh.digits[1][1]-1; sh.next[a] != '9' && sh.next[b] != '9' {
+		sh.next[a]++
+		sh.next[b]++
+		if sh.t.HostPort >= 65535 || sh.t.ContainerPort >= 65535 {
+			sh.next = sh.next[:0]
+		}
+		return
+	}
 	for _, d := range sh.digits {
 		k := d[1] - 1
 		for k >= d[0] && sh.next[k] == '9' {
@@ -172,14 +204,20 @@ func (s *scanner) continuedOne() bool {
 				first, second = second, first
 			}
 			sh.spellNext(first, second)
-			return true
+			return
 		}
 		sh.next[k]++
 	}
 	if sh.t.HostPort+1 > 65535 || sh.t.ContainerPort+1 > 65535 {
 		sh.next = sh.next[:0]
 	}
-	return true
+}
+
+// clone is sh with a spelling of its own.
+func (sh *shape) clone() shape {
+	c := *sh
+	c.next = slices.Clone(sh.next)
+	return c
 }
 
 // shaped reads the entry at the scanner if it is the last one's shape

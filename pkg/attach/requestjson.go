@@ -21,11 +21,16 @@ import (
 // mappings of another shape or a value out of range, a request
 // encoding/json refuses.
 func decodeFast(stdin []byte) (nc netConf, ms plan.Mappings, ok bool) {
+	return decodeFrom(&scanner{b: stdin})
+}
+
+// decodeFrom is decodeFast of what s reads.
+func decodeFrom(s *scanner) (nc netConf, ms plan.Mappings, ok bool) {
 	// an entry with the protocol and host IP of the one before it (every
 	// entry of a range) reuses what was parsed of them
 	var last typedMapping
 	var lastM plan.Mapping
-	start, end, ok := findMappings(stdin, func(t typedMapping) bool {
+	start, end, ok := findMappings(s, func(t typedMapping) bool {
 		if ms.Len() > 0 && t.Protocol == last.Protocol && t.HostIP == last.HostIP &&
 			t.HostPort >= 1 && t.HostPort <= 65535 && t.ContainerPort >= 1 && t.ContainerPort <= 65535 {
 			lastM.HostPort, lastM.ContainerPort = t.HostPort, t.ContainerPort
@@ -40,10 +45,10 @@ func decodeFast(stdin []byte) (nc netConf, ms plan.Mappings, ok bool) {
 	if !ok {
 		return nc, plan.Mappings{}, false
 	}
-	rest := stdin
+	rest := s.b
 	if start >= 0 {
-		rest = make([]byte, 0, len(stdin)-(end-start)+len("null"))
-		rest = append(append(append(rest, stdin[:start]...), "null"...), stdin[end:]...)
+		rest = make([]byte, 0, len(s.b)-(end-start)+len("null"))
+		rest = append(append(append(rest, s.b[:start]...), "null"...), s.b[end:]...)
 	}
 	if json.Unmarshal(rest, &nc) != nil {
 		return netConf{}, plan.Mappings{}, false
@@ -56,13 +61,13 @@ var (
 	keyPortMappings  = []byte("portMappings")
 )
 
-// findMappings walks the top-level object of b and reads
+// findMappings walks the top-level object s reads and reads
 // runtimeConfig.portMappings where it is, handing each entry to take, or
 // to more those that continue the one before (scanner.mappings); it
-// returns the span [start, end) of their value in b (start is -1
+// returns the span [start, end) of their value in s.b (start is -1
 // without one).
-func findMappings(b []byte, take func(typedMapping) bool, more func(n int) bool) (start, end int, ok bool) {
-	s := scanner{b: b, more: more}
+func findMappings(s *scanner, take func(typedMapping) bool, more func(n int) bool) (start, end int, ok bool) {
+	s.more = more
 	start = -1
 	seen := false
 	ok = s.object(func(key []byte) bool {
@@ -126,7 +131,7 @@ const maxDepth = 10000
 // skip reads any JSON value, exactly as the grammar has it.
 func (s *scanner) skip(depth int) bool {
 	s.space()
-	if s.i >= len(s.b) || depth > maxDepth {
+	if !s.has(1) || depth > maxDepth {
 		return false
 	}
 	switch c := s.b[s.i]; {
@@ -169,10 +174,10 @@ func (s *scanner) skip(depth int) bool {
 // skipString reads a string with any escapes JSON allows; bytes beyond
 // ASCII pass as encoding/json lets them.
 func (s *scanner) skipString() bool {
-	if s.i >= len(s.b) || s.b[s.i] != '"' {
+	if !s.has(1) || s.b[s.i] != '"' {
 		return false
 	}
-	for j := s.i + 1; j < len(s.b); j++ {
+	for j := s.i + 1; j < len(s.b) || s.fill(j-s.i+1); j++ {
 		switch c := s.b[j]; {
 		case c == '"':
 			s.i = j + 1
@@ -181,13 +186,13 @@ func (s *scanner) skipString() bool {
 			return false
 		case c == '\\':
 			j++
-			if j >= len(s.b) {
+			if j >= len(s.b) && !s.fill(j-s.i+1) {
 				return false
 			}
 			switch s.b[j] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 			case 'u':
-				if j+4 >= len(s.b) {
+				if j+4 >= len(s.b) && !s.fill(j+5-s.i) {
 					return false
 				}
 				for _, h := range s.b[j+1 : j+5] {

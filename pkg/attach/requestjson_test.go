@@ -100,7 +100,8 @@ func TestDecodeFast(t *testing.T) {
 	}
 }
 
-// FuzzDecodeFast: whatever decodeFast reads, it reads as encoding/json.
+// FuzzDecodeFast: whatever decodeFast reads, it reads as encoding/json,
+// and as it reads it in memory when it reads it from a source.
 func FuzzDecodeFast(f *testing.F) {
 	for _, r := range requests {
 		f.Add([]byte(r))
@@ -108,5 +109,8 @@ func FuzzDecodeFast(f *testing.F) {
 	for _, c := range shapeCases {
 		f.Add([]byte(`{"name":"n","runtimeConfig":{"portMappings":` + c + `}}`))
 	}
-	f.Fuzz(func(t *testing.T, b []byte) { diffDecode(t, b) })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		diffDecode(t, b)
+		diffRead(t, b)
+	})
 }

@@ -7,7 +7,12 @@
 // verb, and it is read in one go.
 package stdinpipe
 
-import "golang.org/x/sys/unix"
+import (
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
 
 // Room is the size a pipe is widened to: a request of up to this much
 // is then written at once.
@@ -35,4 +40,25 @@ func Widen(fd int) bool {
 func Grow(fd int) bool {
 	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, Room)
 	return err == nil
+}
+
+// Reader reads f, giving a pipe whose first read fills 64 KiB (its
+// writer then waits for room, and Widen came too early to see it) Room
+// for the rest.
+func Reader(f *os.File) io.Reader { return &reader{f: f} }
+
+type reader struct {
+	f    *os.File
+	read bool
+}
+
+func (r *reader) Read(b []byte) (int, error) {
+	n, err := r.f.Read(b)
+	if !r.read {
+		r.read = true
+		if n >= 64<<10 && err == nil {
+			Grow(int(r.f.Fd())) // not a pipe, or refused: rounds it is
+		}
+	}
+	return n, err
 }

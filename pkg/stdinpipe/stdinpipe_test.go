@@ -1,8 +1,11 @@
 package stdinpipe
 
 import (
+	"bytes"
+	"io"
 	"os"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -87,4 +90,54 @@ func TestWiden(t *testing.T) {
 			t.Error("a file was taken for a pipe")
 		}
 	})
+}
+
+// Reader reads a request through a pipe whole: one whose first read of
+// 64 KiB finds the pipe full has the pipe grown for the rest, a small
+// one leaves it.
+func TestReader(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		size int
+		grow bool
+	}{{"small", 4 << 10, false}, {"a range's", 300 << 10, true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			want := bytes.Repeat([]byte("0123456789abcdef"), tt.size/16)
+			go func() { _, _ = w.Write(want); w.Close() }()
+			for { // the first read must find the pipe full, as a runtime's would be
+				n, err := unix.IoctlGetInt(int(r.Fd()), unix.TIOCINQ) // FIONREAD
+				if err != nil || n >= min(tt.size, 64<<10) {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var got []byte
+			rd, buf := Reader(r), make([]byte, 64<<10) // a window, as attach.Read reads
+			for {
+				n, err := rd.Read(buf)
+				got = append(got, buf[:n]...)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("read %d bytes; want the %d written", len(got), len(want))
+			}
+			size, err := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if grown := size > 64<<10; grown != tt.grow {
+				t.Errorf("pipe of %d bytes after the read, grown %v; want grown %v", size, grown, tt.grow)
+			}
+		})
+	}
 }

@@ -30,7 +30,7 @@ func TestPreparse(t *testing.T) {
 				t.Fatalf("the case is the good request: %s", good)
 			}
 			p, _, _ := newFake()
-			f := p.preparse(tt.stdin, "eth0")
+			f := p.preparse(bytes.NewReader(tt.stdin), "eth0")
 			got, err := io.ReadAll(f)
 			if err != nil {
 				t.Fatal(err)
