@@ -323,17 +323,30 @@ func Fingerprint(plans []*Plan) string {
 		}
 		b = append(b, 0xff)
 		for _, r := range p.Mappings.seq {
+			// a record a mapping: its host IP, the length it was given
+			// in, both ports, its protocol, 0; those of a stretch
+			// differ in their ports alone, which are written into
+			// copies of the first
 			ip := r.HostIP.To16()
-			for i := range r.Len {
-				if len(b) > cap(b)-64 {
+			size, ports := len(ip)+5+len(r.Protocol)+1, len(ip)+1
+			for i := 0; i < r.Len; {
+				if cap(b)-len(b) < size {
 					h.Write(b)
-					b = b[:0]
+					b = slices.Grow(b[:0], size)
 				}
-				hp, cp := r.HostPort+i, r.ContainerPort+i
+				k, first := min(r.Len-i, (cap(b)-len(b))/size), len(b)
 				b = append(b, ip...)
-				b = append(b, byte(len(r.HostIP)), byte(hp>>8), byte(hp), byte(cp>>8), byte(cp))
+				b = append(b, byte(len(r.HostIP)), 0, 0, 0, 0)
 				b = append(b, r.Protocol...)
 				b = append(b, 0)
+				for n := size; n < k*size; n *= 2 {
+					b = append(b, b[first:first+min(n, k*size-n)]...)
+				}
+				for at := first + ports; at < len(b); at += size {
+					hp, cp := r.HostPort+i, r.ContainerPort+i
+					b[at], b[at+1], b[at+2], b[at+3] = byte(hp>>8), byte(hp), byte(cp>>8), byte(cp)
+					i++
+				}
 			}
 		}
 	}
