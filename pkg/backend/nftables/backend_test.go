@@ -44,6 +44,32 @@ func TestApplyFastPath(t *testing.T) {
 	}
 }
 
+// A range's ADD reads what shares its ports under the lock, then
+// writes as the fast path does, creating its chain beside the skeleton,
+// with no read of its own chain; an ADD again, its chain there, writes
+// the slow way (the skeleton and its chain rewritten).
+func TestApplyRange(t *testing.T) {
+	r := rangePlan("new", "192.0.2.7/24", [2]int{20000, 20099})
+	b, k, _, locks := lockedBackend(t, true, nil)
+	if err := b.Apply(r); err != nil {
+		t.Fatal(err)
+	}
+	own := ChainName(r.Owner)
+	if len(k.scripts) != 1 || *locks != 1 || k.chainReads != 0 || !strings.Contains(k.scripts[0], "create chain ip cni_portmap "+own) ||
+		!strings.Contains(k.scripts[0], "20000-20099") {
+		t.Errorf("scripts %q, %d locks, %d reads of a chain: want one transaction creating %s, under the lock, no chain read", k.scripts, *locks, k.chainReads, own)
+	}
+
+	b, k, _, _ = lockedBackend(t, true, failing("create chain"))
+	if err := b.Apply(r); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.scripts) != 2 || k.chainReads != 1 || !strings.Contains(k.scripts[1], "flush chain ip cni_portmap "+own) ||
+		!strings.Contains(k.scripts[1], "add table ip cni_portmap") {
+		t.Errorf("scripts %q, %d reads of a chain: want the slow way after the create failed", k.scripts, k.chainReads)
+	}
+}
+
 func TestApplyTakesOverNewestWins(t *testing.T) {
 	// c claims a's keys: the fast path fails (the elements exist), the slow
 	// path deletes and re-adds them with c's verdict and logs it.

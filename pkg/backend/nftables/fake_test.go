@@ -23,6 +23,8 @@ type fakeKernel struct {
 	// errno, when set, is what a failing transaction fails with (EEXIST
 	// when not).
 	errno unix.Errno
+	// chainReads counts the reads of one chain.
+	chainReads int
 }
 
 func (k *fakeKernel) Apply(tx *Tx) error {
@@ -52,6 +54,7 @@ func (k *fakeKernel) Table(f plan.Family, table string) (*State, error) {
 }
 
 func (k *fakeKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+	k.chainReads++
 	s, _ := k.Table(f, table)
 	if s == nil {
 		return nil, nil

@@ -110,6 +110,23 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
+	if ranges {
+		// As the fast path, after the read: a new attachment's chain
+		// created beside the skeleton, its elements placed among what
+		// shares their ports. Its chain there already (an ADD again),
+		// or the skeleton missing, it goes the slow way.
+		els, err := b.Kernel.Elements(b.Family, keys)
+		if err != nil {
+			return err
+		}
+		tx := newTx(b.Family)
+		place(tx, newChain(tx, p, chainRules(p)).name, keys, els, b.Log)
+		if err := b.Kernel.Apply(tx); err == nil {
+			return nil
+		} else if !missed(err) {
+			return fmt.Errorf("apply: %w", err)
+		}
+	}
 	prev, _, err := b.ownKeys(p)
 	if err != nil {
 		return err
@@ -118,24 +135,10 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	write := func(skeleton bool) error {
-		tx := newTx(b.Family)
-		if skeleton {
-			addSkeleton(tx, p)
-		}
-		chain := rewriteChain(tx, p)
-		place(tx, chain.name, keys, els, b.Log)
-		return b.Kernel.Apply(tx)
-	}
-	if ranges {
-		// the skeleton in place, as on the fast path
-		if err := write(false); err == nil {
-			return nil
-		} else if !missed(err) {
-			return fmt.Errorf("apply: %w", err)
-		}
-	}
-	if err := write(true); err != nil {
+	tx := newTx(b.Family)
+	addSkeleton(tx, p)
+	place(tx, rewriteChain(tx, p).name, keys, els, b.Log)
+	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return nil

@@ -337,15 +337,22 @@ func fastAddTx(p *plan.Plan) *Tx {
 	tx := newTx(p.Family)
 	rules, keys := chainRules(p), Keys(p)
 	tx.ops = make([]op, 0, 1+len(rules)+len(keys))
-	tx.add(opCreate, ownChain(p))
+	chain := newChain(tx, p, rules)
+	for _, k := range keys {
+		tx.add(opAdd, elemObj{k, chain.name})
+	}
+	return tx
+}
+
+// newChain creates the attachment's chain, failing if it exists, with
+// its rules, and returns it.
+func newChain(tx *Tx, p *plan.Plan, rules []*Rule) chainObj {
+	chain := ownChain(p)
+	tx.add(opCreate, chain)
 	for _, r := range rules {
 		tx.add(opAdd, r)
 	}
-	chain := ChainName(p.Owner)
-	for _, k := range keys {
-		tx.add(opAdd, elemObj{k, chain})
-	}
-	return tx
+	return chain
 }
 
 // AddScript is the nft script of ADD's fast path for p, and the number of
