@@ -47,22 +47,31 @@ func measureConns(plugin, backend string, n, count int) connRate {
 	}); err != nil {
 		fatalf("second client address: %v", err)
 	}
-	// The two are measured in alternating rounds, the median of each
-	// kept: one run of each, one after the other, compared whatever the
-	// machine did in between (their ratio moved 0.66–1.32 between full
-	// runs of the same code).
-	var hostPort, direct []float64
-	for range connRounds {
-		hostPort = append(hostPort, rate(cl.NS, "198.51.100.2", "198.51.100.1:8080", count/connRounds))
-		direct = append(direct, rate(cl.NS, "198.51.100.3", net.JoinHostPort(c.IP(4), "80"), count/connRounds))
+	// The two are measured in rounds, one run of each, the one that goes
+	// first alternating, and a round's ratio compares its two runs: one
+	// run of each, one after the other, compared whatever the machine did
+	// in between (their ratio moved 0.66–1.32 between full runs of the
+	// same code), and a round's runs vary by a quarter from round to
+	// round on this bench's machines.
+	var hostPort, direct, ratios []float64
+	viaHostPort := func() float64 { return rate(cl.NS, "198.51.100.2", "198.51.100.1:8080", count/connRounds) }
+	viaDirect := func() float64 { return rate(cl.NS, "198.51.100.3", net.JoinHostPort(c.IP(4), "80"), count/connRounds) }
+	for i := range connRounds {
+		var h, d float64
+		if i%2 == 0 {
+			h, d = viaHostPort(), viaDirect()
+		} else {
+			d, h = viaDirect(), viaHostPort()
+		}
+		hostPort, direct, ratios = append(hostPort, h), append(direct, d), append(ratios, h/d)
 	}
 	return connRate{Plugin: plugin, Backend: backend, N: n,
-		HostPort: percentile(hostPort, 50), Direct: percentile(direct, 50)}
+		HostPort: percentile(hostPort, 50), Direct: percentile(direct, 50), Ratio: percentile(ratios, 50)}
 }
 
-// connRounds is how many alternating rounds a connection-rate run of
-// count connections a side is cut into.
-const connRounds = 5
+// connRounds is how many rounds a connection-rate run of count
+// connections a side is cut into.
+const connRounds = 10
 
 // rate opens up to count connections one after another from namespace n
 // (each: connect, read the server's line, close) and returns completed

@@ -142,6 +142,9 @@ type connRate struct {
 	N        int     `json:"n"`
 	HostPort float64 `json:"hostport_per_s"`
 	Direct   float64 `json:"direct_per_s"`
+	// Ratio is the median of the rounds' host port ÷ direct, each
+	// round's two runs measured one after the other.
+	Ratio float64 `json:"hostport_over_direct"`
 }
 
 var plugins = []string{"ours", "upstream"}
