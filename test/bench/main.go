@@ -177,10 +177,7 @@ func run(tb *benchTB, o options) *report {
 	}
 	for _, be := range o.backends {
 		for _, p := range plugins {
-			for _, n := range o.ns {
-				progress("latency %s %s N=%d", p, be, n)
-				r.Latency = append(r.Latency, measureVerbs(tb, p, be, n, o.samples)...)
-			}
+			r.Latency = append(r.Latency, measureVerbs(p, be, o.ns, o.samples)...)
 		}
 	}
 	for _, be := range o.backends {

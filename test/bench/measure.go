@@ -96,48 +96,72 @@ func fill(bin, backend string, n int) {
 }
 
 // measureVerbs times ADD, CHECK and DEL of one more container with n
-// already mapped, then counts the processes each verb spawns.
-func measureVerbs(tb *benchTB, plugin, backend string, n, samples int) []latency {
-	nettest.ResetNAT(tb)
+// already mapped, for every n of ns, then counts the processes each verb
+// spawns. Every n has a host of its own, filled first; the samples then go
+// round the hosts (sample i at every n, the first host turning), so the
+// ratios between the Ns compare runs made side by side.
+func measureVerbs(plugin, backend string, ns []int, samples int) []latency {
 	bin := binary(plugin)
-	fill(bin, backend, n)
+	hosts := make([]*nsHost, len(ns))
+	for i, n := range ns {
+		hosts[i] = newHost(n)
+		defer hosts[i].close()
+		progress("latency %s %s: fill N=%d", plugin, backend, n)
+		hosts[i].do(func() { fill(bin, backend, n) })
+	}
 	probe := conf(backend, probeIP, probePort)
 	tcp := confTCP(backend, probeIP, probePort)
-	times := map[string][]float64{}
-	for range samples {
-		// A node's conntrack table is never empty; this namespace's would
-		// be, and the UDP mapping's flush would skip its walk. One
-		// unanswered datagram keeps an entry in it.
-		keepConntrackEntry()
-		for _, verb := range []string{"ADD", "CHECK", "DEL"} {
-			d, err := invoke(bin, verb, "probe", probe)
-			if err != nil {
-				fatalf("%v", err)
-			}
-			times[verb] = append(times[verb], ms(d))
-		}
-		// The same container with its TCP mapping only: no conntrack
-		// flush, so what is left is the plugin's start and its rules.
-		for _, verb := range []string{"ADD", "DEL"} {
-			d, err := invoke(bin, verb, "probe", tcp)
-			if err != nil {
-				fatalf("%v", err)
-			}
-			times[verb+" tcp"] = append(times[verb+" tcp"], ms(d))
+	times := make([]map[string][]float64, len(ns))
+	for i := range times {
+		times[i] = map[string][]float64{}
+	}
+	progress("latency %s %s: %d samples at N=%v in turn", plugin, backend, samples, ns)
+	for s := range samples {
+		for k := range hosts {
+			i := (s + k) % len(hosts)
+			hosts[i].do(func() { sample(bin, probe, tcp, times[i]) })
 		}
 	}
 	var out []latency
-	for _, verb := range verbs {
-		stdin := probe
-		if strings.HasSuffix(verb, " tcp") {
-			stdin = tcp
+	for i, h := range hosts {
+		for _, verb := range verbs {
+			stdin := probe
+			if strings.HasSuffix(verb, " tcp") {
+				stdin = tcp
+			}
+			var procs int
+			h.do(func() { procs = countProcs(bin, strings.TrimSuffix(verb, " tcp"), stdin) })
+			out = append(out, latency{Plugin: plugin, Backend: backend, N: h.n, Verb: verb,
+				P50: percentile(times[i][verb], 50), P90: percentile(times[i][verb], 90),
+				Procs: procs})
 		}
-		out = append(out, latency{Plugin: plugin, Backend: backend, N: n, Verb: verb,
-			P50: percentile(times[verb], 50), P90: percentile(times[verb], 90),
-			Procs: countProcs(bin, strings.TrimSuffix(verb, " tcp"), stdin)})
 	}
-	// The probe was deleted last; leave the node as filled.
 	return out
+}
+
+// sample times each verb of the probe once, in the calling thread's
+// namespace, and adds the times to times.
+func sample(bin string, probe, tcp []byte, times map[string][]float64) {
+	// A node's conntrack table is never empty; this namespace's would be,
+	// and the UDP mapping's flush would skip its walk. One unanswered
+	// datagram keeps an entry in it.
+	keepConntrackEntry()
+	for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+		d, err := invoke(bin, verb, "probe", probe)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		times[verb] = append(times[verb], ms(d))
+	}
+	// The same container with its TCP mapping only: no conntrack flush,
+	// so what is left is the plugin's start and its rules.
+	for _, verb := range []string{"ADD", "DEL"} {
+		d, err := invoke(bin, verb, "probe", tcp)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		times[verb+" tcp"] = append(times[verb+" tcp"], ms(d))
+	}
 }
 
 // versionFloor is the plugin's own start: VERSION does no work.
