@@ -8,6 +8,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -45,8 +46,46 @@ func TestNFTFastPathMisses(t *testing.T) {
 	first(t, "re-ADD (the chain exists)", func() error { return b.Apply(a) }, unix.EEXIST)
 	c := mkPlan("net1", "c", "192.0.2.3/24", 8080)
 	first(t, "ADD of a held port (the element exists)", func() error { return b.Apply(c) }, unix.EEXIST)
-	first(t, "DEL of a port taken over", func() error { return b.Remove(a) }, unix.EEXIST)
+	// DEL of single ports has one path: its keys' elements read under
+	// the lock, then one transaction that releases only its own.
+	k.errs = nil
+	if err := b.Remove(a); err != nil {
+		t.Fatalf("DEL of a port taken over: %v", err)
+	}
+	if len(k.errs) != 1 || k.errs[0] != nil {
+		t.Fatalf("DEL of a port taken over: transactions %v, want one", k.errs)
+	}
+	if err := b.Check(c); err != nil {
+		t.Errorf("the port's new owner after the old one's DEL: %v", err)
+	}
 	if err := b.Remove(c); err != nil {
+		t.Fatal(err)
+	}
+	// A range's DEL tries its fast path first; an interval another ADD
+	// cut down makes it fail.
+	span := func(id, ip string, from, to int) *plan.Plan {
+		req := plan.Request{
+			Owner:      plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"},
+			Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
+		}
+		for port := from; port <= to; port++ {
+			req.Mappings.Add(plan.Mapping{HostPort: port, ContainerPort: port, Protocol: plan.TCP})
+		}
+		n := cidr(ip)
+		return plan.Build(req, plan.FamilyOf(n.IP), n)
+	}
+	r := span("r", "192.0.2.4/24", 9100, 9199)
+	s := span("s", "192.0.2.5/24", 9150, 9249)
+	for _, p := range []*plan.Plan{r, s} {
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first(t, "DEL of a range cut down", func() error { return b.Remove(r) }, unix.EEXIST)
+	if err := b.Check(s); err != nil {
+		t.Errorf("the newer range after the older one's DEL: %v", err)
+	}
+	if err := b.Remove(s); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -113,30 +113,34 @@ func TestReAddDropsStaleKeys(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
-	t.Run("fast path", func(t *testing.T) {
+	t.Run("single ports: one transaction under the lock that adds nothing", func(t *testing.T) {
+		// Adding an element with a verdict, even one that is there,
+		// makes the kernel validate every chain a verdict map leads to
+		// at commit: DEL of single ports reads the elements instead.
 		b, k, _, locks := lockedBackend(t, true, nil)
 		if err := b.Remove(a); err != nil {
 			t.Fatal(err)
 		}
-		if len(k.scripts) != 1 || *locks != 0 || !strings.Contains(k.scripts[0], "delete chain ip cni_portmap "+ChainName(a.Owner)) {
-			t.Errorf("scripts %q locks %d", k.scripts, *locks)
+		if len(k.scripts) != 1 || *locks != 1 || !strings.Contains(k.scripts[0], "delete chain ip cni_portmap "+ChainName(a.Owner)) ||
+			!strings.Contains(k.scripts[0], "delete element ip cni_portmap hostports { tcp . 8080 }") {
+			t.Errorf("scripts %q locks %d: want one transaction under the lock", k.scripts, *locks)
+		}
+		if strings.Contains(k.scripts[0], "add element") {
+			t.Errorf("DEL adds an element:\n%s", k.scripts[0])
 		}
 	})
 	t.Run("a key taken over stays with its new owner", func(t *testing.T) {
-		// Another attachment took tcp . 8080 over: the fast path fails
-		// (its element names the other chain); the slow path reads the
-		// keys' elements and releases only those still pointing at a's
-		// chain, then deletes the chain.
-		b, k, _, locks := lockedBackend(t, true, func(s string) bool {
-			return strings.Contains(s, "hostports { tcp . 8080 : goto")
-		})
+		// Another attachment took tcp . 8080 over: DEL reads the keys'
+		// elements and releases only those still pointing at a's chain,
+		// then deletes the chain.
+		b, k, _, locks := lockedBackend(t, true, nil)
 		own := ChainName(a.Owner)
 		k.tables["ip "+Table] = strings.Replace(k.tables["ip "+Table], "tcp . 8080 : goto "+own, "tcp . 8080 : goto dn-other", 1)
 		if err := b.Remove(a); err != nil {
 			t.Fatal(err)
 		}
 		last := k.scripts[len(k.scripts)-1]
-		if *locks != 1 || len(k.scripts) != 2 || !strings.Contains(last, "delete chain ip cni_portmap "+own) ||
+		if *locks != 1 || len(k.scripts) != 1 || !strings.Contains(last, "delete chain ip cni_portmap "+own) ||
 			strings.Contains(last, "tcp . 8080") || !strings.Contains(last, "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
 			t.Errorf("scripts %q", k.scripts)
 		}
@@ -228,24 +232,26 @@ func TestReadyNeedsNftForConditions(t *testing.T) {
 }
 
 // A fast path falls back to the slow path only on the errnos of the states
-// it expects (EEXIST, ENOENT, EBUSY); anything else goes back at once,
-// without the host-wide lock.
+// it expects (EEXIST, ENOENT, EBUSY); anything else goes back at once, in
+// one transaction: ADD's without the host-wide lock, DEL's of single ports
+// under it (its one path).
 func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
 	for _, tt := range []struct {
-		name string
-		run  func(b *Backend) error
+		name  string
+		run   func(b *Backend) error
+		locks int
 	}{
-		{"apply", func(b *Backend) error { return b.Apply(a) }},
-		{"remove", func(b *Backend) error { return b.Remove(a) }},
+		{"apply", func(b *Backend) error { return b.Apply(a) }, 0},
+		{"remove", func(b *Backend) error { return b.Remove(a) }, 1},
 	} {
 		for _, errno := range []unix.Errno{unix.EPERM, unix.EMSGSIZE} {
 			t.Run(tt.name+" "+errno.Error(), func(t *testing.T) {
 				b, k, _, locks := lockedBackend(t, true, func(string) bool { return true })
 				k.errno = errno
 				err := tt.run(b)
-				if !errors.Is(err, errno) || *locks != 0 || len(k.scripts) != 1 {
-					t.Errorf("error %v, locks %d, transactions %d: want %v, no lock, one transaction", err, *locks, len(k.scripts), errno)
+				if !errors.Is(err, errno) || *locks != tt.locks || len(k.scripts) != 1 {
+					t.Errorf("error %v, locks %d, transactions %d: want %v, %d locks, one transaction", err, *locks, len(k.scripts), errno, tt.locks)
 				}
 			})
 		}
