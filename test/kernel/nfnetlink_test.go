@@ -295,6 +295,45 @@ func TestReadyCommitsNothing(t *testing.T) {
 	})
 }
 
+// validating counts the batches the kernel is asked to check and abort.
+type validating struct {
+	nftables.Kernel
+	checks int
+}
+
+func (v *validating) Validate(tx *nftables.Tx) error { v.checks++; return v.Kernel.Validate(tx) }
+
+// TestReadyReadsTheSkeleton: beside the skeleton STATUS reads the
+// dispatch chain and sends no batch (an aborted batch waits an RCU grace
+// period holding nf_tables' commit lock); after a flush it has the kernel
+// check one, and still answers ready.
+func TestReadyReadsTheSkeleton(t *testing.T) {
+	n := nettest.NewNS(t)
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		ip := map[plan.Family]string{plan.IPv4: "192.0.2.2/24", plan.IPv6: "2001:db8::2/64"}[f]
+		inNS(t, n, f, false, func(b *nftables.Backend) error { return b.Apply(mkPlan("net1", "c1", ip, 80)) })
+		for _, step := range []struct {
+			name   string
+			checks int
+		}{{"beside the skeleton", 0}, {"after a flush", 1}} {
+			if step.checks == 1 {
+				listIn(t, n, "flush", "ruleset")
+			}
+			inNS(t, n, f, false, func(b *nftables.Backend) error {
+				v := &validating{Kernel: b.Kernel}
+				b.Kernel = v
+				if err := b.Ready(plan.Build(plan.Request{}, f, nil)); err != nil {
+					return fmt.Errorf("%s %s: %w", f, step.name, err)
+				}
+				if v.checks != step.checks {
+					return fmt.Errorf("%s %s: %d batches checked, want %d", f, step.name, v.checks, step.checks)
+				}
+				return nil
+			})
+		}
+	}
+}
+
 // TestBinaryStartsNoProcess runs the real binary with the nftables backend
 // and an empty PATH: nothing it could start is there, so ADD (the first,
 // which writes the skeleton, and the steady state), CHECK, DEL and STATUS

@@ -211,9 +211,15 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 }
 
 func TestReady(t *testing.T) {
+	// No table: the kernel checks a batch that adds it.
 	b, k, _, _ := lockedBackend(t, false, nil)
 	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil || len(k.checks) != 1 || !strings.Contains(k.checks[0], "add table ip cni_portmap") {
 		t.Errorf("Ready: %v, checks %q", err, k.checks)
+	}
+	// The skeleton there: its dispatch chain read is the answer, no batch.
+	b, k, _, _ = lockedBackend(t, true, nil)
+	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil || len(k.checks) != 0 || len(k.scripts) != 0 {
+		t.Errorf("Ready beside the skeleton: %v, checks %q, scripts %q: want no batch", err, k.checks, k.scripts)
 	}
 }
 

@@ -67,14 +67,23 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 }
 
 // Ready reports whether the backend can serve ADD of p's kind: the kernel
-// takes nf_tables messages from us and accepts the table — a batch it
-// checks and aborts, so nothing changes — and, when p has conditions
-// (nft syntax), nft is there to compile them.
+// takes nf_tables messages from us and accepts the table, and, when p has
+// conditions (nft syntax), nft is there to compile them. Where the
+// skeleton's dispatch chain can be read, an ADD wrote it in this family
+// and the read was taken (nf_tables answers only CAP_NET_ADMIN): that is
+// the answer. Only otherwise (a fresh node, after a flush) the kernel
+// checks a batch that adds the table and aborts it, so nothing changes;
+// an aborted batch waits an RCU grace period holding nf_tables' commit
+// lock (~10 ms here, every other writer of the node waiting), and
+// runtimes ask for STATUS every few seconds.
 func (b *Backend) Ready(p *plan.Plan) error {
 	if len(p.Conditions) > 0 {
 		if err := nftPresent(); err != nil {
 			return err
 		}
+	}
+	if c, err := b.Kernel.Chain(b.Family, Table, DispatchChain); err == nil && c != nil {
+		return nil
 	}
 	tx := newTx(b.Family)
 	tx.add(opAdd, tableObj{tableComment})
