@@ -4,20 +4,28 @@
 // and a repairing sync flush the entries whose original destination is a
 // host port.
 //
-// The kernel answers a conntrack dump by walking its whole hash table (it
-// is shared by every namespace, 262144 buckets on a small machine), which
-// costs milliseconds whatever it finds; so one flush is one dump of both
-// families (AF_UNSPEC) for every port at once, and only the matching
-// entries are deleted, each in its own family. A namespace whose conntrack
-// table is empty (nf_conntrack_count, which is per namespace, reads 0, or
-// conntrack is not loaded) has nothing stale, and no dump is made.
+// Finding them means reading the namespace's table, and the kernel's hash
+// is shared by every namespace (262144 buckets on a small machine). Over
+// ctnetlink a dump takes a bucket lock for each bucket: 12 ms here
+// whatever it finds. /proc/net/nf_conntrack walks the same hash under RCU
+// only: 0.4 ms for a namespace of one entry, 2.4 ms for a thousand. But
+// kernels before the procfs walk resumed at its bucket start each 4 KiB
+// read from the first bucket again, so the listing is read only for a
+// namespace of at most procMax entries (a dozen reads), and a bigger one
+// is dumped; either way one read of both families for every port at
+// once, and only the matching entries are deleted, each in its own
+// family. A namespace whose conntrack table is empty (nf_conntrack_count,
+// which is per namespace, reads 0, or conntrack is not loaded) has
+// nothing stale, and nothing is read.
 package conntrack
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -62,9 +70,13 @@ func keyOf(p Port) key {
 }
 
 // FlushDstPorts deletes the entries whose family, protocol and original
-// destination port are one of ports, with one dump of the table.
+// destination port are one of ports, with one read of the table.
 func (Host) FlushDstPorts(ports []Port) error {
-	if len(ports) == 0 || empty(countPath) {
+	if len(ports) == 0 {
+		return nil
+	}
+	n, known := count(countPath)
+	if known && n == 0 {
 		return nil
 	}
 	c, err := nfnl.Open()
@@ -72,7 +84,11 @@ func (Host) FlushDstPorts(ports []Port) error {
 		return fmt.Errorf("flush conntrack entries: %w", err)
 	}
 	defer c.Close()
-	return flush(kernelTable{c}, ports)
+	var t table = kernelTable{c}
+	if known && n <= procMax {
+		t = procTable{kernelTable{c}, procPath}
+	}
+	return flush(t, ports)
 }
 
 // table is a conntrack table: one dump of every entry (messages as the
@@ -166,13 +182,150 @@ func origKey(m []byte) (key, bool) {
 // countPath is this namespace's number of conntrack entries.
 var countPath = "/proc/sys/net/netfilter/nf_conntrack_count"
 
-// empty reports whether the namespace holds no conntrack entry: its count
-// reads 0, or there is none to read (conntrack is not loaded). Any other
-// answer, including one that cannot be read, means "walk".
-func empty(path string) bool {
+// count reads the namespace's number of conntrack entries: 0 where there
+// is none to read (conntrack is not loaded); not known where the count
+// cannot be read, which means "dump".
+func count(path string) (n int, known bool) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return true
+		return 0, true
 	}
-	return err == nil && strings.TrimSpace(string(b)) == "0"
+	if err != nil {
+		return 0, false
+	}
+	n, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	return n, err == nil
+}
+
+// procMax is the most entries a namespace may hold for a flush to read
+// its procfs listing rather than dump it: at about 160 bytes a line, 256
+// entries are 11 reads of 4 KiB. Where each read walks the hash from its
+// first bucket again, that is 11 walks, 1.7 ms beside an empty hash here
+// and about 16 ms beside 40,000 entries of other namespaces, where the
+// dump took 20 ms; where the walk resumes (Linux 6.18 here), a thousand
+// entries read in 2.4 ms against the dump's 15.
+const procMax = 256
+
+// procPath is the calling thread's namespace's listing of its conntrack
+// entries (/proc/net would be the main thread's namespace).
+var procPath = "/proc/thread-self/net/nf_conntrack"
+
+// procTable reads the table from its procfs listing and deletes through
+// ctnetlink. A kernel without the listing, or a table holding an entry
+// zoned in one direction only (which the message built from a line
+// would not find), is dumped instead.
+type procTable struct {
+	kernelTable
+	path string
+}
+
+func (t procTable) dump() ([][]byte, error) {
+	b, err := os.ReadFile(t.path)
+	if err != nil {
+		return t.kernelTable.dump()
+	}
+	msgs, err := parseProc(string(b))
+	if errors.Is(err, errDirZone) {
+		return t.kernelTable.dump()
+	}
+	return msgs, err
+}
+
+// errDirZone is an entry whose zone applies to one direction.
+var errDirZone = errors.New("conntrack entry zoned in one direction")
+
+// ctnetlink's attributes of an address tuple and of the zone.
+const (
+	ctaTupleIP    = 1
+	ctaIPv4Src    = 1
+	ctaIPv6Src    = 3
+	ctaProtoSport = 2
+	ctaZone       = 18
+)
+
+// parseProc turns the lines of a procfs listing into the messages a dump
+// would give for them: nfgenmsg, the original tuple, the zone. Entries
+// without ports (ICMP, GRE …) are left out: no flush matches them.
+//
+//	ipv4     2 udp      17 29 src=198.51.100.2 dst=192.0.2.1 sport=40001 dport=53 [UNREPLIED] src=… zone=0 use=2
+func parseProc(listing string) ([][]byte, error) {
+	var msgs [][]byte
+	for line := range strings.Lines(listing) {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		var family uint8
+		switch f[1] {
+		case "2":
+			family = unix.AF_INET
+		case "10":
+			family = unix.AF_INET6
+		default:
+			continue
+		}
+		proto, err := strconv.ParseUint(f[3], 10, 8)
+		if err != nil {
+			return nil, fmt.Errorf("read conntrack listing: protocol %q: %w", f[3], err)
+		}
+		var src, dst netip.Addr
+		var sport, dport, zone uint64
+		var seen [4]bool
+		for _, kv := range f[4:] {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			switch {
+			case k == "src" && !seen[0]:
+				src, err = netip.ParseAddr(v)
+				seen[0] = true
+			case k == "dst" && !seen[1]:
+				dst, err = netip.ParseAddr(v)
+				seen[1] = true
+			case k == "sport" && !seen[2]:
+				sport, err = strconv.ParseUint(v, 10, 16)
+				seen[2] = true
+			case k == "dport" && !seen[3]:
+				dport, err = strconv.ParseUint(v, 10, 16)
+				seen[3] = true
+			case k == "zone":
+				zone, err = strconv.ParseUint(v, 10, 16)
+			case k == "zone-orig" || k == "zone-reply":
+				return nil, errDirZone
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read conntrack listing: %s: %w", kv, err)
+			}
+		}
+		if seen != [4]bool{true, true, true, true} {
+			continue
+		}
+		msgs = append(msgs, entryMsg(family, src, dst, uint8(proto), uint16(sport), uint16(dport), uint16(zone)))
+	}
+	return msgs, nil
+}
+
+// entryMsg is the message naming one entry: its original tuple and zone.
+func entryMsg(family uint8, src, dst netip.Addr, proto uint8, sport, dport, zone uint16) []byte {
+	var a nfnl.Attrs
+	ipSrc := uint16(ctaIPv4Src)
+	if family == unix.AF_INET6 {
+		ipSrc = ctaIPv6Src
+	}
+	a.Nested(ctaTupleOrig, func(a *nfnl.Attrs) {
+		a.Nested(ctaTupleIP, func(a *nfnl.Attrs) {
+			a.Raw(ipSrc, src.AsSlice())
+			a.Raw(ipSrc+1, dst.AsSlice())
+		})
+		a.Nested(ctaTupleProto, func(a *nfnl.Attrs) {
+			a.Raw(ctaProtoNum, []byte{proto})
+			a.Raw(ctaProtoSport, binary.BigEndian.AppendUint16(nil, sport))
+			a.Raw(ctaProtoDport, binary.BigEndian.AppendUint16(nil, dport))
+		})
+	})
+	if zone != 0 {
+		a.Raw(ctaZone, binary.BigEndian.AppendUint16(nil, zone))
+	}
+	return append([]byte{family, unix.NFNETLINK_V0, 0, 0}, a.Bytes()...)
 }

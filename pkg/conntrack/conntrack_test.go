@@ -4,11 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
@@ -66,22 +70,79 @@ func TestOrigKey(t *testing.T) {
 	}
 }
 
-func TestEmpty(t *testing.T) {
+func TestCount(t *testing.T) {
 	dir := t.TempDir()
 	for _, tt := range []struct {
 		content string
-		want    bool
-	}{{"0\n", true}, {"3\n", false}, {"", false}, {"x", false}} {
+		n       int
+		known   bool
+	}{{"0\n", 0, true}, {"3\n", 3, true}, {"", 0, false}, {"x", 0, false}} {
 		p := filepath.Join(dir, "count")
 		if err := os.WriteFile(p, []byte(tt.content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if got := empty(p); got != tt.want {
-			t.Errorf("empty(%q) = %v, want %v", tt.content, got, tt.want)
+		if n, known := count(p); n != tt.n || known != tt.known {
+			t.Errorf("count(%q) = %d, %v; want %d, %v", tt.content, n, known, tt.n, tt.known)
 		}
 	}
-	if !empty(filepath.Join(dir, "absent")) {
-		t.Error("no count file (conntrack not loaded) is not empty")
+	if n, known := count(filepath.Join(dir, "absent")); n != 0 || !known {
+		t.Errorf("no count file (conntrack not loaded): %d, %v; want 0, true", n, known)
+	}
+}
+
+// A procfs listing gives, for each entry with ports, the message a dump
+// would: the original tuple (the first addresses and ports of the line,
+// not the reply's) and a zone other than 0; entries without ports are
+// left out, an entry zoned in one direction asks for a dump, a line the
+// kernel would not write is an error.
+func TestParseProc(t *testing.T) {
+	const listing = `ipv4     2 udp      17 29 src=198.51.100.2 dst=192.0.2.1 sport=40001 dport=53 [UNREPLIED] src=192.0.2.1 dst=198.51.100.2 sport=53 dport=40001 mark=0 zone=0 use=2
+ipv6     10 udp      17 25 src=2001:0db8:0000:0000:0000:0000:0000:0002 dst=2001:0db8:0000:0000:0000:0000:0000:0001 sport=40002 dport=6701 src=2001:0db8:0000:0000:0000:0000:0000:0001 dst=2001:0db8:0000:0000:0000:0000:0000:0002 sport=80 dport=40002 [ASSURED] mark=0 zone=0 use=2
+ipv4     2 icmp     1 29 src=198.51.100.2 dst=192.0.2.1 type=8 code=0 id=7 src=192.0.2.1 dst=198.51.100.2 type=0 code=0 id=7 mark=0 zone=0 use=2
+ipv4     2 tcp      6 431999 ESTABLISHED src=198.51.100.3 dst=192.0.2.1 sport=40003 dport=8080 src=10.0.0.2 dst=198.51.100.3 sport=80 dport=40003 [ASSURED] mark=0 zone=0 use=2
+ipv4     2 sctp     132 3 COOKIE_WAIT src=198.51.100.4 dst=192.0.2.1 sport=5000 dport=9000 [UNREPLIED] src=192.0.2.1 dst=198.51.100.4 sport=9000 dport=5000 mark=0 zone=7 use=2
+`
+	msgs, err := parseProc(listing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range msgs {
+		k, ok := origKey(m)
+		if !ok {
+			t.Fatalf("origKey of a parsed entry failed: %x", m)
+		}
+		zone, _ := nfnl.Find(m[4:], ctaZone)
+		orig, _ := nfnl.Find(m[4:], ctaTupleOrig)
+		ip, _ := nfnl.Find(orig, ctaTupleIP)
+		var addrs []string
+		for _, a := range nfnl.Parse(ip) {
+			addr, _ := netip.AddrFromSlice(a.Value)
+			addrs = append(addrs, fmt.Sprintf("%d:%s", a.Type, addr))
+		}
+		got = append(got, fmt.Sprintf("%d/%d/%d %v zone%x", k.family, k.proto, k.port, addrs, zone))
+	}
+	want := []string{
+		"2/17/53 [1:198.51.100.2 2:192.0.2.1] zone",
+		"10/17/6701 [3:2001:db8::2 4:2001:db8::1] zone",
+		"2/6/8080 [1:198.51.100.3 2:192.0.2.1] zone",
+		"2/132/9000 [1:198.51.100.4 2:192.0.2.1] zone0007",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("parseProc:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	zoned := "ipv4     2 udp      17 29 src=198.51.100.2 dst=192.0.2.1 sport=40001 dport=53 zone-orig=3 [UNREPLIED] src=192.0.2.1 dst=198.51.100.2 sport=53 dport=40001 mark=0 use=2\n"
+	if _, err := parseProc(zoned); !errors.Is(err, errDirZone) {
+		t.Errorf("an entry zoned in one direction: %v, want errDirZone", err)
+	}
+	for _, bad := range []string{
+		"ipv4     2 udp      17 29 src=198.51.100.2 dst=192.0.2.1 sport=40001 dport=70000 use=2\n",
+		"ipv4     2 udp      17 29 src=198.51.100 dst=192.0.2.1 sport=40001 dport=53 use=2\n",
+		"ipv4     2 udp      x 29 src=198.51.100.2 dst=192.0.2.1 sport=40001 dport=53 use=2\n",
+	} {
+		if _, err := parseProc(bad); err == nil {
+			t.Errorf("parseProc(%q) took a line the kernel does not write", bad)
+		}
 	}
 }
 
@@ -169,6 +230,91 @@ func TestKernelTable(t *testing.T) {
 	}
 	if err := flush(kt, []Port{{plan.IPv4, plan.UDP, 53}}); err != nil {
 		t.Errorf("flush of an empty table: %v", err)
+	}
+}
+
+// udpEntry puts a UDP entry into the namespace's table, as a flow from
+// src:sport to dst:dport would.
+func udpEntry(t *testing.T, src, dst string, sport, dport uint16) {
+	t.Helper()
+	s, d := net.ParseIP(src), net.ParseIP(dst)
+	fam := uint8(unix.AF_INET)
+	if s.To4() == nil {
+		fam = unix.AF_INET6
+	}
+	flow := &netlink.ConntrackFlow{
+		FamilyType: fam,
+		Forward:    netlink.IPTuple{SrcIP: s, DstIP: d, Protocol: unix.IPPROTO_UDP, SrcPort: sport, DstPort: dport},
+		Reverse:    netlink.IPTuple{SrcIP: d, DstIP: s, Protocol: unix.IPPROTO_UDP, SrcPort: dport, DstPort: sport},
+		TimeOut:    300,
+	}
+	if err := netlink.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(fam), flow); err != nil {
+		t.Fatalf("create conntrack entry %s:%d → %s:%d: %v", src, sport, dst, dport, err)
+	}
+}
+
+// keys lists what a table's dump holds, sorted.
+func keys(t *testing.T, tb table) []string {
+	t.Helper()
+	msgs, err := tb.dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range msgs {
+		k, ok := origKey(m)
+		if !ok {
+			t.Fatalf("an entry without its original tuple: %x", m)
+		}
+		out = append(out, fmt.Sprintf("%d/%d/%d", k.family, k.proto, k.port))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// On the real kernel, in a namespace of the test's own: the procfs
+// listing holds what the ctnetlink dump holds; a flush through it deletes
+// the entries of the flushed ports (each by the message built from its
+// line) and keeps the others; a listing that is not there is dumped.
+func TestProcTable(t *testing.T) {
+	userns.Require(t)
+	c, err := nfnl.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kt := kernelTable{c}
+	pt := procTable{kt, procPath}
+	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 53)
+	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 54)
+	udpEntry(t, "198.51.100.3", "192.0.2.1", 40002, 53)
+	udpEntry(t, "2001:db8::2", "2001:db8::1", 40001, 53)
+	udpEntry(t, "2001:db8::2", "2001:db8::1", 40001, 6701)
+	all := []string{"10/17/53", "10/17/6701", "2/17/53", "2/17/53", "2/17/54"}
+	if got := keys(t, kt); !slices.Equal(got, all) {
+		t.Fatalf("dump: %v, want %v", got, all)
+	}
+	if got := keys(t, pt); !slices.Equal(got, all) {
+		t.Fatalf("procfs listing: %v, want what the dump holds, %v", got, all)
+	}
+	if n, known := count(countPath); n != len(all) || !known {
+		t.Errorf("count: %d, %v; want %d", n, known, len(all))
+	}
+	if err := flush(pt, []Port{{plan.IPv4, plan.UDP, 53}, {plan.IPv6, plan.UDP, 6701}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(t, kt), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
+		t.Errorf("after a flush of 4/udp/53 and 6/udp/6701 through the listing: %v, want %v", got, want)
+	}
+	absent := procTable{kt, filepath.Join(t.TempDir(), "nf_conntrack")}
+	if got, want := keys(t, absent), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
+		t.Errorf("without a listing: %v, want the dump's %v", got, want)
+	}
+	if err := (Host{}).FlushDstPorts([]Port{{plan.IPv4, plan.UDP, 54}, {plan.IPv6, plan.UDP, 53}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := keys(t, kt); len(got) != 0 {
+		t.Errorf("after FlushDstPorts of the rest: %v left", got)
 	}
 }
 
