@@ -9,10 +9,10 @@
 // ctnetlink a dump takes a bucket lock for each bucket: 12 ms here
 // whatever it finds. /proc/net/nf_conntrack walks the same hash under RCU
 // only: 0.4 ms for a namespace of one entry, 2.4 ms for a thousand. But
-// kernels before the procfs walk resumed at its bucket start each 4 KiB
-// read from the first bucket again, so the listing is read only for a
-// namespace of at most procMax entries (a dozen reads), and a bigger one
-// is dumped; either way one read of both families for every port at
+// kernels before 6.15 start each 4 KiB read of it from the first bucket
+// again, so the listing is read only for a namespace of at most procMax
+// entries (a dozen reads there, a few thousand from 6.15), and a bigger
+// one is dumped; either way one read of both families for every port at
 // once, and only the matching entries are deleted, each in its own
 // family. A namespace whose conntrack table is empty (nf_conntrack_count,
 // which is per namespace, reads 0, or conntrack is not loaded) has
@@ -85,7 +85,7 @@ func (Host) FlushDstPorts(ports []Port) error {
 	}
 	defer c.Close()
 	var t table = kernelTable{c}
-	if known && n <= procMax {
+	if known && n <= procMax(release()) {
 		t = procTable{kernelTable{c}, procPath}
 	}
 	return flush(t, ports)
@@ -198,13 +198,30 @@ func count(path string) (n int, known bool) {
 }
 
 // procMax is the most entries a namespace may hold for a flush to read
-// its procfs listing rather than dump it: at about 160 bytes a line, 256
-// entries are 11 reads of 4 KiB. Where each read walks the hash from its
-// first bucket again, that is 11 walks, 1.7 ms beside an empty hash here
-// and about 16 ms beside 40,000 entries of other namespaces, where the
-// dump took 20 ms; where the walk resumes (Linux 6.18 here), a thousand
-// entries read in 2.4 ms against the dump's 15.
-const procMax = 256
+// its procfs listing rather than dump it. At about 160 bytes a line, 256
+// entries are 11 reads of 4 KiB. Before Linux 6.15 each read walks the
+// hash from its first bucket again, so that is 11 walks: 1.7 ms beside an
+// empty hash here, about 16 ms beside 40,000 entries of other namespaces,
+// where the dump took 20 ms. From 6.15 a read resumes at its bucket and
+// the listing costs what it holds: 1000 entries 2.4 ms (the dump 15),
+// 5000 15 ms (24), 10,000 31 ms (44) on 6.18; there the limit is 4096.
+// A wrong guess (a backport) costs the slower of two correct ways.
+func procMax(release string) int {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err == nil && (major > 6 || major == 6 && minor >= 15) {
+		return 4096
+	}
+	return 256
+}
+
+// release is the running kernel's release ("6.18.44-…").
+func release() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
 
 // procPath is the calling thread's namespace's listing of its conntrack
 // entries (/proc/net would be the main thread's namespace).

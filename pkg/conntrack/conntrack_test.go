@@ -90,6 +90,17 @@ func TestCount(t *testing.T) {
 	}
 }
 
+func TestProcMax(t *testing.T) {
+	for rel, want := range map[string]int{
+		"6.18.44-fc-v595": 4096, "6.15.0": 4096, "7.0.1": 4096,
+		"6.14.11-300.fc42.x86_64": 256, "6.1.0-28-amd64": 256, "5.15.0-130-generic": 256, "": 256, "x": 256,
+	} {
+		if got := procMax(rel); got != want {
+			t.Errorf("procMax(%q) = %d, want %d", rel, got, want)
+		}
+	}
+}
+
 // A procfs listing gives, for each entry with ports, the message a dump
 // would: the original tuple (the first addresses and ports of the line,
 // not the reply's) and a zone other than 0; entries without ports are
