@@ -55,28 +55,7 @@ func main() {
 	o.backends = strings.Split(*backends, ",")
 
 	if !nettest.Isolated() {
-		if os.Geteuid() != 0 {
-			fatalf("the benchmark needs root: it makes its own network namespaces")
-		}
-		if os.Getenv(nettest.BinEnv) == "" {
-			dir, err := os.MkdirTemp("", "portmap-bench-bin-")
-			if err != nil {
-				fatalf("%v", err)
-			}
-			defer os.RemoveAll(dir)
-			fmt.Fprintln(os.Stderr, "bench: building our plugin, upstream portmap, ptp and host-local")
-			if err := nettest.BuildPlugins(dir); err != nil {
-				fatalf("%v", err)
-			}
-			os.Setenv(nettest.BinEnv, dir)
-		}
-		abs, err := filepath.Abs(o.out)
-		if err != nil {
-			fatalf("%v", err)
-		}
-		args := append([]string{os.Args[0]}, os.Args[1:]...)
-		args = append(args, "-out", abs)
-		os.Exit(nettest.Reexec(args))
+		os.Exit(outer(o))
 	}
 	if err := nettest.SetupIsolated(); err != nil {
 		fatalf("%v", err)
@@ -96,6 +75,38 @@ func main() {
 	if failed {
 		os.Exit(1)
 	}
+}
+
+// outer builds what the run needs into temporary directories, runs the
+// benchmark in namespaces of its own, removes the directories and returns
+// the run's exit code.
+func outer(o options) int {
+	if os.Geteuid() != 0 {
+		fatalf("the benchmark needs root: it makes its own network namespaces")
+	}
+	tmp, err := os.MkdirTemp("", "portmap-bench-")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer os.RemoveAll(tmp)
+	if os.Getenv(nettest.BinEnv) == "" {
+		dir := filepath.Join(tmp, "bin")
+		fmt.Fprintln(os.Stderr, "bench: building our plugin, upstream portmap, ptp and host-local")
+		if err := nettest.BuildPlugins(dir); err != nil {
+			fatalf("%v", err)
+		}
+		os.Setenv(nettest.BinEnv, dir)
+	}
+	if err := buildWrap(tmp); err != nil {
+		fatalf("%v", err)
+	}
+	abs, err := filepath.Abs(o.out)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	args := append([]string{os.Args[0]}, os.Args[1:]...)
+	args = append(args, "-out", abs)
+	return nettest.Reexec(args)
 }
 
 // report is everything one run measured.

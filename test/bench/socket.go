@@ -70,19 +70,28 @@ func measureSocketAdd(backend string, samples int) socketAdd {
 	times := map[string][]float64{}
 	for range samples {
 		for _, mode := range []string{"nat", "socket"} {
-			d, kb, err := invokeUsage(bin, "ADD", "probe", confs[mode])
+			d, err := invoke(bin, "ADD", "probe", confs[mode])
 			if err != nil {
 				fatalf("%v", err)
 			}
 			times[mode] = append(times[mode], ms(d))
-			if mode == "nat" {
-				out.NATRSS = max(out.NATRSS, kb)
-			} else {
-				out.SocketRSS = max(out.SocketRSS, kb)
-			}
 			if _, err := invoke(bin, "DEL", "probe", confs[mode]); err != nil {
 				fatalf("%v", err)
 			}
+		}
+	}
+	for _, mode := range []string{"nat", "socket"} {
+		kb, err := peakRSS(bin, "ADD", "probe", confs[mode])
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if mode == "nat" {
+			out.NATRSS = kb
+		} else {
+			out.SocketRSS = kb
+		}
+		if _, err := invoke(bin, "DEL", "probe", confs[mode]); err != nil {
+			fatalf("%v", err)
 		}
 	}
 	out.NATP50, out.SocketP50 = percentile(times["nat"], 50), percentile(times["socket"], 50)
