@@ -207,8 +207,11 @@ func count(path string) (n int, known bool) {
 // 5000 15 ms (24), 10,000 31 ms (44) on 6.18; there the limit is 4096.
 // A wrong guess (a backport) costs the slower of two correct ways.
 func procMax(release string) int {
-	var major, minor int
-	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err == nil && (major > 6 || major == 6 && minor >= 15) {
+	maj, rest, _ := strings.Cut(release, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	major, err1 := strconv.Atoi(maj)
+	minorN, err2 := strconv.Atoi(minor)
+	if err1 == nil && err2 == nil && (major > 6 || major == 6 && minorN >= 15) {
 		return 4096
 	}
 	return 256
