@@ -119,10 +119,6 @@ ipv4     2 sctp     132 3 COOKIE_WAIT src=198.51.100.4 dst=192.0.2.1 sport=5000 
 	}
 	var got []string
 	for _, m := range msgs {
-		k, ok := origKey(m)
-		if !ok {
-			t.Fatalf("origKey of a parsed entry failed: %x", m)
-		}
 		zone, _ := nfnl.Find(m[4:], ctaZone)
 		orig, _ := nfnl.Find(m[4:], ctaTupleOrig)
 		ip, _ := nfnl.Find(orig, ctaTupleIP)
@@ -131,7 +127,7 @@ ipv4     2 sctp     132 3 COOKIE_WAIT src=198.51.100.4 dst=192.0.2.1 sport=5000 
 			addr, _ := netip.AddrFromSlice(a.Value)
 			addrs = append(addrs, fmt.Sprintf("%d:%s", a.Type, addr))
 		}
-		got = append(got, fmt.Sprintf("%d/%d/%d %v zone%x", k.family, k.proto, k.port, addrs, zone))
+		got = append(got, fmt.Sprintf("%s %v zone%x", entryKey(t, m), addrs, zone))
 	}
 	want := []string{
 		"2/17/53 [1:198.51.100.2 2:192.0.2.1] zone",
@@ -217,17 +213,23 @@ func TestFlush(t *testing.T) {
 	}
 }
 
-// The kernel's table of a namespace of the test's own: one dump, and the
-// deletion of an entry it does not hold answers ENOENT, which a flush
-// takes for "gone meanwhile".
-func TestKernelTable(t *testing.T) {
+// openKernelTable is the table of the test's own namespace (userns.Main).
+func openKernelTable(t *testing.T) kernelTable {
+	t.Helper()
 	userns.Require(t)
 	c, err := nfnl.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	kt := kernelTable{c}
+	t.Cleanup(func() { c.Close() })
+	return kernelTable{c}
+}
+
+// The kernel's table of a namespace of the test's own: one dump, and the
+// deletion of an entry it does not hold answers ENOENT, which a flush
+// takes for "gone meanwhile".
+func TestKernelTable(t *testing.T) {
+	kt := openKernelTable(t)
 	msgs, err := kt.dump()
 	if err != nil || len(msgs) != 0 {
 		t.Fatalf("dump of a new namespace's table: %d entries, %v", len(msgs), err)
@@ -273,14 +275,20 @@ func keys(t *testing.T, tb table) []string {
 	}
 	var out []string
 	for _, m := range msgs {
-		k, ok := origKey(m)
-		if !ok {
-			t.Fatalf("an entry without its original tuple: %x", m)
-		}
-		out = append(out, fmt.Sprintf("%d/%d/%d", k.family, k.proto, k.port))
+		out = append(out, entryKey(t, m))
 	}
 	slices.Sort(out)
 	return out
+}
+
+// entryKey is an entry's family, protocol and original destination port.
+func entryKey(t *testing.T, m []byte) string {
+	t.Helper()
+	k, ok := origKey(m)
+	if !ok {
+		t.Fatalf("an entry without its original tuple: %x", m)
+	}
+	return fmt.Sprintf("%d/%d/%d", k.family, k.proto, k.port)
 }
 
 // On the real kernel, in a namespace of the test's own: the procfs
@@ -288,13 +296,7 @@ func keys(t *testing.T, tb table) []string {
 // the entries of the flushed ports (each by the message built from its
 // line) and keeps the others; a listing that is not there is dumped.
 func TestProcTable(t *testing.T) {
-	userns.Require(t)
-	c, err := nfnl.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	kt := kernelTable{c}
+	kt := openKernelTable(t)
 	pt := procTable{kt, procPath}
 	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 53)
 	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 54)
