@@ -231,9 +231,10 @@ func release() string {
 var procPath = "/proc/thread-self/net/nf_conntrack"
 
 // procTable reads the table from its procfs listing and deletes through
-// ctnetlink. A kernel without the listing, or a table holding an entry
-// zoned in one direction only (which the message built from a line
-// would not find), is dumped instead.
+// ctnetlink. A kernel without the listing, a listing with a line it
+// cannot read, or a table holding an entry zoned in one direction only
+// (which the message built from a line would not find) is dumped
+// instead: the same entries, at the dump's cost.
 type procTable struct {
 	kernelTable
 	path string
@@ -245,10 +246,10 @@ func (t procTable) dump() ([][]byte, error) {
 		return t.kernelTable.dump()
 	}
 	msgs, err := parseProc(string(b))
-	if errors.Is(err, errDirZone) {
+	if err != nil {
 		return t.kernelTable.dump()
 	}
-	return msgs, err
+	return msgs, nil
 }
 
 // errDirZone is an entry whose zone applies to one direction.

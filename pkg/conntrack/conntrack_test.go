@@ -323,6 +323,13 @@ func TestProcTable(t *testing.T) {
 	if got, want := keys(t, absent), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
 		t.Errorf("without a listing: %v, want the dump's %v", got, want)
 	}
+	garbled := filepath.Join(t.TempDir(), "nf_conntrack")
+	if err := os.WriteFile(garbled, []byte("ipv4     2 udp      x 29 src=198.51.100.2 dst=192.0.2.1 sport=1 dport=2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(t, procTable{kt, garbled}), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
+		t.Errorf("with a line it cannot read: %v, want the dump's %v", got, want)
+	}
 	if err := (Host{}).FlushDstPorts([]Port{{plan.IPv4, plan.UDP, 54}, {plan.IPv6, plan.UDP, 53}}); err != nil {
 		t.Fatal(err)
 	}
