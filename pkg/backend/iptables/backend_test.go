@@ -2,10 +2,12 @@ package iptables
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 	"golang.org/x/sys/unix"
 )
 
@@ -184,12 +186,47 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 	}
 }
 
+// STATUS asks the restore tool (--test, an aborted batch in the kernel)
+// only where CNI-HOSTPORT-DNAT cannot be read over nf_tables netlink: on
+// a fresh node, after a flush, with iptables-legacy tables. Beside the
+// chain an ADD wrote, the read is the answer.
 func TestReady(t *testing.T) {
-	b, _, _ := lockedBackend(t, "")
-	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil {
-		t.Error(err)
+	b, m := memBackend()
+	k := &recordingKernel{Kernel: b.Kernel}
+	b.Kernel = k
+	p := fixture.TestPlan(plan.IPv4, nil)
+	ready := func(when string, wantTest bool) {
+		t.Helper()
+		k.calls = nil
+		if err := b.Ready(p); err != nil {
+			t.Errorf("%s: Ready: %v", when, err)
+		}
+		if got := slices.Contains(k.calls, "test"); got != wantTest {
+			t.Errorf("%s: restore --test run: %v, want %v (%q)", when, got, wantTest, k.calls)
+		}
+	}
+	ready("a fresh node", true)
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	ready("beside the chain an ADD wrote", false)
+	m.Legacy = true
+	ready("iptables-legacy", true)
+	// Where it runs, its failure is STATUS's.
+	refused := errors.New("exit status 4")
+	b.Kernel = testFails{k, refused}
+	if err := b.Ready(p); !errors.Is(err, refused) {
+		t.Errorf("iptables-legacy, restore --test refused: Ready = %v, want %v", err, refused)
 	}
 }
+
+// testFails is a kernel whose restore --test fails with err.
+type testFails struct {
+	Kernel
+	err error
+}
+
+func (k testFails) Test([]byte) error { return k.err }
 
 // A fast path falls back to the slow path only when iptables-restore
 // refused a line (exit status 1 or 2); the xtables lock held past -w or a

@@ -68,11 +68,18 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 }
 
 // Ready reports whether the backend can serve ADD (of any plan): the
-// restore tool runs and may change the nat table (checked with --test,
-// which commits nothing).
+// restore tool (New found it) may change the nat table. Where
+// CNI-HOSTPORT-DNAT can be read over nf_tables netlink, an ADD wrote it
+// with the tool in this family, and nf_tables answered the read, which
+// it does only for CAP_NET_ADMIN: that is the answer, with no process.
+// Otherwise (a fresh node, after a flush, iptables-legacy) the tool
+// checks an empty nat batch with --test, which commits nothing; for it
+// iptables-nft sends a batch the kernel aborts, and an aborted batch
+// waits an RCU grace period holding nf_tables' commit lock: 15 ms of
+// `iptables-restore --test` here, STATUS 18 ms.
 func (b *Backend) Ready(*plan.Plan) error {
-	if err := b.Kernel.Test([]byte("*" + Table + "\nCOMMIT\n")); err != nil {
-		return err
+	if s, err := b.Kernel.Chains(Table, []string{TopLevelDNATChain}, false); err == nil && len(s) == 1 {
+		return nil
 	}
-	return nil
+	return b.Kernel.Test([]byte("*" + Table + "\nCOMMIT\n"))
 }

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -36,6 +37,14 @@ func TestRealKernel(t *testing.T) {
 	if err := b.Check(p); err != nil {
 		t.Fatalf("Check after Apply: %v", err)
 	}
+	// Beside the chain the ADD wrote, STATUS reads it over nf_tables
+	// netlink and runs no restore --test (here one would fail).
+	real := b.Kernel
+	b.Kernel = testFails{real, errors.New("restore --test run")}
+	if err := b.Ready(p); err != nil {
+		t.Fatalf("Ready after Apply: %v", err)
+	}
+	b.Kernel = real
 	if missing, some, err := b.Skeleton(p); missing != "" || !some || err != nil {
 		t.Fatalf("Skeleton after Apply = %q, %v, %v", missing, some, err)
 	}

@@ -388,6 +388,11 @@ func (k *recordingKernel) Restore(payload []byte) error {
 	return k.Kernel.Restore(payload)
 }
 
+func (k *recordingKernel) Test(payload []byte) error {
+	k.calls = append(k.calls, "test")
+	return k.Kernel.Test(payload)
+}
+
 func (k *recordingKernel) ListTable() ([]string, error) {
 	k.calls = append(k.calls, "list table")
 	return k.Kernel.ListTable()
