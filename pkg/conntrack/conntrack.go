@@ -85,7 +85,7 @@ func (Host) FlushDstPorts(ports []Port) error {
 	}
 	defer c.Close()
 	var t table = kernelTable{c}
-	if known && n <= procMax(release()) {
+	if known && n <= procMax(nfnl.Release()) {
 		t = procTable{kernelTable{c}, procPath}
 	}
 	return flush(t, ports)
@@ -207,23 +207,10 @@ func count(path string) (n int, known bool) {
 // 5000 15 ms (24), 10,000 31 ms (44) on 6.18; there the limit is 4096.
 // A wrong guess (a backport) costs the slower of two correct ways.
 func procMax(release string) int {
-	maj, rest, _ := strings.Cut(release, ".")
-	minor, _, _ := strings.Cut(rest, ".")
-	major, err1 := strconv.Atoi(maj)
-	minorN, err2 := strconv.Atoi(minor)
-	if err1 == nil && err2 == nil && (major > 6 || major == 6 && minorN >= 15) {
+	if nfnl.ReleaseAtLeast(release, 6, 15) {
 		return 4096
 	}
 	return 256
-}
-
-// release is the running kernel's release ("6.18.44-…").
-func release() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
 }
 
 // procPath is the calling thread's namespace's listing of its conntrack

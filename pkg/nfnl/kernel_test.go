@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -172,5 +174,126 @@ func TestRaw(t *testing.T) {
 	var e *Error
 	if _, err := get(net.IPv4(203, 0, 113, 9)); !errors.As(err, &e) || e.Errno != unix.ENETUNREACH {
 		t.Errorf("route to an address no route leads to: %v, want ENETUNREACH", err)
+	}
+}
+
+// tables lists the namespace's nf_tables tables as "family name".
+func tables(t *testing.T, c *Conn) []string {
+	t.Helper()
+	reps, err := c.Dump(Msg{Type: NftType(unix.NFT_MSG_GETTABLE), Family: unix.NFPROTO_UNSPEC})
+	if err != nil {
+		t.Fatalf("dump tables: %v", err)
+	}
+	var out []string
+	for _, r := range reps {
+		v, _ := Find(r.Attrs, unix.NFTA_TABLE_NAME)
+		out = append(out, strconv.Itoa(int(r.Family))+" "+(Attr{Value: v}).String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// generation is the namespace's nf_tables generation, which every
+// committed change moves on.
+func generation(t *testing.T, c *Conn) uint32 {
+	t.Helper()
+	rep, err := c.GetOne(Msg{Type: NftType(unix.NFT_MSG_GETGEN)})
+	v, ok := Find(rep.Attrs, unix.NFTA_GEN_ID)
+	if err != nil || !ok {
+		t.Fatalf("get generation: %v", err)
+	}
+	return (Attr{Value: v}).U32()
+}
+
+// The write probe on the real kernel takes nothing: every table is still
+// there, a table named ProbeTable too (the destroy goes by handle 0, so
+// the name is never what it deletes), and the generation has not moved,
+// so nothing was committed. Without CAP_NET_ADMIN it is refused, and of
+// no family it sends nothing.
+func TestWritable(t *testing.T) {
+	userns.Require(t)
+	if !ReleaseAtLeast(Release(), 6, 3) {
+		t.Skipf("kernel %s has no destroy messages", Release())
+	}
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var msgs []Msg
+	for _, f := range []uint8{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6, unix.NFPROTO_INET} {
+		for _, name := range []string{testTable, ProbeTable} {
+			var a Attrs
+			a.String(unix.NFTA_TABLE_NAME, name)
+			msgs = append(msgs, Msg{Type: NftType(unix.NFT_MSG_NEWTABLE), Flags: unix.NLM_F_CREATE, Family: f, Attrs: a.Bytes()})
+		}
+	}
+	if err := c.Batch(msgs, true); err != nil {
+		t.Fatal(err)
+	}
+	before, gen := tables(t, c), generation(t, c)
+	if len(before) != 6 {
+		t.Fatalf("tables %q: want 6", before)
+	}
+	for _, f := range []uint8{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
+		if err := c.Writable(f); err != nil {
+			t.Errorf("Writable(%d): %v", f, err)
+		}
+	}
+	if after := tables(t, c); !slices.Equal(after, before) {
+		t.Errorf("tables after the probes %q, before %q", after, before)
+	}
+	if g := generation(t, c); g != gen {
+		t.Errorf("generation %d after the probes, %d before: something was committed", g, gen)
+	}
+	if err := c.Writable(unix.NFPROTO_UNSPEC); err == nil {
+		t.Error("Writable(NFPROTO_UNSPEC): nil")
+	}
+	if got := tables(t, c); !slices.Equal(got, before) {
+		t.Errorf("tables after a probe of no family %q", got)
+	}
+
+	// Without CAP_NET_ADMIN in effect (on a thread of its own, which
+	// ends with the goroutine) nf_tables refuses the probe.
+	errc := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_NET_ADMIN
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		errc <- c.Writable(unix.NFPROTO_IPV4)
+	}()
+	if err := <-errc; !errors.Is(err, unix.EPERM) {
+		t.Errorf("Writable without CAP_NET_ADMIN: %v, want EPERM", err)
+	}
+}
+
+func TestReleaseAtLeast(t *testing.T) {
+	for _, tt := range []struct {
+		release      string
+		major, minor int
+		want         bool
+	}{
+		{"6.18.44-fc-v595", 6, 3, true},
+		{"6.3.0", 6, 3, true},
+		{"6.3-rc1", 6, 3, true},
+		{"6.2.16-300.fc38.x86_64", 6, 3, false},
+		{"5.15.0-130-generic", 6, 3, false},
+		{"7.0.1", 6, 15, true},
+		{"6.14.11-300.fc42.x86_64", 6, 15, false},
+		{"", 6, 3, false},
+		{"x", 6, 3, false},
+	} {
+		if got := ReleaseAtLeast(tt.release, tt.major, tt.minor); got != tt.want {
+			t.Errorf("ReleaseAtLeast(%q, %d, %d) = %v, want %v", tt.release, tt.major, tt.minor, got, tt.want)
+		}
 	}
 }

@@ -1,9 +1,10 @@
 // Package nfnl speaks nfnetlink (NETLINK_NETFILTER) to the kernel of the
 // calling thread's network namespace: transactional batches of nf_tables
 // messages, dumps and single gets, and the attribute encoding both use.
-// It knows the framing, and of nf_tables only what both backends read
-// back the same way (a rule's handle and verdicts, nft.go); what the
-// messages mean is its callers'.
+// It knows the framing, and of nf_tables only what both backends use the
+// same way (a rule's handle and verdicts, nft.go; the write probe and the
+// kernel release it needs, probe.go); what the messages mean is its
+// callers'.
 package nfnl
 
 import (

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 	"github.com/portmap-dev/portmap/test/nettest"
@@ -295,29 +296,37 @@ func TestReadyCommitsNothing(t *testing.T) {
 	})
 }
 
-// validating counts the batches the kernel is asked to check and abort.
+// validating counts the batches the kernel is asked to check and abort,
+// and the write probes.
 type validating struct {
 	nftables.Kernel
-	checks int
+	checks, probes int
 }
 
 func (v *validating) Validate(tx *nftables.Tx) error { v.checks++; return v.Kernel.Validate(tx) }
 
+func (v *validating) Writable(f plan.Family) error { v.probes++; return v.Kernel.Writable(f) }
+
 // TestReadyReadsTheSkeleton: beside the skeleton STATUS reads the
-// dispatch chain and sends no batch (an aborted batch waits an RCU grace
-// period holding nf_tables' commit lock); after a flush it has the kernel
-// check one, and still answers ready.
+// dispatch chain and sends no batch; after a flush it sends the write
+// probe, a batch that commits nothing, and still answers ready. No batch
+// is aborted (an aborted batch waits an RCU grace period holding
+// nf_tables' commit lock) unless the kernel predates Linux 6.3.
 func TestReadyReadsTheSkeleton(t *testing.T) {
 	n := nettest.NewNS(t)
+	probe := nfnl.ReleaseAtLeast(nfnl.Release(), 6, 3)
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
 		ip := map[plan.Family]string{plan.IPv4: "192.0.2.2/24", plan.IPv6: "2001:db8::2/64"}[f]
 		inNS(t, n, f, false, func(b *nftables.Backend) error { return b.Apply(mkPlan("net1", "c1", ip, 80)) })
 		for _, step := range []struct {
-			name   string
-			checks int
-		}{{"beside the skeleton", 0}, {"after a flush", 1}} {
-			if step.checks == 1 {
+			name           string
+			checks, probes int
+		}{{"beside the skeleton", 0, 0}, {"after a flush", 1, 1}} {
+			if step.probes == 1 {
 				listIn(t, n, "flush", "ruleset")
+				if probe {
+					step.checks = 0
+				}
 			}
 			inNS(t, n, f, false, func(b *nftables.Backend) error {
 				v := &validating{Kernel: b.Kernel}
@@ -325,11 +334,14 @@ func TestReadyReadsTheSkeleton(t *testing.T) {
 				if err := b.Ready(plan.Build(plan.Request{}, f, nil)); err != nil {
 					return fmt.Errorf("%s %s: %w", f, step.name, err)
 				}
-				if v.checks != step.checks {
-					return fmt.Errorf("%s %s: %d batches checked, want %d", f, step.name, v.checks, step.checks)
+				if v.checks != step.checks || v.probes != step.probes {
+					return fmt.Errorf("%s %s: %d batches checked, %d probes; want %d, %d", f, step.name, v.checks, v.probes, step.checks, step.probes)
 				}
 				return nil
 			})
+			if out := listIn(t, n, "list", "ruleset"); step.probes == 1 && strings.TrimSpace(out) != "" {
+				t.Errorf("%s %s: STATUS left %q", f, step.name, out)
+			}
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -363,12 +364,13 @@ func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair
 }
 
 // Ready reports whether the accept rules can be written: the restore tool
-// runs and may change the filter table (--test commits nothing).
+// may change the filter table. The write probe answers where it can
+// (Backend.Ready), else --test, which commits nothing.
 func (fw *Accept) Ready(*plan.Plan) error {
-	if err := fw.Kernel.Test(filterPayload().bytes()); err != nil {
+	if err := fw.Kernel.Writable(); !errors.Is(err, nfnl.ErrNoProbe) {
 		return err
 	}
-	return nil
+	return fw.Kernel.Test(filterPayload().bytes())
 }
 
 // Mappings is empty: the accept rules forward no host port themselves.

@@ -2,10 +2,13 @@ package iptables
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 	"golang.org/x/sys/unix"
@@ -187,36 +190,82 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 }
 
 // STATUS asks the restore tool (--test, an aborted batch in the kernel)
-// only where CNI-HOSTPORT-DNAT cannot be read over nf_tables netlink: on
-// a fresh node, after a flush, with iptables-legacy tables. Beside the
-// chain an ADD wrote, the read is the answer.
+// only where neither CNI-HOSTPORT-DNAT can be read over nf_tables netlink
+// nor the write probe answer: with iptables-legacy tables, a tool not
+// known to be iptables-nft's, a kernel before Linux 6.3. Beside the chain
+// an ADD wrote, the read is the answer; on a fresh node or after a
+// flush, the probe's.
 func TestReady(t *testing.T) {
 	b, m := memBackend()
 	k := &recordingKernel{Kernel: b.Kernel}
 	b.Kernel = k
 	p := fixture.TestPlan(plan.IPv4, nil)
-	ready := func(when string, wantTest bool) {
+	ready := func(when string, want ...string) {
 		t.Helper()
 		k.calls = nil
 		if err := b.Ready(p); err != nil {
 			t.Errorf("%s: Ready: %v", when, err)
 		}
-		if got := slices.Contains(k.calls, "test"); got != wantTest {
-			t.Errorf("%s: restore --test run: %v, want %v (%q)", when, got, wantTest, k.calls)
+		if !slices.Equal(k.calls, want) {
+			t.Errorf("%s: Ready asked %q, want %q", when, k.calls, want)
 		}
 	}
-	ready("a fresh node", true)
+	ready("a fresh node", "probe")
+	m.NotWritable = nfnl.ErrNoProbe
+	ready("a fresh node, no probe", "probe", "test")
+	m.NotWritable = nil
 	if err := b.Apply(p); err != nil {
 		t.Fatal(err)
 	}
-	ready("beside the chain an ADD wrote", false)
+	ready("beside the chain an ADD wrote")
 	m.Legacy = true
-	ready("iptables-legacy", true)
-	// Where it runs, its failure is STATUS's.
+	ready("iptables-legacy", "probe", "test")
+	// Where they run, the probe's failure and the test's are STATUS's.
 	refused := errors.New("exit status 4")
 	b.Kernel = testFails{k, refused}
 	if err := b.Ready(p); !errors.Is(err, refused) {
 		t.Errorf("iptables-legacy, restore --test refused: Ready = %v, want %v", err, refused)
+	}
+	b, m = memBackend()
+	k = &recordingKernel{Kernel: b.Kernel}
+	b.Kernel = k
+	m.NotWritable = unix.EPERM
+	if err := b.Ready(p); !errors.Is(err, unix.EPERM) || !slices.Equal(k.calls, []string{"probe"}) {
+		t.Errorf("probe refused: Ready = %v after %q, want EPERM from the probe alone", err, k.calls)
+	}
+	// forwardAccept's rules: the probe, and the test only where it cannot.
+	fw := &Accept{Family: plan.IPv4, Kernel: k}
+	for _, tt := range []struct {
+		notWritable error
+		want        []string
+	}{{nil, []string{"probe"}}, {nfnl.ErrNoProbe, []string{"probe", "test"}}} {
+		m.NotWritable = tt.notWritable
+		k.calls = nil
+		if err := fw.Ready(p); err != nil || !slices.Equal(k.calls, tt.want) {
+			t.Errorf("forwardAccept, probe %v: Ready = %v after %q, want %q", tt.notWritable, err, k.calls, tt.want)
+		}
+	}
+}
+
+// nftTool knows iptables-nft's restore tool by what it resolves to.
+func TestNftTool(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"xtables-nft-multi", "xtables-legacy-multi", "iptables-nft-restore", "ip6tables-nft-restore", "iptables-wrapper"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, want := range map[string]bool{
+		"xtables-nft-multi": true, "iptables-nft-restore": true, "ip6tables-nft-restore": true,
+		"xtables-legacy-multi": false, "iptables-wrapper": false, "missing": false,
+	} {
+		path := filepath.Join(dir, "iptables-restore-"+link)
+		if err := os.Symlink(link, path); err != nil {
+			t.Fatal(err)
+		}
+		if got := nftTool(path); got != want {
+			t.Errorf("iptables-restore -> %s: nftTool = %v, want %v", link, got, want)
+		}
 	}
 }
 

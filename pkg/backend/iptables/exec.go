@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
@@ -83,6 +84,34 @@ func (k *execKernel) netlink() (*nfnl.Conn, error) {
 func (k *execKernel) Restore(payload []byte) error { return k.run(payload) }
 
 func (k *execKernel) Test(payload []byte) error { return k.run(payload, "--test") }
+
+// Writable sends the write probe when the restore tool is iptables-nft's
+// and the table is not iptables-legacy's: what the tool writes goes to
+// nf_tables, from a child with this process's credentials, so nf_tables
+// takes it when it takes the probe.
+func (k *execKernel) Writable() error {
+	if legacyTable(k.family, k.table) || !nftTool(k.restore) {
+		return nfnl.ErrNoProbe
+	}
+	c, err := k.netlink()
+	if err != nil {
+		return err
+	}
+	return c.Writable(nfproto(k.family))
+}
+
+// nftTool reports whether the restore tool at path is iptables-nft's, by
+// what it resolves to: the multi-call binary xtables-nft-multi, or a tool
+// named (ip6)iptables-nft-restore. A wrapper that picks its mode when it
+// runs, or any other name, is not known to be.
+func nftTool(path string) bool {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return false
+	}
+	base := filepath.Base(real)
+	return base == "xtables-nft-multi" || strings.HasSuffix(base, "tables-nft-restore")
+}
 
 func (k *execKernel) run(payload []byte, extra ...string) error {
 	cmd := exec.Command(k.restore, append([]string{"--noflush", "-w", "20"}, extra...)...)

@@ -45,6 +45,12 @@ type Kernel interface {
 	// Test feeds payload to (ip6)iptables-restore --test: parsed and
 	// checked by the kernel, not committed.
 	Test(payload []byte) error
+	// Writable reports, without a process and without a batch the kernel
+	// aborts, whether the restore tool's changes would be taken
+	// (nfnl.Conn.Writable); nfnl.ErrNoProbe where it cannot tell that
+	// way: iptables-legacy, a tool not known to be iptables-nft's, a
+	// kernel before Linux 6.3.
+	Writable() error
 	// ListTable returns the kernel's table (nat for the backend, filter
 	// for Forward) as iptables -S prints it: "-N chain" and "-A chain
 	// rule" lines.

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
 // Memory is x_tables in memory, for tests without root: it applies
@@ -26,8 +28,11 @@ type Memory struct {
 	// Restores counts the payloads committed.
 	Restores int
 	// Legacy makes the tables iptables-legacy's: not readable over
-	// nf_tables netlink (Chains fails with ErrLegacy).
+	// nf_tables netlink (Chains fails with ErrLegacy), not probed
+	// (Writable answers nfnl.ErrNoProbe).
 	Legacy bool
+	// NotWritable is Writable's answer on nf_tables.
+	NotWritable error
 }
 
 // xtable is one table: its chains in creation order, each rule as its
@@ -233,6 +238,16 @@ func (k *memKernel) Test(payload []byte) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
 	return k.m.restore(payload, false)
+}
+
+// Writable is NotWritable's answer, or nfnl.ErrNoProbe for legacy tables.
+func (k *memKernel) Writable() error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
+	if k.m.Legacy {
+		return nfnl.ErrNoProbe
+	}
+	return k.m.NotWritable
 }
 
 // ListChain prints one chain as iptables -S CHAIN does.

@@ -393,6 +393,11 @@ func (k *recordingKernel) Test(payload []byte) error {
 	return k.Kernel.Test(payload)
 }
 
+func (k *recordingKernel) Writable() error {
+	k.calls = append(k.calls, "probe")
+	return k.Kernel.Writable()
+}
+
 func (k *recordingKernel) ListTable() ([]string, error) {
 	k.calls = append(k.calls, "list table")
 	return k.Kernel.ListTable()

@@ -9,6 +9,7 @@ import (
 	"github.com/portmap-dev/portmap/test/fixture"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -51,6 +52,7 @@ func (k *fakeKernel) Restore(p []byte) error {
 	return nil
 }
 func (k *fakeKernel) Test([]byte) error { return nil }
+func (k *fakeKernel) Writable() error   { return nfnl.ErrNoProbe }
 func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, error) {
 	return nil, ErrLegacy
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"golang.org/x/sys/unix"
 )
@@ -210,16 +211,36 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 	}
 }
 
+// TestReady: beside the skeleton, its dispatch chain read is the answer;
+// without it (a fresh node, after a flush) the write probe's, and only
+// where the kernel cannot be probed (before Linux 6.3) a batch that adds
+// the table, checked and aborted.
 func TestReady(t *testing.T) {
-	// No table: the kernel checks a batch that adds it.
-	b, k, _, _ := lockedBackend(t, false, nil)
-	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil || len(k.checks) != 1 || !strings.Contains(k.checks[0], "add table ip cni_portmap") {
-		t.Errorf("Ready: %v, checks %q", err, k.checks)
-	}
-	// The skeleton there: its dispatch chain read is the answer, no batch.
-	b, k, _, _ = lockedBackend(t, true, nil)
-	if err := b.Ready(plan.Build(plan.Request{}, plan.IPv4, nil)); err != nil || len(k.checks) != 0 || len(k.scripts) != 0 {
-		t.Errorf("Ready beside the skeleton: %v, checks %q, scripts %q: want no batch", err, k.checks, k.scripts)
+	p := plan.Build(plan.Request{}, plan.IPv4, nil)
+	refused := &nfnl.Error{Errno: unix.EPERM}
+	for _, tt := range []struct {
+		name        string
+		skeleton    bool
+		notWritable error
+		want        error
+		probes      int
+		checks      int
+	}{
+		{"beside the skeleton", true, refused, nil, 0, 0},
+		{"no table", false, nil, nil, 1, 0},
+		{"no table, probe refused", false, refused, refused, 1, 0},
+		{"no table, before Linux 6.3", false, nfnl.ErrNoProbe, nil, 1, 1},
+	} {
+		b, k, _, _ := lockedBackend(t, tt.skeleton, nil)
+		k.notWritable = tt.notWritable
+		err := b.Ready(p)
+		if err != tt.want || k.probes != tt.probes || len(k.checks) != tt.checks || len(k.scripts) != 0 {
+			t.Errorf("%s: Ready = %v, %d probes, checks %q, scripts %q; want %v, %d probes, %d checks, none committed",
+				tt.name, err, k.probes, k.checks, k.scripts, tt.want, tt.probes, tt.checks)
+		}
+		if tt.checks == 1 && !strings.Contains(k.checks[0], "add table ip cni_portmap") {
+			t.Errorf("%s: checked %q, want the table's add", tt.name, k.checks[0])
+		}
 	}
 }
 

@@ -25,6 +25,9 @@ type fakeKernel struct {
 	errno unix.Errno
 	// chainReads counts the reads of one chain.
 	chainReads int
+	// probes counts Writable's calls; notWritable is their answer.
+	probes      int
+	notWritable error
 }
 
 func (k *fakeKernel) Apply(tx *Tx) error {
@@ -38,6 +41,11 @@ func (k *fakeKernel) Apply(tx *Tx) error {
 		return &Error{Op: tx.String(), Err: errno}
 	}
 	return nil
+}
+
+func (k *fakeKernel) Writable(plan.Family) error {
+	k.probes++
+	return k.notWritable
 }
 
 func (k *fakeKernel) Validate(tx *Tx) error {

@@ -1,9 +1,11 @@
 package nftables
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -66,16 +68,16 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 	}
 }
 
-// Ready reports whether the backend can serve ADD of p's kind: the kernel
-// takes nf_tables messages from us and accepts the table, and, when p has
-// conditions (nft syntax), nft is there to compile them. Where the
-// skeleton's dispatch chain can be read, an ADD wrote it in this family
-// and the read was taken (nf_tables answers only CAP_NET_ADMIN): that is
-// the answer. Only otherwise (a fresh node, after a flush) the kernel
-// checks a batch that adds the table and aborts it, so nothing changes;
-// an aborted batch waits an RCU grace period holding nf_tables' commit
-// lock (~10 ms here, every other writer of the node waiting), and
-// runtimes ask for STATUS every few seconds.
+// Ready reports whether the backend can serve ADD of p's kind: nf_tables
+// takes changes from us, and, when p has conditions (nft syntax), nft is
+// there to compile them. Where the skeleton's dispatch chain can be read,
+// an ADD wrote it in this family and the read was taken (nf_tables
+// answers only CAP_NET_ADMIN): that is the answer. Otherwise (a fresh
+// node, after a flush) the kernel is asked with a batch that commits
+// nothing (Kernel.Writable); only a kernel before Linux 6.3 checks a
+// batch that adds the table and aborts it, which waits an RCU grace
+// period holding nf_tables' commit lock (~10 ms here, every other writer
+// of the node waiting), while runtimes ask for STATUS every few seconds.
 func (b *Backend) Ready(p *plan.Plan) error {
 	if len(p.Conditions) > 0 {
 		if err := nftPresent(); err != nil {
@@ -85,10 +87,10 @@ func (b *Backend) Ready(p *plan.Plan) error {
 	if c, err := b.Kernel.Chain(b.Family, Table, DispatchChain); err == nil && c != nil {
 		return nil
 	}
-	tx := newTx(b.Family)
-	tx.add(opAdd, tableObj{tableComment})
-	if err := b.Kernel.Validate(tx); err != nil {
+	if err := b.Kernel.Writable(b.Family); !errors.Is(err, nfnl.ErrNoProbe) {
 		return err
 	}
-	return nil
+	tx := newTx(b.Family)
+	tx.add(opAdd, tableObj{tableComment})
+	return b.Kernel.Validate(tx)
 }

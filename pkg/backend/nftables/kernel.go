@@ -37,6 +37,15 @@ func (k *netlinkKernel) Apply(tx *Tx) error { return k.batch(tx, true) }
 // message, then aborts.
 func (k *netlinkKernel) Validate(tx *Tx) error { return k.batch(tx, false) }
 
+// Writable commits a batch that changes nothing (nfnl.Conn.Writable).
+func (k *netlinkKernel) Writable(f plan.Family) error {
+	c, err := k.c()
+	if err != nil {
+		return err
+	}
+	return c.Writable(uint8(nfproto(f)))
+}
+
 func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
 	if tx.NeedsNft() {
 		return runNft(tx.Text(), commit)

@@ -29,6 +29,9 @@ type Memory struct {
 	nextHandle uint64
 	// Committed counts the transactions applied.
 	Committed int
+	// NotWritable is Writable's answer: nil, an error, or
+	// nfnl.ErrNoProbe for a kernel before Linux 6.3.
+	NotWritable error
 }
 
 var _ Kernel = (*Memory)(nil)
@@ -79,6 +82,9 @@ func (m *Memory) Validate(tx *Tx) error {
 	_, err := m.simulate(tx)
 	return err
 }
+
+// Writable is nil unless NotWritable says otherwise.
+func (m *Memory) Writable(plan.Family) error { return m.NotWritable }
 
 // simulator is every object kind: it applies a verb to the in-memory
 // kernel, with the errno the kernel would answer. It is not part of

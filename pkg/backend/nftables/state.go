@@ -126,6 +126,10 @@ type Kernel interface {
 	Apply(tx *Tx) error
 	// Validate has the kernel check tx without committing it.
 	Validate(tx *Tx) error
+	// Writable reports whether nf_tables takes changes of family f from
+	// us, changing nothing and aborting no batch (nfnl.Conn.Writable);
+	// nfnl.ErrNoProbe where it cannot tell that way.
+	Writable(f plan.Family) error
 	// Chain reads one chain of the family's table; nil when it is absent.
 	Chain(f plan.Family, table, chain string) (*ChainState, error)
 	// Elements returns elements of the family's cni_portmap maps: for a
