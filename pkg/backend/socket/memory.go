@@ -23,6 +23,8 @@ type Memory struct {
 	Installs map[string]int
 	// Writes counts the writes that changed something.
 	Writes int
+	// Reads counts the reads of a family's whole state.
+	Reads int
 }
 
 // NewMemory returns a site with nothing installed.
@@ -41,6 +43,7 @@ type OwnerKey struct {
 }
 
 func (m *Memory) Read(netns uint64, f plan.Family) (*State, error) {
+	m.Reads++
 	st := &State{Entries: map[Key]Value{}, Owners: map[uint64]plan.Owner{}}
 	for k, v := range m.Entries {
 		if k.Netns == netns && k.Family() == f {
@@ -51,6 +54,19 @@ func (m *Memory) Read(netns uint64, f plan.Family) (*State, error) {
 		if k.Netns == netns && k.Family == f {
 			st.Owners[k.ID] = o
 		}
+	}
+	return st, nil
+}
+
+func (m *Memory) ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64) (*State, error) {
+	st := &State{Entries: map[Key]Value{}, Owners: map[uint64]plan.Owner{}}
+	for _, k := range keys {
+		if v, ok := m.Entries[k]; ok {
+			st.Entries[k] = v
+		}
+	}
+	if o, ok := m.Owners[OwnerKey{netns, f, id}]; ok {
+		st.Owners[id] = o
 	}
 	return st, nil
 }

@@ -90,6 +90,10 @@ type Site interface {
 	// Read returns the entries and owner records of family f in the
 	// namespace netns.
 	Read(netns uint64, f plan.Family) (*State, error)
+	// ReadKeys is Read of the entries of keys and the owner record of
+	// id alone: lookups, where Read dumps both maps (the entries map
+	// has room for a million, and a dump walks every bucket).
+	ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64) (*State, error)
 	// Write applies w to the records of family f in netns: owner records
 	// put, entries put, entries deleted, owner records deleted.
 	Write(netns uint64, f plan.Family, w *Write) error
@@ -236,6 +240,37 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 		if n, fam, id := ok.parts(); n == netns && fam == f {
 			st.Owners[id] = recs[i].owner()
 		}
+	}
+	return st, nil
+}
+
+func (s *kernelSite) ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64) (*State, error) {
+	st := &State{Entries: map[Key]Value{}, Owners: map[uint64]plan.Owner{}}
+	if !s.Exists() {
+		return st, nil
+	}
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	for _, k := range keys {
+		rk := k.raw()
+		var rv rawValue
+		err := s.svc.Lookup(rk[:], rv[:])
+		if errors.Is(err, bpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
+		}
+		st.Entries[k] = rv.value()
+	}
+	ok := ownerKeyOf(netns, f, id)
+	var rec rawOwner
+	switch err := s.owners.Lookup(ok[:], rec[:]); {
+	case err == nil:
+		st.Owners[id] = rec.owner()
+	case !errors.Is(err, bpf.ErrKeyNotExist):
+		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
 	return st, nil
 }

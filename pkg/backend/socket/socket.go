@@ -109,21 +109,53 @@ func (l *Layer) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
-	return l.locked(func(st *State, netns uint64) error {
-		w := apply(st, p, netns)
-		if len(Entries(p, netns)) > 0 {
-			states, err := l.Site.Hooks()
-			if err != nil {
+	netns, err := l.Netns()
+	if err != nil {
+		return err
+	}
+	release, err := l.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	want := Entries(p, netns)
+	st, err := l.readFor(p, want, netns)
+	if err != nil {
+		return err
+	}
+	w := apply(st, p, netns)
+	if len(want) > 0 {
+		states, err := l.Site.Hooks()
+		if err != nil {
+			return err
+		}
+		if bad := broken(states); len(bad) > 0 {
+			if err := l.Site.Install(bad); err != nil {
 				return err
 			}
-			if bad := broken(states); len(bad) > 0 {
-				if err := l.Site.Install(bad); err != nil {
-					return err
-				}
-			}
 		}
-		return l.write(netns, w)
-	})
+	}
+	return l.write(netns, w)
+}
+
+// readFor reads what ADD of p needs to know: where the attachment holds
+// no owner record in this family and none of its keys is held, the
+// lookups of its keys are all of it: entries are written after their
+// owner's record and deleted before it, so it holds no entry, apply
+// deletes nothing and takes no key over. Otherwise (a second ADD, a key
+// another attachment holds) the family's entries and records whole: a
+// dump walks every bucket of the entries map, which has room for a
+// million, about a millisecond whatever it holds.
+func (l *Layer) readFor(p *plan.Plan, want []Entry, netns uint64) (*State, error) {
+	keys := make([]Key, len(want))
+	for i, e := range want {
+		keys[i] = e.Key
+	}
+	st, err := l.Site.ReadKeys(netns, l.Family, keys, OwnerID(p.Owner))
+	if err != nil || len(st.Owners) == 0 && len(st.Entries) == 0 {
+		return st, err
+	}
+	return l.Site.Read(netns, l.Family)
 }
 
 // Remove deletes the entries of this family that name the attachment;

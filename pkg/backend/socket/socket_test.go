@@ -196,6 +196,39 @@ func TestOwnership(t *testing.T) {
 	}
 }
 
+// ADD reads only its own keys and owner record where the attachment
+// holds nothing and none of its keys is held: no dump of the maps. A
+// second ADD of the attachment, or one that takes a key over, reads the
+// family whole, so that what the attachment held elsewhere goes, and
+// the record of an owner left with nothing.
+func TestApplyReads(t *testing.T) {
+	m := NewMemory()
+	l := newLayer(plan.IPv4, m)
+	step := func(what string, p *plan.Plan, reads int) {
+		t.Helper()
+		m.Reads = 0
+		if err := l.Apply(p); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if m.Reads != reads {
+			t.Errorf("%s: %d whole reads, want %d", what, m.Reads, reads)
+		}
+	}
+	step("ADD a", pl(plan.IPv4, "a", "192.0.2.2", tcp(8080)), 0)
+	step("ADD b beside it", pl(plan.IPv4, "b", "192.0.2.3", tcp(8081)), 0)
+	step("re-ADD a on 9090", pl(plan.IPv4, "a", "192.0.2.2", tcp(9090)), 1)
+	if got := holder(t, m, key("127.0.0.1", 8080, plan.TCP)); got != "-" {
+		t.Errorf("8080 after a moved to 9090: held by %s", got)
+	}
+	step("ADD c taking b's port", pl(plan.IPv4, "c", "192.0.2.4", tcp(8081)), 1)
+	if _, ok := m.Owners[OwnerKey{nodeNS, plan.IPv4, OwnerID(owner("b"))}]; ok {
+		t.Error("the owner record of b outlived its last entry")
+	}
+	if got := holder(t, m, key("127.0.0.1", 8081, plan.TCP)); got != "c→192.0.2.4:80" {
+		t.Errorf("8081 held by %s", got)
+	}
+}
+
 // Each family keeps its keys: DEL of IPv4 leaves the IPv6 entries and the
 // owner record, which goes with the last entry.
 func TestFamilies(t *testing.T) {
