@@ -27,8 +27,11 @@ VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || \
 	git log -1 --format=v0.0.0-dev-%h --abbrev=12 2>/dev/null | sed "s/$$/$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)/" || echo dev)
 BUILDFLAGS := -buildvcs=auto -ldflags "-X github.com/portmap-dev/portmap/pkg/buildinfo.version=$(VERSION)"
 
+# Static (CGO_ENABLED=0), as the CNI plugins' own releases are: the binary
+# runs on any host, whatever its libc (a cgo build needs the build host's
+# glibc 2.34 or later), and starts without the dynamic loader.
 build:
-	$(GO) build $(BUILDFLAGS) -o bin/ ./cmd/portmap ./cmd/portmap-agent
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o bin/ ./cmd/portmap ./cmd/portmap-agent
 
 # Everything the tests and the demo run, built from the module versions in
 # go.mod: the tools of its tool block (the real ptp/bridge/host-local/loopback,

@@ -183,6 +183,9 @@ func BuildPlugins(dir string) error {
 	}
 	for _, args := range steps {
 		cmd := exec.Command("go", args...)
+		// Static, as the plugins' release builds are and `make build`
+		// is: no dynamic loader, no libc of the build host's version.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
