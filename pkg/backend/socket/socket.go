@@ -71,6 +71,11 @@ func NetnsCookie() (uint64, error) {
 
 // locked runs do under the host-wide lock, with the namespace's state.
 func (l *Layer) locked(do func(st *State, netns uint64) error) error {
+	return l.lockedRead(func(netns uint64) (*State, error) { return l.Site.Read(netns, l.Family) }, do)
+}
+
+// lockedRead is locked with what read reads of the namespace's state.
+func (l *Layer) lockedRead(read func(netns uint64) (*State, error), do func(st *State, netns uint64) error) error {
 	netns, err := l.Netns()
 	if err != nil {
 		return err
@@ -80,7 +85,7 @@ func (l *Layer) locked(do func(st *State, netns uint64) error) error {
 		return err
 	}
 	defer release()
-	st, err := l.Site.Read(netns, l.Family)
+	st, err := read(netns)
 	if err != nil {
 		return err
 	}
@@ -109,33 +114,22 @@ func (l *Layer) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
-	netns, err := l.Netns()
-	if err != nil {
-		return err
-	}
-	release, err := l.Lock()
-	if err != nil {
-		return err
-	}
-	defer release()
-	want := Entries(p, netns)
-	st, err := l.readFor(p, want, netns)
-	if err != nil {
-		return err
-	}
-	w := apply(st, p, netns)
-	if len(want) > 0 {
-		states, err := l.Site.Hooks()
-		if err != nil {
-			return err
-		}
-		if bad := broken(states); len(bad) > 0 {
-			if err := l.Site.Install(bad); err != nil {
+	read := func(netns uint64) (*State, error) { return l.readFor(p, netns) }
+	return l.lockedRead(read, func(st *State, netns uint64) error {
+		w := apply(st, p, netns)
+		if len(Entries(p, netns)) > 0 {
+			states, err := l.Site.Hooks()
+			if err != nil {
 				return err
 			}
+			if bad := broken(states); len(bad) > 0 {
+				if err := l.Site.Install(bad); err != nil {
+					return err
+				}
+			}
 		}
-	}
-	return l.write(netns, w)
+		return l.write(netns, w)
+	})
 }
 
 // readFor reads what ADD of p needs to know: where the attachment holds
@@ -146,7 +140,8 @@ func (l *Layer) Apply(p *plan.Plan) error {
 // another attachment holds) the family's entries and records whole: a
 // dump walks every bucket of the entries map, which has room for a
 // million, about a millisecond whatever it holds.
-func (l *Layer) readFor(p *plan.Plan, want []Entry, netns uint64) (*State, error) {
+func (l *Layer) readFor(p *plan.Plan, netns uint64) (*State, error) {
+	want := Entries(p, netns)
 	keys := make([]Key, len(want))
 	for i, e := range want {
 		keys[i] = e.Key
