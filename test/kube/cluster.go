@@ -90,6 +90,11 @@ current-context: local
 	n.control = append(n.control, n.daemon(t, "kube-controller-manager", kubeBin("kube-controller-manager"),
 		"--kubeconfig", c.kubeconfig, "--leader-elect=false", "--secure-port", "0",
 		"--service-account-private-key-file", p("sa.key"), "--root-ca-file", p("ca.crt"),
+		// its FlexVolume prober makes this directory, by default
+		// /usr/libexec/kubernetes/kubelet-plugins/volume/exec on the
+		// machine, once a pod's volumes reach the attach-detach
+		// controller: the suite's own instead
+		"--flex-volume-plugin-dir", p("flex-volume-plugins"),
 		"--use-service-account-credentials=false", "--profiling=false"))
 	n.control = append(n.control, n.daemon(t, "kube-scheduler", kubeBin("kube-scheduler"),
 		"--kubeconfig", c.kubeconfig, "--leader-elect=false", "--secure-port", "0", "--profiling=false"))
