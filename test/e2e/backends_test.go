@@ -21,7 +21,9 @@ type backend struct {
 	ruleset func(t *testing.T) string
 	// chain is the name of the attachment's own chain.
 	chain func(o plan.Owner) string
-	// deleteDNAT removes the DNAT rule of hostPort from the attachment's chain.
+	// deleteDNAT removes the DNAT rule of hostPort from the attachment's
+	// chain (on nftables, a flat attachment's DNAT element or, where
+	// another attachment took the port over, its record).
 	deleteDNAT func(t *testing.T, o plan.Owner, c *nettest.Container, hostPort int)
 	// breakShared removes a shared jump, and returns how to put it back.
 	breakShared func(t *testing.T) (missing string, repair func())
@@ -73,11 +75,19 @@ var backends = []backend{
 		deleteDNAT: func(t *testing.T, o plan.Owner, c *nettest.Container, hostPort int) {
 			chain := nftables.ChainName(o)
 			out := nettest.Run(t, "nft", "-a", "list", "chain", "ip", nftables.Table, chain)
-			m := regexp.MustCompile(fmt.Sprintf(`comment "hostport tcp \. %d" # handle (\d+)`, hostPort)).FindStringSubmatch(out)
-			if m == nil {
-				t.Fatalf("no DNAT rule for %d in:\n%s", hostPort, out)
+			if m := regexp.MustCompile(fmt.Sprintf(`comment "hostport tcp \. %d" # handle (\d+)`, hostPort)).FindStringSubmatch(out); m != nil {
+				nettest.Run(t, "nft", "delete", "rule", "ip", nftables.Table, chain, "handle", m[1])
+				return
 			}
-			nettest.Run(t, "nft", "delete", "rule", "ip", nftables.Table, chain, "handle", m[1])
+			// a flat attachment: its DNAT is its element of the DNAT map
+			// or, where another took the port over, the record of its
+			// keys (which sync judges whole: the map)
+			elems := nettest.Run(t, "nft", "list", "map", "ip", nftables.Table, nftables.HostDNATMap)
+			if strings.Contains(elems, fmt.Sprintf("tcp . %d comment \"%s ", hostPort, chain)) {
+				nettest.Run(t, "nft", "delete", "element", "ip", nftables.Table, nftables.HostDNATMap, fmt.Sprintf("{ tcp . %d }", hostPort))
+				return
+			}
+			nettest.Run(t, "nft", "delete", "map", "ip", nftables.Table, chain)
 		},
 		breakShared: func(t *testing.T) (string, func()) {
 			nettest.Run(t, "nft", "flush", "chain", "ip", nftables.Table, "output")

@@ -171,7 +171,7 @@ func checkDetectsTampering(t *testing.T, b backend, extra map[string]string) {
 	owner := plan.Owner{Network: "tamper", ContainerID: "t1", IfName: "eth0"}
 	b.deleteDNAT(t, owner, c, 7100)
 	err := rt.Check(c)
-	if err == nil || !strings.Contains(err.Error(), "missing rule") || !strings.Contains(err.Error(), "7100") {
+	if err == nil || !strings.Contains(err.Error(), "missing ") || !strings.Contains(err.Error(), "7100") {
 		t.Errorf("CHECK after deleting the DNAT rule: %v, want it named", err)
 	}
 	if err != nil && !strings.Contains(err.Error(), b.name+" backend") {

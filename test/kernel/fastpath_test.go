@@ -41,8 +41,16 @@ func TestNFTFastPathMisses(t *testing.T) {
 			t.Fatalf("%s: first transaction %v (of %d), want %v and a slow path after it", what, k.errs, len(k.errs), want)
 		}
 	}
+	x := mkPlan("net1", "x", "192.0.2.9/24", 8090)
+	x.Masquerade.MarkBit = 14 // not flat: a chain reached from the verdict maps
+	first(t, "ADD on a fresh node (no maps)", func() error { return b.Apply(x) }, unix.ENOENT)
+	// A flat ADD reads the shared chains it relies on before it writes
+	// (here mark bit 13's are missing): one transaction, the slow path's.
 	a := mkPlan("net1", "a", "192.0.2.2/24", 8080)
-	first(t, "ADD on a fresh node (no maps)", func() error { return b.Apply(a) }, unix.ENOENT)
+	k.errs = nil
+	if err := b.Apply(a); err != nil || len(k.errs) != 1 || k.errs[0] != nil {
+		t.Fatalf("flat ADD beside another bit's skeleton: %v, transactions %v, want one", err, k.errs)
+	}
 	first(t, "re-ADD (the chain exists)", func() error { return b.Apply(a) }, unix.EEXIST)
 	c := mkPlan("net1", "c", "192.0.2.3/24", 8080)
 	first(t, "ADD of a held port (the element exists)", func() error { return b.Apply(c) }, unix.EEXIST)

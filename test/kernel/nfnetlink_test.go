@@ -114,7 +114,8 @@ func wantElements(name string, plans []*plan.Plan) []string {
 	}
 	c := func(i int) string { return nftables.ChainName(plans[i].Owner) }
 	return []string{
-		"tcp . 10000 : goto " + c(0), "tcp . 10030 : goto " + c(2), // one port each
+		"tcp . 10000 : goto " + c(0), // a port left of an interval
+		"tcp . 10030 comment \"" + c(2) + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.4 . 10030", // a flat attachment's
 		"tcp . 10001-10025 : goto " + c(3), "tcp . 10026-10049 : goto " + c(0),
 	}
 }
@@ -215,9 +216,11 @@ func releasePlan() *plan.Plan {
 
 // TestUpgradeInPlace: a node running the nft-based release upgrades in
 // place. State its nft scripts wrote (frozen in testdata) is read, CHECKed,
-// DELed and GCed by the netlink backend, which also adds beside it on the
-// fast path; and the release's DEL script still removes an attachment the
-// netlink backend wrote (a rollback).
+// DELed and GCed by the netlink backend, which also adds beside it (the
+// first ADD writes the skeleton's parts for flat attachments, the next
+// takes the fast path); and the release's DEL script, rolled back to,
+// fails on a flat attachment, whose record holds its chain, and leaves
+// all of it — not its ports forwarded without a chain that owns them.
 func TestUpgradeInPlace(t *testing.T) {
 	n := nettest.NewNS(t)
 	p := releasePlan()
@@ -245,7 +248,7 @@ func TestUpgradeInPlace(t *testing.T) {
 			}
 		}
 		if counting.runs != 2 {
-			return fmt.Errorf("ADD beside the release's skeleton took %d transactions, want 1 each (the fast path)", counting.runs)
+			return fmt.Errorf("ADD beside the release's skeleton took %d transactions, want 2 (the first ADD's fast path reads that the maps are missing and its slow path writes them; the second's fast path)", counting.runs)
 		}
 		if err := b.Remove(p); err != nil {
 			return fmt.Errorf("DEL of the release's attachment: %w", err)
@@ -268,12 +271,29 @@ func TestUpgradeInPlace(t *testing.T) {
 		}
 	}
 
-	// Rollback: the release's DEL of an attachment the netlink backend
-	// wrote.
+	// Rollback: the release's DEL of a flat attachment fails whole.
 	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error { return b.Apply(p) })
-	listIn(t, n, "-f", "testdata/release-del-v4.nft")
-	if table := listIn(t, n, "list", "table", "ip", nftables.Table); strings.Contains(table, nftables.ChainName(p.Owner)) {
-		t.Errorf("the release's DEL left the attachment:\n%s", table)
+	before := listIn(t, n, "list", "table", "ip", nftables.Table)
+	var out []byte
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		out, err = exec.Command("nft", "-f", "testdata/release-del-v4.nft").CombinedOutput()
+		return err
+	})
+	if err == nil || !strings.Contains(string(out), "Device or resource busy") {
+		t.Errorf("the release's DEL of a flat attachment: %v %s, want its chain busy", err, out)
+	}
+	if after := listIn(t, n, "list", "table", "ip", nftables.Table); after != before {
+		t.Errorf("the release's failed DEL changed the table:\n%s\nbefore:\n%s", after, before)
+	}
+	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
+		if err := b.Check(p); err != nil {
+			return fmt.Errorf("CHECK after the release's failed DEL: %w", err)
+		}
+		return b.Remove(p)
+	})
+	if table := listIn(t, n, "list", "table", "ip", nftables.Table); strings.Contains(table, nftables.ChainName(p.Owner)) || strings.Contains(table, "8080") {
+		t.Errorf("DEL left the attachment:\n%s", table)
 	}
 }
 

@@ -123,8 +123,8 @@ func TestNFTReAddReplaces(t *testing.T) {
 			t.Errorf("stale %q survives re-ADD:\n%s", stale, table)
 		}
 	}
-	if n := strings.Count(table, "dnat to"); n != 1 {
-		t.Errorf("%d DNAT rules after re-ADD, want 1:\n%s", n, table)
+	if n := strings.Count(table, ": 192.0.2.3 . 80"); n != 1 {
+		t.Errorf("%d DNAT elements after re-ADD, want 1:\n%s", n, table)
 	}
 	if err := b.Check(p2); err != nil {
 		t.Errorf("Check: %v", err)

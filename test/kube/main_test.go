@@ -147,6 +147,10 @@ func fingerprint() string {
 		}
 		fmt.Fprintf(&b, "dir %s: %s %v\n", d, strings.Join(names, " "), err != nil)
 	}
+	// The suite's own temporary directories (kube-node-, kube-sysctl-,
+	// …): other programs share the temporary directory, so only these.
+	tmp, err := filepath.Glob(filepath.Join(os.TempDir(), "kube-*"))
+	fmt.Fprintf(&b, "temp: %s %v\n", strings.Join(tmp, " "), err)
 	return b.String()
 }
 
@@ -292,6 +296,12 @@ func setupNode() error {
 		if err := unix.Mount(f, "/proc/sys/"+s, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("shadow %s: %w", s, err)
 		}
+	}
+	// The bind mounts hold the files; the machine's /tmp keeps nothing
+	// of the node (it is not shadowed, so the directory was left there
+	// after every run).
+	if err := os.RemoveAll(shadows); err != nil {
+		return err
 	}
 	for _, d := range shadowed {
 		if _, err := os.Stat(d); err != nil {

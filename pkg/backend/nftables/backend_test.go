@@ -34,6 +34,8 @@ func TestApplyFastPath(t *testing.T) {
 	b, k, _, locks := lockedBackend(t, true, nil)
 	c, _, _ := syncPlans("192.0.2.7")
 	c.Owner.ContainerID = "new"
+	c.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 8081, ContainerPort: 80, Protocol: plan.TCP})
+	withFlatSkeleton(k, 24, 32)
 	if err := b.Apply(c); err != nil {
 		t.Fatal(err)
 	}
@@ -65,30 +67,37 @@ func TestApplyRange(t *testing.T) {
 	if err := b.Apply(r); err != nil {
 		t.Fatal(err)
 	}
-	if len(k.scripts) != 2 || k.chainReads != 1 || !strings.Contains(k.scripts[1], "flush chain ip cni_portmap "+own) ||
+	// the slow path reads its own chain and the dispatch chain (the
+	// hairpin lengths the skeleton's rewrite keeps)
+	if len(k.scripts) != 2 || k.chainReads != 2 || !strings.Contains(k.scripts[1], "flush chain ip cni_portmap "+own) ||
 		!strings.Contains(k.scripts[1], "add table ip cni_portmap") {
 		t.Errorf("scripts %q, %d reads of a chain: want the slow way after the create failed", k.scripts, k.chainReads)
 	}
 }
 
 func TestApplyTakesOverNewestWins(t *testing.T) {
-	// c claims a's keys: the fast path fails (the elements exist), the slow
-	// path deletes and re-adds them with c's verdict and logs it.
+	// c (flat) claims a's keys, held in the verdict maps by a's chain of
+	// an older layout: the fast path's read finds them, and the slow path
+	// deletes them and adds c's elements to the DNAT maps, and logs it.
 	c, _, _ := syncPlans("192.0.2.7")
 	c.Owner.ContainerID = "c"
-	b, k, log, locks := lockedBackend(t, true, failing("create chain"))
+	b, k, log, locks := lockedBackend(t, true, nil)
 	if err := b.Apply(c); err != nil {
 		t.Fatal(err)
 	}
-	if *locks != 1 || len(k.scripts) != 2 {
+	if *locks != 1 || len(k.scripts) != 1 {
 		t.Fatalf("scripts %q locks %d", k.scripts, *locks)
 	}
-	tx, own := k.scripts[1], ChainName(c.Owner)
+	tx, own := k.scripts[0], ChainName(c.Owner)
 	for _, w := range []string{
 		"delete element ip cni_portmap hostports { tcp . 8080 }",
-		"add element ip cni_portmap hostports { tcp . 8080 : goto " + own + " }",
-		"add element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 : goto " + own + " }",
+		"delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }",
+		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.7 . 80 }",
+		"add element ip cni_portmap hostip_hostport_dnat { 198.51.100.1 . udp . 8053 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.7 . 53 }",
+		"add element ip cni_portmap hairpin_24 { 192.0.2.0 . tcp . 8080 comment \"" + own + "\" }",
+		"add element ip cni_portmap hairpin_32 { 127.0.0.1 . tcp . 8080 comment \"" + own + "\" }",
 		"flush chain ip cni_portmap " + own,
+		"add map ip cni_portmap " + own,
 	} {
 		if !strings.Contains(tx, w) {
 			t.Errorf("slow path lacks %q:\n%s", w, tx)
@@ -107,8 +116,9 @@ func TestReAddDropsStaleKeys(t *testing.T) {
 	if err := b.Apply(a); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(k.scripts[1], "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
-		t.Errorf("re-ADD keeps a stale key:\n%s", k.scripts[1])
+	last := k.scripts[len(k.scripts)-1]
+	if !strings.Contains(last, "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
+		t.Errorf("re-ADD keeps a stale key:\n%s", last)
 	}
 }
 
@@ -264,17 +274,21 @@ func TestReadyNeedsNftForConditions(t *testing.T) {
 // under it (its one path).
 func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
+	n, _, _ := syncPlans("192.0.2.9") // a new attachment, of ports no one holds
+	n.Owner.ContainerID = "n"
+	n.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 8082, ContainerPort: 80, Protocol: plan.TCP})
 	for _, tt := range []struct {
 		name  string
 		run   func(b *Backend) error
 		locks int
 	}{
-		{"apply", func(b *Backend) error { return b.Apply(a) }, 0},
+		{"apply", func(b *Backend) error { return b.Apply(n) }, 0},
 		{"remove", func(b *Backend) error { return b.Remove(a) }, 1},
 	} {
 		for _, errno := range []unix.Errno{unix.EPERM, unix.EMSGSIZE} {
 			t.Run(tt.name+" "+errno.Error(), func(t *testing.T) {
 				b, k, _, locks := lockedBackend(t, true, func(string) bool { return true })
+				withFlatSkeleton(k, 24, 32)
 				k.errno = errno
 				err := tt.run(b)
 				if !errors.Is(err, errno) || *locks != tt.locks || len(k.scripts) != 1 {

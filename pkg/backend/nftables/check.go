@@ -14,23 +14,38 @@ import (
 // cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	fam := nftFamily(b.Family)
-	lookups, err := b.skeleton(p)
-	if err != nil {
-		return err
-	}
 	own := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, own)
 	if err != nil {
 		return fmt.Errorf("check chain %s: %w", own, err)
 	}
+	// an attachment an older release made, as a chain, stays right until
+	// the next ADD makes it flat
+	flat := isFlat(p) && c != nil && c.HasRecord
+	lookups, err := b.skeleton(p, flat)
+	if err != nil {
+		return err
+	}
 	if c == nil {
 		return fmt.Errorf("missing chain %s in table %s %s", own, fam, Table)
 	}
-	if why := judgeChain(p, c); why != "" {
+	if flat {
+		if why := judgeFlat(p, c, true); why != "" {
+			return errors.New(why)
+		}
+	} else if why := judgeChain(p, c); why != "" {
 		return errors.New(why)
 	}
 	keys := Keys(p)
-	els, err := b.Kernel.Elements(b.Family, keys)
+	var read []Key
+	for i := range keys {
+		keys[i].Flat = flat
+		read = append(read, keys[i])
+		if flat {
+			read = append(read, keys[i].twin())
+		}
+	}
+	els, err := b.Kernel.Elements(b.Family, read)
 	if err != nil {
 		return fmt.Errorf("check map elements: %w", err)
 	}
@@ -48,6 +63,36 @@ func (b *Backend) Check(p *plan.Plan) error {
 			return errors.New(why)
 		}
 	}
+	if !flat {
+		return nil
+	}
+	// the verdict map is looked up first: a twin there takes the port
+	srcs := strings.Join(hairpinSrcs(p), " ")
+	for _, e := range els {
+		if !e.Key.Flat {
+			return fmt.Errorf("map %s sends %s to %q before map %s", e.Key.Map(), e.Key, e.Chain, e.Key.twin().Map())
+		}
+		if to := targetOf(p, e.Key); e.To != to {
+			return fmt.Errorf("map %s sends %s to %s, not to %s", e.Key.Map(), e.Key, e.To, to)
+		}
+		if got := strings.Join(e.Srcs, " "); got != srcs {
+			return fmt.Errorf("map %s: %s names hairpin sources %q, want %q", e.Key.Map(), e.Key, got, srcs)
+		}
+	}
+	want := wantedHairpins(p, keys)
+	hps, err := b.Kernel.Hairpins(b.Family, want)
+	if err != nil {
+		return fmt.Errorf("check hairpin elements: %w", err)
+	}
+	have := map[string]string{}
+	for _, h := range hps {
+		have[h.ID()] = h.Chain
+	}
+	for _, h := range want {
+		if have[h.ID()] != own {
+			return fmt.Errorf("set %s has no element %s . %s of %s", h.set(), h.Src, h.Key, own)
+		}
+	}
 	return nil
 }
 
@@ -57,7 +102,10 @@ func (b *Backend) Check(p *plan.Plan) error {
 // It reads those chains alone: its cost does not grow with the number of
 // attachments (STATUS).
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
-	_, err = b.skeleton(p)
+	// not the dispatch chain's rules for flat keys: a node an older
+	// release set up has none, and its attachments need none (CHECK of a
+	// flat attachment asks for them)
+	_, err = b.skeleton(p, false)
 	var m *missingError
 	if errors.As(err, &m) {
 		return m.what, m.some, nil
@@ -75,10 +123,15 @@ type missingError struct {
 func (e *missingError) Error() string { return e.what }
 
 // skeleton checks the shared chains of p and returns the maps the
-// dispatch chain looks up.
-func (b *Backend) skeleton(p *plan.Plan) (map[string]bool, error) {
+// dispatch chain looks up; flat says p's attachment is flat, which needs
+// the dispatch chain's rules for flat keys.
+func (b *Backend) skeleton(p *plan.Plan, flat bool) (map[string]bool, error) {
 	fam := nftFamily(b.Family)
-	skel := skeletonRules(p)
+	var lengths []int
+	if flat {
+		lengths = lengthsOf(nil, p)
+	}
+	skel := skeletonRules(p, lengths)
 	var lookups map[string]bool
 	var missing *missingError
 	for _, name := range skeletonOrder(skel) {
@@ -103,7 +156,7 @@ func (b *Backend) skeleton(p *plan.Plan) (map[string]bool, error) {
 			}
 		}
 		for _, r := range skel[name] {
-			if !hasRule(c, r) && !rangesLookup(r) {
+			if !hasRule(c, r) && !rangesLookup(r) && (flat || !flatDispatchRule(r)) {
 				return nil, &missingError{what: fmt.Sprintf("missing rule %q in chain %s", r.Text(b.Family), name), some: true}
 			}
 		}
@@ -129,8 +182,8 @@ func rangesLookup(r *Rule) bool {
 
 // dispatchRule is the dispatch chain's lookup of map name.
 func dispatchRule(name string) *Rule {
-	for _, r := range dispatchRules() {
-		if r.stmts[0].(vmapLookup).set == name {
+	for _, r := range dispatchRules(nil) {
+		if v, ok := r.stmts[0].(vmapLookup); ok && v.set == name {
 			return r
 		}
 	}
@@ -146,6 +199,10 @@ func hasRule(c *ChainState, r *Rule) bool {
 			switch s := s.(type) {
 			case vmapLookup:
 				ok = got.Lookup == s.set
+			case hairpinLookup:
+				ok = got.Member == s.set()
+			case dnatLookup:
+				ok = got.DNATMap == s.set
 			case jumpTo:
 				ok = got.Jump == s.chain
 			case masquerade:

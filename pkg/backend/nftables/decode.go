@@ -46,10 +46,38 @@ func commentOf(b []byte) string {
 }
 
 // Element is one element of a dispatch map: its key (an interval key in
-// the ranges maps) and the chain its verdict names.
+// the ranges maps) and the chain its verdict names; for a flat key (a
+// DNAT map's), the chain its comment names and its target.
 type Element struct {
 	Key   Key
 	Chain string
+	To    string
+	// Srcs are the sources a flat element's comment names after its
+	// chain: its owner's hairpin sources, whose elements it holds.
+	Srcs []string
+}
+
+// String is e as tests and logs show it: {key chain}, a flat one's with
+// its target and sources.
+func (e Element) String() string {
+	if !e.Key.Flat {
+		return "{" + e.Key.String() + " " + e.Chain + "}"
+	}
+	return "{" + e.Key.String() + " " + e.Chain + " " + e.To + " " + strings.Join(e.Srcs, ",") + "}"
+}
+
+// flatComment is a flat element's comment: its chain, then its sources.
+func flatComment(chain string, srcs []string) string {
+	return strings.Join(append([]string{chain}, srcs...), " ")
+}
+
+// parseFlatComment reads a flat element's comment back.
+func parseFlatComment(c string) (chain string, srcs []string) {
+	f := strings.Fields(c)
+	if len(f) == 0 {
+		return "", nil
+	}
+	return f[0], f[1:]
 }
 
 // decodeElements reads the elements of a GETSETELEM answer.
@@ -70,6 +98,17 @@ func decodeElements(f plan.Family, b []byte) []Element {
 			if e, ok := keyFromBytes(f, set, end); ok && e.Port > k.Port {
 				k.Last = e.Port
 			}
+		}
+		if k.Flat {
+			ipLen := int(addrLen(f))
+			data := attrValue(le.Value, unix.NFTA_SET_ELEM_DATA)
+			ud, _ := nfnl.Find(le.Value, nftaSetElemUserdata)
+			if len(data) < ipLen+2 {
+				continue
+			}
+			chain, srcs := parseFlatComment(commentOf(ud))
+			out = append(out, Element{Key: k, Chain: chain, To: toString(data[:ipLen], data[ipLen:]), Srcs: srcs})
+			continue
 		}
 		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
 		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
@@ -112,7 +151,7 @@ func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
 func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 	var k Key
 	switch set {
-	case HostIPPortsMap, HostIPPortRangesMap:
+	case HostIPPortsMap, HostIPPortRangesMap, HostIPDNATMap:
 		n := 4
 		if f == plan.IPv6 {
 			n = 16
@@ -122,10 +161,11 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 		}
 		k.HostIP = append(net.IP(nil), b[:n]...)
 		b = b[n:]
-	case HostPortsMap, HostPortRangesMap:
+	case HostPortsMap, HostPortRangesMap, HostDNATMap:
 	default:
 		return k, false
 	}
+	k.Flat = isDNATMap(set)
 	if len(b) < 6 {
 		return k, false
 	}
@@ -191,6 +231,7 @@ type ruleDecoder struct {
 		len  uint32
 		mask []byte
 		what string // "l4proto" or "dport" when that is loaded
+		xor  []byte // a bitwise's xor: the bits a mark set sets
 	}
 }
 
@@ -218,6 +259,7 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 		}
 	case "bitwise":
 		d.load.mask = attrValue(data, unix.NFTA_BITWISE_MASK)
+		d.load.xor = attrValue(data, unix.NFTA_BITWISE_XOR)
 	case "cmp":
 		d.cmp(data)
 	case "immediate":
@@ -231,19 +273,24 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 			}
 		}
 	case "lookup":
+		s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
 		if dreg, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
-			s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
 			if (nfnl.Attr{Value: dreg}).U32() == regVerdict {
 				d.r.Lookup = nfnl.Attr{Value: s}.String()
 			} else {
 				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
 			}
+		} else if attrU32(data, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
+			d.r.Member = nfnl.Attr{Value: s}.String()
 		}
 	case "masq":
 		d.r.Masq = true
 	case "meta":
 		if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
 			d.r.SetMark = true
+			if len(d.load.xor) == 4 {
+				d.r.Mark = binary.NativeEndian.Uint32(d.load.xor)
+			}
 		}
 		d.load.ok, d.load.what = false, ""
 		if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && attrU32(data, unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {

@@ -80,7 +80,7 @@ func (k *fakeKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 
 var (
 	chainHeaderRE = regexp.MustCompile(`^\s*chain (\S+) \{`)
-	mapHeaderRE   = regexp.MustCompile(`^\s*map (\S+) \{`)
+	mapHeaderRE   = regexp.MustCompile(`^\s*(?:map|set) (\S+) \{`)
 	elementRE     = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
 	handleRE      = regexp.MustCompile(`# handle (\d+)\s*$`)
 	commentRE     = regexp.MustCompile(`comment "([^"]*)"`)
@@ -90,10 +90,24 @@ var (
 	lookupRE      = regexp.MustCompile(`vmap @(\S+)`)
 )
 
+// withFlatSkeleton adds to the canned table the maps and sets of flat
+// attachments whose hairpin sources have lengths, as a node has them
+// after a flat ADD wrote them (the dispatch chain's rules are not read
+// by the fast path).
+func withFlatSkeleton(k *fakeKernel, lengths ...int) {
+	t := k.tables["ip "+Table]
+	i := strings.LastIndex(t, "}")
+	var b strings.Builder
+	for _, name := range flatSetNames(lengths) {
+		b.WriteString("\tset " + name + " {\n\t}\n")
+	}
+	k.tables["ip "+Table] = t[:i] + b.String() + t[i:]
+}
+
 // parseListing reads nft -a list table output into what the netlink
 // reader returns.
 func parseListing(f plan.Family, out string) *State {
-	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	s := newState()
 	var chain *ChainState
 	currentMap := ""
 	for _, line := range strings.Split(out, "\n") {
@@ -147,4 +161,24 @@ func parseListing(f plan.Family, out string) *State {
 		chain.Rules = append(chain.Rules, r)
 	}
 	return s
+}
+
+// Hairpins finds none: canned listings hold no hairpin set.
+func (k *fakeKernel) Hairpins(plan.Family, []Hairpin) ([]Hairpin, error) { return nil, nil }
+
+func (k *fakeKernel) Probe(f plan.Family, chains, sets []string, keys []Key) ([]string, []Element, error) {
+	s, _ := k.Table(f, Table)
+	var missing []string
+	for _, c := range chains {
+		if s == nil || s.Chains[c] == nil {
+			missing = append(missing, c)
+		}
+	}
+	for _, c := range sets {
+		if s == nil || !s.Maps[c] {
+			missing = append(missing, c)
+		}
+	}
+	held, err := k.Elements(f, keys)
+	return missing, held, err
 }

@@ -60,8 +60,16 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 			}
 		}
 	}
+	for _, h := range s.Hairpins {
+		if set[h.Chain] {
+			tx.add(opDelete, hairpinObj{h})
+		}
+	}
 	for _, name := range sortedChains(s) {
 		if set[name] {
+			if s.Chains[name].HasRecord {
+				tx.add(opDelete, recordObj{name})
+			}
 			tx.add(opFlush, chainObj{name: name})
 			tx.add(opDelete, chainObj{name: name})
 		}

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -94,6 +95,17 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if err := readDNATs(c, f, table, cs.Rules); err != nil {
 		return nil, err
 	}
+	if len(cs.Rules) == 0 && table == Table {
+		// a flat attachment's: its record, a map of the chain's name
+		msgs, err := dumpSet(c, f, table, chain)
+		if err != nil && !IsNotFound(err) {
+			return nil, &Error{Op: "list map " + chain, Err: err}
+		}
+		cs.HasRecord = err == nil
+		for _, m := range msgs {
+			cs.Record = append(cs.Record, decodeRecord(f, m.Attrs)...)
+		}
+	}
 	return cs, nil
 }
 
@@ -102,8 +114,8 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 func readDNATs(c *nfnl.Conn, f plan.Family, table string, rules []RuleState) error {
 	for i := range rules {
 		r := &rules[i]
-		if r.DNATMap == "" {
-			continue
+		if !strings.HasPrefix(r.DNATMap, "__") {
+			continue // none, or a named map: the dispatch chain's, read apart
 		}
 		msgs, err := dumpSet(c, f, table, r.DNATMap)
 		if err != nil {
@@ -143,7 +155,7 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	}
 	if byDump {
 		var all []Element
-		for _, name := range []string{HostIPPortsMap, HostIPPortRangesMap, HostPortsMap, HostPortRangesMap} {
+		for _, name := range []string{HostIPPortsMap, HostIPPortRangesMap, HostPortsMap, HostPortRangesMap, HostIPDNATMap, HostDNATMap} {
 			if !maps[name] {
 				continue
 			}
@@ -155,25 +167,92 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 		}
 		return elementsFor(keys, all), nil
 	}
-	reqs := make([]nfnl.Msg, len(keys))
-	for i, key := range keys {
+	_, out, err := getElements(c, f, nil, nil, keys)
+	return out, err
+}
+
+// getElements reads, in one round trip, which of chains and sets are
+// missing and the elements of keys (of one port each) that exist; a
+// missing map holds none.
+func getElements(c *nfnl.Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
+	reqs := make([]nfnl.Msg, 0, len(chains)+len(sets)+len(keys))
+	for _, name := range chains {
 		var a nfnl.Attrs
-		elementAttrs(&a, Table, key, "")
+		a.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, name)
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+	}
+	for _, name := range sets {
+		var a nfnl.Attrs
+		a.String(unix.NFTA_SET_TABLE, Table).String(unix.NFTA_SET_NAME, name)
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSET), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+	}
+	chains = append(chains[:len(chains):len(chains)], sets...)
+	for _, key := range keys {
+		var a nfnl.Attrs
+		elementAttrs(&a, f, Table, key, "", "")
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+	}
+	if len(reqs) == 0 {
+		return nil, nil, nil
+	}
+	replies, errs, err := c.Get(reqs)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, name := range chains {
+		if IsNotFound(errs[i]) {
+			missing = append(missing, name)
+		} else if errs[i] != nil {
+			return nil, nil, &Error{Op: "get " + name, Err: errs[i]}
+		}
+	}
+	for j, key := range keys {
+		i := len(chains) + j
+		if IsNotFound(errs[i]) {
+			continue
+		}
+		if errs[i] != nil {
+			return nil, nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
+		}
+		out = append(out, decodeElements(f, replies[i].Attrs)...)
+	}
+	return missing, out, nil
+}
+
+// Probe reads chains, sets and elements in one round trip (Kernel.Probe).
+func (k *netlinkKernel) Probe(f plan.Family, chains, sets []string, keys []Key) ([]string, []Element, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, nil, err
+	}
+	return getElements(c, f, chains, sets, keys)
+}
+
+// Hairpins gets the hairpin elements holding points, one get each.
+func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]nfnl.Msg, len(points))
+	for i, h := range points {
+		var a nfnl.Attrs
+		hairpinAttrs(&a, f, Table, h, "")
 		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()}
 	}
 	replies, errs, err := c.Get(reqs)
 	if err != nil {
 		return nil, err
 	}
-	var out []Element
-	for i, key := range keys {
+	var out []Hairpin
+	for i, h := range points {
 		if IsNotFound(errs[i]) {
 			continue
 		}
 		if errs[i] != nil {
-			return nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
+			return nil, &Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: errs[i]}
 		}
-		out = append(out, decodeElements(f, replies[i].Attrs)...)
+		out = append(out, decodeHairpins(f, replies[i].Attrs)...)
 	}
 	return out, nil
 }
@@ -217,7 +296,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	if err != nil {
 		return nil, &Error{Op: "get table " + table, Err: err}
 	}
-	s := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	s := newState()
 	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
 	if err != nil {
 		return nil, &Error{Op: "list chains", Err: err}
@@ -247,7 +326,23 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	for _, attrs := range sets {
 		name := str(attrs, unix.NFTA_SET_NAME)
 		s.Maps[name] = true
-		if table != Table || !isDispatchMap(name) {
+		if table != Table {
+			continue
+		}
+		if cs := s.Chains[name]; cs != nil {
+			cs.HasRecord = true // its elements are not read
+		}
+		if _, _, ok := hairpinLength(name); ok {
+			msgs, err := dumpSet(c, f, table, name)
+			if err != nil {
+				return nil, &Error{Op: "list set " + name, Err: err}
+			}
+			for _, m := range msgs {
+				s.Hairpins = append(s.Hairpins, decodeHairpins(f, m.Attrs)...)
+			}
+			continue
+		}
+		if !isDispatchMap(name) && !isDNATMap(name) {
 			continue
 		}
 		els, err := dumpElements(c, f, name)
@@ -256,6 +351,9 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		}
 		for _, e := range els {
 			s.Holders[e.Key.ID()] = e.Chain
+			if e.Key.Flat {
+				s.Targets[e.Key.ID()], s.Srcs[e.Key.ID()] = e.To, e.Srcs
+			}
 		}
 	}
 	return s, nil

@@ -17,6 +17,10 @@ type Key struct {
 	// Last is the last port of an interval key (an identity run of ports,
 	// in the ranges maps); 0 for a key of one port.
 	Last int
+	// Flat says the key lives in a DNAT map (flat.go): its element holds
+	// the container's address and port, not a verdict. Only keys of one
+	// port are flat.
+	Flat bool
 }
 
 // IsRange reports whether the key is an interval of ports.
@@ -28,6 +32,10 @@ func (k Key) last() int { return max(k.Port, k.Last) }
 // Map is the map the key lives in.
 func (k Key) Map() string {
 	switch {
+	case k.Flat && k.HostIP != nil:
+		return HostIPDNATMap
+	case k.Flat:
+		return HostDNATMap
 	case k.HostIP != nil && k.IsRange():
 		return HostIPPortRangesMap
 	case k.HostIP != nil:
@@ -65,14 +73,46 @@ func (k Key) String() string {
 }
 
 // Keys are the map keys of the plan, one per DNAT rule (dnatRuns): an
-// identity run of ports is one interval key, any other mapping one key.
+// identity run of ports is one interval key, any other mapping one key;
+// a flat plan's keys are flat (flat.go).
 func Keys(p *plan.Plan) []Key {
 	runs := dnatRuns(p.Runs())
 	out := make([]Key, 0, len(runs))
+	fl := isFlat(p)
 	for _, r := range runs {
-		out = append(out, runKey(r))
+		k := runKey(r)
+		k.Flat = fl
+		out = append(out, k)
 	}
 	return out
+}
+
+// twin is the key of the same port in the other kind of exact map: a
+// verdict map's for a flat key, a DNAT map's for a key of one port in a
+// verdict map. The dispatch chain looks the verdict map up first, so
+// where both hold a port the twin of a flat element shadows it: an
+// attachment that takes a port over deletes its twin too.
+func (k Key) twin() Key {
+	k.Flat = !k.Flat
+	return k
+}
+
+// withTwins is keys and the twins of those of one port.
+func withTwins(keys []Key) []Key {
+	out := make([]Key, 0, 2*len(keys))
+	for _, k := range keys {
+		out = append(out, k)
+		if !k.IsRange() {
+			out = append(out, k.twin())
+		}
+	}
+	return out
+}
+
+// port is the key as a port's identity, whichever map holds it.
+func (k Key) port() Key {
+	k.Flat = false
+	return k
 }
 
 // runKey is the key of a run dnatRuns returns.

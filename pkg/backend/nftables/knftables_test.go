@@ -40,10 +40,57 @@ func (v mapObj) nft(tx *Tx) knftables.Object {
 
 func (v elemObj) nft(*Tx) knftables.Object {
 	e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
-	if v.chain != "" {
+	switch {
+	case v.chain == "":
+	case v.key.Flat:
+		ip, port := target(v.to)
+		e.Comment, e.Value = knftables.PtrTo(flatComment(v.chain, v.srcs)), []string{ip.String(), strconv.Itoa(port)}
+	default:
 		e.Value = []string{"goto " + v.chain}
 	}
 	return e
+}
+
+func (v dnatMapObj) nft(tx *Tx) knftables.Object {
+	key := "inet_proto . inet_service"
+	if v.addr {
+		key = addrWord(tx.Family) + " . " + key
+	}
+	return &knftables.Map{Name: v.name, Type: key + " : " + addrWord(tx.Family) + " . inet_service"}
+}
+
+func (v hairpinSetObj) nft(tx *Tx) knftables.Object {
+	key := addrWord(tx.Family) + " . "
+	if v.addr {
+		key += addrWord(tx.Family) + " . "
+	}
+	return &knftables.Set{Name: hairpinSet(v.addr, v.ones), Type: key + "inet_proto . inet_service"}
+}
+
+func (v recordObj) nft(tx *Tx) knftables.Object {
+	a := addrWord(tx.Family)
+	return &knftables.Map{Name: v.name, Type: a + " . inet_proto . inet_service : verdict"}
+}
+
+func (v hairpinObj) nft(*Tx) knftables.Object {
+	e := &knftables.Element{Set: v.h.set(), Key: append([]string{parsePrefix(v.h.Src).IP.String()}, v.h.Key.Fields()...)}
+	if v.h.Chain != "" {
+		e.Comment = knftables.PtrTo(v.h.Chain)
+	}
+	return e
+}
+
+// knftMany is an object written as several of knftables'.
+type knftMany interface {
+	nfts(tx *Tx) []knftables.Object
+}
+
+func (v recordElems) nfts(tx *Tx) []knftables.Object {
+	var out []knftables.Object
+	for _, k := range v.keys {
+		out = append(out, &knftables.Element{Map: v.name, Key: recordKey(tx.Family, k).Fields(), Value: []string{"goto " + v.name}})
+	}
+	return out
 }
 
 func (v *Rule) nft(tx *Tx) knftables.Object {
@@ -62,16 +109,23 @@ func knftText(t *testing.T, tx *Tx) string {
 	t.Helper()
 	kt := knftables.NewFake(knftables.Family(nftFamily(tx.Family)), tx.Table).NewTransaction()
 	for _, o := range tx.ops {
-		obj := o.obj.(knftObject).nft(tx)
-		switch o.verb {
-		case opAdd:
-			kt.Add(obj)
-		case opCreate:
-			kt.Create(obj)
-		case opFlush:
-			kt.Flush(obj)
-		case opDelete:
-			kt.Delete(obj)
+		var objs []knftables.Object
+		if m, ok := o.obj.(knftMany); ok {
+			objs = m.nfts(tx)
+		} else {
+			objs = []knftables.Object{o.obj.(knftObject).nft(tx)}
+		}
+		for _, obj := range objs {
+			switch o.verb {
+			case opAdd:
+				kt.Add(obj)
+			case opCreate:
+				kt.Create(obj)
+			case opFlush:
+				kt.Flush(obj)
+			case opDelete:
+				kt.Delete(obj)
+			}
 		}
 	}
 	return kt.String()
@@ -90,8 +144,14 @@ func TestTextAsKnftables(t *testing.T) {
 				r.ConditionsV4 = []string{"ip saddr != 203.0.113.0/24"}
 			})} {
 			skel := newTx(f)
-			addSkeleton(skel, p)
+			addSkeleton(skel, p, lengthsOf(nil, p))
 			txs = append(txs, skel, fastAddTx(p), fastDelTx(f, ChainName(p.Owner), Keys(p)))
+			if isFlat(p) {
+				txs = append(txs, fastFlatTx(p, Keys(p)))
+				sl := newTx(f)
+				rewriteChain(sl, p, &ChainState{HasRecord: true})
+				txs = append(txs, sl)
+			}
 		}
 		verbs := newTx(f)
 		k := Keys(build(f, smallRanges))
@@ -106,6 +166,19 @@ func TestTextAsKnftables(t *testing.T) {
 			}
 		}
 		verbs.add(opDelete, elemObj{key: k[len(k)-1]})
+		fk := Keys(build(f, nil))
+		hp := wantedHairpins(build(f, nil), fk)
+		for _, v := range []verb{opAdd, opCreate, opDelete} {
+			verbs.add(v, dnatMapObj{name: HostIPDNATMap, addr: true})
+			verbs.add(v, hairpinSetObj{ones: 24})
+			verbs.add(v, recordObj{name: "dn-x"})
+			verbs.add(v, hairpinObj{hp[0]})
+			if v != opDelete {
+				verbs.add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})
+			}
+		}
+		verbs.add(opFlush, recordObj{name: "dn-x"})
+		verbs.add(opDelete, elemObj{key: fk[0]})
 		verbs.add(opDelete, &Rule{Chain: "dispatch", Handle: 42})
 		txs = append(txs, verbs)
 	}

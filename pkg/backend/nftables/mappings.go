@@ -27,6 +27,12 @@ func forwardsOf(s *State) []plan.Installed {
 		return nil
 	}
 	var fs []plan.Installed
+	flat := map[string][]Key{} // by chain: its flat keys
+	for _, id := range sortedIDs(s.Targets) {
+		if k, ok := keyFromID(id); ok {
+			flat[s.Holders[id]] = append(flat[s.Holders[id]], k)
+		}
+	}
 	for _, name := range sortedChains(s) {
 		c := s.Chains[name]
 		if !strings.HasPrefix(name, "dn-") {
@@ -35,6 +41,11 @@ func forwardsOf(s *State) []plan.Installed {
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if network, id, ok := c.owner(); ok {
 			owner = plan.Owner{Network: network, ContainerID: id}
+		}
+		for _, k := range flat[name] {
+			ip, port := target(s.Targets[k.ID()])
+			fs = append(fs, plan.Installed{HostIP: k.HostIP, HostPort: k.Port, Protocol: k.Protocol,
+				Owner: owner, ContainerIP: ip, ContainerPort: port})
 		}
 		for _, r := range c.Rules {
 			for _, d := range r.DNATs {

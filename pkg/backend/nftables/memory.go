@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -44,7 +45,17 @@ type memKey struct {
 type memTable struct {
 	comment string
 	chains  map[string]*memChain
-	maps    map[string]map[string]string // map -> Key.ID() -> chain of the verdict
+	maps    map[string]map[string]string // map -> Key.ID() -> chain of the verdict, or a flat key's comment
+	targets map[string]string            // a flat key's ID -> its target
+	srcs    map[string][]string          // a flat key's ID -> the sources its comment names
+	// hairpins are the hairpin sets (flat.go): set -> Hairpin.ID() -> it
+	hairpins map[string]map[string]Hairpin
+	records  map[string][]Key // a flat attachment's record, by name
+}
+
+func newMemTable(comment string) *memTable {
+	return &memTable{comment: comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{},
+		targets: map[string]string{}, srcs: map[string][]string{}, hairpins: map[string]map[string]Hairpin{}, records: map[string][]Key{}}
 }
 
 type memChain struct {
@@ -115,7 +126,22 @@ func (m *Memory) simulate(tx *Tx) (*Memory, error) {
 }
 
 func (t *memTable) clone() *memTable {
-	c := &memTable{comment: t.comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{}}
+	c := newMemTable(t.comment)
+	for k, v := range t.targets {
+		c.targets[k] = v
+	}
+	for k, v := range t.srcs {
+		c.srcs[k] = v
+	}
+	for n, hs := range t.hairpins {
+		c.hairpins[n] = map[string]Hairpin{}
+		for id, h := range hs {
+			c.hairpins[n][id] = h
+		}
+	}
+	for n, r := range t.records {
+		c.records[n] = append([]Key{}, r...)
+	}
 	for n, ch := range t.chains {
 		cc := *ch
 		cc.rules = append([]RuleState(nil), ch.rules...)
@@ -150,7 +176,11 @@ func (t *memTable) refs(chain string) int {
 			}
 		}
 	}
-	for _, els := range t.maps {
+	n += len(t.records[chain]) // the record's gotos
+	for name, els := range t.maps {
+		if isDNATMap(name) {
+			continue // a comment, not a reference
+		}
 		for _, to := range els {
 			if to == chain {
 				n++
@@ -170,7 +200,7 @@ func (v tableObj) simulate(s *memTx, vb verb) error {
 			}
 			return nil
 		}
-		s.tables[k] = &memTable{comment: v.comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{}}
+		s.tables[k] = newMemTable(v.comment)
 		return nil
 	case opDelete:
 		if s.tables[k] == nil {
@@ -219,29 +249,42 @@ func (v mapObj) simulate(s *memTx, vb verb) error {
 	if err != nil {
 		return err
 	}
+	return simulateSet(t.maps, v.name, vb, t.looksUp(func(r RuleState) bool { return r.Lookup == v.name }))
+}
+
+// simulateSet applies vb to the set or map name of sets: made empty
+// (EEXIST on create where it is), or deleted (ENOENT where it is not,
+// EBUSY while a rule looks it up).
+func simulateSet[E any](sets map[string]map[string]E, name string, vb verb, inUse bool) error {
 	switch vb {
 	case opAdd, opCreate:
-		if t.maps[v.name] != nil {
+		if sets[name] != nil {
 			if vb == opCreate {
 				return unix.EEXIST
 			}
 			return nil
 		}
-		t.maps[v.name] = map[string]string{}
+		sets[name] = map[string]E{}
 	case opDelete:
-		if t.maps[v.name] == nil {
+		if sets[name] == nil {
 			return unix.ENOENT
 		}
-		for _, c := range t.chains {
-			for _, r := range c.rules {
-				if r.Lookup == v.name {
-					return unix.EBUSY
-				}
-			}
+		if inUse {
+			return unix.EBUSY
 		}
-		delete(t.maps, v.name)
+		delete(sets, name)
 	}
 	return nil
+}
+
+// looksUp reports whether a rule of the table is one of match.
+func (t *memTable) looksUp(match func(RuleState) bool) bool {
+	for _, c := range t.chains {
+		if slices.ContainsFunc(c.rules, match) {
+			return true
+		}
+	}
+	return false
 }
 
 func (v elemObj) simulate(s *memTx, vb verb) error {
@@ -255,6 +298,27 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 	}
 	id := v.key.ID()
 	held, exists := els[id]
+	if v.key.Flat {
+		switch vb {
+		case opAdd, opCreate:
+			// the kernel compares an existing element's data, not its
+			// comment: the same target is taken as done
+			if exists && (vb == opCreate || t.targets[id] != v.to) {
+				return unix.EEXIST
+			}
+			if !exists {
+				els[id], t.targets[id], t.srcs[id] = v.chain, v.to, v.srcs
+			}
+		case opDelete:
+			if !exists {
+				return unix.ENOENT
+			}
+			delete(els, id)
+			delete(t.targets, id)
+			delete(t.srcs, id)
+		}
+		return nil
+	}
 	switch vb {
 	case opAdd, opCreate:
 		if t.chains[v.chain] == nil {
@@ -320,6 +384,12 @@ func (v *Rule) simulate(s *memTx, _ verb) error {
 	if r.Lookup != "" && t.maps[r.Lookup] == nil {
 		return unix.ENOENT
 	}
+	if r.Member != "" && t.hairpins[r.Member] == nil {
+		return unix.ENOENT
+	}
+	if r.DNATMap != "" && !strings.HasPrefix(r.DNATMap, "__") && t.maps[r.DNATMap] == nil {
+		return unix.ENOENT
+	}
 	s.nextHandle++
 	r.Handle = s.nextHandle
 	c.rules = append(c.rules, r)
@@ -343,7 +413,11 @@ func (m *Memory) chain(f plan.Family, table, chain string) *ChainState {
 		return nil
 	}
 	c := t.chains[chain]
-	return &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}
+	cs := &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}
+	if r, ok := t.records[chain]; ok && len(c.rules) == 0 && table == Table {
+		cs.HasRecord, cs.Record = true, append([]Key{}, r...)
+	}
+	return cs
 }
 
 // Elements answers as the kernel's reads do (Kernel.Elements).
@@ -358,7 +432,7 @@ func (m *Memory) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	for _, name := range sortedStrings(t.maps) {
 		for _, id := range sortedStrings(t.maps[name]) {
 			if k, ok := keyFromID(id); ok {
-				all = append(all, Element{k, t.maps[name][id]})
+				all = append(all, Element{Key: k, Chain: t.maps[name][id], To: t.targets[id], Srcs: t.srcs[id]})
 			}
 		}
 	}
@@ -373,17 +447,68 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 	if t == nil {
 		return nil, nil
 	}
-	st := &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+	st := newState()
 	for n := range t.chains {
 		st.Chains[n] = m.chain(f, table, n)
+		st.Chains[n].Record = nil // as the kernel's reader: not read
 	}
 	for n, els := range t.maps {
 		st.Maps[n] = true
 		for id, c := range els {
 			st.Holders[id] = c
+			if v, ok := t.targets[id]; ok {
+				st.Targets[id], st.Srcs[id] = v, t.srcs[id]
+			}
+		}
+	}
+	for n := range t.records {
+		st.Maps[n] = true
+	}
+	for _, n := range sortedStrings(t.hairpins) {
+		st.Maps[n] = true
+		for _, id := range sortedStrings(t.hairpins[n]) {
+			st.Hairpins = append(st.Hairpins, t.hairpins[n][id])
 		}
 	}
 	return st, nil
+}
+
+// Hairpins answers as the kernel's gets of points do (Kernel.Hairpins).
+func (m *Memory) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.state(f, Table)
+	if t == nil {
+		return nil, nil
+	}
+	var out []Hairpin
+	for _, pt := range points {
+		pt.Src = parsePrefix(pt.Src).String()
+		if h, ok := t.hairpins[pt.set()][pt.ID()]; ok {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// Probe answers as the kernel's gets do (Kernel.Probe).
+func (m *Memory) Probe(f plan.Family, chains, sets []string, keys []Key) ([]string, []Element, error) {
+	m.mu.Lock()
+	t := m.state(f, Table)
+	var missing []string
+	for _, c := range chains {
+		if t == nil || t.chains[c] == nil {
+			missing = append(missing, c)
+		}
+	}
+	for _, c := range sets {
+		if t == nil || (t.maps[c] == nil && t.hairpins[c] == nil) {
+			missing = append(missing, c)
+		}
+	}
+	m.mu.Unlock()
+	held, err := m.Elements(f, keys)
+	return missing, held, err
 }
 
 // Dump prints every table, sorted, one object a line: a whole-state
@@ -416,9 +541,119 @@ func (m *Memory) Dump() string {
 		for _, n := range sortedStrings(t.maps) {
 			fmt.Fprintf(&b, "  map %s\n", n)
 			for _, id := range sortedStrings(t.maps[n]) {
+				if to, ok := t.targets[id]; ok {
+					fmt.Fprintf(&b, "    %s comment %s : %s\n", strings.TrimPrefix(id, n+" "), t.maps[n][id], to)
+					continue
+				}
 				fmt.Fprintf(&b, "    %s : goto %s\n", strings.TrimPrefix(id, n+" "), t.maps[n][id])
 			}
 		}
+		for _, n := range sortedStrings(t.hairpins) {
+			fmt.Fprintf(&b, "  set %s\n", n)
+			for _, id := range sortedStrings(t.hairpins[n]) {
+				fmt.Fprintf(&b, "    %s comment %s\n", strings.TrimPrefix(id, n+" "), t.hairpins[n][id].Chain)
+			}
+		}
+		for _, n := range sortedStrings(t.records) {
+			fmt.Fprintf(&b, "  record %s %v\n", n, t.records[n])
+		}
 	}
 	return b.String()
+}
+
+func (v dnatMapObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	return simulateSet(t.maps, v.name, vb, t.looksUp(func(r RuleState) bool { return r.DNATMap == v.name }))
+}
+
+func (v hairpinSetObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	name := hairpinSet(v.addr, v.ones)
+	return simulateSet(t.hairpins, name, vb, t.looksUp(func(r RuleState) bool { return r.Member == name }))
+}
+
+func (v recordObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	r, exists := t.records[v.name]
+	switch vb {
+	case opAdd, opCreate:
+		if exists && vb == opCreate {
+			return unix.EEXIST
+		}
+		if !exists {
+			t.records[v.name] = []Key{}
+		}
+	case opFlush:
+		if !exists {
+			return unix.ENOENT
+		}
+		t.records[v.name] = r[:0:0]
+	case opDelete:
+		if !exists {
+			return unix.ENOENT
+		}
+		delete(t.records, v.name)
+	}
+	return nil
+}
+
+func (v recordElems) simulate(s *memTx, _ verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	r, exists := t.records[v.name]
+	if !exists {
+		return unix.ENOENT
+	}
+	if t.chains[v.name] == nil {
+		return unix.ENOENT // the gotos' chain
+	}
+	for _, k := range v.keys {
+		k.Flat = true
+		if !slices.ContainsFunc(r, func(h Key) bool { return h.ID() == k.ID() }) {
+			r = append(r, k)
+		}
+	}
+	t.records[v.name] = r
+	return nil
+}
+
+func (v hairpinObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	set := t.hairpins[v.h.set()]
+	if set == nil {
+		return unix.ENOENT
+	}
+	h := v.h
+	h.Src = parsePrefix(h.Src).String()
+	id := h.ID()
+	_, exists := set[id]
+	switch vb {
+	case opAdd, opCreate:
+		if exists && vb == opCreate {
+			return unix.EEXIST
+		}
+		if !exists {
+			set[id] = h
+		}
+	case opDelete:
+		if !exists {
+			return unix.ENOENT
+		}
+		delete(set, id)
+	}
+	return nil
 }

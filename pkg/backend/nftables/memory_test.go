@@ -18,7 +18,7 @@ func memBackend() (*Backend, *Memory) {
 
 // Every kind of object applies itself to the in-memory kernel (checked
 // when the tests compile: the plugin's build carries no simulator).
-var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil)}
+var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil), dnatMapObj{}, hairpinSetObj{}, recordObj{}, recordElems{}, hairpinObj{}}
 
 func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
 	return m.Trace(plan.IPv4, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
@@ -115,17 +115,37 @@ func remoteDNAT(m *Memory) fixture.DNAT {
 func TestMemoryErrors(t *testing.T) {
 	b, m := memBackend()
 	p := fixture.Attachment("a", "192.0.2.2/24", 8080)
+	p.Masquerade.MarkBit = 14 // not flat: a chain of rules
+	f := fixture.Attachment("f", "192.0.2.3/24", 8081)
+	if !isFlat(f) || isFlat(p) {
+		t.Fatal("the plans are not of the two layouts")
+	}
 	if err := m.Apply(fastAddTx(p)); !IsNotFound(err) {
 		t.Errorf("fast ADD on an empty node: %v, want ENOENT", err)
 	}
+	if err := m.Apply(fastFlatTx(f, Keys(f))); !IsNotFound(err) {
+		t.Errorf("fast flat ADD on an empty node: %v, want ENOENT", err)
+	}
 	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Apply(f); err != nil {
 		t.Fatal(err)
 	}
 	before := m.Dump()
 	if err := m.Apply(fastAddTx(p)); err == nil || IsNotFound(err) || !missed(err) {
 		t.Errorf("fast re-ADD: %v, want EEXIST", err)
 	}
-	tx := newTx(plan.IPv4)
+	if err := m.Apply(fastFlatTx(f, Keys(f))); err == nil || IsNotFound(err) || !missed(err) {
+		t.Errorf("fast flat re-ADD: %v, want EEXIST", err)
+	}
+	g := fixture.Attachment("g", "192.0.2.4/24", 8081) // f's port
+	tx := fastFlatTx(g, Keys(g))
+	tx.ops = tx.ops[3:] // without its chain and record: its element fails
+	if err := m.Apply(tx); err == nil || IsNotFound(err) || !missed(err) {
+		t.Errorf("fast flat ADD of a held port: %v, want EEXIST", err)
+	}
+	tx = newTx(plan.IPv4)
 	tx.add(opDelete, chainObj{name: ChainName(p.Owner)})
 	if err := m.Apply(tx); !missed(err) || IsNotFound(err) {
 		t.Errorf("deleting a chain with rules: %v, want EBUSY", err)

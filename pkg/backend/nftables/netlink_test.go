@@ -16,7 +16,7 @@ import (
 func TestSkeletonReadsBack(t *testing.T) {
 	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, nil)} {
 		tx := newTx(p.Family)
-		addSkeleton(tx, p)
+		addSkeleton(tx, p, lengthsOf(nil, p))
 		msgs, err := tx.Messages()
 		if err != nil {
 			t.Fatal(err)
@@ -36,7 +36,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 				sets[str(attrs, unix.NFTA_SET_NAME)] = m.Flags
 			}
 		}
-		skel := skeletonRules(p)
+		skel := skeletonRules(p, lengthsOf(nil, p))
 		for _, name := range skeletonOrder(skel) {
 			for _, r := range skel[name] {
 				if chains[name] == nil || !hasRule(chains[name], r) {
@@ -78,7 +78,7 @@ func TestKeyBytes(t *testing.T) {
 func TestBatchErrorNamesTheOperation(t *testing.T) {
 	p := build(plan.IPv4, nil)
 	tx := newTx(p.Family)
-	addSkeleton(tx, p)
+	addSkeleton(tx, p, lengthsOf(nil, p))
 	tx.add(opCreate, ownChain(p))
 	msgs, err := tx.Messages()
 	if err != nil {

@@ -1,18 +1,23 @@
 // Package nftables is the nftables backend: one table per family, one
-// transaction per verb, and one map lookup per new connection whatever the
-// number of containers.
+// transaction per verb, and a few map lookups per new connection whatever
+// the number of containers.
 //
 //	table ip cni_portmap {
 //	  map hostports        { type inet_proto . inet_service : verdict }              wildcard host IP
 //	  map hostip_hostports { type ipv4_addr . inet_proto . inet_service : verdict }  one host IP
 //	  map hostport_ranges, hostip_hostport_ranges { the same types; flags interval } a range of ports
+//	  map hostport_dnat, hostip_hostport_dnat { … : ipv4_addr . inet_service }       flat attachments' ports
+//	  set hairpin_24, hostip_hairpin_24, hairpin_32, …  { source & mask . key }      their hairpin marks
 //	  chain prerouting { type nat hook prerouting priority dstnat; fib daddr type local jump dispatch }
 //	  chain output     { type nat hook output priority dstnat;     fib daddr type local jump dispatch }
 //	  chain dispatch   { ip daddr . meta l4proto . th dport vmap @hostip_hostports
+//	                     ip saddr & 255.255.255.0 . ip daddr . meta l4proto . th dport @hostip_hairpin_24 meta mark set meta mark | 0x2000
+//	                     dnat ip to ip daddr . meta l4proto . th dport map @hostip_hostport_dnat
 //	                     ip daddr . meta l4proto . th dport vmap @hostip_hostport_ranges
-//	                     meta l4proto . th dport vmap @hostports
-//	                     meta l4proto . th dport vmap @hostport_ranges }
-//	  chain dn-<hash(net)>-<hash(if:cid)> {                         one per attachment
+//	                     the same four for the wildcard: @hostports, @hairpin_…, @hostport_dnat, @hostport_ranges }
+//	  chain dn-<hash(net)>-<hash(if:cid)> { comment "net=… id=… if=…" }  a flat attachment's: empty, its owner's record
+//	  map dn-<hash(net)>-<hash(if:cid)> { 0.0.0.0 . tcp . 8080 : goto dn-… }  … and the record of its keys
+//	  chain dn-<hash(net)>-<hash(if:cid)> {                         any other attachment's (conditions, ranges, …)
 //	    [conditions] ip saddr <subnet> jump mark-bit13 comment "hairpin"       once: only own keys lead here
 //	    [conditions] ip saddr 127.0.0.1 jump mark-bit13 comment "localhost"
 //	    [conditions] meta l4proto tcp th dport 8080 dnat to 192.0.2.2:80 comment "hostport tcp . 8080"
@@ -23,29 +28,35 @@
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
 //
-// A map element (one per host port, or per range of ports: ranges.go)
-// names its owner in its verdict (goto dn-...); the attachment's chain
-// holds one DNAT rule per run of consecutive ports (plan.Runs), so a
-// Podman range is one rule and one element whatever its length; many
-// single mappings are one rule and an anonymous map (dnatMap). ADD's
-// fast path (plans without ranges) is
-// one transaction that creates the attachment's chain (failing if it
-// exists) and adds its elements (failing if another attachment holds a
-// key). DEL reads the attachment's chain (nothing there: nothing to
-// write); then, under the host-wide lock, its keys' map elements, and
-// in one transaction deletes those that still point at its chain (so DEL
-// never removes another's mapping), then the chain (which the kernel
+// Most attachments are flat (flat.go): each host port one element of a
+// DNAT map, which names its owner in its comment, and its hairpin marks
+// elements of the hairpin sets; an ADD adds no rule and no verdict a base
+// chain reaches, which on Linux 6.18 would have the kernel walk every
+// attachment's chain at commit. The others (conditions, ranges of
+// ports, another mark bit, many mappings) keep a chain of their own,
+// reached from a verdict map element that names it (goto dn-...): one
+// DNAT rule per run of consecutive ports (plan.Runs), so a Podman range
+// is one rule and one element whatever its length; many single mappings
+// are one rule and an anonymous map (dnatMap). A port is held in one map
+// at a time: an ADD takes over its ports' elements in either kind of
+// map (the newest ADD wins). ADD's fast path (plans without ranges)
+// reads, in one round trip, its ports' elements in the other kind of map
+// and (flat) the shared objects it relies on, then is one transaction
+// that creates the attachment's chain (failing if it exists) and adds
+// its elements (failing if another attachment holds a key). DEL reads
+// the attachment's chain (nothing there: nothing to write); then, under
+// the host-wide lock, its keys' map elements (and a flat one's hairpin
+// elements, which its DNAT elements name), and in one transaction
+// deletes those that still name its chain (so DEL never removes
+// another's mapping), then its record and chain (which the kernel
 // refuses while any element still points at it). A range's DEL first
 // tries a transaction that, for each key, adds the element with its own
 // verdict and deletes it — which fails if another attachment took the key
 // over or cut its interval down — without the lock, since an interval's
-// holders are read by dumping its maps. Single ports never take that
-// way: an element added with a verdict, even one already there, makes the
-// kernel validate every chain the table's verdict maps lead to at commit,
-// ~2 ms at 1000 attachments. Only when a fast path fails does the slow
-// path run under the host-wide lock, reading the attachment's own chain
-// (its "hostport" rule comments and its DNAT maps record the keys it
-// claims) and its keys' map elements.
+// holders are read by dumping its maps. Only when a fast path fails does
+// the slow path run under the host-wide lock, reading the attachment's
+// own chain (its "hostport" rule comments, its DNAT maps or its record
+// name the keys it claims) and its keys' map elements.
 //
 // The backend talks to the kernel itself, over netlink (pkg/nfnl): a
 // transaction (Tx) is one nf_tables batch, all or nothing, and reads fetch
@@ -95,20 +106,19 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return errors.New("no container address to forward to")
 	}
 	keys := Keys(p)
-	ranges := false
-	for _, k := range keys {
-		ranges = ranges || k.IsRange()
-	}
+	ranges := slices.ContainsFunc(keys, Key.IsRange)
 	// Fast path: the skeleton is left alone (rewriting the base chains
-	// costs the kernel more than everything else); the elements fail while
-	// the maps are missing, and the jumps to mark-bitN while that bit's
-	// skeleton is, which sends the first ADD on a node to the slow path.
-	// A plan with intervals reads what shares its ports first (ranges.go).
+	// costs the kernel more than everything else). It first reads, in one
+	// round trip, the twins of its keys (an element there, another
+	// attachment's in the other kind of map, is taken over on the slow
+	// path) and, for a flat plan, the shared chains it relies on; the
+	// elements fail while the maps are missing, and a chain's jumps to
+	// mark-bitN while that bit's skeleton is, which sends the first ADD
+	// on a node to the slow path. A plan with intervals reads what shares
+	// its ports first (ranges.go).
 	if !ranges {
-		if err := b.Kernel.Apply(fastAddTx(p)); err == nil {
-			return nil
-		} else if !missed(err) {
-			return fmt.Errorf("apply: %w", err)
+		if done, err := b.fastAdd(p, keys); done || err != nil {
+			return err
 		}
 	}
 
@@ -127,37 +137,85 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return err
 		}
 		tx := newTx(b.Family)
-		place(tx, newChain(tx, p, chainRules(p)).name, keys, els, b.Log)
+		place(tx, newChain(tx, p, chainRules(p)).name, wantedElements(p, keys), els, nil, nil, b.Log)
 		if err := b.Kernel.Apply(tx); err == nil {
 			return nil
 		} else if !missed(err) {
 			return fmt.Errorf("apply: %w", err)
 		}
 	}
-	prev, _, err := b.ownKeys(p)
+	c, err := b.Kernel.Chain(b.Family, Table, ChainName(p.Owner))
 	if err != nil {
 		return err
 	}
-	els, err := b.Kernel.Elements(b.Family, uniqueKeys(append(keys[:len(keys):len(keys)], prev...)))
+	var prev []Key
+	if c != nil {
+		prev = c.keys()
+	}
+	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withTwins(append(keys[:len(keys):len(keys)], prev...))))
+	if err != nil {
+		return err
+	}
+	hps, err := b.hairpinsOf(els, wantedHairpins(p, keys)...)
+	if err != nil {
+		return err
+	}
+	// the hairpin lengths the node has: the skeleton's rewrite keeps them
+	dispatch, err := b.Kernel.Chain(b.Family, Table, DispatchChain)
 	if err != nil {
 		return err
 	}
 	tx := newTx(b.Family)
-	addSkeleton(tx, p)
-	place(tx, rewriteChain(tx, p).name, keys, els, b.Log)
+	addSkeleton(tx, p, lengthsOf(dispatch, p))
+	place(tx, rewriteChain(tx, p, c).name, wantedElements(p, keys), els, hps, wantedHairpins(p, keys), b.Log)
 	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
 }
 
+// fastAdd is ADD's fast path for a plan of single ports; done says it
+// applied.
+func (b *Backend) fastAdd(p *plan.Plan, keys []Key) (done bool, err error) {
+	flat := isFlat(p)
+	var guards, sets []string
+	if flat {
+		guards, sets = flatGuards(p), flatSetNames(lengthsOf(nil, p))
+	}
+	twins := make([]Key, 0, len(keys))
+	for _, k := range keys {
+		twins = append(twins, k.twin())
+	}
+	if len(guards)+len(sets)+len(twins) > 0 {
+		missing, held, err := b.Kernel.Probe(b.Family, guards, sets, twins)
+		if err != nil {
+			return false, err
+		}
+		if len(missing) > 0 || len(held) > 0 {
+			return false, nil
+		}
+	}
+	tx := fastAddTx(p)
+	if flat {
+		tx = fastFlatTx(p, keys)
+	}
+	if err := b.Kernel.Apply(tx); err == nil {
+		return true, nil
+	} else if !missed(err) {
+		return false, fmt.Errorf("apply: %w", err)
+	}
+	return false, nil
+}
+
 // Remove deletes the attachment's chain and the map elements that still
-// point at it; it is idempotent and never removes another attachment's
-// element. It reads the attachment's own chain first: a failed batch
-// costs the kernel an RCU grace period (~15 ms here), so DEL writes only
-// when there is something to remove — not for a family the container never
-// had, nor a second time. The chain's "hostport" comments name its keys,
-// so the fast path needs neither prevResult nor mappings.
+// point at it (for a flat attachment, those that name it, with its
+// hairpin elements and its record); it is idempotent and never removes
+// another attachment's element. It reads the attachment's own chain
+// first: a failed batch costs the kernel an RCU grace period (~15 ms
+// here), so DEL writes only when there is something to remove — not for a
+// family the container never had, nor a second time. The chain's
+// "hostport" comments (or its record) name its keys, so DEL needs neither
+// prevResult nor mappings.
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, chain)
@@ -196,16 +254,32 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if err != nil || c == nil {
 		return err
 	}
-	keys = uniqueKeys(append(keys, c.keys()...))
+	keys = uniqueKeys(withTwins(append(keys, c.keys()...)))
 	els, err := b.Kernel.Elements(b.Family, keys)
 	if err != nil {
 		return err
 	}
-	tx := newTx(b.Family)
+	var own []Element
 	for _, e := range els {
 		if e.Chain == chain {
-			tx.add(opDelete, elemObj{key: e.Key})
+			own = append(own, e)
 		}
+	}
+	hps, err := b.hairpinsOf(own)
+	if err != nil {
+		return err
+	}
+	tx := newTx(b.Family)
+	for _, e := range own {
+		tx.add(opDelete, elemObj{key: e.Key})
+	}
+	for _, h := range hps {
+		if h.Chain == chain {
+			tx.add(opDelete, hairpinObj{h})
+		}
+	}
+	if c.HasRecord {
+		tx.add(opDelete, recordObj{chain})
 	}
 	tx.add(opFlush, chainObj{name: chain})
 	tx.add(opDelete, chainObj{name: chain})
@@ -253,7 +327,7 @@ func (b *Backend) removeUpstreamLocked(o plan.Owner) error {
 func fastDelTx(f plan.Family, chain string, keys []Key) *Tx {
 	tx := newTx(f)
 	for _, k := range keys {
-		tx.add(opAdd, elemObj{k, chain})
+		tx.add(opAdd, elemObj{key: k, chain: chain})
 		tx.add(opDelete, elemObj{key: k})
 	}
 	tx.add(opFlush, chainObj{name: chain})

@@ -141,7 +141,12 @@ func (v mapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, 
 func (v elemObj) text(tx *Tx, vb verb, b *strings.Builder) {
 	head(b, tx, vb, "element")
 	fmt.Fprintf(b, " %s { %s", v.key.Map(), strings.Join(v.key.Fields(), " . "))
-	if (vb == opAdd || vb == opCreate) && v.chain != "" {
+	switch {
+	case vb == opDelete || v.chain == "":
+	case v.key.Flat:
+		ip, port := target(v.to)
+		fmt.Fprintf(b, " comment %q : %s . %d", flatComment(v.chain, v.srcs), ip, port)
+	default:
 		b.WriteString(" : goto " + v.chain)
 	}
 	b.WriteString(" }\n")
@@ -152,7 +157,11 @@ func (v elemObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg
 	if vb == opDelete {
 		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
 	}
-	elementAttrs(a, tx.Table, v.key, v.chain)
+	chain := v.chain
+	if vb == opDelete {
+		chain = ""
+	}
+	elementAttrs(a, tx.Family, tx.Table, v.key, chain, v.to, v.srcs...)
 	return nil, nil
 }
 

@@ -5,6 +5,9 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Interval keys. An identity run of ports (a Podman range) is one element
@@ -145,7 +148,10 @@ func (v *view) missingPort(k Key, chain string) string {
 		if ok && e.Chain == chain {
 			return ""
 		}
-		return fmt.Sprintf("map %s sends %s to %q, not to %s", k.Map(), k, e.Chain, chain)
+		if !ok {
+			return fmt.Sprintf("missing element %s in map %s (to %s)", k, k.Map(), chain)
+		}
+		return fmt.Sprintf("map %s sends %s to %q, not to %s", e.Key.Map(), k, e.Chain, chain)
 	}
 	for port := k.Port; port <= k.Last; port++ {
 		e, ok := v.at(c, port)
@@ -171,65 +177,106 @@ func (v *view) missingPort(k Key, chain string) string {
 	return ""
 }
 
-// place writes into tx the element changes that make chain hold keys,
-// given els, the elements Kernel.Elements returns for keys and for what
-// the chain held before: the chain's other elements go; an element
-// another attachment holds for one of keys, or sharing a port with one
-// of its intervals, is taken over (logged to log); an interval that loses
-// ports is added back, for its owner, as what is left of it. Deletions
-// come first: the kernel checks an interval against the elements the
-// transaction leaves.
-func place(tx *Tx, chain string, keys []Key, els []Element, log io.Writer) {
-	want := make(map[string]bool, len(keys))
+// place writes into tx the element changes that make chain hold want
+// (its keys, with a flat key's target), given els, the elements
+// Kernel.Elements returns for the keys, their twins and what the chain
+// held before, and hps, the hairpin elements read for the flat ones: the
+// chain's other elements go; an element another attachment holds for a
+// port of want (in either exact map), or sharing a port with one of its
+// intervals, is taken over (logged to log), with the hairpin elements of
+// a flat one; an interval that loses ports is added back, for its owner,
+// as what is left of it; then the hairpin elements wantHP are made to be
+// there. Deletions come first: the kernel checks an interval against the
+// elements the transaction leaves.
+func place(tx *Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log io.Writer) {
+	wantTo := make(map[string]string, len(want)) // a flat key's target and sources
+	wantPort := make(map[string]bool, len(want))
 	var intervals []Key
-	for _, k := range keys {
-		want[k.ID()] = true
-		if k.IsRange() {
-			intervals = append(intervals, k)
-		}
-	}
 	// the ports elements of one port hold, by class: a piece of one port
 	// left of an interval is not added under another's element
 	held := map[string]bool{}
-	for _, k := range keys {
-		if !k.IsRange() {
-			held[k.ID()] = true
+	for _, w := range want {
+		wantTo[w.Key.ID()] = w.To + " " + strings.Join(w.Srcs, " ")
+		if w.Key.IsRange() {
+			intervals = append(intervals, w.Key)
+		} else {
+			wantPort[w.Key.port().ID()] = true
+			held[w.Key.port().ID()] = true
 		}
 	}
 	for _, e := range els {
 		if !e.Key.IsRange() {
-			held[e.Key.ID()] = true
+			held[e.Key.port().ID()] = true
 		}
 	}
 	have := map[string]bool{}
+	gone := map[string]bool{} // owner and port of the flat elements deleted
 	var back []Element
 	for _, e := range els {
 		id := e.Key.ID()
+		to, wanted := wantTo[id]
 		switch {
-		case e.Chain == chain && want[id]:
+		case e.Chain == chain && wanted && e.To+" "+strings.Join(e.Srcs, " ") == to:
 			have[id] = true
+			continue
 		case e.Chain == chain:
-			tx.add(opDelete, elemObj{key: e.Key})
-		case want[id] || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
+		case (!e.Key.IsRange() && wantPort[e.Key.port().ID()]) || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
 			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, e.Key, e.Chain, chain)
-			tx.add(opDelete, elemObj{key: e.Key})
 			if e.Key.IsRange() {
 				for _, k := range subtract(e.Key, intervals) {
 					if !held[k.ID()] {
-						back = append(back, Element{k, e.Chain})
+						back = append(back, Element{Key: k, Chain: e.Chain})
 					}
 				}
 			}
+		default:
+			continue
+		}
+		tx.add(opDelete, elemObj{key: e.Key})
+		if e.Key.Flat {
+			gone[e.Chain+" "+e.Key.port().ID()] = true
+		}
+	}
+	wantH := make(map[string]bool, len(wantHP))
+	for _, h := range wantHP {
+		wantH[h.ID()] = true
+	}
+	haveH := map[string]bool{}
+	for _, h := range hps {
+		switch {
+		case h.Chain == chain && wantH[h.ID()]:
+			haveH[h.ID()] = true
+		case h.Chain == chain || gone[h.Chain+" "+h.Key.port().ID()] || wantH[h.ID()]:
+			tx.add(opDelete, hairpinObj{h})
 		}
 	}
 	for _, e := range back {
-		tx.add(opAdd, elemObj{e.Key, e.Chain})
+		tx.add(opAdd, elemObj{key: e.Key, chain: e.Chain})
 	}
-	for _, k := range keys {
-		if !have[k.ID()] {
-			tx.add(opAdd, elemObj{k, chain})
+	for _, w := range want {
+		if !have[w.Key.ID()] {
+			tx.add(opAdd, elemObj{key: w.Key, chain: chain, to: w.To, srcs: w.Srcs})
 		}
 	}
+	for _, h := range wantHP {
+		if !haveH[h.ID()] {
+			tx.add(opAdd, hairpinObj{h})
+		}
+	}
+}
+
+// wantedElements are the elements of p's keys, in its chain.
+func wantedElements(p *plan.Plan, keys []Key) []Element {
+	chain := ChainName(p.Owner)
+	out := make([]Element, 0, len(keys))
+	for _, k := range keys {
+		e := Element{Key: k, Chain: chain}
+		if k.Flat {
+			e.To, e.Srcs = targetOf(p, k), hairpinSrcs(p)
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // elementsFor is what Kernel.Elements returns for keys out of all the

@@ -192,10 +192,10 @@ func TestRangesOnAnOlderNode(t *testing.T) {
 	be, m := memBackend()
 	old := rangePlan("old", "192.0.2.2/24", [2]int{20000, 20009})
 	tx := newTx(plan.IPv4)
-	addSkeleton(tx, old)
-	chain := rewriteChain(tx, old)
+	addSkeleton(tx, old, nil)
+	chain := rewriteChain(tx, old, nil)
 	for port := 20000; port <= 20009; port++ {
-		tx.add(opAdd, elemObj{Key{Protocol: plan.TCP, Port: port}, chain.name})
+		tx.add(opAdd, elemObj{key: Key{Protocol: plan.TCP, Port: port}, chain: chain.name})
 	}
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
@@ -232,7 +232,7 @@ func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {
 	t.Helper()
 	tx := newTx(plan.IPv4)
 	tx.add(opFlush, chainObj{name: DispatchChain})
-	for _, r := range dispatchRules() {
+	for _, r := range dispatchRules(nil) {
 		if !rangesLookup(r) {
 			tx.add(opAdd, r)
 		}
@@ -302,7 +302,7 @@ func TestRangeSync(t *testing.T) {
 	tx := newTx(plan.IPv4)
 	k := Keys(b)[0]
 	tx.add(opDelete, elemObj{key: k})
-	tx.add(opAdd, elemObj{k, ChainName(a.Owner)})
+	tx.add(opAdd, elemObj{key: k, chain: ChainName(a.Owner)})
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
 	}

@@ -102,18 +102,24 @@ var (
 	guardBase = baseChain{GuardChain, "filter", "input", unix.NF_INET_LOCAL_IN, 0}
 )
 
-// dispatchRules look up the dispatch maps, in order.
-func dispatchRules() []*Rule {
-	out := make([]*Rule, 0, len(dispatchMaps))
+// dispatchRules look up the dispatch maps, in order: a specific host IP
+// before the wildcard; for each, the exact verdict map, the flat keys'
+// hairpin sets of lengths and DNAT map (flat.go), the interval map.
+func dispatchRules(lengths []int) []*Rule {
+	out := make([]*Rule, 0, len(dispatchMaps)+2+2*len(lengths))
 	for _, m := range dispatchMaps {
 		out = append(out, &Rule{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: m.name, addr: m.addr, interval: m.interval}}})
+		if !m.interval {
+			out = append(out, flatDispatchRules(m.addr, lengths)...)
+		}
 	}
 	return out
 }
 
-// skeletonRules lists each shared chain with its exact rules.
-func skeletonRules(p *plan.Plan) map[string][]*Rule {
-	rules := map[string][]*Rule{DispatchChain: dispatchRules()}
+// skeletonRules lists each shared chain with its exact rules; lengths are
+// the prefix lengths of the hairpin sets (flat.go).
+func skeletonRules(p *plan.Plan, lengths []int) map[string][]*Rule {
+	rules := map[string][]*Rule{DispatchChain: dispatchRules(lengths)}
 	for _, bc := range baseChains {
 		rules[bc.name] = []*Rule{{Chain: bc.name, stmts: []stmt{fibLocal{}, jumpTo{DispatchChain}}}}
 	}
@@ -135,13 +141,17 @@ func marksOwnBit(p *plan.Plan) bool { return p.Masquerade.Enabled }
 
 // addSkeleton writes the table, maps and shared chains, idempotently: the
 // shared chains are flushed and refilled with their fixed rules, which also
-// repairs them.
-func addSkeleton(tx *Tx, p *plan.Plan) {
+// repairs them. lengths are the hairpin sets' prefix lengths: those the
+// node has (lengthsOf) and p's.
+func addSkeleton(tx *Tx, p *plan.Plan, lengths []int) {
 	tx.add(opAdd, tableObj{tableComment})
 	for _, m := range dispatchMaps {
 		tx.add(opAdd, m)
 	}
-	rules := skeletonRules(p)
+	for _, m := range flatSets(lengths) {
+		tx.add(opAdd, m)
+	}
+	rules := skeletonRules(p, lengths)
 	tx.add(opAdd, chainObj{name: DispatchChain})
 	if marksOwnBit(p) {
 		tx.add(opAdd, chainObj{name: MarkChain(p.Masquerade.MarkBit)})
@@ -318,12 +328,22 @@ func ownChain(p *plan.Plan) chainObj {
 	return chainObj{name: ChainName(p.Owner), comment: OwnerComment(p.Owner)}
 }
 
-// rewriteChain makes the attachment's chain hold exactly its rules,
-// whether it exists or not (the slow path, sync's repair), and returns it.
-func rewriteChain(tx *Tx, p *plan.Plan) chainObj {
+// rewriteChain makes the attachment's chain hold exactly its rules —
+// none for a flat attachment, whose record it writes — whether it
+// exists or not (the slow path, sync's repair), and returns it. c is
+// the chain as read (nil: absent).
+func rewriteChain(tx *Tx, p *plan.Plan, c *ChainState) chainObj {
 	chain := ownChain(p)
 	tx.add(opAdd, chain)
 	tx.add(opFlush, chain)
+	hasRecord := c != nil && c.HasRecord
+	if isFlat(p) {
+		writeRecord(tx, chain.name, Keys(p), hasRecord)
+		return chain
+	}
+	if hasRecord {
+		tx.add(opDelete, recordObj{chain.name})
+	}
 	for _, r := range chainRules(p) {
 		tx.add(opAdd, r)
 	}
@@ -336,10 +356,13 @@ func rewriteChain(tx *Tx, p *plan.Plan) chainObj {
 func fastAddTx(p *plan.Plan) *Tx {
 	tx := newTx(p.Family)
 	rules, keys := chainRules(p), Keys(p)
+	for i := range keys {
+		keys[i].Flat = false // a chain's: reached through the verdict maps
+	}
 	tx.ops = make([]op, 0, 1+len(rules)+len(keys))
 	chain := newChain(tx, p, rules)
 	for _, k := range keys {
-		tx.add(opAdd, elemObj{k, chain.name})
+		tx.add(opAdd, elemObj{key: k, chain: chain.name})
 	}
 	return tx
 }

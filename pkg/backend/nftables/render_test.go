@@ -23,7 +23,7 @@ var (
 // skeletonTx is what the slow path writes before an attachment.
 func skeletonTx(p *plan.Plan) string {
 	tx := newTx(p.Family)
-	addSkeleton(tx, p)
+	addSkeleton(tx, p, lengthsOf(nil, p))
 	return tx.Text()
 }
 
@@ -31,16 +31,27 @@ func skeletonTx(p *plan.Plan) string {
 // and no other attachment: the fast path's, or for a plan with intervals
 // the one written under the lock after reading what shares its ports.
 func addTx(p *plan.Plan) string {
-	if !hasRanges(p) {
+	switch {
+	case isFlat(p):
+		return fastFlatTx(p, Keys(p)).Text()
+	case !hasRanges(p):
 		return fastAddTx(p).Text()
 	}
 	tx := newTx(p.Family)
-	chain := rewriteChain(tx, p)
-	place(tx, chain.name, Keys(p), nil, io.Discard)
+	chain := rewriteChain(tx, p, nil)
+	place(tx, chain.name, wantedElements(p, Keys(p)), nil, nil, nil, io.Discard)
 	return tx.Text()
 }
 
-func delTx(p *plan.Plan) string { return fastDelTx(p.Family, ChainName(p.Owner), Keys(p)).Text() }
+// delTx is a range's DEL fast path (single ports read their elements
+// under the lock instead), with p's keys as a chain holds them.
+func delTx(p *plan.Plan) string {
+	keys := Keys(p)
+	for i := range keys {
+		keys[i] = keys[i].port()
+	}
+	return fastDelTx(p.Family, ChainName(p.Owner), keys).Text()
+}
 
 func TestGoldenTransactions(t *testing.T) {
 	tests := []struct{ name, got string }{
@@ -91,7 +102,7 @@ func TestNames(t *testing.T) {
 func TestKeysRoundTrip(t *testing.T) {
 	for _, k := range Keys(build(plan.IPv4, nil)) {
 		back, ok := parseKey(k.String())
-		if !ok || back.String() != k.String() || back.Map() != k.Map() {
+		if !ok || back.String() != k.String() || back.Map() != k.port().Map() {
 			t.Errorf("parseKey(%q) = %v, %v", k, back, ok)
 		}
 	}
@@ -128,7 +139,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 			t.Fatalf("%s: %d elements decoded, want %d", p.Family, len(elems), len(Keys(p)))
 		}
 		for i, k := range Keys(p) {
-			if elems[i].Key.ID() != k.ID() || elems[i].Chain != ChainName(p.Owner) {
+			if k = k.port(); elems[i].Key.ID() != k.ID() || elems[i].Chain != ChainName(p.Owner) {
 				t.Errorf("%s element %d: %v -> %s, want %v -> %s", p.Family, i, elems[i].Key, elems[i].Chain, k, ChainName(p.Owner))
 			}
 		}

@@ -17,12 +17,26 @@ type State struct {
 	Chains  map[string]*ChainState
 	Maps    map[string]bool
 	Holders map[string]string // Key.ID() -> chain
+	// Targets are the flat keys' targets (Key.ID() -> "192.0.2.2:80"),
+	// Hairpins the hairpin sets' elements (flat.go).
+	Targets  map[string]string
+	Srcs     map[string][]string
+	Hairpins []Hairpin
 }
 
-// ChainState is one chain: its comment and rules.
+// newState is an empty State.
+func newState() *State {
+	return &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}, Targets: map[string]string{}, Srcs: map[string][]string{}}
+}
+
+// ChainState is one chain: its comment and rules, and whether a flat
+// attachment's record map of the same name exists (flat.go) and, where
+// it was read, what it records.
 type ChainState struct {
-	Comment string
-	Rules   []RuleState
+	Comment   string
+	Rules     []RuleState
+	HasRecord bool
+	Record    []Key
 }
 
 // RuleState is what the backend judges of a rule: its handle and comment
@@ -40,6 +54,10 @@ type RuleState struct {
 	// DportLast is the last port of a th dport range, 0 for one port.
 	DportLast int
 	Lookup    string // map of a verdict-map lookup
+	// Member is the set a lookup without a result matches in (the
+	// dispatch chain's hairpin rules), Mark the bits a mark set sets.
+	Member string
+	Mark   uint32
 	// DNATMap is the anonymous map a DNAT rule looks its target up in
 	// (dnatMap), and DNATs what the map holds, which a reader fills.
 	DNATMap string
@@ -55,11 +73,13 @@ func (k Key) ID() string { return k.Map() + " " + k.String() }
 
 // keyFromID reads an ID back.
 func keyFromID(id string) (Key, bool) {
-	_, s, ok := strings.Cut(id, " ")
+	m, s, ok := strings.Cut(id, " ")
 	if !ok {
 		return Key{}, false
 	}
-	return parseKey(s)
+	k, ok := parseKey(s)
+	k.Flat = isDNATMap(m)
+	return k, ok && !(k.Flat && k.IsRange())
 }
 
 // MapDNAT is one element of a DNAT rule's map: a key and its target,
@@ -83,6 +103,7 @@ func (c *ChainState) keys() []Key {
 			out = append(out, d.Key)
 		}
 	}
+	out = append(out, c.Record...)
 	return out
 }
 
@@ -137,6 +158,14 @@ type Kernel interface {
 	// key every element of the same host IP and protocol, of one port or
 	// an interval (what ADD must know to take its ports over).
 	Elements(f plan.Family, keys []Key) ([]Element, error)
-	// Table reads the family's table whole; nil when it is absent.
+	// Table reads the family's table whole; nil when it is absent. The
+	// records of flat attachments are not read (HasRecord is).
 	Table(f plan.Family, table string) (*State, error)
+	// Hairpins returns the hairpin elements holding points: Hairpins
+	// whose Src is one address.
+	Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error)
+	// Probe reads, at once, which of chains and sets (or maps) are
+	// missing from the family's table and which elements keys have (of
+	// one port each).
+	Probe(f plan.Family, chains, sets []string, keys []Key) (missing []string, held []Element, err error)
 }

@@ -41,8 +41,13 @@ type syncState struct {
 	anyRanges bool
 	all       []Element
 	served    *view
-	// kinds are the wanted plans by the skeleton they need.
-	kinds map[string]*plan.Plan
+	// kinds are the wanted plans by the skeleton they need; anyFlat says
+	// a flat attachment is there, whose hairpin sets' prefix lengths are
+	// flatLengths; hairpins indexes the table's hairpin elements by ID.
+	kinds       map[string]*plan.Plan
+	anyFlat     bool
+	flatLengths []int
+	hairpins    map[string]Hairpin
 }
 
 // orphan is what a pass removes of an orphan: a dn- chain of ours, or the
@@ -63,12 +68,24 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	s := &syncState{family: b.Family, want: want, st: st, up: up, exists: st != nil,
 		winner: converge.Winners(want, portIDs), kinds: map[string]*plan.Plan{}}
 	if st == nil {
-		s.st = &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}}
+		s.st = newState()
 	}
+	s.hairpins = make(map[string]Hairpin, len(s.st.Hairpins))
+	for _, h := range s.st.Hairpins {
+		s.hairpins[h.ID()] = h
+	}
+	var flat []*plan.Plan
 	for _, p := range want {
 		s.anyRanges = s.anyRanges || hasRanges(p)
+		// the skeleton's flat parts are needed once a flat attachment is
+		// there; one an older release made, as a chain, needs none
+		if c := s.st.Chains[ChainName(p.Owner)]; isFlat(p) && c != nil && c.HasRecord {
+			s.anyFlat = true
+			flat = append(flat, p)
+		}
 		s.kinds[fmt.Sprintf("%v/%d/%v", marksOwnBit(p), p.Masquerade.MarkBit, p.LocalNet())] = p
 	}
+	s.flatLengths = lengthsOf(nil, flat...)
 	if s.anyRanges {
 		s.all = elementsOfState(s.st)
 		s.served = newView(s.all, func(Key) bool { return true })
@@ -79,7 +96,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 // decide judges the skeleton, every wanted plan and the orphans.
 func (s *syncState) decide() converge.Verdict[orphan] {
 	v := converge.Verdict[orphan]{Shared: s.skeleton(),
-		Whys: converge.Judge(len(s.want), func(i int) string { return judge(s.want[i], s.st, s.served, s.winner, i) })}
+		Whys: converge.Judge(len(s.want), func(i int) string { return s.judge(i) })}
 	wanted, wantedIDs := map[string]bool{}, map[string]bool{}
 	for _, p := range s.want {
 		wanted[ChainName(p.Owner)] = true
@@ -116,8 +133,15 @@ func (s *syncState) skeleton() []string {
 			shared = append(shared, "map "+m.name+" missing")
 		}
 	}
+	if s.anyFlat {
+		for _, name := range flatSetNames(s.flatLengths) {
+			if !s.st.Maps[name] {
+				shared = append(shared, "map "+name+" missing")
+			}
+		}
+	}
 	for _, k := range sortedStrings(s.kinds) {
-		skel := skeletonRules(s.kinds[k])
+		skel := skeletonRules(s.kinds[k], s.flatLengths)
 		for _, c := range skeletonOrder(skel) {
 			cs, ok := s.st.Chains[c]
 			if !ok {
@@ -127,13 +151,34 @@ func (s *syncState) skeleton() []string {
 				continue
 			}
 			for _, r := range skel[c] {
-				if !hasRule(cs, r) && !contains(shared, "chain "+c) && (s.anyRanges || !rangesLookup(r)) {
+				if !hasRule(cs, r) && !contains(shared, "chain "+c) && (s.anyRanges || !rangesLookup(r)) && (s.anyFlat || !flatDispatchRule(r)) {
 					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(s.family)))
 				}
 			}
 		}
 	}
 	return shared
+}
+
+// flatSkeleton reports whether the table has the skeleton's parts for
+// flat attachments whose hairpin sets have lengths: their maps and sets,
+// and the dispatch chain's rules.
+func (s *syncState) flatSkeleton(lengths []int) bool {
+	for _, name := range flatSetNames(lengths) {
+		if !s.st.Maps[name] {
+			return false
+		}
+	}
+	d := s.st.Chains[DispatchChain]
+	if d == nil {
+		return false
+	}
+	for _, r := range dispatchRules(lengths) {
+		if flatDispatchRule(r) && !hasRule(d, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // writeSync writes the repair: one transaction for the table, one for
@@ -148,21 +193,34 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 		}
 	}
 	tx := newTx(b.Family)
-	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) {
+	var repaired []*plan.Plan
+	for i := range fix.Broken {
+		repaired = append(repaired, s.want[i])
+	}
+	need := lengthsOf(nil, repaired...)
+	flatRepair := slices.ContainsFunc(repaired, isFlat)
+	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) || (flatRepair && !s.flatSkeleton(need)) {
+		// the lengths the node has, and those of every wanted plan
+		lengths := lengthsOf(s.st.Chains[DispatchChain], s.want...)
 		for _, k := range sortedStrings(s.kinds) {
-			addSkeleton(tx, s.kinds[k])
+			addSkeleton(tx, s.kinds[k], lengths)
 		}
 	}
-	desired := s.desiredElements(tx, fix.Broken)
+	desired, wantHP := s.desiredElements(tx, fix.Broken)
 	cutIntervals(s.st, s.all, desired)
 	for id, h := range s.st.Holders {
 		if _, set := desired[id]; orphanChains[h] && !set {
-			desired[id] = ""
+			k, _ := keyFromID(id)
+			desired[id] = Element{Key: k}
 		}
 	}
 	writeElements(tx, s.st, desired)
+	s.writeHairpins(tx, desired, wantHP)
 	for _, name := range sortedChains(s.st) {
 		if orphanChains[name] {
+			if s.st.Chains[name].HasRecord {
+				tx.add(opDelete, recordObj{name})
+			}
 			tx.add(opFlush, chainObj{name: name})
 			tx.add(opDelete, chainObj{name: name})
 		}
@@ -185,22 +243,35 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 }
 
 // desiredElements rewrites the chains of the broken plans into tx and
-// says which chain each of their keys is to send to ("": none). Element
-// changes are computed as a whole, so that a key is deleted or added once
-// even when a repair and a prune both touch it.
-func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) map[string]string {
-	desired := map[string]string{}
+// says which element each of their keys is to be (a Chain of "": none),
+// and which hairpin elements the rewritten flat ones are to have, by
+// chain. Element changes are computed as a whole, so that a key is
+// deleted or added once even when a repair and a prune both touch it.
+func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Element, map[string][]Hairpin) {
+	desired := map[string]Element{}
+	wantHP := map[string][]Hairpin{}
+	gone := func(k Key) {
+		if _, set := desired[k.ID()]; !set {
+			desired[k.ID()] = Element{Key: k}
+		}
+	}
 	for i, p := range s.want {
 		if !broken[i] {
 			continue
 		}
-		chain := rewriteChain(tx, p)
+		chain := rewriteChain(tx, p, s.st.Chains[ChainName(p.Owner)])
+		wantHP[chain.name] = []Hairpin{}
 		mine := map[string]bool{}
+		var won []Key
 		for _, k := range Keys(p) {
 			if !k.IsRange() {
 				mine[k.ID()] = true
-				if s.winner[k.ID()] == i {
-					desired[k.ID()] = chain.name
+				if s.winner[k.port().ID()] == i {
+					desired[k.ID()] = Element{Key: k, Chain: chain.name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
+					if s.st.Holders[k.twin().ID()] != "" {
+						gone(k.twin())
+					}
+					won = append(won, k)
 				}
 				continue
 			}
@@ -208,65 +279,113 @@ func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) map[string]stri
 			// one port that would shadow a won port goes
 			for _, piece := range wonPieces(k, s.winner, i) {
 				mine[piece.ID()] = true
-				desired[piece.ID()] = chain.name
+				desired[piece.ID()] = Element{Key: piece, Chain: chain.name}
 				for port := piece.Port; port <= piece.last(); port++ {
-					one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()
-					if h := s.st.Holders[one]; h != "" && h != chain.name {
-						desired[one] = ""
+					for _, one := range []Key{{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}, {HostIP: k.HostIP, Protocol: k.Protocol, Port: port, Flat: true}} {
+						if h := s.st.Holders[one.ID()]; h != "" && h != chain.name {
+							gone(one)
+						}
 					}
 				}
 			}
 		}
+		if isFlat(p) {
+			wantHP[chain.name] = wantedHairpins(p, won)
+		}
 		for id, h := range s.st.Holders {
 			if _, set := desired[id]; h == chain.name && !mine[id] && !set {
-				desired[id] = ""
+				k, _ := keyFromID(id)
+				desired[id] = Element{Key: k}
 			}
 		}
 	}
-	return desired
+	return desired, wantHP
 }
 
 // writeElements adds to tx the element changes desired asks of st:
 // deletions first, as the kernel checks an interval against the elements
 // the transaction leaves.
-func writeElements(tx *Tx, st *State, desired map[string]string) {
+func writeElements(tx *Tx, st *State, desired map[string]Element) {
 	for _, deleting := range []bool{true, false} {
 		for _, id := range sortedStrings(desired) {
-			k, ok := keyFromID(id)
-			cur, want := st.Holders[id], desired[id]
-			if !ok || cur == want {
+			want := desired[id]
+			cur := st.Holders[id]
+			if cur == want.Chain && st.Targets[id] == want.To && slices.Equal(st.Srcs[id], want.Srcs) {
 				continue
 			}
 			if deleting && cur != "" {
-				tx.add(opDelete, elemObj{key: k})
+				tx.add(opDelete, elemObj{key: want.Key})
 			}
-			if !deleting && want != "" {
-				tx.add(opAdd, elemObj{k, want})
+			if !deleting && want.Chain != "" {
+				tx.add(opAdd, elemObj{key: want.Key, chain: want.Chain, to: want.To, srcs: want.Srcs})
 			}
 		}
 	}
 }
 
-// judge says what of plan i the table shows missing or wrong, or "".
-// served is the table's elements (when a wanted plan has intervals).
-func judge(p *plan.Plan, st *State, served *view, winner map[string]int, i int) string {
+// writeHairpins adds to tx the hairpin changes: a hairpin element stays
+// while its owner holds its key after the repair (for a rewritten chain,
+// while it wants it); the rewritten chains' wanted ones are added.
+func (s *syncState) writeHairpins(tx *Tx, desired map[string]Element, wantHP map[string][]Hairpin) {
+	holder := func(k Key) string {
+		if d, ok := desired[k.ID()]; ok {
+			return d.Chain
+		}
+		return s.st.Holders[k.ID()]
+	}
+	wanted := map[string]string{}
+	for chain, hs := range wantHP {
+		for _, h := range hs {
+			wanted[h.ID()] = chain
+		}
+	}
+	kept := map[string]bool{}
+	for _, id := range sortedStrings(s.hairpins) {
+		h := s.hairpins[id]
+		_, rewritten := wantHP[h.Chain]
+		if holder(h.Key) == h.Chain && (!rewritten || wanted[id] == h.Chain) {
+			kept[id] = true
+			continue
+		}
+		tx.add(opDelete, hairpinObj{h})
+	}
+	for _, chain := range sortedStrings(wantHP) {
+		for _, h := range wantHP[chain] {
+			if !kept[h.ID()] {
+				tx.add(opAdd, hairpinObj{h})
+			}
+		}
+	}
+}
+
+// judge says what of wanted plan i the table shows missing or wrong, or
+// "".
+func (s *syncState) judge(i int) string {
+	p, st := s.want[i], s.st
 	own := ChainName(p.Owner)
 	c, ok := st.Chains[own]
 	if !ok {
 		return "chain " + own + " missing"
 	}
-	if why := judgeChain(p, c); why != "" {
+	flat := isFlat(p) && c.HasRecord
+	if flat {
+		if why := judgeFlat(p, c, false); why != "" {
+			return "chain " + own + ": " + why
+		}
+	} else if why := judgeChain(p, c); why != "" {
 		return "chain " + own + ": " + why
 	}
+	var won []Key
 	for _, k := range Keys(p) {
+		k.Flat = flat
 		if k.IsRange() {
 			c := classOf(k)
 			for port := k.Port; port <= k.Last; port++ {
 				one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
-				if winner[one.ID()] != i {
+				if s.winner[one.ID()] != i {
 					continue
 				}
-				if e, ok := served.at(c, port); !ok {
+				if e, ok := s.served.at(c, port); !ok {
 					return fmt.Sprintf("map %s has no element for %s", k.Map(), one)
 				} else if e.Chain != own {
 					return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), one, e.Chain, own)
@@ -274,14 +393,31 @@ func judge(p *plan.Plan, st *State, served *view, winner map[string]int, i int) 
 			}
 			continue
 		}
-		if winner[k.ID()] != i {
+		if s.winner[k.port().ID()] != i {
 			continue // a newer attachment holds it
+		}
+		won = append(won, k)
+		if h := st.Holders[k.twin().ID()]; h != "" && k.Flat {
+			return fmt.Sprintf("map %s sends %s to %s before map %s", k.twin().Map(), k, h, k.Map())
 		}
 		if h := st.Holders[k.ID()]; h != own {
 			if h == "" {
 				return fmt.Sprintf("map %s has no element %s", k.Map(), k)
 			}
 			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, h, own)
+		}
+		if to := targetOf(p, k); k.Flat && st.Targets[k.ID()] != to {
+			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, st.Targets[k.ID()], to)
+		}
+		if srcs := hairpinSrcs(p); k.Flat && !slices.Equal(st.Srcs[k.ID()], srcs) {
+			return fmt.Sprintf("map %s: %s names hairpin sources %q, want %q", k.Map(), k, st.Srcs[k.ID()], srcs)
+		}
+	}
+	if flat {
+		for _, h := range wantedHairpins(p, won) {
+			if s.hairpins[h.ID()].Chain != own {
+				return fmt.Sprintf("set %s has no element %s . %s of %s", h.set(), h.Src, h.Key, own)
+			}
 		}
 	}
 	return ""
@@ -323,10 +459,10 @@ func wonPieces(k Key, winner map[string]int, i int) []Key {
 // cutIntervals makes room for the intervals desired adds: an interval
 // element of another chain sharing ports with one goes, and what is left
 // of it is added back for its owner (unless desired says otherwise).
-func cutIntervals(st *State, all []Element, desired map[string]string) {
+func cutIntervals(st *State, all []Element, desired map[string]Element) {
 	var adding []Key
 	for id, to := range desired {
-		if k, ok := keyFromID(id); ok && k.IsRange() && to != "" && st.Holders[id] != to {
+		if k, ok := keyFromID(id); ok && k.IsRange() && to.Chain != "" && st.Holders[id] != to.Chain {
 			adding = append(adding, k)
 		}
 	}
@@ -340,10 +476,10 @@ func cutIntervals(st *State, all []Element, desired map[string]string) {
 		if _, set := desired[e.Key.ID()]; set {
 			continue
 		}
-		desired[e.Key.ID()] = ""
+		desired[e.Key.ID()] = Element{Key: e.Key}
 		for _, piece := range subtract(e.Key, adding) {
 			if _, set := desired[piece.ID()]; !set && st.Holders[piece.ID()] == "" {
-				desired[piece.ID()] = e.Chain
+				desired[piece.ID()] = Element{Key: piece, Chain: e.Chain}
 			}
 		}
 	}
@@ -354,7 +490,7 @@ func elementsOfState(st *State) []Element {
 	out := make([]Element, 0, len(st.Holders))
 	for _, id := range sortedStrings(st.Holders) {
 		if k, ok := keyFromID(id); ok {
-			out = append(out, Element{k, st.Holders[id]})
+			out = append(out, Element{Key: k, Chain: st.Holders[id], To: st.Targets[id], Srcs: st.Srcs[id]})
 		}
 	}
 	return out

@@ -102,13 +102,24 @@ func TestSyncRepairsWrongTarget(t *testing.T) {
 	if len(k.scripts) != 1 {
 		t.Fatalf("scripts %q", k.scripts)
 	}
+	// a, a chain of an older layout, is rewritten flat: its chain emptied,
+	// its record and DNAT elements written, its verdict elements gone
+	// (and the skeleton's flat parts, which the node lacked, written)
 	s := k.scripts[0]
-	if !strings.Contains(s, "flush chain ip cni_portmap dn-6c270ef2f251d571-a23508c67eab7c80") ||
-		!strings.Contains(s, "dnat to 192.0.2.9:80") {
-		t.Errorf("repair script:\n%s", s)
+	own := "dn-6c270ef2f251d571-a23508c67eab7c80"
+	for _, w := range []string{
+		"flush chain ip cni_portmap " + own,
+		"add map ip cni_portmap " + own,
+		"delete element ip cni_portmap hostports { tcp . 8080 }",
+		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.9 . 80 }",
+		"add map ip cni_portmap hostport_dnat",
+	} {
+		if !strings.Contains(s, w) {
+			t.Errorf("repair script lacks %q:\n%s", w, s)
+		}
 	}
-	if strings.Contains(s, "element") || strings.Contains(s, "dispatch") || strings.Contains(s, "c5446b7f5df41560") {
-		t.Errorf("repair rewrites what is right (elements, skeleton, b):\n%s", s)
+	if strings.Contains(s, "c5446b7f5df41560") || strings.Contains(s, "7070") {
+		t.Errorf("repair rewrites what is right (b, o):\n%s", s)
 	}
 }
 
@@ -128,8 +139,9 @@ func TestSyncNewestWins(t *testing.T) {
 	own := ChainName(c.Owner)
 	for _, w := range []string{
 		"delete element ip cni_portmap hostports { tcp . 8080 }",
-		"add element ip cni_portmap hostports { tcp . 8080 : goto " + own + " }",
-		"add element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 : goto " + own + " }",
+		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.5 . 80 }",
+		"add element ip cni_portmap hostip_hostport_dnat { 198.51.100.1 . udp . 8053 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.5 . 53 }",
+		"add element ip cni_portmap hairpin_24 { 192.0.2.0 . tcp . 8080 comment \"" + own + "\" }",
 	} {
 		if !strings.Contains(s, w) {
 			t.Errorf("script lacks %q:\n%s", w, s)
@@ -149,7 +161,7 @@ func TestSyncEmptyTable(t *testing.T) {
 	}
 	s := k.scripts[0]
 	if !strings.Contains(s, "add table ip cni_portmap") || !strings.Contains(s, "add rule ip cni_portmap dispatch") ||
-		strings.Contains(s, "delete element") || !strings.Contains(s, "add element ip cni_portmap hostports { tcp . 8080") {
+		strings.Contains(s, "delete element") || !strings.Contains(s, "add element ip cni_portmap hostport_dnat { tcp . 8080") {
 		t.Errorf("script:\n%s", s)
 	}
 }

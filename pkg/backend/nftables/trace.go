@@ -1,9 +1,9 @@
 package nftables
 
 import (
-	"fmt"
 	"net"
 	"strconv"
+	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -31,7 +31,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			base = n
 		}
 	}
-	marked := map[string]bool{}
+	var marks uint32
 	var walk func(chain string, depth int) bool // true: a terminal verdict
 	walk = func(chain string, depth int) bool {
 		c := t.chains[chain]
@@ -45,6 +45,23 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				r.Dport != 0 && (p.Dport < r.Dport || p.Dport > max(r.Dport, r.DportLast)),
 				r.Saddr != "" && !parsePrefix(r.Saddr).Contains(p.Src):
 				continue
+			}
+			if r.Member != "" {
+				if !t.hairpinHolds(r.Member, p) {
+					continue
+				}
+			}
+			if r.DNATMap != "" && !strings.HasPrefix(r.DNATMap, "__") {
+				k := Key{Protocol: p.Protocol, Port: p.Dport, Flat: true}
+				if r.DNATMap == HostIPDNATMap {
+					k.HostIP = p.Dst
+				}
+				owner, ok := t.maps[r.DNATMap][k.ID()]
+				if !ok {
+					continue // a miss ends the rule
+				}
+				v.Chain, v.DNAT = owner, t.targets[k.ID()]
+				return true
 			}
 			if r.Lookup != "" {
 				k := Key{Protocol: p.Protocol, Port: p.Dport}
@@ -66,7 +83,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				return true
 			}
 			if r.SetMark {
-				marked[chain] = true
+				marks |= r.Mark
 			}
 			if r.DNAT != "" {
 				v.DNAT = r.DNAT
@@ -82,15 +99,33 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 		return false
 	}
 	walk(base, 0)
-	for mark := range marked {
-		var bit int
-		if _, err := fmt.Sscanf(mark, "mark-bit%d", &bit); err == nil && v.DNAT != "" {
+	for bit := range 32 {
+		if marks&(1<<bit) != 0 && v.DNAT != "" {
 			if mc := t.chains[MasqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
 				v.Masquerade = true
 			}
 		}
 	}
 	return v
+}
+
+// hairpinHolds reports whether hairpin set name holds p: its source in
+// an element's prefix, for its key.
+func (t *memTable) hairpinHolds(name string, p plan.Packet) bool {
+	addr, ones, ok := hairpinLength(name)
+	if !ok {
+		return false
+	}
+	k := Key{Protocol: p.Protocol, Port: p.Dport, Flat: true}
+	if addr {
+		k.HostIP = p.Dst
+	}
+	bits := 128
+	if p.Src.To4() != nil {
+		bits = 32
+	}
+	_, held := t.hairpins[name][Hairpin{Src: prefixString(p.Src, ones, bits), Key: k}.ID()]
+	return held
 }
 
 // lookup finds the element of map els holding k: its own, or an interval

@@ -72,7 +72,9 @@ type mapObj struct {
 
 type elemObj struct {
 	key   Key
-	chain string // the verdict: goto chain ("" when deleting)
+	chain string   // the verdict: goto chain; a flat key's comment ("" when deleting)
+	to    string   // a flat key's target: "192.0.2.2:80"
+	srcs  []string // a flat key's hairpin sources, in its comment
 }
 
 // Rule is one rule: its chain, its statements and its comment; or, with
@@ -199,19 +201,20 @@ func concatType(types ...uint32) uint32 {
 
 // Attribute numbers x/sys/unix does not name.
 const (
-	nftaTableUserdata = 6  // NFTA_TABLE_USERDATA
-	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
-	nftaRuleUserdata  = unix.NFTA_RULE_USERDATA
-	nftaSetUserdata   = 13   // NFTA_SET_USERDATA
-	nftSetConcat      = 0x80 // NFT_SET_CONCAT
-	nftaSetDescConcat = 2    // NFTA_SET_DESC_CONCAT
-	nftaSetFieldLen   = 1    // NFTA_SET_FIELD_LEN
-	nftaSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
-	udataComment      = 0    // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
-	udataSetKeyOrder  = 0    // NFTNL_UDATA_SET_KEYBYTEORDER
-	udataSetDataOrder = 1    // NFTNL_UDATA_SET_DATABYTEORDER
-	byteorderHost     = 1
-	byteorderBig      = 2
+	nftaTableUserdata   = 6  // NFTA_TABLE_USERDATA
+	nftaChainUserdata   = 12 // NFTA_CHAIN_USERDATA
+	nftaRuleUserdata    = unix.NFTA_RULE_USERDATA
+	nftaSetUserdata     = 13   // NFTA_SET_USERDATA
+	nftSetConcat        = 0x80 // NFT_SET_CONCAT
+	nftaSetDescConcat   = 2    // NFTA_SET_DESC_CONCAT
+	nftaSetFieldLen     = 1    // NFTA_SET_FIELD_LEN
+	nftaSetElemKeyEnd   = 10   // NFTA_SET_ELEM_KEY_END
+	nftaSetElemUserdata = 6    // NFTA_SET_ELEM_USERDATA
+	udataComment        = 0    // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
+	udataSetKeyOrder    = 0    // NFTNL_UDATA_SET_KEYBYTEORDER
+	udataSetDataOrder   = 1    // NFTNL_UDATA_SET_DATABYTEORDER
+	byteorderHost       = 1
+	byteorderBig        = 2
 )
 
 // comment is libnftnl's user data holding a comment: type, length, the
@@ -323,8 +326,9 @@ func anonSetMsgs(fam uint8, table string, s anonSet) []nfnl.Msg {
 // elemChunk bounds the bytes of elements in one message.
 const elemChunk = 48 << 10
 
-// elementAttrs names k's element of table; with chain, its verdict.
-func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
+// elementAttrs names k's element of table; with chain, its verdict, or
+// for a flat key its target and its owner's comment.
+func elementAttrs(a *nfnl.Attrs, f plan.Family, table string, k Key, chain, to string, srcs ...string) {
 	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, k.Map())
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
@@ -335,7 +339,12 @@ func elementAttrs(a *nfnl.Attrs, table string, k Key, chain string) {
 				end.Port = k.Last
 				dataValue(a, nftaSetElemKeyEnd, end.bytes())
 			}
-			if chain != "" {
+			switch {
+			case chain == "":
+			case k.Flat:
+				dataValue(a, unix.NFTA_SET_ELEM_DATA, targetBytes(f, to))
+				a.Raw(nftaSetElemUserdata, comment(flatComment(chain, srcs)))
+			default:
 				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
 			}
 		})
