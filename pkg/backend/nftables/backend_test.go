@@ -47,6 +47,34 @@ func TestApplyFastPath(t *testing.T) {
 	}
 }
 
+// A flat ADD's fast path reads the shared objects it needs first: with
+// the hairpin set of one of its prefix lengths missing (127.0.0.1's /32
+// here), or a port held in a verdict map, it writes nothing but the slow
+// path's one transaction, which makes the set and takes the port.
+func TestApplyFlatReadsFirst(t *testing.T) {
+	c, _, _ := syncPlans("192.0.2.7")
+	c.Owner.ContainerID = "new"
+	for _, tt := range []struct {
+		name    string
+		port    int
+		lengths []int
+	}{{"a hairpin set missing", 8081, []int{24}}, {"a port in a verdict map", 8080, []int{24, 32}}} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, k, _, locks := lockedBackend(t, true, nil)
+			withFlatSkeleton(k, tt.lengths...)
+			p := *c
+			p.Mappings = plan.MappingsOf(plan.Mapping{HostPort: tt.port, ContainerPort: 80, Protocol: plan.TCP})
+			if err := b.Apply(&p); err != nil {
+				t.Fatal(err)
+			}
+			if len(k.scripts) != 1 || *locks != 1 || !strings.Contains(k.scripts[0], "add table") ||
+				!strings.Contains(k.scripts[0], "add set ip cni_portmap hairpin_32") {
+				t.Errorf("scripts %q, %d locks: want the slow path's one transaction", k.scripts, *locks)
+			}
+		})
+	}
+}
+
 // A range's ADD reads what shares its ports under the lock, then
 // writes as the fast path does, creating its chain beside the skeleton,
 // with no read of its own chain; an ADD again, its chain there, writes

@@ -228,7 +228,7 @@ func (k *netlinkKernel) Probe(f plan.Family, chains, sets []string, keys []Key) 
 	return getElements(c, f, chains, sets, keys)
 }
 
-// Hairpins gets the hairpin elements holding points, one get each.
+// Hairpins gets the hairpin elements hs names, one get each.
 func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
 	c, err := k.c()
 	if err != nil {

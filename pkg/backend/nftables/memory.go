@@ -473,7 +473,7 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 	return st, nil
 }
 
-// Hairpins answers as the kernel's gets of points do (Kernel.Hairpins).
+// Hairpins answers as the kernel's gets do (Kernel.Hairpins).
 func (m *Memory) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -161,9 +161,9 @@ type Kernel interface {
 	// Table reads the family's table whole; nil when it is absent. The
 	// records of flat attachments are not read (HasRecord is).
 	Table(f plan.Family, table string) (*State, error)
-	// Hairpins returns the hairpin elements holding points: Hairpins
-	// whose Src is one address.
-	Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error)
+	// Hairpins returns those of hs (a source prefix and a key each)
+	// that the hairpin sets hold, with their owners.
+	Hairpins(f plan.Family, hs []Hairpin) ([]Hairpin, error)
 	// Probe reads, at once, which of chains and sets (or maps) are
 	// missing from the family's table and which elements keys have (of
 	// one port each).
