@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os/exec"
 	"strings"
 	"sync"
@@ -372,4 +373,29 @@ func upstreamToOurs(t *testing.T, b backend, extra map[string]string) {
 		}
 	}
 	expectNoReply(t, cl, "tcp", addr(nodeIP, 7300))
+}
+
+// TestMasqAll: with masqAll every connection through a host port is
+// masqueraded (nftables: a flat attachment's hairpin_0 element), not only
+// those from the container's subnet.
+func TestMasqAll(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
+		cl := client(t)
+		extra = maps.Clone(extra)
+		extra["masqAll"] = "true"
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "masqall", V4: "192.0.2.64/27", Extra: extra})
+		c := rt.MustAdd(t, "m1", nettest.Mapping{HostPort: 7300, ContainerPort: srvPort})
+		nettest.Serve(t, c.NS, "m1", srvPort)
+		got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 7300))
+		if err != nil || !strings.HasPrefix(got, "m1 sees ") || got == "m1 sees "+clientIP {
+			t.Errorf("a client's connection with masqAll: %q, %v; want an answer from a masqueraded source", got, err)
+		}
+		if err := rt.Check(c); err != nil {
+			t.Errorf("CHECK: %v", err)
+		}
+		if err := rt.Del(c); err != nil {
+			t.Fatalf("DEL: %v", err)
+		}
+		expectNoReply(t, cl, "tcp", addr(nodeIP, 7300))
+	})
 }

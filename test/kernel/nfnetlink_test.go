@@ -87,7 +87,11 @@ func equivalencePlans() map[string][]*plan.Plan {
 		"v6": {m("c1", "2001:db8::2/64", on, tcp,
 			plan.Mapping{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("2001:db8:1::1")})},
 		"masqall-bit5": {m("c1", "192.0.2.2/24", plan.Masquerade{Enabled: true, All: true, MarkBit: 5}, tcp)},
-		"snat-off":     {m("c1", "192.0.2.2/24", plan.Masquerade{}, tcp)},
+		// flat, a /0 hairpin source (hairpin_0), both families
+		"masqall-flat": {m("c1", "192.0.2.2/24", plan.Masquerade{Enabled: true, All: true, MarkBit: 13}, tcp)},
+		"masqall-flat-v6": {m("c1", "2001:db8::2/64", plan.Masquerade{Enabled: true, All: true, MarkBit: 13}, tcp,
+			plan.Mapping{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("2001:db8:1::1")})},
+		"snat-off": {m("c1", "192.0.2.2/24", plan.Masquerade{}, tcp)},
 		// Runs: an identity range (one rule, dnat to the address), an
 		// offset range (a rule per port), a UDP range on a host IP.
 		"ranges-v4": {m("c1", "192.0.2.2/24", on, ranges(net.ParseIP("198.51.100.1").To4())...)},

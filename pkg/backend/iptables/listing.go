@@ -167,9 +167,9 @@ func idOf(tokens []string) ruleID {
 		v := tokens[i+1]
 		switch t {
 		case "-s":
-			r.src = withPrefix(v)
+			r.src = anyIsNone(withPrefix(v))
 		case "-d":
-			r.dst = withPrefix(v)
+			r.dst = anyIsNone(withPrefix(v))
 		case "-p":
 			r.proto = v
 		case "--dport":
@@ -204,6 +204,15 @@ func idOf(tokens []string) ruleID {
 func entryID(tokens []string) ruleID {
 	r := idOf(tokens)
 	return ruleID{proto: r.proto, dports: r.dports, comment: r.comment, target: r.target}
+}
+
+// anyIsNone drops a match of every address (masqAll's "-s 0.0.0.0/0"):
+// iptables takes it and lists the rule without it.
+func anyIsNone(prefix string) string {
+	if prefix == "0.0.0.0/0" || prefix == "::/0" {
+		return ""
+	}
+	return prefix
 }
 
 func withPrefix(addr string) string {

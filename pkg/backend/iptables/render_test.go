@@ -101,3 +101,23 @@ func TestExplain(t *testing.T) {
 		}
 	}
 }
+
+// masqAll's hairpin rule matches every source, "-s 0.0.0.0/0", which
+// iptables takes and lists without: the chain as listed is the plan's.
+func TestJudgeChainMasqAll(t *testing.T) {
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		p := fixture.TestPlan(f, func(r *plan.Request) { r.Masquerade.All = true })
+		var lines []string
+		for _, r := range ChainRules(p) {
+			l := "-A " + ChainName(p.Owner) + " " + strings.Join(r.Args, " ")
+			l = strings.Replace(strings.Replace(l, "-s 0.0.0.0/0 ", "", 1), "-s ::/0 ", "", 1)
+			lines = append(lines, l)
+		}
+		if !strings.Contains(strings.Join(ChainRules(p)[0].Args, " "), "/0") {
+			t.Fatalf("%s: the plan has no masqAll rule: %v", f, ChainRules(p))
+		}
+		if why := judgeChain(p, lines); why != "" {
+			t.Errorf("%s: the chain as iptables lists it: %s", f, why)
+		}
+	}
+}
