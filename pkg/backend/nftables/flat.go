@@ -495,8 +495,8 @@ func (v hairpinObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.
 }
 
 // hairpinAttrs names h's element: its source's network, its key; with
-// comment, its owner's comment.
-func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, comment_ string) {
+// owner, the comment naming its owner.
+func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner string) {
 	n := parsePrefix(h.Src)
 	net := n.IP.Mask(n.Mask).To16()
 	if f == plan.IPv4 {
@@ -507,8 +507,8 @@ func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, comment
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
 			dataValue(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
-			if comment_ != "" {
-				a.Raw(nftaSetElemUserdata, comment(comment_))
+			if owner != "" {
+				a.Raw(nftaSetElemUserdata, comment(owner))
 			}
 		})
 	})

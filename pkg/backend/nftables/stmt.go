@@ -342,24 +342,16 @@ func (s dnatMap) text(f plan.Family) string {
 }
 
 func (s dnatMap) encode(e *exprs) {
-	next, keyLen := uint32(reg32), uint32(8)
+	keyLen := uint32(8)
 	keyType := concatType(typeInetProto, typeInetService)
 	if s.addr {
-		offset, length := addrOffset(e.fam, true)
-		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, offset, length, reg1)
-		next += length / 4
+		_, length := addrOffset(e.fam, true)
 		keyLen += length
 		keyType = concatType(addrType(e.fam), typeInetProto, typeInetService)
 	}
-	protoReg := next
-	if !s.addr {
-		protoReg = reg1
-	}
-	e.meta(unix.NFT_META_L4PROTO, protoReg)
-	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
-	ip, fam, ipLen := s.to.To4(), uint32(unix.NFPROTO_IPV4), uint32(4)
+	ip, ipLen := s.to.To4(), uint32(4)
 	if e.fam == plan.IPv6 {
-		ip, fam, ipLen = s.to.To16(), unix.NFPROTO_IPV6, 16
+		ip, ipLen = s.to.To16(), 16
 	}
 	keys, data := make([][]byte, len(s.entries)), make([][]byte, len(s.entries))
 	// one buffer for every key and target: 5000 mappings are 10,000 values
@@ -374,20 +366,7 @@ func (s dnatMap) encode(e *exprs) {
 		data[i] = buf[start:len(buf):len(buf)]
 	}
 	set := e.tx.anonMap(keyType, keyLen, concatType(addrType(e.fam), typeInetService), ipLen+4, keys, data)
-	e.add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, set.name)
-		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
-		a.U32(unix.NFTA_LOOKUP_DREG, reg1)
-		a.U32(unix.NFTA_LOOKUP_SET_ID, set.id)
-	})
-	e.add("nat", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
-		a.U32(unix.NFTA_NAT_FAMILY, fam)
-		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
-		// the port follows the address in the looked-up data; the kernel
-		// takes the port as given when a register holds it, as nft writes
-		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, reg32+ipLen/4)
-	})
+	dnatByMap(e, s.addr, set.name, set.id)
 }
 
 // addrType is nft's type of the family's addresses.
