@@ -200,3 +200,23 @@ func TestAgentCLI(t *testing.T) {
 		t.Errorf("portmap-agent version %q, portmap version %q: want the same build", out, plugin)
 	}
 }
+
+// TestLinks: the plugin binary links no HTTP server (the agent's
+// metrics are portmap-agent's) and not the standard library's crypto,
+// whose FIPS 140 module is about 230 KB of a binary that only hashes
+// names (pkg/sha2).
+func TestLinks(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 50 {
+		t.Fatalf("go list -deps gave %d packages: %q", len(deps), deps)
+	}
+	for _, p := range deps {
+		if p == "net/http" || p == "crypto" || strings.HasPrefix(p, "crypto/") {
+			t.Errorf("the plugin links %s", p)
+		}
+	}
+}

@@ -5,13 +5,14 @@
 package plan
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/sha2"
 )
 
 // Family is an IP family.
@@ -311,7 +312,7 @@ func ParseProtocol(s string) (Protocol, bool) {
 // the default backend) are left out: they cannot send a host port to
 // another address.
 func Fingerprint(plans []*Plan) string {
-	h := sha256.New()
+	h := sha2.New256()
 	// what is hashed goes through one small buffer: a range of 5000
 	// ports is 45 KB of it, which would otherwise all be in memory
 	b := make([]byte, 0, 4096)
