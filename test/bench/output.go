@@ -354,7 +354,9 @@ func (r *report) goals() [][]string {
 		}
 	}
 	if o := r.find("ours", "iptables", "ADD", top); o != nil {
-		add("iptables: processes per ADD = 1", fmt.Sprint(o.Procs), o.Procs == 1)
+		// iptables-nft: the fast path is one nf_tables transaction, no
+		// process (iptables-legacy: one iptables-restore)
+		add("iptables (iptables-nft): processes per ADD = 0", fmt.Sprint(o.Procs), o.Procs == 0)
 	}
 	for _, be := range r.backends() {
 		var at0, atN *connRate

@@ -98,10 +98,17 @@ func TestNFTFastPathMisses(t *testing.T) {
 	}
 }
 
-// firstRestoreError records every restore's error.
+// firstRestoreError records the error of every restore and native
+// transaction.
 type firstRestoreError struct {
 	iptables.Kernel
 	errs []error
+}
+
+func (k *firstRestoreError) AddChain(witness, chain string, rules, entries []iptables.Rule, jumps ...string) error {
+	err := k.Kernel.AddChain(witness, chain, rules, entries, jumps...)
+	k.errs = append(k.errs, err)
+	return err
 }
 
 func (k *firstRestoreError) Restore(p []byte) error {
@@ -130,7 +137,7 @@ func TestIPTablesFastPathMisses(t *testing.T) {
 		t.Fatalf("re-ADD: %v", err)
 	}
 	if len(k.errs) < 2 || !iptables.Refused(k.errs[0]) {
-		t.Fatalf("re-ADD (the chain exists): first restore %v, want refused (exit status 1 or 2) and a slow path after it", k.errs)
+		t.Fatalf("re-ADD (the chain exists): first transaction %v, want refused (EEXIST from the native one) and a slow path after it", k.errs)
 	}
 	if err := b.Remove(a); err != nil {
 		t.Fatal(err)

@@ -58,6 +58,24 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	return found, err
 }
 
+func (k *execKernel) AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error {
+	if k.table != Table || !nftTool(k.restore) || legacyTable(k.family, k.table) {
+		return ErrLegacy
+	}
+	msgs, err := addChainMsgs(k.family, witness, chain, rules, entries, jumps...)
+	if err != nil {
+		return err
+	}
+	c, err := k.netlink()
+	if err != nil {
+		return err
+	}
+	if err := c.Batch(msgs, true); err != nil {
+		return fmt.Errorf("add chain %s over nf_tables: %w", chain, err)
+	}
+	return nil
+}
+
 func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
 	if legacyTable(k.family, table) {
 		return nil, ErrLegacy

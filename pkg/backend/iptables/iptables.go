@@ -1,6 +1,7 @@
 // Package iptables is the iptables backend: the upstream portmap plugin's
-// rule layout in the nat table, applied with one iptables-restore per family
-// in the steady state.
+// rule layout in the nat table, applied in the steady state with one
+// nf_tables transaction per family on iptables-nft (native.go), or one
+// iptables-restore.
 //
 //	PREROUTING, OUTPUT:   -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
 //	CNI-HOSTPORT-DNAT:    -m comment --comment 'dnat name: "net" id: "cid"'
@@ -14,12 +15,12 @@
 //	CNI-HOSTPORT-MASQ:    -m mark --mark 0x2000/0x2000 -j MASQUERADE
 //	CNI-HOSTPORT-BIT13:   (empty) exists once bit 13's SETMARK and MASQ rules were ensured
 //
-// ADD's fast path is a single iptables-restore that flushes the mark bit's
-// empty witness chain (failing unless the bit's shared rules were
-// ensured), creates the attachment's chain with -N (which fails if it
-// exists) and inserts its entry rules: it never lists, checks (-C) or
-// rewrites other attachments' rules and spawns one process whatever the
-// number of containers. When it
+// ADD's fast path is one transaction (nf_tables netlink, or an
+// iptables-restore) that flushes the mark bit's empty witness chain
+// (failing unless the bit's shared rules were ensured), creates the
+// attachment's chain (which fails if it exists) and inserts its entry
+// rules: it never lists, checks (-C) or rewrites other attachments'
+// rules, whatever the number of containers. When it
 // fails (fresh node, re-ADD, leftovers) the slow path runs under the
 // host-wide lock: ensure the shared chains and jumps (check, then insert, so
 // racing ADDs never duplicate them), find the entry rules that point at the
@@ -35,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -67,6 +69,16 @@ type Kernel interface {
 	// found is false when the chain does not exist. It fails with
 	// ErrLegacy when this namespace has an iptables-legacy table.
 	Unlink(parent, chain string) (found bool, err error)
+	// AddChain is ADD's fast path in one nf_tables transaction, no
+	// process (native.go): it flushes witness (failing unless it exists;
+	// "" for none), creates chain (failing if it exists), appends rules
+	// and inserts entries at the top of their chain; they may jump to
+	// chain and to jumps. It fails with ErrLegacy where only the tools
+	// reach the table (iptables-legacy, or a restore tool not known to be
+	// iptables-nft's), with errNotNative for a rule it does not write,
+	// and with the kernel's EEXIST or ENOENT when the node is not in the
+	// state the fast path assumes (Refused).
+	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
 	// Chains reads chains of table over nf_tables netlink — no process,
 	// no rule cache of the table: each of names that exists, with its
 	// rules' count and the chains they jump to when rules is set (a dump
@@ -112,12 +124,9 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to forward to")
 	}
-	pl := addPayload(p)
 	if b.skeletonStands(p) {
-		if err := b.Kernel.Restore(pl.bytes()); err == nil {
-			return nil
-		} else if !Refused(err) {
-			return b.restoreError("apply", pl, err)
+		if err := b.fastAdd(p); err == nil || !Refused(err) {
+			return err
 		}
 	}
 	release, err := b.Lock()
@@ -145,9 +154,33 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	pl = replacePayload(p, refs)
+	pl := replacePayload(p, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("apply", pl, err)
+	}
+	return nil
+}
+
+// fastAdd writes an attachment that has no chain yet, assuming the
+// shared chains and rules: over nf_tables netlink when the table is
+// iptables-nft's and its rules are ones native.go writes (no process; it
+// reads no rule, so it costs the same beside 1000 attachments as beside
+// none), else in one iptables-restore (addPayload). Either fails as
+// Refused when the node is not in the state it assumes.
+func (b *Backend) fastAdd(p *plan.Plan) error {
+	w, _ := Witness(p)
+	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
+	if !errors.Is(err, ErrLegacy) && !errors.Is(err, errNotNative) {
+		if err != nil && !Refused(err) {
+			return fmt.Errorf("apply: %w", err)
+		}
+		return err
+	}
+	pl := addPayload(p)
+	if err := b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
+		return b.restoreError("apply", pl, err)
+	} else if err != nil {
+		return err
 	}
 	return nil
 }
@@ -359,7 +392,13 @@ type RestoreError struct {
 // statuses to this).
 func Refused(err error) bool {
 	var re *RestoreError
-	return errors.As(err, &re) && re.Refused
+	if errors.As(err, &re) {
+		return re.Refused
+	}
+	// the native fast path: a chain that exists, a chain or table
+	// that does not
+	var ne *nfnl.Error
+	return errors.As(err, &ne) && (errors.Is(ne, unix.EEXIST) || errors.Is(ne, unix.ENOENT))
 }
 
 // unlinkMissed reports whether the netlink DEL failed the way its fast

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Memory is x_tables in memory, for tests without root: it applies
@@ -25,8 +26,9 @@ type Memory struct {
 	// (and the xtables lock) do: the agent's units write concurrently.
 	mu     sync.Mutex
 	tables map[string]*xtable
-	// Restores counts the payloads committed.
-	Restores int
+	// Restores counts the payloads committed; Natives the native fast
+	// path's transactions (AddChain).
+	Restores, Natives int
 	// Legacy makes the tables iptables-legacy's: not readable over
 	// nf_tables netlink (Chains fails with ErrLegacy), not probed
 	// (Writable answers nfnl.ErrNoProbe).
@@ -73,7 +75,7 @@ func (m *Memory) table(name string) *xtable {
 }
 
 func (m *Memory) clone() *Memory {
-	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores}
+	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores, Natives: m.Natives}
 	for n, t := range m.tables {
 		ct := &xtable{order: slices.Clone(t.order), rules: map[string][][]string{}}
 		for ch, rs := range t.rules {
@@ -196,6 +198,18 @@ func (t *xtable) apply(line string) bool {
 // through.
 func (m *Memory) restore(payload []byte, commit bool) error {
 	c := m.clone()
+	if err := c.apply(payload); err != nil {
+		return err
+	}
+	if commit {
+		m.tables = c.tables
+		m.Restores++
+	}
+	return nil
+}
+
+// apply runs payload's lines on m, stopping at the first that fails.
+func (c *Memory) apply(payload []byte) error {
 	var t *xtable
 	for i, line := range strings.Split(strings.TrimRight(string(payload), "\n"), "\n") {
 		ok := true
@@ -212,10 +226,6 @@ func (m *Memory) restore(payload []byte, commit bool) error {
 			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
 				Err: errors.New("iptables-restore: exit status 1"), Refused: true}
 		}
-	}
-	if commit {
-		m.tables = c.tables
-		m.Restores++
 	}
 	return nil
 }
@@ -314,6 +324,41 @@ func (k *memKernel) EnsureRule(r Rule) error {
 	if !t.apply(cmd + r.Chain + " " + quoteArgs(r.Args)) {
 		return unix.ENOENT
 	}
+	return nil
+}
+
+// AddChain does what the native fast path does, as the real kernel
+// does it on iptables-nft: rules it does not write fail with
+// errNotNative, and it applies them as one restore would (a missing
+// witness or an existing chain refuses it), counted in Natives.
+func (k *memKernel) AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
+	if k.m.Legacy || k.table != Table {
+		return ErrLegacy
+	}
+	if _, err := addChainMsgs(plan.IPv4, witness, chain, rules, entries, jumps...); err != nil {
+		if _, err6 := addChainMsgs(plan.IPv6, witness, chain, rules, entries, jumps...); err6 != nil {
+			return err
+		}
+	}
+	pl := newPayload()
+	if witness != "" {
+		pl.line("-F "+witness, "witness")
+	}
+	pl.line("-N "+chain, "chain")
+	for _, r := range rules {
+		pl.rule("-A", r)
+	}
+	for i := len(entries) - 1; i >= 0; i-- {
+		pl.rule("-I", entries[i])
+	}
+	c := k.m.clone()
+	if err := c.apply(pl.bytes()); err != nil {
+		return err
+	}
+	k.m.tables = c.tables
+	k.m.Natives++
 	return nil
 }
 

@@ -185,10 +185,7 @@ func multiportSlots(spec string) int {
 // come before the DNAT rule, which ends the traversal.
 func ChainRules(p *plan.Plan) []Rule {
 	chain := ChainName(p.Owner)
-	setMark := SetMarkChain
-	if p.Masquerade.ExternalSetMarkChain != "" {
-		setMark = p.Masquerade.ExternalSetMarkChain
-	}
+	setMark := setMarkChainOf(p)
 	var rules []Rule
 	for _, r := range p.Runs() {
 		base := []string{"-p", string(r.Protocol), "--dport", r.Ports(":")}
@@ -204,6 +201,14 @@ func ChainRules(p *plan.Plan) []Rule {
 		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", runTarget(p, r))})
 	}
 	return rules
+}
+
+// setMarkChainOf is the chain the plan's hairpin rules jump to.
+func setMarkChainOf(p *plan.Plan) string {
+	if p.Masquerade.ExternalSetMarkChain != "" {
+		return p.Masquerade.ExternalSetMarkChain
+	}
+	return SetMarkChain
 }
 
 // runTarget is the DNAT target of a run: the container's address and port

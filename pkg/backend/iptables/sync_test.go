@@ -51,8 +51,9 @@ func (k *fakeKernel) Restore(p []byte) error {
 	}
 	return nil
 }
-func (k *fakeKernel) Test([]byte) error { return nil }
-func (k *fakeKernel) Writable() error   { return nfnl.ErrNoProbe }
+func (k *fakeKernel) Test([]byte) error                                        { return nil }
+func (k *fakeKernel) Writable() error                                          { return nfnl.ErrNoProbe }
+func (k *fakeKernel) AddChain(string, string, []Rule, []Rule, ...string) error { return ErrLegacy }
 func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, error) {
 	return nil, ErrLegacy
 }

@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -30,66 +31,23 @@ type exprs struct {
 	tx   *Tx
 }
 
-func (e *exprs) add(name string, fill func(a *nfnl.Attrs)) {
-	e.list.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_EXPR_NAME, name)
-		a.Nested(unix.NFTA_EXPR_DATA, fill)
-	})
-}
+func (e *exprs) add(name string, fill func(a *nfnl.Attrs)) { nfexpr.Add(e.list, name, fill) }
 
-func dataValue(a *nfnl.Attrs, typ uint16, v []byte) {
-	a.Nested(typ, func(a *nfnl.Attrs) { a.Raw(unix.NFTA_DATA_VALUE, v) })
-}
+func dataValue(a *nfnl.Attrs, typ uint16, v []byte) { nfexpr.Value(a, typ, v) }
 
-func (e *exprs) cmp(op uint32, reg uint32, v []byte) {
-	e.add("cmp", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_CMP_SREG, reg)
-		a.U32(unix.NFTA_CMP_OP, op)
-		dataValue(a, unix.NFTA_CMP_DATA, v)
-	})
-}
+func (e *exprs) cmp(op uint32, reg uint32, v []byte) { nfexpr.Cmp(e.list, op, reg, v) }
 
-func (e *exprs) meta(key uint32, reg uint32) {
-	e.add("meta", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_META_DREG, reg)
-		a.U32(unix.NFTA_META_KEY, key)
-	})
-}
+func (e *exprs) meta(key uint32, reg uint32) { nfexpr.Meta(e.list, key, reg) }
 
 func (e *exprs) payload(base, offset, length, reg uint32) {
-	e.add("payload", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_PAYLOAD_DREG, reg)
-		a.U32(unix.NFTA_PAYLOAD_BASE, base)
-		a.U32(unix.NFTA_PAYLOAD_OFFSET, offset)
-		a.U32(unix.NFTA_PAYLOAD_LEN, length)
-	})
+	nfexpr.Payload(e.list, base, offset, length, reg)
 }
 
-func (e *exprs) bitwise(reg uint32, mask, xor []byte) {
-	e.add("bitwise", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_BITWISE_SREG, reg)
-		a.U32(unix.NFTA_BITWISE_DREG, reg)
-		a.U32(unix.NFTA_BITWISE_LEN, uint32(len(mask)))
-		dataValue(a, unix.NFTA_BITWISE_MASK, mask)
-		dataValue(a, unix.NFTA_BITWISE_XOR, xor)
-	})
-}
+func (e *exprs) bitwise(reg uint32, mask, xor []byte) { nfexpr.Bitwise(e.list, reg, mask, xor) }
 
-func (e *exprs) verdict(code int32, chain string) {
-	e.add("immediate", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_IMMEDIATE_DREG, regVerdict)
-		a.Nested(unix.NFTA_IMMEDIATE_DATA, func(a *nfnl.Attrs) { verdictAttr(a, code, chain) })
-	})
-}
+func (e *exprs) verdict(code int32, chain string) { nfexpr.Immediate(e.list, code, chain) }
 
-func verdictAttr(a *nfnl.Attrs, code int32, chain string) {
-	a.Nested(unix.NFTA_DATA_VERDICT, func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_VERDICT_CODE, uint32(code))
-		if chain != "" {
-			a.String(unix.NFTA_VERDICT_CHAIN, chain)
-		}
-	})
-}
+func verdictAttr(a *nfnl.Attrs, code int32, chain string) { nfexpr.Verdict(a, code, chain) }
 
 func ne32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
 
