@@ -170,9 +170,16 @@ func TestNativeAddAsRestore(t *testing.T) {
 			same(chain, dn, wantDN)
 			same(iptables.TopLevelDNATChain, entries, wantEntries)
 
-			b, _ := backend(t, f)
+			b, bc := backend(t, f)
 			if err := b.Check(p); err != nil {
 				t.Errorf("CHECK after the native ADD: %v", err)
+			}
+			// it finds the chain's rules as it writes them, without a
+			// listing (conditions are in the entry rules alone, which a
+			// restore's -C checks); rules it does not write, iptables lists
+			nativeChain := tc.native || len(p.Conditions) > 0
+			if lists := bc.chainLists + bc.lists; nativeChain && lists != 0 || !nativeChain && lists != 1 {
+				t.Errorf("CHECK listed %d times", lists)
 			}
 			// iptables takes the rules for its own: it deletes an entry
 			// rule by its spec, as upstream's DEL does

@@ -79,6 +79,12 @@ type Kernel interface {
 	// and with the kernel's EEXIST or ENOENT when the node is not in the
 	// state the fast path assumes (Refused).
 	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
+	// HasRules reports whether chain of the nat table holds exactly
+	// rules, in order, as native.go writes them (they may jump to chain
+	// and to jumps): one dump of that chain over nf_tables netlink, no
+	// process. It fails with ErrLegacy on iptables-legacy and with
+	// errNotNative for a rule native.go does not write.
+	HasRules(chain string, rules []Rule, jumps ...string) (bool, error)
 	// Chains reads chains of table over nf_tables netlink — no process,
 	// no rule cache of the table: each of names that exists, with its
 	// rules' count and the chains they jump to when rules is set (a dump
@@ -287,12 +293,20 @@ func (b *Backend) Check(p *plan.Plan) error {
 			return err
 		}
 	}
-	lines, err := b.Kernel.ListChain(own)
-	if err != nil {
+	// the chain's rules as ADD writes them, or else judged from
+	// iptables' listing, which also names what differs
+	same, err := b.Kernel.HasRules(own, ChainRules(p), setMarkChainOf(p))
+	if err != nil && !errors.Is(err, ErrLegacy) && !errors.Is(err, errNotNative) {
 		return fmt.Errorf("check: %w", err)
 	}
-	if why := judgeChain(p, parseListing(lines).rules[own]); why != "" {
-		return errors.New(why)
+	if !same {
+		lines, err := b.Kernel.ListChain(own)
+		if err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+		if why := judgeChain(p, parseListing(lines).rules[own]); why != "" {
+			return errors.New(why)
+		}
 	}
 	if want := len(EntryRules(p)); chains[own].Refs != want {
 		return fmt.Errorf("entry rules in %s: %d rules jump to %s, want %d", TopLevelDNATChain, chains[own].Refs, own, want)

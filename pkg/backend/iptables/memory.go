@@ -362,6 +362,32 @@ func (k *memKernel) AddChain(witness, chain string, rules, entries []Rule, jumps
 	return nil
 }
 
+// HasRules compares chain's rules with rules, token for token, unless
+// the tables are legacy or a rule is not one native.go writes, as the
+// real kernel seam does.
+func (k *memKernel) HasRules(chain string, rules []Rule, jumps ...string) (bool, error) {
+	k.m.mu.Lock()
+	defer k.m.mu.Unlock()
+	if k.m.Legacy || k.table != Table {
+		return false, ErrLegacy
+	}
+	if _, err := sameRules(plan.IPv4, nil, rules, jumpSet(chain, jumps)); err != nil {
+		if _, err6 := sameRules(plan.IPv6, nil, rules, jumpSet(chain, jumps)); err6 != nil {
+			return false, err
+		}
+	}
+	got := k.m.table(Table).rules[chain]
+	if len(got) != len(rules) {
+		return false, nil
+	}
+	for i, r := range rules {
+		if !slices.Equal(got[i], r.Args) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // Unlink deletes chain and parent's jumps to it in one step, as the
 // netlink DEL does on iptables-nft.
 func (k *memKernel) Unlink(parent, chain string) (bool, error) {

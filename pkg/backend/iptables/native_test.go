@@ -1,10 +1,17 @@
 package iptables
 
 import (
+	"bytes"
 	"encoding/hex"
 	"errors"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -73,5 +80,77 @@ func TestNativeRefuses(t *testing.T) {
 	}
 	if _, _, _, err := encodeRule(plan.IPv4, Rule{Chain: "X", Args: []string{"-p", "udp", "--dport", "53", "-s", "10.0.0.0/8", "-j", SetMarkChain}}, chains); err != nil {
 		t.Errorf("encodeRule of a hairpin rule: %v", err)
+	}
+}
+
+// TestSameRulesAsTheKernelDumps: CHECK's comparison takes the kernel's
+// dump of rules iptables-restore wrote (testdata: iptables 1.8.9 on Linux
+// 6.18, the dump's order of attributes, no nested flags) for the rules we
+// write, whatever their counters say, and nothing else: another port,
+// address, target or comment, a rule missing, an attribute more.
+func TestSameRulesAsTheKernelDumps(t *testing.T) {
+	b, err := os.ReadFile("testdata/kernel-dump-rules.hex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dumped [][]byte
+	for _, l := range strings.Fields(string(b)) {
+		d, err := hex.DecodeString(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dumped = append(dumped, d)
+	}
+	const dn = "CNI-DN-4cbb58d4f7a53f51ff607"
+	chains := map[string]bool{SetMarkChain: true, dn: true}
+	rules := []Rule{
+		{Args: []string{"-p", "tcp", "--dport", "8000:8010", "-d", "192.0.2.1", "-s", "10.0.0.0/20", "-j", SetMarkChain}},
+		{Args: []string{"-p", "udp", "--dport", "8000:8010", "-j", "DNAT", "--to-destination", "10.1.0.3"}},
+		{Args: []string{"-p", "tcp", "--dport", "8000:8010", "-j", "DNAT", "--to-destination", "10.1.0.3:80-90/8000"}},
+		{Args: []string{"-m", "comment", "--comment", `dnat name: "bench" id: "c1"`, "-m", "multiport", "-p", "tcp", "--destination-ports", "10001", "-j", dn}},
+	}
+	if same, err := sameRules(plan.IPv4, dumped, rules, chains); !same || err != nil {
+		t.Fatalf("the kernel's dump of the rules: same %v, %v", same, err)
+	}
+	// a counter that counted: still the same rule
+	counted := bytes.Replace(dumped[0], []byte("counter\x00\x1c\x00\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"),
+		[]byte("counter\x00\x1c\x00\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x30\x39"), 1)
+	if bytes.Equal(counted, dumped[0]) {
+		t.Fatal("no counter to change in the dump")
+	}
+	if same, _ := sameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains); !same {
+		t.Error("a rule whose counter counted is not the same")
+	}
+	for i, change := range []func(r []Rule){
+		func(r []Rule) { r[0].Args[3] = "8000:8011" },
+		func(r []Rule) { r[0].Args[7] = "10.0.0.0/21" },
+		func(r []Rule) { r[0].Args[5] = "192.0.2.2" },
+		func(r []Rule) { r[1].Args[7] = "10.1.0.4" },
+		func(r []Rule) { r[2].Args[7] = "10.1.0.3:80-90/8001" },
+		func(r []Rule) { r[3].Args[3] = `dnat name: "bench" id: "c2"` },
+		func(r []Rule) { r[3].Args[9] = "10001,10002" },
+		func(r []Rule) { r[3].Args[11] = SetMarkChain },
+	} {
+		c := make([]Rule, len(rules))
+		for j, r := range rules {
+			c[j] = Rule{Args: slices.Clone(r.Args)}
+		}
+		change(c)
+		if same, err := sameRules(plan.IPv4, dumped, c, chains); same || err != nil {
+			t.Errorf("change %d (%v): same %v, %v", i, c, same, err)
+		}
+	}
+	if same, _ := sameRules(plan.IPv4, dumped[:3], rules, chains); same {
+		t.Error("a rule missing: same")
+	}
+	// an attribute the rules we write do not have
+	extra := slices.Clone(dumped[1])
+	var tail nfnl.Attrs
+	tail.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_EXPR_NAME, "meta")
+		a.Nested(unix.NFTA_EXPR_DATA, func(a *nfnl.Attrs) { a.U32(unix.NFTA_META_KEY, unix.NFT_META_MARK).U32(unix.NFTA_META_DREG, 1) })
+	})
+	if same, _ := sameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains); same {
+		t.Error("an expression more: same")
 	}
 }
