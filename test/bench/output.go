@@ -353,10 +353,10 @@ func (r *report) goals() [][]string {
 			}
 		}
 	}
-	if o := r.find("ours", "iptables", "ADD", top); o != nil {
-		// iptables-nft: the fast path is one nf_tables transaction, no
-		// process (iptables-legacy: one iptables-restore)
-		add("iptables (iptables-nft): processes per ADD = 0", fmt.Sprint(o.Procs), o.Procs == 0)
+	if a, c, d := r.find("ours", "iptables", "ADD", top), r.find("ours", "iptables", "CHECK", top), r.find("ours", "iptables", "DEL", top); a != nil && c != nil && d != nil {
+		// iptables-nft: each verb is nf_tables netlink, no process
+		// (iptables-legacy: one iptables-restore or listing)
+		add("iptables (iptables-nft): processes per ADD / CHECK / DEL = 0 / 0 / 0", fmt.Sprintf("%d / %d / %d", a.Procs, c.Procs, d.Procs), a.Procs+c.Procs+d.Procs == 0)
 	}
 	for _, be := range r.backends() {
 		var at0, atN *connRate
