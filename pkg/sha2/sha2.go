@@ -146,14 +146,9 @@ func (d *digest256) block(p []byte) {
 		t2 := (bits.RotateLeft32(a, -2) ^ bits.RotateLeft32(a, -13) ^ bits.RotateLeft32(a, -22)) + (a&b ^ a&c ^ b&c)
 		h, g, f, e, dd, c, b, a = g, f, e, dd+t1, c, b, a, t1+t2
 	}
-	d.h[0] += a
-	d.h[1] += b
-	d.h[2] += c
-	d.h[3] += dd
-	d.h[4] += e
-	d.h[5] += f
-	d.h[6] += g
-	d.h[7] += h
+	for i, v := range [8]uint32{a, b, c, dd, e, f, g, h} {
+		d.h[i] += v
+	}
 }
 
 // Sum512 is the SHA-512 digest of b.
@@ -204,12 +199,7 @@ func block512(hs *[8]uint64, p []byte) {
 		t2 := (bits.RotateLeft64(a, -28) ^ bits.RotateLeft64(a, -34) ^ bits.RotateLeft64(a, -39)) + (a&b ^ a&c ^ b&c)
 		h, g, f, e, d, c, b, a = g, f, e, d+t1, c, b, a, t1+t2
 	}
-	hs[0] += a
-	hs[1] += b
-	hs[2] += c
-	hs[3] += d
-	hs[4] += e
-	hs[5] += f
-	hs[6] += g
-	hs[7] += h
+	for i, v := range [8]uint64{a, b, c, d, e, f, g, h} {
+		hs[i] += v
+	}
 }
