@@ -59,8 +59,12 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	return found, err
 }
 
+// AddChain writes into nf_tables whatever the restore tool is called:
+// ADD takes its fast path only where it read the shared rules there
+// (skeletonStands), so the node's iptables keeps its nat table in
+// nf_tables — unless an iptables-legacy table of that name exists.
 func (k *execKernel) AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error {
-	if k.table != Table || !nftTool(k.restore) || legacyTable(k.family, k.table) {
+	if k.table != Table || legacyTable(k.family, k.table) {
 		return ErrLegacy
 	}
 	msgs, err := addChainMsgs(k.family, witness, chain, rules, entries, jumps...)

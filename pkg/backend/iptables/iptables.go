@@ -74,8 +74,8 @@ type Kernel interface {
 	// "" for none), creates chain (failing if it exists), appends rules
 	// and inserts entries at the top of their chain; they may jump to
 	// chain and to jumps. It fails with ErrLegacy where only the tools
-	// reach the table (iptables-legacy, or a restore tool not known to be
-	// iptables-nft's), with errNotNative for a rule it does not write,
+	// reach the table (iptables-legacy), with errNotNative for a rule it
+	// does not write,
 	// and with the kernel's EEXIST or ENOENT when the node is not in the
 	// state the fast path assumes (Refused).
 	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
@@ -168,8 +168,9 @@ func (b *Backend) Apply(p *plan.Plan) error {
 }
 
 // fastAdd writes an attachment that has no chain yet, assuming the
-// shared chains and rules: over nf_tables netlink when the table is
-// iptables-nft's and its rules are ones native.go writes (no process; it
+// shared chains and rules: over nf_tables netlink when they were read
+// there (skeletonStands: the node's iptables is iptables-nft) and its
+// rules are ones native.go writes (no process; it
 // reads no rule, so it costs the same beside 1000 attachments as beside
 // none), else in one iptables-restore (addPayload). Either fails as
 // Refused when the node is not in the state it assumes.
