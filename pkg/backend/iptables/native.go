@@ -15,15 +15,17 @@ import (
 )
 
 // ADD's fast path without iptables-restore. iptables-nft keeps its nat
-// table in nf_tables, and its restore fetches every rule of the table
-// before it appends one (its rule cache), so a restore that adds an
-// attachment costs more with every attachment on the node: 3.0 ms
-// beside none, 10 ms beside 1000 here. The rules an attachment without
-// conditions has are few in kind, and this file writes them as
-// iptables-nft (1.8) does — the same expressions, byte for byte as the
-// kernel holds them, which the kernel tests compare with what
-// iptables-restore writes — in one transaction that reads nothing.
-// iptables -S, iptables-save and -D by rule read them as their own.
+// table in nf_tables, and the rules an attachment without conditions
+// has are few in kind: this file writes them as iptables-nft (1.8) does
+// — the same expressions, byte for byte as the kernel holds them, which
+// the kernel tests compare with what iptables-restore writes — in one
+// transaction that reads nothing, and saves ADD the process (2.4 ms of
+// 7.2 beside one attachment here). iptables -S, iptables-save and -D by
+// rule read the rules as their own. What still grows with the
+// attachments is the kernel's: a jump added makes the commit validate
+// every chain a base chain reaches (0.16 ms beside one attachment, 5 ms
+// beside 1000), as it did for the restore. CHECK compares a chain's
+// rules with these (sameRules) instead of listing it.
 
 // errNotNative says a rule holds a token encodeRule does not write;
 // the caller uses iptables-restore.
