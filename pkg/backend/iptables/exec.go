@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
-	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -79,25 +78,6 @@ func (k *execKernel) AddChain(witness, chain string, rules, entries []Rule, jump
 		return fmt.Errorf("add chain %s over nf_tables: %w", chain, err)
 	}
 	return nil
-}
-
-func (k *execKernel) HasRules(chain string, rules []Rule, jumps ...string) (bool, error) {
-	if k.table != Table || legacyTable(k.family, k.table) {
-		return false, ErrLegacy
-	}
-	c, err := k.netlink()
-	if err != nil {
-		return false, err
-	}
-	got, err := dumpRules(c, nfproto(k.family), Table, chain)
-	if err != nil {
-		return false, err
-	}
-	dumped := make([][]byte, len(got))
-	for i, r := range got {
-		dumped[i], _ = nfnl.Find(r.Attrs, unix.NFTA_RULE_EXPRESSIONS)
-	}
-	return sameRules(k.family, dumped, rules, jumpSet(chain, jumps))
 }
 
 func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {

@@ -79,12 +79,6 @@ type Kernel interface {
 	// and with the kernel's EEXIST or ENOENT when the node is not in the
 	// state the fast path assumes (Refused).
 	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
-	// HasRules reports whether chain of the nat table holds exactly
-	// rules, in order, as native.go writes them (they may jump to chain
-	// and to jumps): one dump of that chain over nf_tables netlink, no
-	// process. It fails with ErrLegacy on iptables-legacy and with
-	// errNotNative for a rule native.go does not write.
-	HasRules(chain string, rules []Rule, jumps ...string) (bool, error)
 	// Chains reads chains of table over nf_tables netlink — no process,
 	// no rule cache of the table: each of names that exists, with its
 	// rules' count and the chains they jump to when rules is set (a dump
@@ -101,6 +95,10 @@ type ChainSummary struct {
 	// Refs counts the rules, of any chain, that jump to it (with rules
 	// set; nf_tables: the chain's use count less its own rules).
 	Refs int
+	// Exprs are its rules' expressions as the kernel dumps them
+	// (NFTA_RULE_EXPRESSIONS), with rules set: what CHECK compares with
+	// the rules native.go writes (sameRules).
+	Exprs [][]byte
 }
 
 // Backend applies plans of one family.
@@ -177,19 +175,16 @@ func (b *Backend) Apply(p *plan.Plan) error {
 func (b *Backend) fastAdd(p *plan.Plan) error {
 	w, _ := Witness(p)
 	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
-	if !errors.Is(err, ErrLegacy) && !errors.Is(err, errNotNative) {
-		if err != nil && !Refused(err) {
-			return fmt.Errorf("apply: %w", err)
+	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) {
+		pl := addPayload(p)
+		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
+			return b.restoreError("apply", pl, err)
 		}
-		return err
 	}
-	pl := addPayload(p)
-	if err := b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
-		return b.restoreError("apply", pl, err)
-	} else if err != nil {
-		return err
+	if err != nil && !Refused(err) {
+		return fmt.Errorf("apply: %w", err)
 	}
-	return nil
+	return err
 }
 
 // skeletonStands reports whether the shared rules ADD's fast path takes
@@ -296,10 +291,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	}
 	// the chain's rules as ADD writes them, or else judged from
 	// iptables' listing, which also names what differs
-	same, err := b.Kernel.HasRules(own, ChainRules(p), setMarkChainOf(p))
-	if err != nil && !errors.Is(err, ErrLegacy) && !errors.Is(err, errNotNative) {
-		return fmt.Errorf("check: %w", err)
-	}
+	same, _ := sameRules(b.Family, chains[own].Exprs, ChainRules(p), jumpSet(own, []string{setMarkChainOf(p)}))
 	if !same {
 		lines, err := b.Kernel.ListChain(own)
 		if err != nil {

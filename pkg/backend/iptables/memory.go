@@ -362,30 +362,16 @@ func (k *memKernel) AddChain(witness, chain string, rules, entries []Rule, jumps
 	return nil
 }
 
-// HasRules compares chain's rules with rules, token for token, unless
-// the tables are legacy or a rule is not one native.go writes, as the
-// real kernel seam does.
-func (k *memKernel) HasRules(chain string, rules []Rule, jumps ...string) (bool, error) {
-	k.m.mu.Lock()
-	defer k.m.mu.Unlock()
-	if k.m.Legacy || k.table != Table {
-		return false, ErrLegacy
-	}
-	if _, err := sameRules(plan.IPv4, nil, rules, jumpSet(chain, jumps)); err != nil {
-		if _, err6 := sameRules(plan.IPv6, nil, rules, jumpSet(chain, jumps)); err6 != nil {
-			return false, err
+// memExprs is what nf_tables would hold for a rule of chain, as
+// native.go writes it (either family); nil for a rule it does not write,
+// which the real kernel's dump would not match either.
+func memExprs(args []string, chain, jump string) []byte {
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		if e, _, _, err := encodeRule(f, Rule{Chain: chain, Args: args}, jumpSet(chain, []string{jump})); err == nil {
+			return e
 		}
 	}
-	got := k.m.table(Table).rules[chain]
-	if len(got) != len(rules) {
-		return false, nil
-	}
-	for i, r := range rules {
-		if !slices.Equal(got[i], r.Args) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return nil
 }
 
 // Unlink deletes chain and parent's jumps to it in one step, as the
@@ -428,9 +414,11 @@ func (k *memKernel) Chains(table string, names []string, rules bool) (map[string
 		}
 		s := ChainSummary{Rules: len(t.rules[name]), Refs: t.refs(name)}
 		for _, r := range t.rules[name] {
-			if to := jumpOf(r); to != "" && !targets[to] {
+			to := jumpOf(r)
+			if to != "" && !targets[to] {
 				s.Jumps = append(s.Jumps, to)
 			}
+			s.Exprs = append(s.Exprs, memExprs(r, name, to))
 		}
 		out[name] = s
 	}

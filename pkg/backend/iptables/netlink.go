@@ -88,6 +88,8 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 		for _, r := range rules {
 			_, jumps := nfnl.RuleJumps(r.Attrs)
 			s.Jumps = append(s.Jumps, jumps...)
+			e, _ := nfnl.Find(r.Attrs, unix.NFTA_RULE_EXPRESSIONS)
+			s.Exprs = append(s.Exprs, e)
 		}
 		out[name] = s
 	}

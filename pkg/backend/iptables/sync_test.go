@@ -54,7 +54,6 @@ func (k *fakeKernel) Restore(p []byte) error {
 func (k *fakeKernel) Test([]byte) error                                        { return nil }
 func (k *fakeKernel) Writable() error                                          { return nfnl.ErrNoProbe }
 func (k *fakeKernel) AddChain(string, string, []Rule, []Rule, ...string) error { return ErrLegacy }
-func (k *fakeKernel) HasRules(string, []Rule, ...string) (bool, error)         { return false, ErrLegacy }
 func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, error) {
 	return nil, ErrLegacy
 }
