@@ -80,14 +80,18 @@ var backends = []backend{
 				return
 			}
 			// a flat attachment: its DNAT is its element of the DNAT map
-			// or, where another took the port over, the record of its
-			// keys (which sync judges whole: the map)
+			// or, where another took the port over, the rule recording
+			// the key
 			elems := nettest.Run(t, "nft", "list", "map", "ip", nftables.Table, nftables.HostDNATMap)
 			if strings.Contains(elems, fmt.Sprintf("tcp . %d comment \"%s ", hostPort, chain)) {
 				nettest.Run(t, "nft", "delete", "element", "ip", nftables.Table, nftables.HostDNATMap, fmt.Sprintf("{ tcp . %d }", hostPort))
 				return
 			}
-			nettest.Run(t, "nft", "delete", "map", "ip", nftables.Table, chain)
+			m := regexp.MustCompile(fmt.Sprintf(`comment "record tcp \. %d" # handle (\d+)`, hostPort)).FindStringSubmatch(out)
+			if m == nil {
+				t.Fatalf("chain %s neither forwards nor records tcp . %d:\n%s", chain, hostPort, out)
+			}
+			nettest.Run(t, "nft", "delete", "rule", "ip", nftables.Table, chain, "handle", m[1])
 		},
 		breakShared: func(t *testing.T) (string, func()) {
 			nettest.Run(t, "nft", "flush", "chain", "ip", nftables.Table, "output")

@@ -402,3 +402,54 @@ func TestBinaryStartsNoProcess(t *testing.T) {
 	status["cniVersion"] = "1.1.0"
 	run("STATUS", "", status)
 }
+
+// TestUpgradeFromRecordMaps: a node running the release whose flat
+// attachments record their keys in a map of their own (frozen in
+// testdata) upgrades in place. Its attachment passes CHECK; its next ADD
+// writes the record as rules with an owners element and deletes the map;
+// DEL of one it left deletes the map with the chain.
+func TestUpgradeFromRecordMaps(t *testing.T) {
+	p := releasePlan()
+	own := nftables.ChainName(p.Owner)
+	for _, verb := range []string{"ADD", "DEL"} {
+		t.Run(verb, func(t *testing.T) {
+			n := nettest.NewNS(t)
+			listIn(t, n, "-f", "testdata/flat-release-v4.nft")
+			if !strings.Contains(listIn(t, n, "list", "map", "ip", nftables.Table, own), "goto "+own) {
+				t.Fatal("the release's state holds no record map")
+			}
+			inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
+				if err := b.Check(p); err != nil {
+					return fmt.Errorf("CHECK of the release's state: %w", err)
+				}
+				if verb == "DEL" {
+					return b.Remove(p)
+				}
+				if err := b.Apply(p); err != nil {
+					return fmt.Errorf("ADD over the release's state: %w", err)
+				}
+				return b.Check(p)
+			})
+			table := listIn(t, n, "list", "table", "ip", nftables.Table)
+			if strings.Contains(table, "map "+own) {
+				t.Errorf("the record map survives %s:\n%s", verb, table)
+			}
+			if verb == "DEL" {
+				if strings.Contains(table, own) {
+					t.Errorf("the attachment survives DEL:\n%s", table)
+				}
+				return
+			}
+			for _, want := range []string{
+				`tcp dport 8080 comment "record tcp . 8080"`,
+				`udp dport 8053 ip daddr 198.51.100.1 comment "record 198.51.100.1 . udp . 8053"`,
+				`sctp dport 9000 comment "record sctp . 9000"`,
+				"6c27:ef2:f251:d571:15e8:ba9:88d4:bd27 : goto " + own,
+			} {
+				if !strings.Contains(table, want) {
+					t.Errorf("after ADD the table lacks %q:\n%s", want, table)
+				}
+			}
+		})
+	}
+}

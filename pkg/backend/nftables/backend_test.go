@@ -3,6 +3,7 @@ package nftables
 import (
 	"bytes"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
@@ -125,7 +126,8 @@ func TestApplyTakesOverNewestWins(t *testing.T) {
 		"add element ip cni_portmap hairpin_24 { 192.0.2.0 . tcp . 8080 comment \"" + own + "\" }",
 		"add element ip cni_portmap hairpin_32 { 127.0.0.1 . tcp . 8080 comment \"" + own + "\" }",
 		"flush chain ip cni_portmap " + own,
-		"add map ip cni_portmap " + own,
+		"add rule ip cni_portmap " + own + " meta l4proto tcp th dport 8080 comment \"record tcp . 8080\"",
+		"add element ip cni_portmap owners { " + net.IP(ownerKey(own)).String() + " : goto " + own + " }",
 	} {
 		if !strings.Contains(tx, w) {
 			t.Errorf("slow path lacks %q:\n%s", w, tx)

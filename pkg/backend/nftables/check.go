@@ -21,7 +21,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	}
 	// an attachment an older release made, as a chain, stays right until
 	// the next ADD makes it flat
-	flat := isFlat(p) && c != nil && c.HasRecord
+	flat := judgedFlat(p, c)
 	lookups, err := b.skeleton(p, flat)
 	if err != nil {
 		return err

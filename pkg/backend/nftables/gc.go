@@ -67,9 +67,7 @@ func removeChains(tx *Tx, s *State, set map[string]bool) {
 	}
 	for _, name := range sortedChains(s) {
 		if set[name] {
-			if s.Chains[name].HasRecord {
-				tx.add(opDelete, recordObj{name})
-			}
+			dropRecord(tx, name, s.Chains[name])
 			tx.add(opFlush, chainObj{name: name})
 			tx.add(opDelete, chainObj{name: name})
 		}

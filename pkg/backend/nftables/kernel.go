@@ -74,15 +74,35 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	}
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
-	reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()})
+	reqs := []nfnl.Msg{{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()}}
+	owner := ownerKey(chain)
+	if table == Table && owner != nil {
+		// in the same round trip: whether the owners map holds it
+		var a nfnl.Attrs
+		a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
+		a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+			a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { dataValue(a, unix.NFTA_SET_ELEM_KEY, owner) })
+		})
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+	}
+	replies, errs, err := c.Get(reqs)
+	if err == nil {
+		err = errs[0]
+	}
 	if IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, &Error{Op: "get chain " + chain, Err: err}
 	}
-	ud, _ := nfnl.Find(reply.Attrs, nftaChainUserdata)
+	ud, _ := nfnl.Find(replies[0].Attrs, nftaChainUserdata)
 	cs := &ChainState{Comment: commentOf(ud)}
+	if len(reqs) > 1 {
+		if errs[1] != nil && !IsNotFound(errs[1]) {
+			return nil, &Error{Op: "get element of map " + OwnersMap, Err: errs[1]}
+		}
+		cs.Owned = errs[1] == nil // its key is the chain's name
+	}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
 	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
@@ -95,13 +115,18 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if err := readDNATs(c, f, table, cs.Rules); err != nil {
 		return nil, err
 	}
-	if len(cs.Rules) == 0 && table == Table {
-		// a flat attachment's: its record, a map of the chain's name
+	if table != Table {
+		return cs, nil
+	}
+	cs.splitRecord()
+	if len(cs.Rules) == 0 && !cs.HasRecord {
+		// an empty chain: a flat attachment an older release wrote,
+		// whose record is a map of the chain's name
 		msgs, err := dumpSet(c, f, table, chain)
 		if err != nil && !IsNotFound(err) {
 			return nil, &Error{Op: "list map " + chain, Err: err}
 		}
-		cs.HasRecord = err == nil
+		cs.HasRecord, cs.RecordMap = err == nil, err == nil
 		for _, m := range msgs {
 			cs.Record = append(cs.Record, decodeRecord(f, m.Attrs)...)
 		}
@@ -318,6 +343,9 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		if err := readDNATs(c, f, table, cs.Rules); err != nil {
 			return nil, err
 		}
+		if table == Table {
+			cs.splitRecord()
+		}
 	}
 	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
 	if err != nil {
@@ -329,8 +357,22 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		if table != Table {
 			continue
 		}
-		if cs := s.Chains[name]; cs != nil {
-			cs.HasRecord = true // its elements are not read
+		if cs := s.Chains[name]; cs != nil && len(cs.Rules) == 0 && !cs.HasRecord {
+			cs.HasRecord, cs.RecordMap = true, true // its elements are not read
+		}
+		if name == OwnersMap {
+			msgs, err := dumpSet(c, f, table, name)
+			if err != nil {
+				return nil, &Error{Op: "list map " + name, Err: err}
+			}
+			for _, m := range msgs {
+				for _, ch := range decodeOwners(m.Attrs) {
+					if cs := s.Chains[ch]; cs != nil {
+						cs.Owned = true
+					}
+				}
+			}
+			continue
 		}
 		if _, _, ok := hairpinLength(name); ok {
 			msgs, err := dumpSet(c, f, table, name)

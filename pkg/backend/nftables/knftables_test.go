@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net"
 	"strconv"
 	"testing"
 
@@ -70,6 +71,14 @@ func (v hairpinSetObj) nft(tx *Tx) knftables.Object {
 func (v recordObj) nft(tx *Tx) knftables.Object {
 	a := addrWord(tx.Family)
 	return &knftables.Map{Name: v.name, Type: a + " . inet_proto . inet_service : verdict"}
+}
+
+func (ownersMapObj) nft(*Tx) knftables.Object {
+	return &knftables.Map{Name: OwnersMap, Type: "ipv6_addr : verdict"}
+}
+
+func (v ownerObj) nft(*Tx) knftables.Object {
+	return &knftables.Element{Map: OwnersMap, Key: []string{net.IP(ownerKey(v.chain)).String()}, Value: []string{"goto " + v.chain}}
 }
 
 func (v hairpinObj) nft(*Tx) knftables.Object {
@@ -149,7 +158,7 @@ func TestTextAsKnftables(t *testing.T) {
 			if isFlat(p) {
 				txs = append(txs, fastFlatTx(p, Keys(p)))
 				sl := newTx(f)
-				rewriteChain(sl, p, &ChainState{HasRecord: true})
+				rewriteChain(sl, p, &ChainState{HasRecord: true, RecordMap: true, Owned: true})
 				txs = append(txs, sl)
 			}
 		}
@@ -172,6 +181,12 @@ func TestTextAsKnftables(t *testing.T) {
 			verbs.add(v, dnatMapObj{name: HostIPDNATMap, addr: true})
 			verbs.add(v, hairpinSetObj{ones: 24})
 			verbs.add(v, recordObj{name: "dn-x"})
+			if v != opFlush {
+				verbs.add(v, ownerObj{"dn-0123456789abcdef-fedcba9876543210"})
+			}
+			if v != opDelete && v != opFlush {
+				verbs.add(v, ownersMapObj{})
+			}
 			verbs.add(v, hairpinObj{hp[0]})
 			if v != opDelete {
 				verbs.add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})

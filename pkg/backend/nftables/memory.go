@@ -414,8 +414,13 @@ func (m *Memory) chain(f plan.Family, table, chain string) *ChainState {
 	}
 	c := t.chains[chain]
 	cs := &ChainState{Comment: c.comment, Rules: append([]RuleState(nil), c.rules...)}
-	if r, ok := t.records[chain]; ok && len(c.rules) == 0 && table == Table {
-		cs.HasRecord, cs.Record = true, append([]Key{}, r...)
+	if table != Table {
+		return cs
+	}
+	cs.splitRecord()
+	cs.Owned = t.maps[OwnersMap][chain] == chain
+	if r, ok := t.records[chain]; ok && len(cs.Rules) == 0 && !cs.HasRecord {
+		cs.HasRecord, cs.RecordMap, cs.Record = true, true, append([]Key{}, r...)
 	}
 	return cs
 }
@@ -450,10 +455,15 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 	st := newState()
 	for n := range t.chains {
 		st.Chains[n] = m.chain(f, table, n)
-		st.Chains[n].Record = nil // as the kernel's reader: not read
+		if st.Chains[n].RecordMap {
+			st.Chains[n].Record = nil // as the kernel's reader: not read
+		}
 	}
 	for n, els := range t.maps {
 		st.Maps[n] = true
+		if n == OwnersMap {
+			continue // Owned, above
+		}
 		for id, c := range els {
 			st.Holders[id] = c
 			if v, ok := t.targets[id]; ok {
@@ -602,6 +612,43 @@ func (v recordObj) simulate(s *memTx, vb verb) error {
 			return unix.ENOENT
 		}
 		delete(t.records, v.name)
+	}
+	return nil
+}
+
+func (ownersMapObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	return simulateSet(t.maps, OwnersMap, vb, false)
+}
+
+// simulate keeps chain's element of the owners map as chain -> chain.
+func (v ownerObj) simulate(s *memTx, vb verb) error {
+	t, err := s.table()
+	if err != nil {
+		return err
+	}
+	els := t.maps[OwnersMap]
+	if els == nil || ownerKey(v.chain) == nil {
+		return unix.ENOENT
+	}
+	to, exists := els[v.chain]
+	switch vb {
+	case opAdd, opCreate:
+		if t.chains[v.chain] == nil {
+			return unix.ENOENT // the goto's chain
+		}
+		if exists && (vb == opCreate || to != v.chain) {
+			return unix.EEXIST
+		}
+		els[v.chain] = v.chain
+	case opDelete:
+		if !exists {
+			return unix.ENOENT
+		}
+		delete(els, v.chain)
 	}
 	return nil
 }

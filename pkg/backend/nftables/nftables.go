@@ -15,8 +15,9 @@
 //	                     dnat ip to ip daddr . meta l4proto . th dport map @hostip_hostport_dnat
 //	                     ip daddr . meta l4proto . th dport vmap @hostip_hostport_ranges
 //	                     the same four for the wildcard: @hostports, @hairpin_…, @hostport_dnat, @hostport_ranges }
-//	  chain dn-<hash(net)>-<hash(if:cid)> { comment "net=… id=… if=…" }  a flat attachment's: empty, its owner's record
-//	  map dn-<hash(net)>-<hash(if:cid)> { 0.0.0.0 . tcp . 8080 : goto dn-… }  … and the record of its keys
+//	  map owners { type ipv6_addr : verdict }                           a goto to each flat attachment's chain, which it holds
+//	  chain dn-<hash(net)>-<hash(if:cid)> { comment "net=… id=… if=…"  a flat attachment's: its owner's record
+//	    meta l4proto tcp th dport 8080 comment "record tcp . 8080" }   and its keys' (rules no chain jumps to)
 //	  chain dn-<hash(net)>-<hash(if:cid)> {                         any other attachment's (conditions, ranges, …)
 //	    [conditions] ip saddr <subnet> jump mark-bit13 comment "hairpin"       once: only own keys lead here
 //	    [conditions] ip saddr 127.0.0.1 jump mark-bit13 comment "localhost"
@@ -278,9 +279,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			tx.add(opDelete, hairpinObj{h})
 		}
 	}
-	if c.HasRecord {
-		tx.add(opDelete, recordObj{chain})
-	}
+	dropRecord(tx, chain, c)
 	tx.add(opFlush, chainObj{name: chain})
 	tx.add(opDelete, chainObj{name: chain})
 	if err := b.Kernel.Apply(tx); err != nil {

@@ -336,14 +336,11 @@ func rewriteChain(tx *Tx, p *plan.Plan, c *ChainState) chainObj {
 	chain := ownChain(p)
 	tx.add(opAdd, chain)
 	tx.add(opFlush, chain)
-	hasRecord := c != nil && c.HasRecord
 	if isFlat(p) {
-		writeRecord(tx, chain.name, Keys(p), hasRecord)
+		writeRecord(tx, chain.name, Keys(p), c)
 		return chain
 	}
-	if hasRecord {
-		tx.add(opDelete, recordObj{chain.name})
-	}
+	dropRecord(tx, chain.name, c)
 	for _, r := range chainRules(p) {
 		tx.add(opAdd, r)
 	}

@@ -29,14 +29,18 @@ func newState() *State {
 	return &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}, Targets: map[string]string{}, Srcs: map[string][]string{}}
 }
 
-// ChainState is one chain: its comment and rules, and whether a flat
-// attachment's record map of the same name exists (flat.go) and, where
-// it was read, what it records.
+// ChainState is one chain: its comment and rules and, for a flat
+// attachment (flat.go), its record: the keys its record rules name (not
+// among Rules), or an older release's record map of the same name
+// (RecordMap) and, where it was read, what that records; Owned says the
+// owners map holds the chain.
 type ChainState struct {
 	Comment   string
 	Rules     []RuleState
 	HasRecord bool
 	Record    []Key
+	RecordMap bool
+	Owned     bool
 }
 
 // RuleState is what the backend judges of a rule: its handle and comment
@@ -159,7 +163,8 @@ type Kernel interface {
 	// an interval (what ADD must know to take its ports over).
 	Elements(f plan.Family, keys []Key) ([]Element, error)
 	// Table reads the family's table whole; nil when it is absent. The
-	// records of flat attachments are not read (HasRecord is).
+	// record maps of an older release's flat attachments are not read
+	// (RecordMap is).
 	Table(f plan.Family, table string) (*State, error)
 	// Hairpins returns those of hs (a source prefix and a key each)
 	// that the hairpin sets hold, with their owners.

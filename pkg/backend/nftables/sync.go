@@ -79,7 +79,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 		s.anyRanges = s.anyRanges || hasRanges(p)
 		// the skeleton's flat parts are needed once a flat attachment is
 		// there; one an older release made, as a chain, needs none
-		if c := s.st.Chains[ChainName(p.Owner)]; isFlat(p) && c != nil && c.HasRecord {
+		if judgedFlat(p, s.st.Chains[ChainName(p.Owner)]) {
 			s.anyFlat = true
 			flat = append(flat, p)
 		}
@@ -218,9 +218,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	s.writeHairpins(tx, desired, wantHP)
 	for _, name := range sortedChains(s.st) {
 		if orphanChains[name] {
-			if s.st.Chains[name].HasRecord {
-				tx.add(opDelete, recordObj{name})
-			}
+			dropRecord(tx, name, s.st.Chains[name])
 			tx.add(opFlush, chainObj{name: name})
 			tx.add(opDelete, chainObj{name: name})
 		}
@@ -367,7 +365,7 @@ func (s *syncState) judge(i int) string {
 	if !ok {
 		return "chain " + own + " missing"
 	}
-	flat := isFlat(p) && c.HasRecord
+	flat := judgedFlat(p, c)
 	if flat {
 		if why := judgeFlat(p, c, false); why != "" {
 			return "chain " + own + ": " + why

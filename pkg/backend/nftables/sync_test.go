@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -109,7 +110,9 @@ func TestSyncRepairsWrongTarget(t *testing.T) {
 	own := "dn-6c270ef2f251d571-a23508c67eab7c80"
 	for _, w := range []string{
 		"flush chain ip cni_portmap " + own,
-		"add map ip cni_portmap " + own,
+		"add rule ip cni_portmap " + own + " meta l4proto tcp th dport 8080 comment \"record tcp . 8080\"",
+		"add element ip cni_portmap owners { " + net.IP(ownerKey(own)).String() + " : goto " + own + " }",
+		"add map ip cni_portmap owners",
 		"delete element ip cni_portmap hostports { tcp . 8080 }",
 		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.9 . 80 }",
 		"add map ip cni_portmap hostport_dnat",
