@@ -535,21 +535,27 @@ func (v ownerObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Ms
 	if key == nil {
 		return nil, fmt.Errorf("chain %q: not an attachment's name", v.chain)
 	}
+	target := v.chain
 	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
 	if vb == opDelete {
-		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
+		m.Type, target = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
 	}
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, tx.Table)
+	ownerAttrs(a, tx.Table, key, target)
+	return nil, nil
+}
+
+// ownerAttrs names the owners map's element of key; with chain, its goto.
+func ownerAttrs(a *nfnl.Attrs, table string, key []byte, chain string) {
+	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
 			dataValue(a, unix.NFTA_SET_ELEM_KEY, key)
-			if vb != opDelete {
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, v.chain) })
+			if chain != "" {
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
 			}
 		})
 	})
-	return nil, nil
 }
 
 // decodeOwners reads the chains of an owners map's GETSETELEM answer.

@@ -79,10 +79,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if table == Table && owner != nil {
 		// in the same round trip: whether the owners map holds it
 		var a nfnl.Attrs
-		a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
-		a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-			a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { dataValue(a, unix.NFTA_SET_ELEM_KEY, owner) })
-		})
+		ownerAttrs(&a, table, owner, "")
 		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
 	}
 	replies, errs, err := c.Get(reqs)
