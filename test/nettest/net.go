@@ -260,6 +260,37 @@ func Save(tb TB, family int) string {
 	return strings.Join(keep, "\n")
 }
 
+// IptablesRelease is the release of the iptables first on PATH ("1.8.9"),
+// and whether it is iptables-nft.
+func IptablesRelease(tb TB) (release string, nft bool) {
+	tb.Helper()
+	out, err := exec.Command("iptables", "--version").CombinedOutput()
+	if err != nil {
+		tb.Fatalf("iptables --version: %v\n%s", err, out)
+	}
+	// "iptables v1.8.9 (nf_tables)"
+	f := strings.Fields(string(out))
+	if len(f) < 2 || !strings.HasPrefix(f[1], "v") {
+		tb.Fatalf("iptables --version: %q", out)
+	}
+	return strings.TrimPrefix(f[1], "v"), strings.Contains(string(out), "nf_tables")
+}
+
+// NftRelease is the release of the nft first on PATH ("1.0.6").
+func NftRelease(tb TB) string {
+	tb.Helper()
+	out, err := exec.Command("nft", "--version").CombinedOutput()
+	if err != nil {
+		tb.Fatalf("nft --version: %v\n%s", err, out)
+	}
+	// "nftables v1.0.6 (Lester Gooch #5)"
+	f := strings.Fields(string(out))
+	if len(f) < 2 || !strings.HasPrefix(f[1], "v") {
+		tb.Fatalf("nft --version: %q", out)
+	}
+	return strings.TrimPrefix(f[1], "v")
+}
+
 // Run runs a command in the test's node namespace and fails the test on
 // error. The tests use it to flush rulesets and set policies, so it
 // refuses to run anywhere but in the namespace Main made.

@@ -16,16 +16,31 @@ import (
 
 // ADD's fast path without iptables-restore. iptables-nft keeps its nat
 // table in nf_tables, and the rules an attachment without conditions
-// has are few in kind: this file writes them as iptables-nft (1.8) does
+// has are few in kind: this file writes them as iptables-nft 1.8.7 does
 // — the same expressions, byte for byte as the kernel holds them, which
-// the kernel tests compare with what iptables-restore writes — in one
-// transaction that reads nothing, and saves ADD the process (2.4 ms of
+// the kernel tests compare with what that release's iptables-restore
+// writes — in one transaction that reads nothing, and saves ADD the process (2.4 ms of
 // 7.2 beside one attachment here). iptables -S, iptables-save and -D by
-// rule read the rules as their own. What still grows with the
+// rule read the rules as their own.
+//
+// Why 1.8.7's encoding and not the node's: the releases after it write
+// some matches as nf_tables expressions of their own (1.8.9: --dport as a
+// payload comparison; 1.8.11: -p as the IP header's protocol field), and
+// a release before that cannot read them: iptables 1.8.7 lists a 1.8.9
+// --dport rule without its port, and an iptables-save | iptables-restore
+// round trip then forwards every port of the protocol. Every release from
+// 1.8.7 to 1.8.11 reads 1.8.7's x_tables matches as the same rule, and a
+// node's tables are read by more than one release (the host's, a
+// kube-proxy image's, a firewall's): so the fast path writes what all of
+// them read (test/compat holds each release to it). What still grows with the
 // attachments is the kernel's: a jump added makes the commit validate
 // every chain a base chain reaches (0.16 ms beside one attachment, 5 ms
 // beside 1000), as it did for the restore. CHECK compares a chain's
 // rules with these (sameRules) instead of listing it.
+
+// NativeRelease is the iptables release whose iptables-restore writes
+// the rules this file writes, byte for byte.
+const NativeRelease = "1.8.7"
 
 // errNotNative says a rule holds a token encodeRule does not write;
 // the caller uses iptables-restore.
@@ -36,6 +51,7 @@ var errNotNative = errors.New("not encoded natively")
 const (
 	commentLen     = 256 // struct xt_comment_info
 	multiportLen   = 48  // struct xt_multiport_v1
+	portInfoLen    = 16  // struct xt_tcp, struct xt_udp
 	natRange2Len   = 48  // struct nf_nat_range2, aligned as x_tables aligns
 	multiportDest  = 1   // XT_MULTIPORT_DESTINATION
 	natMapIPs      = 0x01
@@ -55,8 +71,8 @@ type ruleSpec struct {
 // encodeRule writes r's expressions as iptables-nft writes them: the
 // protocol, source and destination first (in that order, as iptables
 // keeps them in its ipt_entry), then the matches in the order of the
-// tokens (--dport as a payload comparison, as iptables-nft translates
-// the tcp and udp matches), a counter, and the target: DNAT, or a jump
+// tokens (--dport as the x_tables tcp or udp match, as iptables-nft
+// 1.8.7 writes it), a counter, and the target: DNAT, or a jump
 // to one of chains (iptables itself tells a chain from a target by
 // which exists; the caller knows its chains). It returns the
 // protocol for NFTA_RULE_COMPAT, and errNotNative for a token it does
@@ -120,7 +136,10 @@ func readRule(f plan.Family, args []string, chains map[string]bool) (*ruleSpec, 
 			if !ok || s.proto == 0 {
 				return nil, errNotNative
 			}
-			s.matches = append(s.matches, func(l *nfnl.Attrs) { portMatch(l, first, last) })
+			name := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[s.proto]
+			info := portInfo(first, last)
+			s.matches = append(s.matches, func(l *nfnl.Attrs) { nfexpr.Match(l, name, 0, info) })
+			s.compat = true
 		case "-m":
 			switch v {
 			case "comment":
@@ -261,16 +280,16 @@ func addrOffset(f plan.Family, dst bool) (offset, length uint32) {
 	return 12, 4
 }
 
-// portMatch compares the destination port (the tcp or udp match's
-// --dport) with one port or a range.
-func portMatch(l *nfnl.Attrs, first, last int) {
-	nfexpr.Payload(l, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, unix.NFT_REG_1)
-	from := binary.BigEndian.AppendUint16(nil, uint16(first))
-	if first == last {
-		nfexpr.Cmp(l, unix.NFT_CMP_EQ, unix.NFT_REG_1, from)
-		return
-	}
-	nfexpr.Range(l, unix.NFT_RANGE_EQ, unix.NFT_REG_1, from, binary.BigEndian.AppendUint16(nil, uint16(last)))
+// portInfo is the tcp or udp match's struct for --dport first[:last]
+// (struct xt_tcp, whose leading fields struct xt_udp shares: source
+// ports, destination ports, in host order; the rest zero), as long as
+// iptables hands it over (XT_ALIGN of struct xt_tcp).
+func portInfo(first, last int) []byte {
+	info := make([]byte, portInfoLen)
+	binary.NativeEndian.PutUint16(info[2:], 0xffff) // any source port
+	binary.NativeEndian.PutUint16(info[4:], uint16(first))
+	binary.NativeEndian.PutUint16(info[6:], uint16(last))
+	return info
 }
 
 // portSpan reads "port" or "first<sep>last".

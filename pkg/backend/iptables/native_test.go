@@ -84,7 +84,7 @@ func TestNativeRefuses(t *testing.T) {
 }
 
 // TestSameRulesAsTheKernelDumps: CHECK's comparison takes the kernel's
-// dump of rules iptables-restore wrote (testdata: iptables 1.8.9 on Linux
+// dump of rules iptables-restore wrote (testdata: iptables 1.8.7 on Linux
 // 6.18, the dump's order of attributes, no nested flags) for the rules we
 // write, whatever their counters say, and nothing else: another port,
 // address, target or comment, a rule missing, an attribute more.
