@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -17,19 +18,21 @@ import (
 // spelling). iptables-restore stops at the first failing line, so each
 // failure is recorded and the rest checked again. It returns what of the
 // shared objects is missing, or "".
+// checkItem is a rule exactCheck judges and whose it is (-1: shared).
+type checkItem struct {
+	owner int
+	rule  Rule
+}
+
 func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) {
 	broken := map[int]string{}
-	type item struct {
-		owner int // -1: shared
-		rule  Rule
-	}
-	var items []item
+	var items []checkItem
 	seen := map[string]bool{}
 	for _, p := range want {
 		for _, r := range append(GuardRules(p), SharedRules(p)...) {
 			if d := describe(r); !seen[d] {
 				seen[d] = true
-				items = append(items, item{-1, r})
+				items = append(items, checkItem{-1, r})
 			}
 		}
 	}
@@ -38,7 +41,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 			continue
 		}
 		for _, r := range EntryRules(p) {
-			items = append(items, item{i, r})
+			items = append(items, checkItem{i, r})
 		}
 	}
 	shared := ""
@@ -71,12 +74,17 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 			// naming the chain, not the line: the shared objects if they
 			// are still unjudged, else everything left.
 			if !missingChain().MatchString(errorOutput(err)) {
+				if n >= 1 && n <= len(pl.what) && strings.HasPrefix(pl.what[n-1], "commit") {
+					// iptables 1.8.7 blames COMMIT for a -C that
+					// fails: each rule left is judged on its own
+					return b.checkEach(items, shared, broken)
+				}
 				return "", nil, fmt.Errorf("check: %w", err)
 			}
 			what := pl.explain(errorOutput(err)) + " missing"
-			if slices.ContainsFunc(items, func(it item) bool { return it.owner == -1 }) {
+			if slices.ContainsFunc(items, func(it checkItem) bool { return it.owner == -1 }) {
 				shared = what
-				items = slices.DeleteFunc(items, func(it item) bool { return it.owner == -1 })
+				items = slices.DeleteFunc(items, func(it checkItem) bool { return it.owner == -1 })
 				continue
 			}
 			for _, it := range items {
@@ -93,7 +101,39 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 		} else {
 			broken[owner] = what
 		}
-		items = slices.DeleteFunc(items, func(it item) bool { return it.owner == owner })
+		items = slices.DeleteFunc(items, func(it checkItem) bool { return it.owner == owner })
+	}
+	return shared, broken, nil
+}
+
+// checkEach judges items with a restore of one -C each: where iptables
+// names no line of a failed -C, as 1.8.7 does (it blames COMMIT). Only a
+// node where something is missing gets here.
+func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]string) (string, map[int]string, error) {
+	for _, it := range items {
+		if _, done := broken[it.owner]; done && it.owner >= 0 {
+			continue
+		}
+		pl := &payload{}
+		pl.line("*"+tableOf(it.rule), "table "+tableOf(it.rule))
+		pl.rule("-C", it.rule)
+		pl.line("COMMIT", "commit")
+		err := b.Kernel.Restore(pl.bytes())
+		if err == nil {
+			continue
+		}
+		if !Refused(err) {
+			return "", nil, fmt.Errorf("check: %w", err)
+		}
+		what := describe(it.rule) + " missing"
+		if m := missingChain().FindStringSubmatch(errorOutput(err)); m != nil {
+			what = "chain " + m[1] + " missing"
+		}
+		if it.owner >= 0 {
+			broken[it.owner] = what
+		} else if shared == "" {
+			shared = what
+		}
 	}
 	return shared, broken, nil
 }

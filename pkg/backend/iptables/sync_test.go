@@ -26,6 +26,9 @@ type fakeKernel struct {
 	unlinked []string
 	// err, when set, is what every restore fails with.
 	err error
+	// blameCommit names the COMMIT after the failing line, as
+	// iptables-restore 1.8.7 does for a -C that fails.
+	blameCommit bool
 }
 
 func (k *fakeKernel) Unlink(parent, chain string) (bool, error) {
@@ -44,10 +47,16 @@ func (k *fakeKernel) Restore(p []byte) error {
 	if k.failOn == "" {
 		return nil
 	}
-	for i, l := range strings.Split(string(p), "\n") {
-		if strings.Contains(l, k.failOn) {
-			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
+	lines := strings.Split(string(p), "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, k.failOn) {
+			continue
 		}
+		n := i + 1
+		for k.blameCommit && lines[n-1] != "COMMIT" {
+			n++
+		}
+		return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", n), Err: fmt.Errorf("exit status 1"), Refused: true}
 	}
 	return nil
 }
@@ -193,40 +202,57 @@ func TestSyncRepairsWrongTarget(t *testing.T) {
 	}
 }
 
+// restoreReleases are the two ways iptables-restore names a failed -C:
+// its own line (1.8.9 and later), or the COMMIT after it (1.8.7).
+var restoreReleases = []struct {
+	name        string
+	blameCommit bool
+}{{"names the line", false}, {"blames COMMIT", true}}
+
 func TestSyncConditionsCheckedExactly(t *testing.T) {
-	// iptables prints b's condition in its own spelling; -C judges it. Here
-	// the kernel refuses b's -C line: b's entry rule differs.
-	b, k := syncBackend(t, `-C CNI-HOSTPORT-DNAT -m comment --comment "dnat name: \"net1\" id: \"b\""`)
-	a, bb, _ := syncPlans("192.0.2.2")
-	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Results[0].State != converge.OK || rep.Results[1].State != converge.Repaired {
-		t.Errorf("results %+v, want a ok, b repaired", rep.Results)
-	}
-	if len(k.restores) < 3 {
-		t.Errorf("restores %q, want the failed check, the check without b, and b's repair", k.restores)
+	for _, rel := range restoreReleases {
+		t.Run(rel.name, func(t *testing.T) {
+			// iptables prints b's condition in its own spelling; -C judges
+			// it. Here the kernel refuses b's -C line: b's entry rule differs.
+			b, k := syncBackend(t, `-C CNI-HOSTPORT-DNAT -m comment --comment "dnat name: \"net1\" id: \"b\""`)
+			k.blameCommit = rel.blameCommit
+			a, bb, _ := syncPlans("192.0.2.2")
+			rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Results[0].State != converge.OK || rep.Results[1].State != converge.Repaired {
+				t.Errorf("results %+v, want a ok, b repaired", rep.Results)
+			}
+			if len(k.restores) < 3 {
+				t.Errorf("restores %q, want the failed check, the check without b, and b's repair", k.restores)
+			}
+		})
 	}
 }
 
 func TestSyncSharedMissing(t *testing.T) {
-	b, k := syncBackend(t, "-C PREROUTING -m addrtype")
-	a, bb, _ := syncPlans("192.0.2.2")
-	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Shared) != 1 || !strings.Contains(rep.Shared[0], "PREROUTING") {
-		t.Errorf("shared %q, want the PREROUTING jump", rep.Shared)
-	}
-	if len(k.ensures) == 0 || !rep.Wrote {
-		t.Errorf("shared objects not ensured: %v", k.ensures)
-	}
-	for _, r := range rep.Results {
-		if r.State != converge.OK {
-			t.Errorf("attachment %+v, want ok (only the shared jump was missing)", r)
-		}
+	for _, rel := range restoreReleases {
+		t.Run(rel.name, func(t *testing.T) {
+			b, k := syncBackend(t, "-C PREROUTING -m addrtype")
+			k.blameCommit = rel.blameCommit
+			a, bb, _ := syncPlans("192.0.2.2")
+			rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Shared) != 1 || !strings.Contains(rep.Shared[0], "PREROUTING") {
+				t.Errorf("shared %q, want the PREROUTING jump", rep.Shared)
+			}
+			if len(k.ensures) == 0 || !rep.Wrote {
+				t.Errorf("shared objects not ensured: %v", k.ensures)
+			}
+			for _, r := range rep.Results {
+				if r.State != converge.OK {
+					t.Errorf("attachment %+v, want ok (only the shared jump was missing)", r)
+				}
+			}
+		})
 	}
 }
 
