@@ -1,6 +1,7 @@
 package nfnl
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -126,6 +127,56 @@ func TestKernel(t *testing.T) {
 	}
 	if err := c.Batch([]Msg{tableMsg(unix.NFT_MSG_DELTABLE, 0)}, true); err != nil {
 		t.Fatalf("delete the table: %v", err)
+	}
+}
+
+// TestAnswersOfOthers: an answer left unread on the socket (a request
+// whose error nobody read) is not taken for an error of the batch that
+// follows, nor of a get; a dump whose message does not fit the read
+// buffer fails with ErrTruncated instead of returning what was cut off.
+func TestAnswersOfOthers(t *testing.T) {
+	userns.Require(t)
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stale := func() {
+		t.Helper()
+		// a get of a table that does not exist, its ENOENT left unread
+		b := appendMsg(nil, tableMsg(unix.NFT_MSG_GETTABLE, 0), 0, c.seq.Add(1), 0)
+		if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stale()
+	if err := c.Batch([]Msg{tableMsg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE), chainMsg("a"), chainMsg("b")}, true); err != nil {
+		t.Fatalf("a batch after an unread answer: %v", err)
+	}
+	defer func() { _ = c.Batch([]Msg{tableMsg(unix.NFT_MSG_DELTABLE, 0)}, true) }()
+	stale()
+	if _, err := c.GetOne(tableMsg(unix.NFT_MSG_GETTABLE, 0)); err != nil {
+		t.Fatalf("a get after an unread answer: %v", err)
+	}
+
+	// a rule of 40 jumps: some 2.5 KB of expressions in one message
+	var long Attrs
+	long.String(unix.NFTA_RULE_TABLE, testTable).String(unix.NFTA_RULE_CHAIN, "a")
+	one, _ := Find(jumpRule("a", "b").Attrs, unix.NFTA_RULE_EXPRESSIONS)
+	long.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, bytes.Repeat(one, 40))
+	r := Msg{Type: NftType(unix.NFT_MSG_NEWRULE), Flags: unix.NLM_F_CREATE | unix.NLM_F_APPEND, Family: unix.NFPROTO_IPV4, Attrs: long.Bytes()}
+	if err := c.Batch([]Msg{r}, true); err != nil {
+		t.Fatalf("add the long rule: %v", err)
+	}
+	var a Attrs
+	a.String(unix.NFTA_RULE_TABLE, testTable).String(unix.NFTA_RULE_CHAIN, "a")
+	dump := Msg{Type: NftType(unix.NFT_MSG_GETRULE), Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}
+	if rules, err := c.Dump(dump); err != nil || len(rules) != 1 {
+		t.Fatalf("dump of the long rule: %d rules, %v", len(rules), err)
+	}
+	c.readSize = 1024
+	if rules, err := c.Dump(dump); !errors.Is(err, ErrTruncated) {
+		t.Errorf("dump into 1 KiB: %d rules, %v; want ErrTruncated", len(rules), err)
 	}
 }
 

@@ -45,6 +45,8 @@ func (e *Error) Unwrap() error { return e.Errno }
 type Conn struct {
 	fd  int
 	seq atomic.Uint32
+	// readSize, when set, is the dumps' read buffer (tests).
+	readSize int
 }
 
 // Open opens the socket in the calling thread's network namespace.
@@ -136,7 +138,7 @@ func (c *Conn) Batch(msgs []Msg, commit bool) error {
 	lost := false
 	buf := make([]byte, 64<<10)
 	for {
-		n, _, err := unix.Recvfrom(c.fd, buf, unix.MSG_DONTWAIT)
+		got, err := recv(c.fd, buf, unix.MSG_DONTWAIT)
 		if errors.Is(err, unix.EAGAIN) {
 			break
 		}
@@ -150,12 +152,14 @@ func (c *Conn) Batch(msgs []Msg, commit bool) error {
 		if err != nil {
 			return fmt.Errorf("read nf_tables batch answer: %w", err)
 		}
-		for _, m := range split(buf[:n]) {
+		for _, m := range split(buf[:got]) {
 			if m.typ != unix.NLMSG_ERROR {
 				continue
 			}
 			e := m.err()
-			if e == nil || e.Errno == 0 {
+			if e == nil || e.Errno == 0 || m.errSeq < begin || m.errSeq > first+n {
+				// an ack, or the answer to something sent before
+				// this batch (a request whose answer was never read)
 				continue
 			}
 			e.Index = int(m.errSeq) - int(first)
@@ -236,7 +240,7 @@ func (c *Conn) get(reqs []Msg, replies []Reply, errs []error) error {
 	left := len(reqs)
 	buf := make([]byte, 64<<10)
 	for left > 0 {
-		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		n, err := recv(c.fd, buf, 0)
 		if err != nil {
 			return fmt.Errorf("read nf_tables answer: %w", err)
 		}
@@ -317,8 +321,8 @@ func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
 	for {
 		// A fresh buffer per read: the replies keep slices of it. The
 		// kernel fills at most 32 KiB per read of a dump.
-		buf := make([]byte, 32<<10)
-		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		buf := make([]byte, c.dumpBuf())
+		n, err := recv(c.fd, buf, 0)
 		if err != nil {
 			return nil, fmt.Errorf("read netlink dump: %w", err)
 		}
@@ -344,6 +348,35 @@ func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
 			}
 		}
 	}
+}
+
+// ErrTruncated says a netlink datagram was larger than the buffer it
+// was read into: what it held is lost, and what was read is incomplete.
+var ErrTruncated = errors.New("netlink message larger than the read buffer")
+
+// recv reads one datagram into buf. MSG_TRUNC makes the kernel return
+// the datagram's real length, so one that did not fit is an error
+// rather than a cut-off answer read as a whole one.
+func recv(fd int, buf []byte, flags int) (int, error) {
+	n, _, err := unix.Recvfrom(fd, buf, flags|unix.MSG_TRUNC)
+	if err != nil {
+		return 0, err
+	}
+	if n > len(buf) {
+		return 0, fmt.Errorf("%w (%d bytes, %d read)", ErrTruncated, n, len(buf))
+	}
+	return n, nil
+}
+
+// dumpBuf is the size of a dump's read buffer: the kernel fills a read
+// of a dump with as many messages as fit the size the reader reads with
+// (at least one page's worth), so 32 KiB takes any message nf_tables
+// dumps.
+func (c *Conn) dumpBuf() int {
+	if c.readSize > 0 {
+		return c.readSize
+	}
+	return 32 << 10
 }
 
 type rawMsg struct {

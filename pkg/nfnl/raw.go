@@ -56,7 +56,7 @@ func (c *Conn) Exec(typ uint16, body []byte) ([]byte, error) {
 	var reply []byte
 	buf := make([]byte, 64<<10)
 	for {
-		n, _, err := unix.Recvfrom(c.fd, buf, 0)
+		n, err := recv(c.fd, buf, 0)
 		if err != nil {
 			return nil, fmt.Errorf("read netlink answer: %w", err)
 		}
