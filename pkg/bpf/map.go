@@ -53,7 +53,7 @@ type mapCreateAttr struct {
 func NewMap(s MapSpec) (*Map, error) {
 	attr := mapCreateAttr{MapType: s.Type, KeySize: s.KeySize, ValueSize: s.ValueSize,
 		MaxEntries: s.MaxEntries, MapFlags: s.Flags, MapName: objName(s.Name)}
-	fd, err := bpf(unix.BPF_MAP_CREATE, &attr)
+	fd, err := lockedMemory(func() (int, error) { return bpf(unix.BPF_MAP_CREATE, &attr) })
 	if err != nil {
 		return nil, fmt.Errorf("create map %s: %w", s.Name, err)
 	}
@@ -90,8 +90,8 @@ func (m *Map) Info() (MapInfo, error) {
 type elemAttr struct {
 	MapFD uint32
 	_     uint32
-	Key   uint64
-	Value uint64 // or the next key
+	Key   pointer
+	Value pointer // or the next key
 	Flags uint64
 }
 
@@ -151,10 +151,10 @@ func (m *Map) NextKey(key, next []byte) error {
 }
 
 type batchAttr struct {
-	InBatch   uint64
-	OutBatch  uint64
-	Keys      uint64
-	Values    uint64
+	InBatch   pointer
+	OutBatch  pointer
+	Keys      pointer
+	Values    pointer
 	Count     uint32
 	MapFD     uint32
 	ElemFlags uint64
@@ -204,7 +204,7 @@ func Dump[K, V any](m *Map) ([]K, []V, error) {
 	var cursor [8]byte // a hash map's batch token is its next bucket
 	attr := batchAttr{OutBatch: ptr(&cursor)}
 	for first := true; ; first = false {
-		attr.InBatch, attr.Count = 0, chunk
+		attr.InBatch, attr.Count = pointer{}, chunk
 		if !first {
 			attr.InBatch = ptr(&cursor)
 		}

@@ -41,11 +41,11 @@ type Prog struct{ object }
 type progLoadAttr struct {
 	ProgType           uint32
 	InsnCnt            uint32
-	Insns              uint64
-	License            uint64
+	Insns              pointer
+	License            pointer
 	LogLevel           uint32
 	LogSize            uint32
-	LogBuf             uint64
+	LogBuf             pointer
 	KernVersion        uint32
 	ProgFlags          uint32
 	ProgName           [unix.BPF_OBJ_NAME_LEN]byte
@@ -90,7 +90,7 @@ func NewProgram(s ProgramSpec) (*Prog, error) {
 // (EAGAIN), a few times.
 func loadRetrying(attr *progLoadAttr) (int, error) {
 	for i := 0; ; i++ {
-		fd, err := bpf(unix.BPF_PROG_LOAD, attr)
+		fd, err := lockedMemory(func() (int, error) { return bpf(unix.BPF_PROG_LOAD, attr) })
 		if errors.Is(err, unix.EAGAIN) && i < 5 {
 			continue
 		}

@@ -30,13 +30,39 @@ func bpf[A any](cmd uintptr, attr *A) (int, error) {
 	}
 }
 
-// ptr is p as a bpf_attr pointer field; the caller keeps p alive.
-func ptr[T any](p *T) uint64 { return uint64(uintptr(unsafe.Pointer(p))) }
+// lockedMemory runs create, a map's or program's creation, and where the
+// kernel refuses it with EPERM while RLIMIT_MEMLOCK is finite runs it
+// again once with the limit lifted: to no limit, or without
+// CAP_SYS_RESOURCE to the hard limit. Kernels before 5.11 charge a map's
+// and a program's memory to the creator's RLIMIT_MEMLOCK (often 64 KiB,
+// or 8 MiB under systemd) and say EPERM when it is spent; from 5.11 the
+// memory cgroup counts it and the limit plays no part. cilium/ebpf's
+// rlimit.RemoveMemlock lifts it the same way, ahead of time. Without
+// CAP_BPF the second try fails as the first.
+func lockedMemory(create func() (int, error)) (int, error) {
+	fd, err := create()
+	if !errors.Is(err, unix.EPERM) {
+		return fd, err
+	}
+	var cur unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &cur) != nil {
+		return fd, err
+	}
+	for _, lim := range []unix.Rlimit{{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}, {Cur: cur.Max, Max: cur.Max}} {
+		if cur.Cur != unix.RLIM_INFINITY && (lim.Cur == unix.RLIM_INFINITY || lim.Cur > cur.Cur) && unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil {
+			return create()
+		}
+	}
+	return fd, err
+}
 
-// bytesPtr is the first byte of b, or 0 for none.
-func bytesPtr(b []byte) uint64 {
+// ptr is p as a bpf_attr pointer field; the caller keeps p alive.
+func ptr[T any](p *T) pointer { return pointer{p: unsafe.Pointer(p)} }
+
+// bytesPtr is the first byte of b, or nil for none.
+func bytesPtr(b []byte) pointer {
 	if len(b) == 0 {
-		return 0
+		return pointer{}
 	}
 	return ptr(&b[0])
 }
@@ -59,7 +85,7 @@ func (o *object) Close() error {
 }
 
 type objAttr struct {
-	Pathname  uint64
+	Pathname  pointer
 	BpfFD     uint32
 	FileFlags uint32
 }
@@ -97,7 +123,7 @@ func objGet(path string) (int, error) {
 type infoAttr struct {
 	BpfFD   uint32
 	InfoLen uint32
-	Info    uint64
+	Info    pointer
 }
 
 // info fills buf with the object's bpf_*_info: as much of it as buf

@@ -1,0 +1,7 @@
+//go:build !(386 || arm || mipsle || mips)
+
+package bpf
+
+import "unsafe"
+
+type pointer struct{ p unsafe.Pointer }
