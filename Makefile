@@ -5,6 +5,11 @@
 #   make bench     ours vs upstream, both backends, N = 0, 100, 1000 containers
 #                  and M = 1, 100, 1000, 5000 mappings in one (root; ~20 minutes)
 #   make bench-quick  N = 0 and 100, few samples (under 2 minutes; CI smoke test)
+#   make compat-test  the kernel and end-to-end suites again with the iptables and
+#                  nft of Debian 11, 12 and 13 first on PATH (roots made with
+#                  mmdebstrap, cached in build/compat; root; part of make test)
+#   make cross-test every architecture of upstream's releases builds; the unit
+#                  tests run under qemu-user for arm64 and s390x (big-endian)
 #   make kube-test a kubelet and containerd 2 (built from the module proxy) and
 #                  Debian's containerd 1.6 run hostPort pods and the DaemonSet through
 #                  the plugin, and a control plane of the kubelet's release rolls the
@@ -16,7 +21,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak kube-test kubelet containerd2 install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test cross-build cross-test kube-test kubelet containerd2 install image clean
 
 all: build
 
@@ -54,7 +59,52 @@ unit:
 test: deps lint plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=100000x
+	$(MAKE) compat-test
+	$(MAKE) cross-test
 	$(MAKE) kube-test
+
+# The iptables userlands a drop-in meets: Debian 11 (1.8.7, nft 0.9.8),
+# 12 (1.8.9, nft 1.0.6), 13 (1.8.11, nft 1.1.3). Each root is made once
+# (test/compat/userland.sh) and its tools put first on PATH through
+# wrappers named as Debian's alternatives; the kernel suite (less the tests
+# that hold our netlink writer to the host's nft, and the soaks) and the
+# end-to-end suite run under each, iptables-nft and nftables backends.
+COMPAT_DIR ?= $(CURDIR)/build/compat
+USERLANDS  ?= bullseye bookworm trixie
+COMPAT_SKIP := TestSoak|TestTenThousandMappings|TestNetlinkWritesWhatNftWrites|TestUpgradeInPlace|TestUpgradeFromRecordMaps|TestNFTOneLookupPerConnection
+
+compat-test: deps plugins
+	@mkdir -p build/compat-bin
+	$(GO) test -c -o build/compat-bin/kernel.test ./test/kernel
+	$(GO) test -c -o build/compat-bin/e2e.test ./test/e2e
+	@set -e; for u in $(USERLANDS); do \
+		./test/compat/userland.sh $$u $(COMPAT_DIR)/$$u; \
+		start=$$(date +%s); \
+		echo "== compat: $$u kernel suite"; \
+		PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) build/compat-bin/kernel.test -test.count=1 -test.skip '$(COMPAT_SKIP)'; \
+		echo "== compat: $$u end-to-end suite"; \
+		PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) build/compat-bin/e2e.test -test.count=1 -test.timeout 20m; \
+		echo "== compat: $$u passed in $$(($$(date +%s) - start)) s"; \
+	done
+
+# Every target of upstream's release tarballs, static as make build.
+CROSS_ARCHES ?= amd64 arm64 arm ppc64le s390x riscv64
+
+cross-build:
+	@set -e; for a in $(CROSS_ARCHES); do \
+		CGO_ENABLED=0 GOARCH=$$a $(GO) build -o build/cross/$$a/ ./cmd/portmap ./cmd/portmap-agent; \
+		echo "built linux/$$a"; \
+	done
+
+# The unit tests (those that need no kernel of their own: the ones in user
+# namespaces skip themselves under the emulator) for arm64 and for s390x,
+# big-endian: every encoder the kernel reads checked in both byte orders.
+cross-test: deps cross-build
+	@set -e; for a in arm64:aarch64 s390x:s390x; do \
+		emu=qemu-$${a#*:}-static; \
+		echo "== unit tests, linux/$${a%%:*} under $$emu"; \
+		CGO_ENABLED=0 GOARCH=$${a%%:*} PORTMAP_QEMU_USER=$$emu $(GO) test -count=1 -exec $$emu ./cmd/... ./pkg/... ./plugins/...; \
+	done
 
 # Short fuzz runs of config parsing and rule rendering (FUZZTIME each).
 # `make test` bounds them by executions (100000x): a duration can end with

@@ -15,6 +15,10 @@ command -v runc >/dev/null || need+=(runc)
 command -v containerd >/dev/null || need+=(containerd)
 # Its control plane test stores the cluster in Debian's etcd.
 command -v etcd >/dev/null || need+=(etcd-server)
+# make compat-test makes Debian roots of other releases' iptables and nft.
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+# make cross-test runs the unit tests of arm64 and s390x under qemu-user.
+command -v qemu-s390x-static >/dev/null || need+=(qemu-user-static)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2

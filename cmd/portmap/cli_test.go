@@ -43,6 +43,10 @@ func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 func runBin(t *testing.T, name string, env []string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := exec.Command(bin(t, name), args...)
+	if emu := os.Getenv("PORTMAP_QEMU_USER"); emu != "" {
+		// make cross-test: the binary is another architecture's
+		cmd = exec.Command(emu, append([]string{bin(t, name)}, args...)...)
+	}
 	cmd.Env = append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, env...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

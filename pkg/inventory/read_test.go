@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -76,6 +77,9 @@ func TestOnHost(t *testing.T) {
 // namespace (the test's own, on loopback), not a connected UDP socket,
 // not another address or port, and nothing for SCTP.
 func TestListener(t *testing.T) {
+	if os.Getenv("PORTMAP_QEMU_USER") != "" {
+		t.Skip("qemu-user does not emulate NETLINK_SOCK_DIAG")
+	}
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

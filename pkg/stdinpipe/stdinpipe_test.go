@@ -63,6 +63,9 @@ func TestWiden(t *testing.T) {
 		}
 	})
 	t.Run("a pipe not full is left as it is", func(t *testing.T) {
+		if os.Getenv("PORTMAP_QEMU_USER") != "" {
+			t.Skip("qemu-user answers FIONREAD on a pipe with the pipe's size")
+		}
 		r, w, size := pipe(t)
 		if _, err := w.Write([]byte(`{"cniVersion":"1.0.0"}`)); err != nil {
 			t.Fatal(err)

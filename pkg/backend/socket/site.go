@@ -1,10 +1,12 @@
 package socket
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/bpf"
@@ -137,11 +139,22 @@ func (s *kernelSite) Exists() bool {
 	return err == nil
 }
 
+// errBigEndian is Ready's answer on a big-endian machine (s390x): the
+// programs' instructions and the maps' keys and values are encoded
+// little-endian, and no big-endian kernel has run them.
+var errBigEndian = fmt.Errorf("socket path: not available on big-endian machines (%s): leave out the \"socket\" key, the DNAT rules serve every client", runtime.GOARCH)
+
+// bigEndian reports whether this machine stores the low byte last.
+func bigEndian() bool { return binary.NativeEndian.Uint16([]byte{0, 1}) == 1 }
+
 // Ready says what the host lacks: a cgroup v2 directory at the cgroup
 // path, a bpf filesystem under the pin directory, the kernel's cgroup
 // socket-address programs with bpf_get_netns_cookie and links, and the
 // privilege to load them.
 func (s *kernelSite) Ready() error {
+	if bigEndian() {
+		return errBigEndian
+	}
 	if err := s.resolveCgroup(); err != nil {
 		return err
 	}
