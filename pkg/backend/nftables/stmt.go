@@ -196,18 +196,11 @@ func (s vmapLookup) encode(e *exprs) {
 	if !s.addr {
 		protoReg = reg1
 	}
+	// nft before 1.1 turned the protocol of a concatenation of ranges to
+	// network order with a byteorder of one byte in two (it moves
+	// nothing); Debian 13's kernel (6.12.118) refuses that rule with
+	// EOPNOTSUPP, and nft 1.1 writes none: neither does this
 	e.meta(unix.NFT_META_L4PROTO, protoReg)
-	if s.interval {
-		// nft turns host-order fields of a concatenation of ranges to
-		// network order; for the one byte of a protocol it moves nothing
-		e.add("byteorder", func(a *nfnl.Attrs) {
-			a.U32(unix.NFTA_BYTEORDER_SREG, protoReg)
-			a.U32(unix.NFTA_BYTEORDER_DREG, protoReg)
-			a.U32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
-			a.U32(unix.NFTA_BYTEORDER_LEN, 1)
-			a.U32(unix.NFTA_BYTEORDER_SIZE, 2)
-		})
-	}
 	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
 	e.add("lookup", func(a *nfnl.Attrs) {
 		a.String(unix.NFTA_LOOKUP_SET, s.set)
