@@ -330,3 +330,53 @@ func TestFlatRecordMapOfAnOlderRelease(t *testing.T) {
 		})
 	}
 }
+
+// TestFlatDelAfterTampering: DEL of a flat attachment whose DNAT element
+// was deleted by hand (or by a flush of its map) still removes the
+// hairpin and localhost-mark elements of that key, with or without the
+// prevResult, and with every DNAT element gone; another attachment's
+// elements stay.
+func TestFlatDelAfterTampering(t *testing.T) {
+	a := fixture.Attachment("a", "192.0.2.2/24", 8080, 8081)
+	other := fixture.Attachment("o", "192.0.2.9/24", 9090)
+	own := ChainName(a.Owner)
+	for _, tt := range []struct {
+		name     string
+		gone     []int // which of a's keys lose their DNAT element
+		noResult bool  // DEL without prevResult: no container address
+	}{
+		{"one element gone", []int{0}, false},
+		{"one element gone, no prevResult", []int{0}, true},
+		{"every element gone, no prevResult", []int{0, 1}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, m := memBackend()
+			if err := b.Apply(other); err != nil {
+				t.Fatal(err)
+			}
+			want := m.Dump()
+			if err := b.Apply(a); err != nil {
+				t.Fatal(err)
+			}
+			tx := newTx(plan.IPv4)
+			for _, i := range tt.gone {
+				tx.add(opDelete, elemObj{key: Keys(a)[i]})
+			}
+			if err := m.Apply(tx); err != nil {
+				t.Fatal(err)
+			}
+			del := a
+			if tt.noResult {
+				c := *a
+				c.ContainerNet = nil
+				del = &c
+			}
+			if err := b.Remove(del); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if got := m.Dump(); got != want {
+				t.Errorf("after DEL (%s's elements should be gone):\n%s\nwant:\n%s", own, got, want)
+			}
+		})
+	}
+}

@@ -266,7 +266,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			own = append(own, e)
 		}
 	}
-	hps, err := b.hairpinsOf(own)
+	hps, err := b.strayHairpins(p, chain, keys, own)
 	if err != nil {
 		return err
 	}
@@ -286,6 +286,44 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
 	return nil
+}
+
+// strayHairpins reads the hairpin elements DEL removes: those own's
+// elements claim, and those of the attachment's other flat keys, whose
+// DNAT element is gone (deleted by hand, or by a flush of the map):
+// looked up with the sources own or p name, and where neither names one
+// (every element gone, a DEL without prevResult), read from the whole
+// table. Only what chain owns is kept by the caller.
+func (b *Backend) strayHairpins(p *plan.Plan, chain string, keys []Key, own []Element) ([]Hairpin, error) {
+	held := map[string]bool{}
+	var srcs []string
+	for _, e := range own {
+		held[e.Key.ID()] = true
+		srcs = append(srcs, e.Srcs...)
+	}
+	if p.ContainerNet != nil {
+		srcs = append(srcs, hairpinSrcs(p)...)
+	}
+	var gone []Key
+	for _, k := range keys {
+		if k.Flat && !held[k.ID()] {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) > 0 && len(srcs) == 0 {
+		st, err := b.Kernel.Table(b.Family, Table)
+		if err != nil || st == nil {
+			return nil, err
+		}
+		return st.Hairpins, nil
+	}
+	var more []Hairpin
+	for _, k := range gone {
+		for _, src := range slices.Compact(slices.Sorted(slices.Values(srcs))) {
+			more = append(more, Hairpin{Src: src, Key: k})
+		}
+	}
+	return b.hairpinsOf(own, more...)
 }
 
 func uniqueKeys(keys []Key) []Key {
