@@ -8,8 +8,12 @@
 #   make compat-test  the kernel and end-to-end suites again with the iptables and
 #                  nft of Debian 11, 12 and 13 first on PATH (roots made with
 #                  mmdebstrap, cached in build/compat; root; part of make test)
+#   make guest-test Debian's kernels 5.10, 6.1 and 6.12 in QEMU guests: the kernel-API
+#                  tests and a traffic test per backend (root; part of make test)
 #   make cross-test every architecture of upstream's releases builds; the unit
 #                  tests run under qemu-user for arm64 and s390x (big-endian)
+#   make release   portmap-linux-<arch>-<version>.tgz with .sha256 and .sha512 for every
+#                  architecture into RELEASE_DIR (build/release), reproducibly
 #   make kube-test a kubelet and containerd 2 (built from the module proxy) and
 #                  Debian's containerd 1.6 run hostPort pods and the DaemonSet through
 #                  the plugin, and a control plane of the kubelet's release rolls the
@@ -21,7 +25,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test cross-build cross-test kube-test kubelet containerd2 install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test guest-test cross-build cross-test release release-check kube-test kubelet containerd2 install image clean
 
 all: build
 
@@ -60,7 +64,9 @@ test: deps lint plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=100000x
 	$(MAKE) compat-test
+	$(MAKE) guest-test
 	$(MAKE) cross-test
+	$(MAKE) release-check
 	$(MAKE) kube-test
 
 # The iptables userlands a drop-in meets: Debian 11 (1.8.7, nft 0.9.8),
@@ -68,9 +74,11 @@ test: deps lint plugins
 # (test/compat/userland.sh) and its tools put first on PATH through
 # wrappers named as Debian's alternatives; the kernel suite (less the tests
 # that hold our netlink writer to the host's nft, and the soaks) and the
-# end-to-end suite run under each, iptables-nft and nftables backends.
+# end-to-end suite run under each, iptables-nft and nftables backends; then
+# the end-to-end tests of one container's life with its iptables-legacy.
 COMPAT_DIR ?= $(CURDIR)/build/compat
 USERLANDS  ?= bullseye bookworm trixie
+COMPAT_LEGACY := TestTraffic|TestTwoContainersDelOne|TestDelLeavesNothing|TestCheckDetectsTampering|TestNodeToolsRoundTrip|TestUpstreamToOurs|TestGC|TestStatus
 COMPAT_SKIP := TestSoak|TestTenThousandMappings|TestNetlinkWritesWhatNftWrites|TestUpgradeInPlace|TestUpgradeFromRecordMaps|TestNFTOneLookupPerConnection
 
 compat-test: deps plugins
@@ -81,10 +89,39 @@ compat-test: deps plugins
 		./test/compat/userland.sh $$u $(COMPAT_DIR)/$$u; \
 		start=$$(date +%s); \
 		echo "== compat: $$u kernel suite"; \
-		PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) build/compat-bin/kernel.test -test.count=1 -test.skip '$(COMPAT_SKIP)'; \
+		(cd test/kernel && PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) $(CURDIR)/build/compat-bin/kernel.test -test.count=1 -test.skip '$(COMPAT_SKIP)'); \
 		echo "== compat: $$u end-to-end suite"; \
-		PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) build/compat-bin/e2e.test -test.count=1 -test.timeout 20m; \
+		(cd test/e2e && PATH=$(COMPAT_DIR)/$$u/bin:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) $(CURDIR)/build/compat-bin/e2e.test -test.count=1 -test.timeout 20m); \
+		echo "== compat: $$u iptables-legacy"; \
+		(cd test/e2e && PATH=$(COMPAT_DIR)/$$u/bin-legacy:$$PATH PORTMAP_CNI_BIN=$(CNI_BIN) $(CURDIR)/build/compat-bin/e2e.test -test.count=1 -test.run '^($(COMPAT_LEGACY))$$'); \
 		echo "== compat: $$u passed in $$(($$(date +%s) - start)) s"; \
+	done
+
+# Debian's own kernels (bullseye 5.10, bookworm 6.1, trixie 6.12), booted
+# in QEMU guests (test/compat/guest.sh; the emulator where the host has no
+# usable kvm) with Debian 13's tools, the static test binaries and plugins
+# shared from the host. GUEST_TESTS picks the kernel suite's tests: by
+# default the kernel-API ones (about 3 minutes a kernel under the
+# emulator), GUEST_TESTS=all every one but the time-bound (parallel ADDs,
+# kill trials, soaks: they fail for speed alone under the emulator); and
+# a traffic test per backend.
+GUEST_KERNELS ?= bullseye bookworm trixie
+GUEST_API     := TestBPFMap|TestBPFLink|TestNFTApplyCheckRemove|TestNFTFastPathMisses|TestNFTReAddReplaces|TestNFTSamePortAndIP|TestApplyCheckRemove|TestNativeAddAsRestore|TestCheckOverNetlink|TestIPTablesFastPathMisses|TestReadyCommitsNothing|TestReadyReadsTheSkeleton|TestSocketPath
+GUEST_SLOW    := $(COMPAT_SKIP)|TestFiftyParallelAddsThenDels|TestKilledMidwayRecovers|TestSyncPassesKeepSockets
+GUEST_TESTS   ?= api
+
+guest-test: deps plugins
+	@mkdir -p build/guest-bin
+	CGO_ENABLED=0 $(GO) test -c -o build/guest-bin/kernel.test ./test/kernel
+	CGO_ENABLED=0 $(GO) test -c -o build/guest-bin/e2e.test ./test/e2e
+	./test/compat/userland.sh trixie $(COMPAT_DIR)/trixie
+	@set -e; for k in $(GUEST_KERNELS); do \
+		start=$$(date +%s); \
+		if [ "$(GUEST_TESTS)" = all ]; then sel="-test.skip '$(GUEST_SLOW)'"; else sel="-test.run '^($(GUEST_API))$$'"; fi; \
+		echo "== guest: Debian $$k's kernel"; \
+		GUEST_ROOT=$(COMPAT_DIR)/trixie/root PORTMAP_CNI_BIN=$(CNI_BIN) ./test/compat/guest.sh $$k $(CURDIR)/build/guest/$$k -- \
+			sh -c "cd test/kernel && ../../build/guest-bin/kernel.test -test.count=1 $$sel && cd ../e2e && ../../build/guest-bin/e2e.test -test.count=1 -test.run '^TestTraffic$$'"; \
+		echo "== guest: $$k passed in $$(($$(date +%s) - start)) s"; \
 	done
 
 # Every target of upstream's release tarballs, static as make build.
@@ -95,6 +132,36 @@ cross-build:
 		CGO_ENABLED=0 GOARCH=$$a $(GO) build -o build/cross/$$a/ ./cmd/portmap ./cmd/portmap-agent; \
 		echo "built linux/$$a"; \
 	done
+
+# Release tarballs as upstream's plugins ship them, one per architecture:
+# portmap-linux-<arch>-<version>.tgz (the plugin and the agent) with its
+# .sha256 and .sha512, into RELEASE_DIR. Reproducible: -trimpath, an empty
+# build ID, the version from the tag (git describe), the tar's entries
+# sorted, owned by root and dated at the commit, gzip without a name or
+# time. make release-check builds it twice (the second time with a build
+# cache of its own) and compares the bytes.
+RELEASE_DIR ?= $(CURDIR)/build/release
+RELEASE_LDFLAGS := -buildid= -X github.com/portmap-dev/portmap/pkg/buildinfo.version=$(VERSION)
+RELEASE_TIME := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+release:
+	@set -e; mkdir -p $(RELEASE_DIR); for a in $(CROSS_ARCHES); do \
+		stage=$$(mktemp -d); \
+		CGO_ENABLED=0 GOARCH=$$a $(GO) build -trimpath -buildvcs=auto -ldflags "$(RELEASE_LDFLAGS)" -o $$stage/ ./cmd/portmap ./cmd/portmap-agent; \
+		tgz=portmap-linux-$$a-$(VERSION).tgz; \
+		tar --sort=name --mtime=@$(RELEASE_TIME) --owner=0 --group=0 --numeric-owner --mode=go-w -C $$stage -cf - portmap portmap-agent | gzip -n -9 >$(RELEASE_DIR)/$$tgz; \
+		rm -rf $$stage; \
+		(cd $(RELEASE_DIR) && sha256sum $$tgz >$$tgz.sha256 && sha512sum $$tgz >$$tgz.sha512); \
+		echo "$(RELEASE_DIR)/$$tgz"; \
+	done
+
+release-check:
+	@rm -rf build/release-a build/release-b build/release-cache
+	$(MAKE) --no-print-directory release RELEASE_DIR=$(CURDIR)/build/release-a
+	GOCACHE=$(CURDIR)/build/release-cache $(MAKE) --no-print-directory release RELEASE_DIR=$(CURDIR)/build/release-b CROSS_ARCHES=amd64
+	@set -e; for f in build/release-b/*; do cmp $$f build/release-a/$${f##*/}; done; \
+		echo "release: portmap-linux-amd64-$(VERSION).tgz the same, byte for byte, from a build cache of its own"; \
+		rm -rf build/release-cache
 
 # The unit tests (those that need no kernel of their own: the ones in user
 # namespaces skip themselves under the emulator) for arm64 and for s390x,

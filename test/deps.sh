@@ -17,6 +17,11 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v etcd >/dev/null || need+=(etcd-server)
 # make compat-test makes Debian roots of other releases' iptables and nft.
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+# make guest-test boots Debian's kernels in QEMU (the emulator), from an
+# initramfs of busybox; depmod indexes their modules.
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v busybox >/dev/null || need+=(busybox-static)
+command -v depmod >/dev/null || need+=(kmod)
 # make cross-test runs the unit tests of arm64 and s390x under qemu-user.
 command -v qemu-s390x-static >/dev/null || need+=(qemu-user-static)
 if [ ${#need[@]} -gt 0 ]; then

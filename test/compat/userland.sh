@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # userland.sh SUITE DIR: a Debian root of SUITE (bullseye, bookworm, trixie)
 # with its iptables and nftables in DIR/root, made once with mmdebstrap
-# from Debian's archive (DIR/root.stamp marks a finished one), and two
+# from Debian's archive (DIR/root-v2.stamp marks a finished one), and two
 # directories of wrappers that run the root's tools from the host, to be
 # put first on PATH:
 #
@@ -16,19 +16,19 @@ set -euo pipefail
 suite=$1 dir=$(realpath -m "$2")
 root=$dir/root
 
-if [ ! -e "$dir/root.stamp" ]; then
+if [ ! -e "$dir/root-v2.stamp" ]; then
   command -v mmdebstrap >/dev/null || {
     echo "userland.sh: mmdebstrap is missing (test/deps.sh installs it)" >&2
     exit 1
   }
   rm -rf "$root"
   mkdir -p "$dir"
-  mmdebstrap --quiet --variant=minbase --include=iptables,nftables \
+  mmdebstrap --quiet --variant=minbase --include=iptables,nftables,iproute2,kmod \
     "$suite" "$root" >"$dir/mmdebstrap.log" 2>&1 || {
     tail -20 "$dir/mmdebstrap.log" >&2
     exit 1
   }
-  touch "$dir/root.stamp"
+  touch "$dir/root-v2.stamp"
 fi
 
 lib=x86_64-linux-gnu

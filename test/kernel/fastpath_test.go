@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -38,7 +40,8 @@ func TestNFTFastPathMisses(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		if len(k.errs) < 2 || !errors.Is(k.errs[0], want) {
-			t.Fatalf("%s: first transaction %v (of %d), want %v and a slow path after it", what, k.errs, len(k.errs), want)
+			out, _ := exec.Command("nft", "list", "table", "ip", nftables.Table).CombinedOutput()
+			t.Fatalf("%s: first transaction %v (of %d), want %v and a slow path after it; the table then:\n%s", what, k.errs, len(k.errs), want, out)
 		}
 	}
 	x := mkPlan("net1", "x", "192.0.2.9/24", 8090)
@@ -89,7 +92,20 @@ func TestNFTFastPathMisses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first(t, "DEL of a range cut down", func() error { return b.Remove(r) }, unix.EEXIST)
+	// Linux 6.x refuses the fast path's re-add of the interval that was
+	// cut down (EEXIST) and the slow path follows; 5.10 takes the fast
+	// path's transaction whole: either way what is left is the newer
+	// range, and nothing of r
+	k.errs = nil
+	if err := b.Remove(r); err != nil {
+		t.Fatalf("DEL of a range cut down: %v", err)
+	}
+	if len(k.errs) == 0 || k.errs[0] != nil && (!errors.Is(k.errs[0], unix.EEXIST) || len(k.errs) < 2) {
+		t.Fatalf("DEL of a range cut down: transactions %v, want one that passed, or EEXIST and a slow path after it", k.errs)
+	}
+	if out, _ := exec.Command("nft", "list", "table", "ip", nftables.Table).CombinedOutput(); strings.Contains(string(out), nftables.ChainName(r.Owner)) {
+		t.Errorf("DEL of a range cut down left its chain or an element:\n%s", out)
+	}
 	if err := b.Check(s); err != nil {
 		t.Errorf("the newer range after the older one's DEL: %v", err)
 	}
