@@ -182,7 +182,7 @@ func TestNativeAddAsRestore(t *testing.T) {
 				for _, c := range []string{chain, iptables.TopLevelDNATChain} {
 					for _, l := range strings.Split(nettest.Run(t, tool, "-t", "nat", "-S", c), "\n") {
 						if rule, ok := strings.CutPrefix(l, "-A "); ok {
-							nettest.Run(t, tool, append([]string{"-t", "nat", "-C"}, splitRule(t, rule)...)...)
+							nettest.Run(t, tool, append([]string{"-t", "nat", "-C"}, iptables.SplitRule(rule)...)...)
 						}
 					}
 				}
@@ -291,39 +291,4 @@ func TestNativeAddBehindAWrapper(t *testing.T) {
 	if err := b.Check(p); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
-}
-
-// splitRule splits a rule as iptables -S prints it into its arguments:
-// words, and double-quoted words with backslash escapes (a comment).
-func splitRule(t *testing.T, rule string) []string {
-	t.Helper()
-	var out []string
-	var cur strings.Builder
-	inWord, quoted := false, false
-	for i := 0; i < len(rule); i++ {
-		c := rule[i]
-		switch {
-		case quoted && c == '\\' && i+1 < len(rule):
-			i++
-			cur.WriteByte(rule[i])
-		case c == '"':
-			quoted, inWord = !quoted, true
-		case c == ' ' && !quoted:
-			if inWord {
-				out = append(out, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		default:
-			cur.WriteByte(c)
-			inWord = true
-		}
-	}
-	if quoted {
-		t.Fatalf("unterminated quote in %q", rule)
-	}
-	if inWord {
-		out = append(out, cur.String())
-	}
-	return out
 }

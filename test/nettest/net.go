@@ -264,31 +264,30 @@ func Save(tb TB, family int) string {
 // and whether it is iptables-nft.
 func IptablesRelease(tb TB) (release string, nft bool) {
 	tb.Helper()
-	out, err := exec.Command("iptables", "--version").CombinedOutput()
-	if err != nil {
-		tb.Fatalf("iptables --version: %v\n%s", err, out)
-	}
-	// "iptables v1.8.9 (nf_tables)"
-	f := strings.Fields(string(out))
-	if len(f) < 2 || !strings.HasPrefix(f[1], "v") {
-		tb.Fatalf("iptables --version: %q", out)
-	}
-	return strings.TrimPrefix(f[1], "v"), strings.Contains(string(out), "nf_tables")
+	release, out := toolRelease(tb, "iptables") // "iptables v1.8.9 (nf_tables)"
+	return release, strings.Contains(out, "nf_tables")
 }
 
 // NftRelease is the release of the nft first on PATH ("1.0.6").
 func NftRelease(tb TB) string {
 	tb.Helper()
-	out, err := exec.Command("nft", "--version").CombinedOutput()
+	release, _ := toolRelease(tb, "nft") // "nftables v1.0.6 (Lester Gooch #5)"
+	return release
+}
+
+// toolRelease runs tool --version and reads the release from its second
+// word ("v1.8.9"); it returns the whole answer too.
+func toolRelease(tb TB, tool string) (release, out string) {
+	tb.Helper()
+	b, err := exec.Command(tool, "--version").CombinedOutput()
 	if err != nil {
-		tb.Fatalf("nft --version: %v\n%s", err, out)
+		tb.Fatalf("%s --version: %v\n%s", tool, err, b)
 	}
-	// "nftables v1.0.6 (Lester Gooch #5)"
-	f := strings.Fields(string(out))
+	f := strings.Fields(string(b))
 	if len(f) < 2 || !strings.HasPrefix(f[1], "v") {
-		tb.Fatalf("nft --version: %q", out)
+		tb.Fatalf("%s --version: %q", tool, b)
 	}
-	return strings.TrimPrefix(f[1], "v")
+	return strings.TrimPrefix(f[1], "v"), string(b)
 }
 
 // Run runs a command in the test's node namespace and fails the test on

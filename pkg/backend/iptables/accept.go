@@ -304,7 +304,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 			w = append(w, idOf(r.Args))
 		}
 		for _, line := range l.rules[chain] {
-			h = append(h, idOf(splitRule(line)))
+			h = append(h, idOf(SplitRule(line)))
 		}
 		switch {
 		case !l.chains[chain]:

@@ -58,7 +58,7 @@ func (lt *listing) judge(p *plan.Plan) string {
 		want = append(want, entryID(r.Args))
 	}
 	for _, l := range lt.refs[chain] {
-		have = append(have, entryID(splitRule(l)))
+		have = append(have, entryID(SplitRule(l)))
 	}
 	if d := diff(want, have); d != "" {
 		return "entry rules in " + TopLevelDNATChain + ": " + d
@@ -74,7 +74,7 @@ func judgeChain(p *plan.Plan, lines []string) string {
 		want = append(want, idOf(r.Args))
 	}
 	for _, l := range lines {
-		have = append(have, idOf(splitRule(l)))
+		have = append(have, idOf(SplitRule(l)))
 	}
 	if d := diff(want, have); d != "" {
 		return "chain " + ChainName(p.Owner) + ": " + d
@@ -225,9 +225,9 @@ func withPrefix(addr string) string {
 	return addr + "/32"
 }
 
-// splitRule splits an iptables -S line into tokens, undoing its quoting
+// SplitRule splits an iptables -S line into tokens, undoing its quoting
 // (double quotes, with backslash escapes inside).
-func splitRule(line string) []string {
+func SplitRule(line string) []string {
 	if !strings.Contains(line, `"`) {
 		return strings.Fields(line)
 	}

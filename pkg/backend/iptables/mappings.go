@@ -40,7 +40,7 @@ func ParseMappings(lines []string) []plan.Installed {
 			continue
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
-		id := idOf(splitRule(l))
+		id := idOf(SplitRule(l))
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if o, ok := owners[chain]; ok {
 			owner = o

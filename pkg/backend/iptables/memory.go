@@ -136,7 +136,7 @@ func (t *xtable) apply(line string) bool {
 		t.rules[name] = nil
 		return true
 	}
-	tok := splitRule(line)
+	tok := SplitRule(line)
 	if len(tok) < 2 {
 		return false
 	}

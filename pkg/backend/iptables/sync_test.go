@@ -312,7 +312,7 @@ func TestCascadeKeepsNewestOnTop(t *testing.T) {
 }
 
 func TestSplitRule(t *testing.T) {
-	got := splitRule(`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j X`)
+	got := SplitRule(`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j X`)
 	want := []string{"-A", "CNI-HOSTPORT-DNAT", "-p", "tcp", "-m", "comment", "--comment", `dnat name: "net1" id: "a"`,
 		"-m", "multiport", "--dports", "8080", "-j", "X"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
