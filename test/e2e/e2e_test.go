@@ -413,3 +413,38 @@ func TestMasqAll(t *testing.T) {
 		expectNoReply(t, cl, "tcp", addr(nodeIP, 7300))
 	})
 }
+
+// TestRollbackToUpstream: a node rolled back to upstream portmap (iptables
+// backend, whose chain names and comments we keep) tears down what ours
+// set up: upstream's DEL of our attachment, written on the native fast
+// path, leaves none of its rules and stops its host port, and another
+// attachment of ours keeps working. (Our nftables backend keeps tables of
+// its own, which upstream's nftables backend does not read: docs/compat.md.)
+func TestRollbackToUpstream(t *testing.T) {
+	nettest.ResetNAT(t)
+	cl := client(t)
+	net := nettest.Net{Name: "rollback", V4: "192.0.2.176/28", V6: "2001:db8:1:31::/64", DataDir: t.TempDir(), Extra: map[string]string{"backend": `"iptables"`}}
+	ours := nettest.NewRuntime(t, net)
+	keep := ours.MustAdd(t, "keep", nettest.Mapping{HostPort: 7400, ContainerPort: srvPort, Protocol: "tcp"})
+	gone := ours.MustAdd(t, "gone", nettest.Mapping{HostPort: 7401, ContainerPort: srvPort, Protocol: "tcp"},
+		nettest.Mapping{HostPort: 7402, ContainerPort: srvPort, Protocol: "udp"})
+	nettest.Serve(t, keep.NS, "keep", srvPort)
+	nettest.Serve(t, gone.NS, "gone", srvPort)
+	expectReply(t, cl, "tcp", addr(nodeIP, 7401), "gone", clientIP)
+	net.Portmap = "portmap-upstream"
+	up := ours.WithList(t, net)
+	if err := up.Del(gone); err != nil {
+		t.Fatalf("upstream's DEL of our attachment: %v", err)
+	}
+	rules := nettest.Save(t, 4) + nettest.Save(t, 6)
+	for _, left := range []string{iptables.ChainName(plan.Owner{Network: "rollback", ContainerID: "gone"}), `id: \"gone\"`} {
+		if strings.Contains(rules, left) {
+			t.Errorf("our rules (%s) survive upstream's DEL:\n%s", left, rules)
+		}
+	}
+	expectNoReply(t, cl, "tcp", addr(nodeIP, 7401))
+	expectReply(t, cl, "tcp", addr(nodeIP, 7400), "keep", clientIP)
+	if err := up.Check(keep); err != nil {
+		t.Errorf("upstream's CHECK of our other attachment: %v", err)
+	}
+}
