@@ -175,7 +175,10 @@ func (b *Backend) Apply(p *plan.Plan) error {
 func (b *Backend) fastAdd(p *plan.Plan) error {
 	w, _ := Witness(p)
 	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
-	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) {
+	// EPROTONOSUPPORT: the kernel has the DNAT target but not the
+	// revision native.go writes (2, Linux 4.19); iptables-restore
+	// writes one it has
+	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) || errors.Is(err, unix.EPROTONOSUPPORT) {
 		pl := addPayload(p)
 		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
 			return b.restoreError("apply", pl, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 // The x_tables structs the native fast path hands the kernel, as
@@ -161,5 +162,35 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	})
 	if same, _ := sameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains); same {
 		t.Error("an expression more: same")
+	}
+}
+
+// noDNATRev2 is a kernel whose DNAT target lacks the revision the native
+// path writes: nft_compat answers EPROTONOSUPPORT (a kernel before 4.19).
+type noDNATRev2 struct{ Kernel }
+
+func (noDNATRev2) AddChain(string, string, []Rule, []Rule, ...string) error {
+	return &nfnl.Error{Errno: unix.EPROTONOSUPPORT}
+}
+
+// TestNativeWithoutDNATRev2: where the kernel refuses the native path's
+// DNAT revision, ADD's fast path is iptables-restore's, which picks a
+// revision the kernel has; the attachment is made and passes CHECK.
+func TestNativeWithoutDNATRev2(t *testing.T) {
+	b, m := memBackend()
+	first, second := fixture.Attachment("a", "192.0.2.2/24", 8080), fixture.Attachment("b", "192.0.2.3/24", 8081)
+	if err := b.Apply(first); err != nil {
+		t.Fatal(err)
+	}
+	b.Kernel = noDNATRev2{b.Kernel}
+	restores := m.Restores
+	if err := b.Apply(second); err != nil {
+		t.Fatalf("ADD where the native DNAT revision is refused: %v", err)
+	}
+	if m.Restores != restores+1 {
+		t.Errorf("ADD ran %d restores, want 1 (the fast path's)", m.Restores-restores)
+	}
+	if err := b.Check(second); err != nil {
+		t.Errorf("CHECK: %v", err)
 	}
 }
