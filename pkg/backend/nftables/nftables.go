@@ -255,7 +255,8 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if err != nil || c == nil {
 		return err
 	}
-	keys = uniqueKeys(withTwins(append(keys, c.keys()...)))
+	mine := uniqueKeys(append(keys, c.keys()...))
+	keys = uniqueKeys(withTwins(mine))
 	els, err := b.Kernel.Elements(b.Family, keys)
 	if err != nil {
 		return err
@@ -266,7 +267,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			own = append(own, e)
 		}
 	}
-	hps, err := b.strayHairpins(p, chain, keys, own)
+	hps, err := b.strayHairpins(p, mine, own)
 	if err != nil {
 		return err
 	}
@@ -289,12 +290,12 @@ func (b *Backend) Remove(p *plan.Plan) error {
 }
 
 // strayHairpins reads the hairpin elements DEL removes: those own's
-// elements claim, and those of the attachment's other flat keys, whose
-// DNAT element is gone (deleted by hand, or by a flush of the map):
-// looked up with the sources own or p name, and where neither names one
-// (every element gone, a DEL without prevResult), read from the whole
-// table. Only what chain owns is kept by the caller.
-func (b *Backend) strayHairpins(p *plan.Plan, chain string, keys []Key, own []Element) ([]Hairpin, error) {
+// elements claim, and those of the attachment's other flat keys (of p
+// and its record), whose DNAT element is gone (deleted by hand, or by a
+// flush of the map): looked up with the sources own or p name, and where
+// neither names one (every element gone, a DEL without prevResult), read
+// from the whole table. The caller keeps what its chain owns.
+func (b *Backend) strayHairpins(p *plan.Plan, keys []Key, own []Element) ([]Hairpin, error) {
 	held := map[string]bool{}
 	var srcs []string
 	for _, e := range own {
