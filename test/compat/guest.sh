@@ -85,6 +85,9 @@ fi
 mount -t tmpfs -o size=1g tmpfs /mnt/rw
 mkdir -p /mnt/rw/upper /mnt/rw/work
 mount -t overlay -o lowerdir=/mnt/ro,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work overlay /mnt/root
+# /tmp and /run first: the checkout may live under either
+mount -t tmpfs tmpfs /mnt/root/tmp
+mount -t tmpfs tmpfs /mnt/root/run
 r=$(uname -r)
 mkdir -p /mnt/root/lib/modules/$r
 mount -t 9p -o ro,$p9 mods /mnt/root/lib/modules/$r
@@ -94,8 +97,6 @@ mount -t 9p -o ro,$p9 work /mnt/root$work
 mkdir -p /mnt/root/pm
 mount -t 9p -o ro,$p9 pmrun /mnt/root/pm
 for d in proc sys dev; do mount --move /$d /mnt/root/$d 2>/dev/null || mount --bind /$d /mnt/root/$d; done
-mount -t tmpfs tmpfs /mnt/root/tmp
-mount -t tmpfs tmpfs /mnt/root/run
 mount -t cgroup2 none /mnt/root/sys/fs/cgroup 2>/dev/null
 mount -t bpf none /mnt/root/sys/fs/bpf 2>/dev/null
 echo "pm-guest: booted $(uname -r)"
