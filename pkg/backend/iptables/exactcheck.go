@@ -12,18 +12,18 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
+// checkItem is a rule exactCheck judges, and whose it is (-1: shared).
+type checkItem struct {
+	owner int
+	rule  Rule
+}
+
 // exactCheck runs what the listing cannot judge through iptables' own
 // comparison (-C): the shared rules and guard, and the entry rules of
 // attachments with conditions (iptables prints conditions in its own
 // spelling). iptables-restore stops at the first failing line, so each
 // failure is recorded and the rest checked again. It returns what of the
 // shared objects is missing, or "".
-// checkItem is a rule exactCheck judges and whose it is (-1: shared).
-type checkItem struct {
-	owner int
-	rule  Rule
-}
-
 func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) {
 	broken := map[int]string{}
 	var items []checkItem
@@ -117,8 +117,7 @@ func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]str
 		pl := &payload{}
 		pl.line("*"+tableOf(it.rule), "table "+tableOf(it.rule))
 		pl.rule("-C", it.rule)
-		pl.line("COMMIT", "commit")
-		err := b.Kernel.Restore(pl.bytes())
+		err := b.Kernel.Restore(pl.bytes()) // bytes ends it with COMMIT
 		if err == nil {
 			continue
 		}

@@ -48,6 +48,18 @@ func (k *fakeKernel) Restore(p []byte) error {
 		return nil
 	}
 	lines := strings.Split(string(p), "\n")
+	inTable := false
+	for i, l := range lines {
+		// as iptables-restore: a COMMIT outside a table fails
+		switch {
+		case strings.HasPrefix(l, "*"):
+			inTable = true
+		case l == "COMMIT" && !inTable:
+			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
+		case l == "COMMIT":
+			inTable = false
+		}
+	}
 	for i, l := range lines {
 		if !strings.Contains(l, k.failOn) {
 			continue
