@@ -2,8 +2,8 @@
 // namespace of its own (nettest.Main): apply, check, remove, re-ADD,
 // shared-IP ownership, upstream leftovers, the one-process (iptables) and
 // no-process (nftables) steady states, the iptables witness chains, the
-// netlink writer held to nft's objects and the upgrade from the nft-based
-// release, and the real binary under races, SIGKILL and bad input.
+// netlink writer held to nft's objects, and the real binary under races,
+// SIGKILL and bad input.
 package kernel
 
 import (

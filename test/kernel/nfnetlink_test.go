@@ -156,7 +156,7 @@ func ranges(hostIP net.IP) []plan.Mapping {
 // netlink writer in one namespace and through nft (the script Text
 // renders) in another, and compares what nft lists: the kernel objects
 // must be the same, so the golden nft scripts describe what netlink
-// writes, and a node upgrades in place.
+// writes.
 func TestNetlinkWritesWhatNftWrites(t *testing.T) {
 	for name, plans := range equivalencePlans() {
 		t.Run(name, func(t *testing.T) {
@@ -211,101 +211,6 @@ func rules(debug string) string {
 }
 
 var oneByteOrder = regexp.MustCompile(`^\s*\[ byteorder reg (\d+) = hton\(reg (\d+), 2, 1\) \]$`)
-
-// releasePlan is the attachment of testdata/release-*.nft.
-func releasePlan() *plan.Plan {
-	req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"},
-		Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
-		Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
-			plan.Mapping{HostIP: net.ParseIP("198.51.100.1").To4(), HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP},
-			plan.Mapping{HostPort: 9000, ContainerPort: 9000, Protocol: plan.SCTP})}
-	n := cidr("192.0.2.2/24")
-	n.IP = n.IP.To4()
-	return plan.Build(req, plan.IPv4, n)
-}
-
-// TestUpgradeInPlace: a node running the nft-based release upgrades in
-// place. State its nft scripts wrote (frozen in testdata) is read, CHECKed,
-// DELed and GCed by the netlink backend, which also adds beside it (the
-// first ADD writes the skeleton's parts for flat attachments, the next
-// takes the fast path); and the release's DEL script, rolled back to,
-// fails on a flat attachment, whose record holds its chain, and leaves
-// all of it — not its ports forwarded without a chain that owns them.
-func TestUpgradeInPlace(t *testing.T) {
-	n := nettest.NewNS(t)
-	p := releasePlan()
-	listIn(t, n, "-f", "testdata/release-add-v4.nft")
-	q := mkPlan("net1", "c2", "192.0.2.3/24", 7070)
-	stale := mkPlan("net1", "gone", "192.0.2.4/24", 7071)
-	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
-		if err := b.Check(p); err != nil {
-			return fmt.Errorf("CHECK of the release's state: %w", err)
-		}
-		fs, err := b.Mappings()
-		if err != nil || len(fs) != 3 {
-			return fmt.Errorf("Forwards of the release's state: %v, %v", fs, err)
-		}
-		for _, f := range fs {
-			if f.Owner.ContainerID != "c1" || !f.ContainerIP.Equal(net.ParseIP("192.0.2.2")) {
-				return fmt.Errorf("Forwards: %+v", f)
-			}
-		}
-		counting := &countingNFT{Kernel: b.Kernel}
-		b.Kernel = counting
-		for _, x := range []*plan.Plan{q, stale} {
-			if err := b.Apply(x); err != nil {
-				return fmt.Errorf("ADD beside the release's state: %w", err)
-			}
-		}
-		if counting.runs != 2 {
-			return fmt.Errorf("ADD beside the release's skeleton took %d transactions, want 2 (the first ADD's fast path reads that the maps are missing and its slow path writes them; the second's fast path)", counting.runs)
-		}
-		if err := b.Remove(p); err != nil {
-			return fmt.Errorf("DEL of the release's attachment: %w", err)
-		}
-		if err := b.Check(p); err == nil {
-			return fmt.Errorf("CHECK after DEL passed")
-		}
-		if err := b.GC("net1", []plan.Owner{q.Owner}); err != nil {
-			return fmt.Errorf("GC: %w", err)
-		}
-		if err := b.Check(q); err != nil {
-			return fmt.Errorf("CHECK of the kept attachment after GC: %w", err)
-		}
-		return nil
-	})
-	table := listIn(t, n, "list", "table", "ip", nftables.Table)
-	for _, gone := range []string{nftables.ChainName(p.Owner), nftables.ChainName(stale.Owner), "8080", "7071"} {
-		if strings.Contains(table, gone) {
-			t.Errorf("%s survives DEL/GC:\n%s", gone, table)
-		}
-	}
-
-	// Rollback: the release's DEL of a flat attachment fails whole.
-	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error { return b.Apply(p) })
-	before := listIn(t, n, "list", "table", "ip", nftables.Table)
-	var out []byte
-	err := n.Do(func(ns.NetNS) error {
-		var err error
-		out, err = exec.Command("nft", "-f", "testdata/release-del-v4.nft").CombinedOutput()
-		return err
-	})
-	if err == nil || !strings.Contains(string(out), "Device or resource busy") {
-		t.Errorf("the release's DEL of a flat attachment: %v %s, want its chain busy", err, out)
-	}
-	if after := listIn(t, n, "list", "table", "ip", nftables.Table); after != before {
-		t.Errorf("the release's failed DEL changed the table:\n%s\nbefore:\n%s", after, before)
-	}
-	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
-		if err := b.Check(p); err != nil {
-			return fmt.Errorf("CHECK after the release's failed DEL: %w", err)
-		}
-		return b.Remove(p)
-	})
-	if table := listIn(t, n, "list", "table", "ip", nftables.Table); strings.Contains(table, nftables.ChainName(p.Owner)) || strings.Contains(table, "8080") {
-		t.Errorf("DEL left the attachment:\n%s", table)
-	}
-}
 
 // TestReadyCommitsNothing: STATUS has the kernel check a batch that adds
 // the table and aborts it: it answers, and the table does not appear.
@@ -407,55 +312,4 @@ func TestBinaryStartsNoProcess(t *testing.T) {
 	status := nettest.PortmapConf("net1", "nftables", nil)
 	status["cniVersion"] = "1.1.0"
 	run("STATUS", "", status)
-}
-
-// TestUpgradeFromRecordMaps: a node running the release whose flat
-// attachments record their keys in a map of their own (frozen in
-// testdata) upgrades in place. Its attachment passes CHECK; its next ADD
-// writes the record as rules with an owners element and deletes the map;
-// DEL of one it left deletes the map with the chain.
-func TestUpgradeFromRecordMaps(t *testing.T) {
-	p := releasePlan()
-	own := nftables.ChainName(p.Owner)
-	for _, verb := range []string{"ADD", "DEL"} {
-		t.Run(verb, func(t *testing.T) {
-			n := nettest.NewNS(t)
-			listIn(t, n, "-f", "testdata/flat-release-v4.nft")
-			if !strings.Contains(listIn(t, n, "list", "map", "ip", nftables.Table, own), "goto "+own) {
-				t.Fatal("the release's state holds no record map")
-			}
-			inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
-				if err := b.Check(p); err != nil {
-					return fmt.Errorf("CHECK of the release's state: %w", err)
-				}
-				if verb == "DEL" {
-					return b.Remove(p)
-				}
-				if err := b.Apply(p); err != nil {
-					return fmt.Errorf("ADD over the release's state: %w", err)
-				}
-				return b.Check(p)
-			})
-			table := listIn(t, n, "list", "table", "ip", nftables.Table)
-			if strings.Contains(table, "map "+own) {
-				t.Errorf("the record map survives %s:\n%s", verb, table)
-			}
-			if verb == "DEL" {
-				if strings.Contains(table, own) {
-					t.Errorf("the attachment survives DEL:\n%s", table)
-				}
-				return
-			}
-			for _, want := range []string{
-				`tcp dport 8080 comment "record tcp . 8080"`,
-				`udp dport 8053 ip daddr 198.51.100.1 comment "record 198.51.100.1 . udp . 8053"`,
-				`sctp dport 9000 comment "record sctp . 9000"`,
-				"6c27:ef2:f251:d571:15e8:ba9:88d4:bd27 : goto " + own,
-			} {
-				if !strings.Contains(table, want) {
-					t.Errorf("after ADD the table lacks %q:\n%s", want, table)
-				}
-			}
-		})
-	}
 }

@@ -3,18 +3,21 @@ package nftables
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"golang.org/x/sys/unix"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
-// The fake kernel of sync_test.go answers listings of the canned table
-// (net1/a, net1/b and old/o) and records the transactions, failing those
-// the test says: the verbs' branches, without root.
+// The fake kernel (fake_test.go) holds, when listed, the node of
+// syncPlans (net1/a, net1/b and old/o) and records the transactions,
+// failing those the test says: the verbs' branches, without root.
 
 func lockedBackend(t *testing.T, listed bool, fail func(string) bool) (*Backend, *fakeKernel, *bytes.Buffer, *int) {
 	t.Helper()
@@ -36,7 +39,6 @@ func TestApplyFastPath(t *testing.T) {
 	c, _, _ := syncPlans("192.0.2.7")
 	c.Owner.ContainerID = "new"
 	c.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 8081, ContainerPort: 80, Protocol: plan.TCP})
-	withFlatSkeleton(k, 24, 32)
 	if err := b.Apply(c); err != nil {
 		t.Fatal(err)
 	}
@@ -49,28 +51,31 @@ func TestApplyFastPath(t *testing.T) {
 }
 
 // A flat ADD's fast path reads the shared objects it needs first: with
-// the hairpin set of one of its prefix lengths missing (127.0.0.1's /32
-// here), or a port held in a verdict map, it writes nothing but the slow
-// path's one transaction, which makes the set and takes the port.
+// the hairpin sets of its prefix length missing (a /23 here), or a port
+// held in a verdict map (b's chain, of conditions), it writes nothing but
+// the slow path's one transaction, which makes the sets and takes the
+// port.
 func TestApplyFlatReadsFirst(t *testing.T) {
-	c, _, _ := syncPlans("192.0.2.7")
-	c.Owner.ContainerID = "new"
 	for _, tt := range []struct {
-		name    string
-		port    int
-		lengths []int
-	}{{"a hairpin set missing", 8081, []int{24}}, {"a port in a verdict map", 8080, []int{24, 32}}} {
+		name, cidr string
+		port       int
+		want       string
+	}{
+		{"a hairpin set missing", "10.1.2.3/23", 8081, "add set ip cni_portmap hairpin_23"},
+		{"a port in a verdict map", "192.0.2.7/24", 9090, "delete element ip cni_portmap hostports { tcp . 9090 }"},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
+			c := fixture.Attachment("new", tt.cidr, tt.port)
 			b, k, _, locks := lockedBackend(t, true, nil)
-			withFlatSkeleton(k, tt.lengths...)
-			p := *c
-			p.Mappings = plan.MappingsOf(plan.Mapping{HostPort: tt.port, ContainerPort: 80, Protocol: plan.TCP})
-			if err := b.Apply(&p); err != nil {
+			if err := b.Apply(c); err != nil {
 				t.Fatal(err)
 			}
 			if len(k.scripts) != 1 || *locks != 1 || !strings.Contains(k.scripts[0], "add table") ||
-				!strings.Contains(k.scripts[0], "add set ip cni_portmap hairpin_32") {
-				t.Errorf("scripts %q, %d locks: want the slow path's one transaction", k.scripts, *locks)
+				!strings.Contains(k.scripts[0], tt.want) {
+				t.Errorf("scripts %q, %d locks: want the slow path's one transaction, with %q", k.scripts, *locks, tt.want)
+			}
+			if err := b.Check(c); err != nil {
+				t.Errorf("CHECK: %v", err)
 			}
 		})
 	}
@@ -104,12 +109,13 @@ func TestApplyRange(t *testing.T) {
 	}
 }
 
+// c (flat) claims a's keys, held by a's flat elements, and b's port, held
+// in the verdict map by b's chain: the fast path's read finds them, and
+// the slow path moves them to c in one transaction, and logs it.
 func TestApplyTakesOverNewestWins(t *testing.T) {
-	// c (flat) claims a's keys, held in the verdict maps by a's chain of
-	// an older layout: the fast path's read finds them, and the slow path
-	// deletes them and adds c's elements to the DNAT maps, and logs it.
 	c, _, _ := syncPlans("192.0.2.7")
 	c.Owner.ContainerID = "c"
+	c.Mappings.Add(plan.Mapping{HostPort: 9090, ContainerPort: 90, Protocol: plan.TCP})
 	b, k, log, locks := lockedBackend(t, true, nil)
 	if err := b.Apply(c); err != nil {
 		t.Fatal(err)
@@ -117,38 +123,42 @@ func TestApplyTakesOverNewestWins(t *testing.T) {
 	if *locks != 1 || len(k.scripts) != 1 {
 		t.Fatalf("scripts %q locks %d", k.scripts, *locks)
 	}
-	tx, own := k.scripts[0], ChainName(c.Owner)
-	for _, w := range []string{
-		"delete element ip cni_portmap hostports { tcp . 8080 }",
-		"delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }",
-		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.7 . 80 }",
-		"add element ip cni_portmap hostip_hostport_dnat { 198.51.100.1 . udp . 8053 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.7 . 53 }",
-		"add element ip cni_portmap hairpin_24 { 192.0.2.0 . tcp . 8080 comment \"" + own + "\" }",
-		"add element ip cni_portmap hairpin_32 { 127.0.0.1 . tcp . 8080 comment \"" + own + "\" }",
-		"flush chain ip cni_portmap " + own,
-		"add rule ip cni_portmap " + own + " meta l4proto tcp th dport 8080 comment \"record tcp . 8080\"",
-		"add element ip cni_portmap owners { " + net.IP(ownerKey(own)).String() + " : goto " + own + " }",
-	} {
-		if !strings.Contains(tx, w) {
-			t.Errorf("slow path lacks %q:\n%s", w, tx)
+	if !strings.Contains(k.scripts[0], "delete element ip cni_portmap hostports { tcp . 9090 }") {
+		t.Errorf("slow path keeps b's verdict element:\n%s", k.scripts[0])
+	}
+	if err := b.Check(c); err != nil {
+		t.Errorf("CHECK of c: %v", err)
+	}
+	for _, port := range []int{8080, 9090} {
+		if got := trace(k.Memory, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT; !strings.HasPrefix(got, "192.0.2.7:") {
+			t.Errorf("port %d goes to %q, want c's 192.0.2.7", port, got)
 		}
 	}
-	if !strings.Contains(log.String(), "tcp . 8080 was forwarded by chain dn-6c270ef2f251d571-a23508c67eab7c80") {
-		t.Errorf("takeover not logged: %q", log)
+	for _, w := range []string{"tcp . 8080 was forwarded by chain " + ChainName(syncA().Owner), "tcp . 9090 was forwarded by chain " + ChainName(syncB().Owner)} {
+		if !strings.Contains(log.String(), w) {
+			t.Errorf("takeover not logged (%q): %q", w, log)
+		}
 	}
 }
 
+func syncA() *plan.Plan { a, _, _ := syncPlans("192.0.2.2"); return a }
+func syncB() *plan.Plan { _, b, _ := syncPlans("192.0.2.2"); return b }
+
 func TestReAddDropsStaleKeys(t *testing.T) {
-	// a again, without its host-IP mapping: its own stale element goes.
-	a, _, _ := syncPlans("192.0.2.2")
+	// a again, without its host-IP mapping, the slow way: its own stale
+	// element goes.
+	a := syncA()
 	a.Mappings = plan.MappingsOf(a.Mappings.Slice()[:1]...)
 	b, k, _, _ := lockedBackend(t, true, failing("create chain"))
 	if err := b.Apply(a); err != nil {
 		t.Fatal(err)
 	}
-	last := k.scripts[len(k.scripts)-1]
-	if !strings.Contains(last, "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
-		t.Errorf("re-ADD keeps a stale key:\n%s", last)
+	els, err := k.Elements(plan.IPv4, []Key{{HostIP: net.ParseIP("198.51.100.1").To4(), Protocol: plan.UDP, Port: 8053, Flat: true}})
+	if err != nil || len(els) != 0 {
+		t.Errorf("re-ADD keeps a stale key: %v %v", els, err)
+	}
+	if err := b.Check(a); err != nil {
+		t.Errorf("CHECK: %v", err)
 	}
 }
 
@@ -163,7 +173,7 @@ func TestRemove(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(k.scripts) != 1 || *locks != 1 || !strings.Contains(k.scripts[0], "delete chain ip cni_portmap "+ChainName(a.Owner)) ||
-			!strings.Contains(k.scripts[0], "delete element ip cni_portmap hostports { tcp . 8080 }") {
+			!strings.Contains(k.scripts[0], "delete element ip cni_portmap hostport_dnat { tcp . 8080 }") {
 			t.Errorf("scripts %q locks %d: want one transaction under the lock", k.scripts, *locks)
 		}
 		if strings.Contains(k.scripts[0], "add element") {
@@ -171,42 +181,46 @@ func TestRemove(t *testing.T) {
 		}
 	})
 	t.Run("a key taken over stays with its new owner", func(t *testing.T) {
-		// Another attachment took tcp . 8080 over: DEL reads the keys'
-		// elements and releases only those still pointing at a's chain,
-		// then deletes the chain.
+		// c took tcp . 8080 over: DEL reads the keys' elements and
+		// releases only those still a's, then deletes the chain.
 		b, k, _, locks := lockedBackend(t, true, nil)
-		own := ChainName(a.Owner)
-		k.tables["ip "+Table] = strings.Replace(k.tables["ip "+Table], "tcp . 8080 : goto "+own, "tcp . 8080 : goto dn-other", 1)
+		c := fixture.Attachment("c", "192.0.2.7/24", 8080)
+		if err := b.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		k.scripts, *locks = nil, 0
 		if err := b.Remove(a); err != nil {
 			t.Fatal(err)
 		}
 		last := k.scripts[len(k.scripts)-1]
-		if *locks != 1 || len(k.scripts) != 1 || !strings.Contains(last, "delete chain ip cni_portmap "+own) ||
-			strings.Contains(last, "tcp . 8080") || !strings.Contains(last, "delete element ip cni_portmap hostip_hostports { 198.51.100.1 . udp . 8053 }") {
+		if *locks != 1 || len(k.scripts) != 1 || !strings.Contains(last, "delete chain ip cni_portmap "+ChainName(a.Owner)) ||
+			strings.Contains(last, "tcp . 8080") || !strings.Contains(last, "198.51.100.1 . udp . 8053") {
 			t.Errorf("scripts %q", k.scripts)
 		}
+		if err := b.Check(c); err != nil {
+			t.Errorf("CHECK of c after a's DEL: %v", err)
+		}
 	})
-	t.Run("without mappings: keys from the chain's comments", func(t *testing.T) {
+	t.Run("without mappings: keys from the chain's record", func(t *testing.T) {
 		b, k, _, _ := lockedBackend(t, true, nil)
 		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
 		if err := b.Remove(bare); err != nil {
 			t.Fatal(err)
 		}
 		all := strings.Join(k.scripts, "")
-		if !strings.Contains(all, "hostports { tcp . 8080 }") || !strings.Contains(all, "hostip_hostports { 198.51.100.1 . udp . 8053 }") {
+		if !strings.Contains(all, "hostport_dnat { tcp . 8080 }") || !strings.Contains(all, "hostip_hostport_dnat { 198.51.100.1 . udp . 8053 }") {
 			t.Errorf("scripts %q: want both keys released", k.scripts)
 		}
 	})
 	t.Run("upstream's rules of the container go too", func(t *testing.T) {
 		b, k, _, _ := lockedBackend(t, false, nil)
-		k.tables["ip "+UpstreamTable] = "table ip cni_hostport {\n\tchain hostports { # handle 1\n" +
-			"\t\ttcp dport 6104 dnat to 192.0.2.66:80 comment \"a\" # handle 4\n\t}\n}\n"
+		h := k.upstreamRule(t, plan.TCP, 6104, "192.0.2.66", 80, "a")
 		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
 		if err := b.Remove(bare); err != nil {
 			t.Fatal(err)
 		}
-		if len(k.scripts) != 1 || k.scripts[0] != "delete rule ip cni_hostport hostports handle 4\n" {
-			t.Errorf("scripts %q", k.scripts)
+		if want := fmt.Sprintf("delete rule ip cni_hostport hostports handle %d\n", h); len(k.scripts) != 1 || k.scripts[0] != want {
+			t.Errorf("scripts %q, want %q", k.scripts, want)
 		}
 	})
 }
@@ -221,7 +235,7 @@ func TestCheck(t *testing.T) {
 		t.Errorf("Check b: %v", err)
 	}
 	moved, _, _ := syncPlans("192.0.2.9")
-	if err := b.Check(moved); err == nil || !strings.Contains(err.Error(), "does not dnat to 192.0.2.9:80") {
+	if err := b.Check(moved); err == nil || !strings.Contains(err.Error(), ", not to 192.0.2.9:") {
 		t.Errorf("Check of a moved attachment: %v", err)
 	}
 	c, _, _ := syncPlans("192.0.2.2")
@@ -318,7 +332,6 @@ func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
 		for _, errno := range []unix.Errno{unix.EPERM, unix.EMSGSIZE} {
 			t.Run(tt.name+" "+errno.Error(), func(t *testing.T) {
 				b, k, _, locks := lockedBackend(t, true, func(string) bool { return true })
-				withFlatSkeleton(k, 24, 32)
 				k.errno = errno
 				err := tt.run(b)
 				if !errors.Is(err, errno) || *locks != tt.locks || len(k.scripts) != 1 {

@@ -19,9 +19,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	if err != nil {
 		return fmt.Errorf("check chain %s: %w", own, err)
 	}
-	// an attachment an older release made, as a chain, stays right until
-	// the next ADD makes it flat
-	flat := judgedFlat(p, c)
+	flat := isFlat(p)
 	lookups, err := b.skeleton(p, flat)
 	if err != nil {
 		return err
@@ -30,7 +28,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 		return fmt.Errorf("missing chain %s in table %s %s", own, fam, Table)
 	}
 	if flat {
-		if why := judgeFlat(p, c, true); why != "" {
+		if why := judgeFlat(p, c); why != "" {
 			return errors.New(why)
 		}
 	} else if why := judgeChain(p, c); why != "" {
@@ -102,9 +100,8 @@ func (b *Backend) Check(p *plan.Plan) error {
 // It reads those chains alone: its cost does not grow with the number of
 // attachments (STATUS).
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
-	// not the dispatch chain's rules for flat keys: a node an older
-	// release set up has none, and its attachments need none (CHECK of a
-	// flat attachment asks for them)
+	// not the dispatch chain's rules for flat keys: CHECK of a flat
+	// attachment asks for them
 	_, err = b.skeleton(p, false)
 	var m *missingError
 	if errors.As(err, &m) {
@@ -224,71 +221,9 @@ func hasRule(c *ChainState, r *Rule) bool {
 
 // judgeChain says what of the attachment's own chain is missing or
 // wrong, or "": each rule by its comment, what it jumps to or DNATs to,
-// the hairpin source, and no rule more. Chains in the layouts older
-// releases wrote are right too, so that CHECK passes on an upgraded node
-// until the next ADD rewrites the chain: a DNAT rule for each mapping
-// where this one writes a map (before maps), and the layout before port
-// ranges (legacyChainRules).
+// the hairpin source, and no rule more.
 func judgeChain(p *plan.Plan, c *ChainState) string {
-	current := chainRules(p)
-	why := judgeRules(p, c, current)
-	if why == "" {
-		return ""
-	}
-	mapped := false
-	for _, r := range c.Rules {
-		mapped = mapped || r.DNATMap != ""
-	}
-	perRule := layoutRules(p, 0)
-	if len(perRule) != len(current) {
-		if w := judgeRules(p, c, perRule); w == "" {
-			return ""
-		} else if !mapped {
-			why = w // the chain has no map: say what is wrong in that layout
-		}
-	}
-	legacy := judgeRules(p, c, legacyChainRules(p))
-	if legacy == "" {
-		return ""
-	}
-	for _, r := range c.Rules {
-		if strings.HasPrefix(r.Comment, hairpinRule+" ") || strings.HasPrefix(r.Comment, localhostRule+" ") {
-			return legacy // the chain is in the older layout: say what is wrong there
-		}
-	}
-	return why
-}
-
-// legacyChainRules is the attachment chain's layout before port ranges:
-// per mapping, the hairpin and localhost marks with the mapping's match,
-// each commented with its key, then its DNAT.
-func legacyChainRules(p *plan.Plan) []*Rule {
-	chain := ChainName(p.Owner)
-	var rules []*Rule
-	for m := range p.Mappings.All() {
-		k := Key{HostIP: m.HostIP, Protocol: m.Protocol, Port: m.HostPort}
-		var match []stmt
-		if len(p.Conditions) > 0 {
-			match = append(match, conditions{strings.Join(p.Conditions, " ")})
-		}
-		match = append(match, protoIs{m.Protocol}, dportIs{m.HostPort, m.HostPort})
-		if m.HostIP != nil {
-			match = append(match, addrIs{dst: true, spec: m.HostIP.String()})
-		}
-		with := func(more ...stmt) []stmt { return append(append([]stmt(nil), match...), more...) }
-		if p.Masquerade.Enabled {
-			setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
-			rules = append(rules, &Rule{Chain: chain, Comment: hairpinRule + " " + k.String(),
-				stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
-			if p.LocalhostRule() {
-				rules = append(rules, &Rule{Chain: chain, Comment: localhostRule + " " + k.String(),
-					stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
-			}
-		}
-		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + k.String(),
-			stmts: with(dnatTo{p.ContainerNet.IP, m.ContainerPort})})
-	}
-	return rules
+	return judgeRules(p, c, chainRules(p))
 }
 
 // judgeRules judges chain c against the rules it should hold.

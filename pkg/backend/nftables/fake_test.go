@@ -1,28 +1,25 @@
 package nftables
 
 import (
-	"regexp"
-	"strconv"
-	"strings"
+	"net"
+	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// fakeKernel is an nf_tables without a kernel: reads answer from canned
-// `nft -a list table` text (a table or chain absent from it is not found),
-// and every transaction is recorded as the nft script it renders; a
-// transaction for which fail says true fails as the kernel would
-// (EEXIST), leaving the canned text as it was.
+// fakeKernel is the in-memory kernel with a record of what the backend
+// asked of it: every transaction as the nft script it renders (applied
+// unless fail says true for it: then it fails as the kernel would, with
+// errno or EEXIST, and changes nothing), the transactions it validated,
+// its reads of one chain and its write probes.
 type fakeKernel struct {
-	tables  map[string]string // "ip cni_portmap" -> nft -a list output
+	*Memory
 	scripts []string
 	checks  []string
 	fail    func(script string) bool
-	// errno, when set, is what a failing transaction fails with (EEXIST
-	// when not).
-	errno unix.Errno
+	errno   unix.Errno
 	// chainReads counts the reads of one chain.
 	chainReads int
 	// probes counts Writable's calls; notWritable is their answer.
@@ -40,7 +37,7 @@ func (k *fakeKernel) Apply(tx *Tx) error {
 		}
 		return &Error{Op: tx.String(), Err: errno}
 	}
-	return nil
+	return k.Memory.Apply(tx)
 }
 
 func (k *fakeKernel) Writable(plan.Family) error {
@@ -50,135 +47,41 @@ func (k *fakeKernel) Writable(plan.Family) error {
 
 func (k *fakeKernel) Validate(tx *Tx) error {
 	k.checks = append(k.checks, tx.Text())
-	return nil
-}
-
-func (k *fakeKernel) Table(f plan.Family, table string) (*State, error) {
-	out, ok := k.tables[string(nftFamily(f))+" "+table]
-	if !ok {
-		return nil, nil
-	}
-	return parseListing(f, out), nil
+	return k.Memory.Validate(tx)
 }
 
 func (k *fakeKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
 	k.chainReads++
-	s, _ := k.Table(f, table)
-	if s == nil {
-		return nil, nil
-	}
-	return s.Chains[chain], nil
+	return k.Memory.Chain(f, table, chain)
 }
 
-func (k *fakeKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
-	s, _ := k.Table(f, Table)
-	if s == nil {
-		return nil, nil
+// seed applies plans through a backend of their own and forgets that it
+// did: the node as the tests begin.
+func (k *fakeKernel) seed(t *testing.T, plans ...*plan.Plan) {
+	t.Helper()
+	b := &Backend{Family: plan.IPv4, Kernel: k.Memory, Lock: func() (func(), error) { return func() {}, nil }}
+	for _, p := range plans {
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return elementsFor(keys, elementsOfState(s)), nil
 }
 
-var (
-	chainHeaderRE = regexp.MustCompile(`^\s*chain (\S+) \{`)
-	mapHeaderRE   = regexp.MustCompile(`^\s*(?:map|set) (\S+) \{`)
-	elementRE     = regexp.MustCompile(`([0-9A-Za-z:.]+(?: \. [0-9A-Za-z:.]+)*) : goto ([A-Za-z0-9_.-]+)`)
-	handleRE      = regexp.MustCompile(`# handle (\d+)\s*$`)
-	commentRE     = regexp.MustCompile(`comment "([^"]*)"`)
-	jumpRE        = regexp.MustCompile(`(?:jump|goto) (\S+)`)
-	dnatRE        = regexp.MustCompile(`dnat (?:ip6? )?to (\S+)`)
-	saddrRE       = regexp.MustCompile(`ip6? saddr (\S+)`)
-	lookupRE      = regexp.MustCompile(`vmap @(\S+)`)
-)
-
-// withFlatSkeleton adds to the canned table the maps and sets of flat
-// attachments whose hairpin sources have lengths, as a node has them
-// after a flat ADD wrote them (the dispatch chain's rules are not read
-// by the fast path).
-func withFlatSkeleton(k *fakeKernel, lengths ...int) {
-	t := k.tables["ip "+Table]
-	i := strings.LastIndex(t, "}")
-	var b strings.Builder
-	for _, name := range flatSetNames(lengths) {
-		b.WriteString("\tset " + name + " {\n\t}\n")
+// upstreamRule writes a rule of upstream portmap's nftables layout: in
+// chain hostports of table cni_hostport, proto dport to ip:port,
+// commented with the container's ID. It returns the rule's handle.
+func (k *fakeKernel) upstreamRule(t *testing.T, p plan.Protocol, dport int, ip string, port int, id string) uint64 {
+	t.Helper()
+	tx := &Tx{Family: plan.IPv4, Table: UpstreamTable}
+	tx.add(opAdd, tableObj{})
+	tx.add(opAdd, chainObj{name: "hostports"})
+	tx.add(opAdd, &Rule{Chain: "hostports", Comment: id, stmts: []stmt{protoIs{p}, dportIs{dport, 0}, dnatTo{net.ParseIP(ip).To4(), port}}})
+	if err := k.Memory.Apply(tx); err != nil {
+		t.Fatal(err)
 	}
-	k.tables["ip "+Table] = t[:i] + b.String() + t[i:]
-}
-
-// parseListing reads nft -a list table output into what the netlink
-// reader returns.
-func parseListing(f plan.Family, out string) *State {
-	s := newState()
-	var chain *ChainState
-	currentMap := ""
-	for _, line := range strings.Split(out, "\n") {
-		t := strings.TrimSpace(line)
-		if m := chainHeaderRE.FindStringSubmatch(line); m != nil {
-			chain = &ChainState{}
-			s.Chains[m[1]] = chain
-			continue
-		}
-		if m := mapHeaderRE.FindStringSubmatch(line); m != nil {
-			currentMap = m[1]
-			s.Maps[currentMap] = true
-			chain = nil
-			continue
-		}
-		if t == "}" {
-			chain, currentMap = nil, ""
-			continue
-		}
-		if currentMap != "" {
-			for _, m := range elementRE.FindAllStringSubmatch(line, -1) {
-				if k, ok := parseKey(m[1]); ok && k.Map() == currentMap {
-					s.Holders[k.ID()] = m[2]
-				}
-			}
-			continue
-		}
-		if chain == nil || t == "" || strings.HasPrefix(t, "type ") {
-			continue
-		}
-		if m := commentRE.FindStringSubmatch(t); m != nil && strings.HasPrefix(t, "comment ") {
-			chain.Comment = m[1]
-			continue
-		}
-		r := RuleState{Masq: strings.Contains(t, "masquerade"), SetMark: strings.Contains(t, "meta mark set"),
-			Drop: strings.HasSuffix(strings.TrimSpace(handleRE.ReplaceAllString(t, "")), " drop"), Fib: strings.Contains(t, "fib daddr")}
-		if m := handleRE.FindStringSubmatch(t); m != nil {
-			r.Handle, _ = strconv.ParseUint(m[1], 10, 64)
-		}
-		for _, x := range []struct {
-			re *regexp.Regexp
-			to *string
-		}{{commentRE, &r.Comment}, {jumpRE, &r.Jump}, {dnatRE, &r.DNAT}, {lookupRE, &r.Lookup}} {
-			if m := x.re.FindStringSubmatch(t); m != nil {
-				*x.to = m[1]
-			}
-		}
-		if m := saddrRE.FindStringSubmatch(t); m != nil {
-			r.Saddr = parsePrefix(m[1]).String()
-		}
-		chain.Rules = append(chain.Rules, r)
+	c, err := k.Memory.Chain(plan.IPv4, UpstreamTable, "hostports")
+	if err != nil || c == nil || len(c.Rules) == 0 {
+		t.Fatalf("upstream's chain: %v, %v", c, err)
 	}
-	return s
-}
-
-// Hairpins finds none: canned listings hold no hairpin set.
-func (k *fakeKernel) Hairpins(plan.Family, []Hairpin) ([]Hairpin, error) { return nil, nil }
-
-func (k *fakeKernel) Probe(f plan.Family, chains, sets []string, keys []Key) ([]string, []Element, error) {
-	s, _ := k.Table(f, Table)
-	var missing []string
-	for _, c := range chains {
-		if s == nil || s.Chains[c] == nil {
-			missing = append(missing, c)
-		}
-	}
-	for _, c := range sets {
-		if s == nil || !s.Maps[c] {
-			missing = append(missing, c)
-		}
-	}
-	held, err := k.Elements(f, keys)
-	return missing, held, err
+	return c.Rules[len(c.Rules)-1].Handle
 }

@@ -58,13 +58,9 @@ import (
 //	  meta l4proto tcp th dport 8080 comment "record tcp . 8080" }
 //	owners: 1b32:c28c:b38c:548:bb07:7adc:caf7:d21e : goto dn-1b32c28cb38c0548-bb077adccaf7d21e
 //
-// The release before kept the keys as a verdict map of the chain's name,
-// one per attachment. The kernel finds a set by name by walking the
-// table's sets, when one is made and when its elements are read or
-// written, so beside 1000 attachments each ADD and DEL paid ~0.45 ms
-// there. Such a map (ChainState.RecordMap) is still read, passes CHECK,
-// and is deleted by DEL, GC, sync and the next ADD, which writes the
-// record as rules.
+// The keys are rules, not elements of a map of the chain's own: the
+// kernel finds a set by name by walking the table's sets, so beside 1000
+// attachments a map each cost every ADD and DEL ~0.45 ms.
 //
 // Flat are the plans without conditions (which need a chain to run in),
 // without identity ranges of ports (interval keys, ranges.go), marking
@@ -309,18 +305,6 @@ type hairpinSetObj struct {
 	ones int
 }
 
-// recordObj is the record map of a release before this one (named as
-// the attachment's chain): every key, with the wildcard host address for
-// the wildcard, to a goto to the chain. It is deleted where it is found;
-// tests write it to hold what that release left.
-type recordObj struct{ name string }
-
-// recordElems are the elements of a recordObj.
-type recordElems struct {
-	name string
-	keys []Key
-}
-
 // ownersMapObj declares the map of owners: a chain name's hashes to a
 // goto to the chain.
 type ownersMapObj struct{}
@@ -374,16 +358,10 @@ func (c *ChainState) splitRecord() {
 }
 
 // dropRecord deletes what records a flat attachment beside its chain, as
-// c was read: its owners element and an older release's record map.
+// c was read: its owners element.
 func dropRecord(tx *Tx, name string, c *ChainState) {
-	if c == nil {
-		return
-	}
-	if c.Owned {
+	if c != nil && c.Owned {
 		tx.add(opDelete, ownerObj{name})
-	}
-	if c.RecordMap {
-		tx.add(opDelete, recordObj{name})
 	}
 }
 
@@ -485,26 +463,6 @@ func (v hairpinSetObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfn
 	return nil, nil
 }
 
-func (v recordObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "map")
-	b.WriteString(" " + v.name)
-	if vb == opAdd || vb == opCreate {
-		fmt.Fprintf(b, " { type %s . inet_proto . inet_service : verdict ; }", addrWord(tx.Family))
-	}
-	b.WriteByte('\n')
-}
-
-// encode deletes the map: this release writes none.
-func (v recordObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	if vb != opDelete {
-		return nil, fmt.Errorf("map %s: a record map is only deleted", v.name)
-	}
-	m.Type = nfnl.NftType(unix.NFT_MSG_DELSET)
-	a.String(unix.NFTA_SET_TABLE, tx.Table)
-	a.String(unix.NFTA_SET_NAME, v.name)
-	return nil, nil
-}
-
 func (ownersMapObj) text(tx *Tx, vb verb, b *strings.Builder) {
 	head(b, tx, vb, "map")
 	b.WriteString(" " + OwnersMap)
@@ -571,32 +529,6 @@ func decodeOwners(b []byte) []string {
 		}
 	}
 	return out
-}
-
-// recordKey is k as the record holds it: the wildcard as the family's
-// unspecified address.
-func recordKey(f plan.Family, k Key) Key {
-	if k.HostIP == nil {
-		k.HostIP = net.IPv6zero
-		if f == plan.IPv4 {
-			k.HostIP = net.IPv4zero.To4()
-		}
-	}
-	k.Flat = false
-	return k
-}
-
-func (v recordElems) text(tx *Tx, vb verb, b *strings.Builder) {
-	for _, k := range v.keys {
-		head(b, tx, vb, "element")
-		fmt.Fprintf(b, " %s { %s : goto %s }\n", v.name, strings.Join(recordKey(tx.Family, k).Fields(), " . "), v.name)
-	}
-}
-
-// encode refuses: this release writes no record map (tests write one with
-// nft, as the release before did).
-func (v recordElems) encode(*Tx, verb, *nfnl.Msg, *nfnl.Attrs) ([]nfnl.Msg, error) {
-	return nil, fmt.Errorf("map %s: a record map is not written", v.name)
 }
 
 // targetBytes is a target as a DNAT map's data holds it: the address,
@@ -757,16 +689,12 @@ func dnatByMap(e *exprs, addr bool, set string, id uint32) {
 }
 
 // writeRecord makes the attachment's chain (created or flushed before)
-// record keys, holds it in the owners map and deletes what an older
-// release recorded it with; c is the chain as read (nil: absent).
-func writeRecord(tx *Tx, name string, keys []Key, c *ChainState) {
+// record keys and holds it in the owners map.
+func writeRecord(tx *Tx, name string, keys []Key) {
 	for _, r := range recordRules(name, keys) {
 		tx.add(opAdd, r)
 	}
 	tx.add(opAdd, ownerObj{name})
-	if c != nil && c.RecordMap {
-		tx.add(opDelete, recordObj{name})
-	}
 }
 
 // fastFlatTx is a flat ADD's fast path: create the attachment's chain
@@ -807,20 +735,10 @@ func flatGuards(p *plan.Plan) []string {
 	return out
 }
 
-// judgedFlat reports whether p's attachment, whose chain was read as c,
-// is judged as flat: p is, and its chain records keys or holds no rule
-// (its record lost). A chain of rules without a record is an attachment
-// an older release made as a chain, right until the next ADD makes it
-// flat.
-func judgedFlat(p *plan.Plan, c *ChainState) bool {
-	return isFlat(p) && c != nil && (c.HasRecord || len(c.Rules) == 0)
-}
-
 // judgeFlat says what of a flat attachment's chain and record is wrong,
 // or "": its chain holds no rule but its record's, which holds p's keys,
-// and the owners map holds it (or an older release's record map does).
-// withRecord says the record map's elements were read.
-func judgeFlat(p *plan.Plan, c *ChainState, withRecord bool) string {
+// and the owners map holds it.
+func judgeFlat(p *plan.Plan, c *ChainState) string {
 	own := ChainName(p.Owner)
 	if len(c.Rules) > 0 {
 		return fmt.Sprintf("chain %s holds %d rules besides its record, want none (its keys are map elements)", own, len(c.Rules))
@@ -828,11 +746,8 @@ func judgeFlat(p *plan.Plan, c *ChainState, withRecord bool) string {
 	if !c.HasRecord {
 		return fmt.Sprintf("chain %s records no key", own)
 	}
-	if !c.Owned && !c.RecordMap {
+	if !c.Owned {
 		return fmt.Sprintf("map %s holds no element for chain %s", OwnersMap, own)
-	}
-	if c.RecordMap && !withRecord {
-		return ""
 	}
 	want := Keys(p)
 	got := make(map[string]bool, len(c.Record))
@@ -848,24 +763,6 @@ func judgeFlat(p *plan.Plan, c *ChainState, withRecord bool) string {
 		return fmt.Sprintf("chain %s records %d keys, want %d", own, len(c.Record), len(want))
 	}
 	return ""
-}
-
-// decodeRecord reads a record map's keys out of a GETSETELEM answer.
-func decodeRecord(f plan.Family, b []byte) []Key {
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-	var out []Key
-	for le := range nfnl.All(list) {
-		k, ok := keyFromBytes(f, HostIPPortsMap, attrValue(le.Value, unix.NFTA_SET_ELEM_KEY))
-		if !ok {
-			continue
-		}
-		if k.HostIP.IsUnspecified() {
-			k.HostIP = nil
-		}
-		k.Flat = true
-		out = append(out, k)
-	}
-	return out
 }
 
 // toString spells a DNAT map's data as a target: "192.0.2.2:80".

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -240,94 +239,6 @@ func TestFlatNewPrefixLength(t *testing.T) {
 	}
 	if got := trace(m, plan.TCP, net.ParseIP("10.1.4.1").To4(), fixture.HostIP, 8081, false); got.Masquerade {
 		t.Errorf("a connection from outside the /23: %+v, want not masqueraded", got)
-	}
-}
-
-// olderRecord makes a's flat attachment as the release before this one
-// left it: an empty chain, and its keys in a verdict map of the chain's
-// name instead of record rules and an owners element.
-func olderRecord(t *testing.T, m *Memory, a *plan.Plan) {
-	t.Helper()
-	own := ChainName(a.Owner)
-	tx := newTx(a.Family)
-	tx.add(opDelete, ownerObj{own})
-	tx.add(opFlush, chainObj{name: own})
-	tx.add(opCreate, recordObj{own})
-	tx.add(opAdd, recordElems{own, Keys(a)})
-	if err := m.Apply(tx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A flat attachment the release before this one made, its keys in a map
-// of its own: CHECK passes; DEL, GC and sync's prune delete the map with
-// the chain; ADD writes the record as rules and deletes the map; sync,
-// which judges it right, as CHECK does, leaves it.
-func TestFlatRecordMapOfAnOlderRelease(t *testing.T) {
-	a := fixture.Attachment("a", "192.0.2.2/24", 8080)
-	own := ChainName(a.Owner)
-	for _, tt := range []struct {
-		name string
-		act  func(b *Backend) error
-		want string // "gone", "now" (this release's layout), "older"
-	}{
-		{"DEL", func(b *Backend) error { return b.Remove(a) }, "gone"},
-		{"DEL without mappings", func(b *Backend) error {
-			bare := *a
-			bare.Mappings = plan.Mappings{}
-			return b.Remove(&bare)
-		}, "gone"},
-		{"GC", func(b *Backend) error { return b.GC(a.Owner.Network, nil) }, "gone"},
-		{"sync's prune", func(b *Backend) error {
-			_, err := b.Sync(nil, converge.Options{Prune: true})
-			return err
-		}, "gone"},
-		{"ADD", func(b *Backend) error { return b.Apply(a) }, "now"},
-		{"sync", func(b *Backend) error {
-			rep, err := b.Sync([]*plan.Plan{a}, converge.Options{})
-			if err == nil && rep.Results[0].State != converge.OK {
-				err = fmt.Errorf("sync: %+v", rep.Results[0])
-			}
-			return err
-		}, "older"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			b, m := memBackend()
-			if err := b.Apply(a); err != nil {
-				t.Fatal(err)
-			}
-			now := m.Dump()
-			olderRecord(t, m, a)
-			older := m.Dump()
-			if !strings.Contains(older, "record "+own) || strings.Contains(older, "record tcp") {
-				t.Fatalf("not the older release's layout:\n%s", older)
-			}
-			if err := b.Check(a); err != nil {
-				t.Errorf("CHECK of the older layout: %v", err)
-			}
-			if err := tt.act(b); err != nil {
-				t.Fatal(err)
-			}
-			got := m.Dump()
-			switch tt.want {
-			case "gone":
-				if strings.Contains(got, own) {
-					t.Errorf("a stays:\n%s", got)
-				}
-				return
-			case "older":
-				if got != older {
-					t.Errorf("after %s:\n%s\nwant it as it was:\n%s", tt.name, got, older)
-				}
-				return
-			}
-			if got != now {
-				t.Errorf("after %s:\n%s\nwant this release's layout:\n%s", tt.name, got, now)
-			}
-			if err := b.Check(a); err != nil {
-				t.Errorf("CHECK: %v", err)
-			}
-		})
 	}
 }
 

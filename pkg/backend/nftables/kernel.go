@@ -112,21 +112,8 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if err := readDNATs(c, f, table, cs.Rules); err != nil {
 		return nil, err
 	}
-	if table != Table {
-		return cs, nil
-	}
-	cs.splitRecord()
-	if len(cs.Rules) == 0 && !cs.HasRecord {
-		// an empty chain: a flat attachment an older release wrote,
-		// whose record is a map of the chain's name
-		msgs, err := dumpSet(c, f, table, chain)
-		if err != nil && !IsNotFound(err) {
-			return nil, &Error{Op: "list map " + chain, Err: err}
-		}
-		cs.HasRecord, cs.RecordMap = err == nil, err == nil
-		for _, m := range msgs {
-			cs.Record = append(cs.Record, decodeRecord(f, m.Attrs)...)
-		}
+	if table == Table {
+		cs.splitRecord()
 	}
 	return cs, nil
 }
@@ -353,9 +340,6 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		s.Maps[name] = true
 		if table != Table {
 			continue
-		}
-		if cs := s.Chains[name]; cs != nil && len(cs.Rules) == 0 && !cs.HasRecord {
-			cs.HasRecord, cs.RecordMap = true, true // its elements are not read
 		}
 		if name == OwnersMap {
 			msgs, err := dumpSet(c, f, table, name)

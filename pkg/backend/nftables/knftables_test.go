@@ -68,11 +68,6 @@ func (v hairpinSetObj) nft(tx *Tx) knftables.Object {
 	return &knftables.Set{Name: hairpinSet(v.addr, v.ones), Type: key + "inet_proto . inet_service"}
 }
 
-func (v recordObj) nft(tx *Tx) knftables.Object {
-	a := addrWord(tx.Family)
-	return &knftables.Map{Name: v.name, Type: a + " . inet_proto . inet_service : verdict"}
-}
-
 func (ownersMapObj) nft(*Tx) knftables.Object {
 	return &knftables.Map{Name: OwnersMap, Type: "ipv6_addr : verdict"}
 }
@@ -87,19 +82,6 @@ func (v hairpinObj) nft(*Tx) knftables.Object {
 		e.Comment = knftables.PtrTo(v.h.Chain)
 	}
 	return e
-}
-
-// knftMany is an object written as several of knftables'.
-type knftMany interface {
-	nfts(tx *Tx) []knftables.Object
-}
-
-func (v recordElems) nfts(tx *Tx) []knftables.Object {
-	var out []knftables.Object
-	for _, k := range v.keys {
-		out = append(out, &knftables.Element{Map: v.name, Key: recordKey(tx.Family, k).Fields(), Value: []string{"goto " + v.name}})
-	}
-	return out
 }
 
 func (v *Rule) nft(tx *Tx) knftables.Object {
@@ -118,23 +100,16 @@ func knftText(t *testing.T, tx *Tx) string {
 	t.Helper()
 	kt := knftables.NewFake(knftables.Family(nftFamily(tx.Family)), tx.Table).NewTransaction()
 	for _, o := range tx.ops {
-		var objs []knftables.Object
-		if m, ok := o.obj.(knftMany); ok {
-			objs = m.nfts(tx)
-		} else {
-			objs = []knftables.Object{o.obj.(knftObject).nft(tx)}
-		}
-		for _, obj := range objs {
-			switch o.verb {
-			case opAdd:
-				kt.Add(obj)
-			case opCreate:
-				kt.Create(obj)
-			case opFlush:
-				kt.Flush(obj)
-			case opDelete:
-				kt.Delete(obj)
-			}
+		obj := o.obj.(knftObject).nft(tx)
+		switch o.verb {
+		case opAdd:
+			kt.Add(obj)
+		case opCreate:
+			kt.Create(obj)
+		case opFlush:
+			kt.Flush(obj)
+		case opDelete:
+			kt.Delete(obj)
 		}
 	}
 	return kt.String()
@@ -158,7 +133,7 @@ func TestTextAsKnftables(t *testing.T) {
 			if isFlat(p) {
 				txs = append(txs, fastFlatTx(p, Keys(p)))
 				sl := newTx(f)
-				rewriteChain(sl, p, &ChainState{HasRecord: true, RecordMap: true, Owned: true})
+				rewriteChain(sl, p, &ChainState{HasRecord: true, Owned: true})
 				txs = append(txs, sl)
 			}
 		}
@@ -180,7 +155,6 @@ func TestTextAsKnftables(t *testing.T) {
 		for _, v := range []verb{opAdd, opCreate, opDelete} {
 			verbs.add(v, dnatMapObj{name: HostIPDNATMap, addr: true})
 			verbs.add(v, hairpinSetObj{ones: 24})
-			verbs.add(v, recordObj{name: "dn-x"})
 			if v != opFlush {
 				verbs.add(v, ownerObj{"dn-0123456789abcdef-fedcba9876543210"})
 			}
@@ -192,7 +166,6 @@ func TestTextAsKnftables(t *testing.T) {
 				verbs.add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})
 			}
 		}
-		verbs.add(opFlush, recordObj{name: "dn-x"})
 		verbs.add(opDelete, elemObj{key: fk[0]})
 		verbs.add(opDelete, &Rule{Chain: "dispatch", Handle: 42})
 		txs = append(txs, verbs)

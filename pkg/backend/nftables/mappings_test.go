@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"net"
-	"os"
 	"reflect"
 	"sort"
 	"strconv"
@@ -11,20 +10,31 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-func TestForwardsOfListing(t *testing.T) {
-	b, err := os.ReadFile("testdata/forwards-list.txt")
+// TestForwardsIPv6: what an IPv6 node forwards, read back from its
+// table: a port of every host address, and one of a host address.
+func TestForwardsIPv6(t *testing.T) {
+	c2 := plan.Owner{Network: "net1", ContainerID: "c2", IfName: "eth0"}
+	p := plan.Build(plan.Request{Owner: c2, Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
+		Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
+			plan.Mapping{HostPort: 8054, ContainerPort: 54, Protocol: plan.UDP, HostIP: net.ParseIP("2001:db8::1")})},
+		plan.IPv6, &net.IPNet{IP: net.ParseIP("2001:db8::2"), Mask: net.CIDRMask(64, 128)})
+	c2.IfName = "" // the comment's interface is not read back
+	m := NewMemory()
+	b := &Backend{Family: plan.IPv6, Kernel: m, Lock: func() (func(), error) { return func() {}, nil }}
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Mappings()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := forwardsOf(parseListing(plan.IPv6, string(b)))
 	sort.Slice(got, func(i, j int) bool { return got[i].HostPort < got[j].HostPort })
-	c2 := plan.Owner{Network: "net1", ContainerID: "c2"}
 	want := []plan.Installed{
 		{HostPort: 8054, HostIP: net.ParseIP("2001:db8::1"), Protocol: plan.UDP, ContainerIP: net.ParseIP("2001:db8::2"), ContainerPort: 54, Owner: c2},
 		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("2001:db8::2"), ContainerPort: 80, Owner: c2},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ParseMappings:\n got %+v\nwant %+v", got, want)
+		t.Errorf("Mappings:\n got %+v\nwant %+v", got, want)
 	}
 }
 

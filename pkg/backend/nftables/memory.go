@@ -50,12 +50,11 @@ type memTable struct {
 	srcs    map[string][]string          // a flat key's ID -> the sources its comment names
 	// hairpins are the hairpin sets (flat.go): set -> Hairpin.ID() -> it
 	hairpins map[string]map[string]Hairpin
-	records  map[string][]Key // a flat attachment's record, by name
 }
 
 func newMemTable(comment string) *memTable {
 	return &memTable{comment: comment, chains: map[string]*memChain{}, maps: map[string]map[string]string{},
-		targets: map[string]string{}, srcs: map[string][]string{}, hairpins: map[string]map[string]Hairpin{}, records: map[string][]Key{}}
+		targets: map[string]string{}, srcs: map[string][]string{}, hairpins: map[string]map[string]Hairpin{}}
 }
 
 type memChain struct {
@@ -139,9 +138,6 @@ func (t *memTable) clone() *memTable {
 			c.hairpins[n][id] = h
 		}
 	}
-	for n, r := range t.records {
-		c.records[n] = append([]Key{}, r...)
-	}
 	for n, ch := range t.chains {
 		cc := *ch
 		cc.rules = append([]RuleState(nil), ch.rules...)
@@ -176,7 +172,6 @@ func (t *memTable) refs(chain string) int {
 			}
 		}
 	}
-	n += len(t.records[chain]) // the record's gotos
 	for name, els := range t.maps {
 		if isDNATMap(name) {
 			continue // a comment, not a reference
@@ -419,9 +414,6 @@ func (m *Memory) chain(f plan.Family, table, chain string) *ChainState {
 	}
 	cs.splitRecord()
 	cs.Owned = t.maps[OwnersMap][chain] == chain
-	if r, ok := t.records[chain]; ok && len(cs.Rules) == 0 && !cs.HasRecord {
-		cs.HasRecord, cs.RecordMap, cs.Record = true, true, append([]Key{}, r...)
-	}
 	return cs
 }
 
@@ -455,9 +447,6 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 	st := newState()
 	for n := range t.chains {
 		st.Chains[n] = m.chain(f, table, n)
-		if st.Chains[n].RecordMap {
-			st.Chains[n].Record = nil // as the kernel's reader: not read
-		}
 	}
 	for n, els := range t.maps {
 		st.Maps[n] = true
@@ -470,9 +459,6 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 				st.Targets[id], st.Srcs[id] = v, t.srcs[id]
 			}
 		}
-	}
-	for n := range t.records {
-		st.Maps[n] = true
 	}
 	for _, n := range sortedStrings(t.hairpins) {
 		st.Maps[n] = true
@@ -564,9 +550,6 @@ func (m *Memory) Dump() string {
 				fmt.Fprintf(&b, "    %s comment %s\n", strings.TrimPrefix(id, n+" "), t.hairpins[n][id].Chain)
 			}
 		}
-		for _, n := range sortedStrings(t.records) {
-			fmt.Fprintf(&b, "  record %s %v\n", n, t.records[n])
-		}
 	}
 	return b.String()
 }
@@ -586,34 +569,6 @@ func (v hairpinSetObj) simulate(s *memTx, vb verb) error {
 	}
 	name := hairpinSet(v.addr, v.ones)
 	return simulateSet(t.hairpins, name, vb, t.looksUp(func(r RuleState) bool { return r.Member == name }))
-}
-
-func (v recordObj) simulate(s *memTx, vb verb) error {
-	t, err := s.table()
-	if err != nil {
-		return err
-	}
-	r, exists := t.records[v.name]
-	switch vb {
-	case opAdd, opCreate:
-		if exists && vb == opCreate {
-			return unix.EEXIST
-		}
-		if !exists {
-			t.records[v.name] = []Key{}
-		}
-	case opFlush:
-		if !exists {
-			return unix.ENOENT
-		}
-		t.records[v.name] = r[:0:0]
-	case opDelete:
-		if !exists {
-			return unix.ENOENT
-		}
-		delete(t.records, v.name)
-	}
-	return nil
 }
 
 func (ownersMapObj) simulate(s *memTx, vb verb) error {
@@ -650,28 +605,6 @@ func (v ownerObj) simulate(s *memTx, vb verb) error {
 		}
 		delete(els, v.chain)
 	}
-	return nil
-}
-
-func (v recordElems) simulate(s *memTx, _ verb) error {
-	t, err := s.table()
-	if err != nil {
-		return err
-	}
-	r, exists := t.records[v.name]
-	if !exists {
-		return unix.ENOENT
-	}
-	if t.chains[v.name] == nil {
-		return unix.ENOENT // the gotos' chain
-	}
-	for _, k := range v.keys {
-		k.Flat = true
-		if !slices.ContainsFunc(r, func(h Key) bool { return h.ID() == k.ID() }) {
-			r = append(r, k)
-		}
-	}
-	t.records[v.name] = r
 	return nil
 }
 

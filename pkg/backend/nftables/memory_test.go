@@ -18,7 +18,7 @@ func memBackend() (*Backend, *Memory) {
 
 // Every kind of object applies itself to the in-memory kernel (checked
 // when the tests compile: the plugin's build carries no simulator).
-var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil), dnatMapObj{}, hairpinSetObj{}, recordObj{}, recordElems{}, ownersMapObj{}, ownerObj{}, hairpinObj{}}
+var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil), dnatMapObj{}, hairpinSetObj{}, ownersMapObj{}, ownerObj{}, hairpinObj{}}
 
 func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
 	return m.Trace(plan.IPv4, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)

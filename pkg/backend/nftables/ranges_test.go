@@ -184,48 +184,6 @@ func TestRangeReAdd(t *testing.T) {
 	}
 }
 
-// A node set up before the interval maps: its skeleton has no interval
-// map, and an attachment of an older release holds an element per port
-// of its range. CHECK passes on it; an ADD with an interval writes the
-// skeleton anew; DEL of the older attachment removes its elements.
-func TestRangesOnAnOlderNode(t *testing.T) {
-	be, m := memBackend()
-	old := rangePlan("old", "192.0.2.2/24", [2]int{20000, 20009})
-	tx := newTx(plan.IPv4)
-	addSkeleton(tx, old, nil)
-	chain := rewriteChain(tx, old, nil)
-	for port := 20000; port <= 20009; port++ {
-		tx.add(opAdd, elemObj{key: Key{Protocol: plan.TCP, Port: port}, chain: chain.name})
-	}
-	if err := m.Apply(tx); err != nil {
-		t.Fatal(err)
-	}
-	// the older skeleton: no interval maps, two lookups
-	dropRangeLookups(t, m, HostPortRangesMap, HostIPPortRangesMap)
-	if err := be.Check(old); err != nil {
-		t.Errorf("CHECK of the older attachment: %v", err)
-	}
-	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 20005, false).DNAT; got != "192.0.2.2:20005" {
-		t.Errorf("port 20005 goes to %q", got)
-	}
-	newer := rangePlan("new", "192.0.2.3/24", [2]int{30000, 30009})
-	if err := be.Apply(newer); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []*plan.Plan{old, newer} {
-		if err := be.Check(p); err != nil {
-			t.Errorf("CHECK %s after the newer ADD: %v", p.Owner.ContainerID, err)
-		}
-	}
-	if err := be.Remove(old); err != nil {
-		t.Fatal(err)
-	}
-	st, _ := m.Table(plan.IPv4, Table)
-	if got := fmt.Sprint(elementsOfState(st)); got != "[{tcp . 30000-30009 "+ChainName(newer.Owner)+"}]" {
-		t.Errorf("elements after DEL of the older: %s", got)
-	}
-}
-
 // dropRangeLookups leaves the dispatch chain without its interval
 // lookups, and deletes the maps named, as on a node set up before them.
 func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {

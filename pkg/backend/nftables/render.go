@@ -337,7 +337,7 @@ func rewriteChain(tx *Tx, p *plan.Plan, c *ChainState) chainObj {
 	tx.add(opAdd, chain)
 	tx.add(opFlush, chain)
 	if isFlat(p) {
-		writeRecord(tx, chain.name, Keys(p), c)
+		writeRecord(tx, chain.name, Keys(p))
 		return chain
 	}
 	dropRecord(tx, chain.name, c)

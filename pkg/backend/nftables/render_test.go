@@ -182,37 +182,6 @@ func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []
 	return rules, elems
 }
 
-// TestJudgeLegacyLayout: a chain an older release wrote (marks per
-// mapping) passes CHECK, names its keys for DEL, and a wrong target in it
-// is named; a chain of the current layout missing its hairpin rule fails.
-func TestJudgeLegacyLayout(t *testing.T) {
-	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, smallRanges)} {
-		tx := newTx(p.Family)
-		for _, r := range legacyChainRules(p) {
-			tx.add(opAdd, r)
-		}
-		rules, _ := roundTrip(t, p.Family, tx)
-		c := &ChainState{Rules: rules}
-		if why := judgeChain(p, c); why != "" {
-			t.Errorf("%s: the older layout does not pass: %s", p.Family, why)
-		}
-		if got, want := ports(c.keys()), p.Mappings.Len(); got != want {
-			t.Errorf("%s: the older layout names %d ports, want %d", p.Family, got, want)
-		}
-		moved := *p
-		ms := p.Mappings.Slice()
-		ms[0].ContainerPort++
-		moved.Mappings = plan.MappingsOf(ms...)
-		if why := judgeChain(&moved, c); !strings.Contains(why, "does not dnat to") {
-			t.Errorf("%s: a changed container port in the older layout judged %q", p.Family, why)
-		}
-		current, _ := roundTrip(t, p.Family, fastAddTx(p))
-		if why := judgeChain(p, &ChainState{Rules: current[1:]}); !strings.Contains(why, `missing rule "hairpin"`) {
-			t.Errorf("%s: a current chain without its hairpin rule judged %q", p.Family, why)
-		}
-	}
-}
-
 func TestConditionsNeedNft(t *testing.T) {
 	p := build(plan.IPv4, func(r *plan.Request) { r.ConditionsV4 = []string{"ip saddr != 203.0.113.0/24"} })
 	tx := fastAddTx(p)

@@ -31,22 +31,18 @@ func newState() *State {
 
 // ChainState is one chain: its comment and rules and, for a flat
 // attachment (flat.go), its record: the keys its record rules name (not
-// among Rules), or an older release's record map of the same name
-// (RecordMap) and, where it was read, what that records; Owned says the
-// owners map holds the chain.
+// among Rules); Owned says the owners map holds the chain.
 type ChainState struct {
 	Comment   string
 	Rules     []RuleState
 	HasRecord bool
 	Record    []Key
-	RecordMap bool
 	Owned     bool
 }
 
 // RuleState is what the backend judges of a rule: its handle and comment
 // and the parts of it that carry meaning here. A reader fills it from the
-// kernel's expressions; rules nft compiled (conditions, or a table an
-// older release wrote) read the same.
+// kernel's expressions; rules nft compiled (conditions) read the same.
 type RuleState struct {
 	Handle  uint64
 	Comment string
@@ -162,9 +158,7 @@ type Kernel interface {
 	// key every element of the same host IP and protocol, of one port or
 	// an interval (what ADD must know to take its ports over).
 	Elements(f plan.Family, keys []Key) ([]Element, error)
-	// Table reads the family's table whole; nil when it is absent. The
-	// record maps of an older release's flat attachments are not read
-	// (RecordMap is).
+	// Table reads the family's table whole; nil when it is absent.
 	Table(f plan.Family, table string) (*State, error)
 	// Hairpins returns those of hs (a source prefix and a key each)
 	// that the hairpin sets hold, with their owners.

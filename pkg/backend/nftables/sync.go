@@ -78,8 +78,8 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	for _, p := range want {
 		s.anyRanges = s.anyRanges || hasRanges(p)
 		// the skeleton's flat parts are needed once a flat attachment is
-		// there; one an older release made, as a chain, needs none
-		if judgedFlat(p, s.st.Chains[ChainName(p.Owner)]) {
+		// there
+		if isFlat(p) {
 			s.anyFlat = true
 			flat = append(flat, p)
 		}
@@ -365,9 +365,9 @@ func (s *syncState) judge(i int) string {
 	if !ok {
 		return "chain " + own + " missing"
 	}
-	flat := judgedFlat(p, c)
+	flat := isFlat(p)
 	if flat {
-		if why := judgeFlat(p, c, false); why != "" {
+		if why := judgeFlat(p, c); why != "" {
 			return "chain " + own + ": " + why
 		}
 	} else if why := judgeChain(p, c); why != "" {

@@ -1,8 +1,7 @@
 package nftables
 
 import (
-	"net"
-	"os"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -12,23 +11,20 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// The listing (testdata/sync-listing-v4.txt) is what nft -a printed after
-// this backend applied syncPlans(): a (8080/tcp and 198.51.100.1:8053/udp
-// to 192.0.2.2), b (9090/tcp to 192.0.2.3, condition "ip daddr !=
-// 10.1.0.0/16") on net1, and o (7070/tcp to 192.0.2.4) on network "old".
+// syncPlans are the attachments a node of the tests holds: a (8080/tcp
+// and 198.51.100.1:8053/udp to 192.0.2.2; flat), b (9090/tcp to
+// 192.0.2.3, condition "ip daddr != 10.1.0.0/16"; a chain) on net1, and o
+// (7070/tcp to 192.0.2.4; flat) on network "old".
 func syncPlans(aIP string) (a, b, o *plan.Plan) {
 	return fixture.SyncPlans(aIP, []string{"ip daddr != 10.1.0.0/16"})
 }
 
 func syncBackend(t *testing.T, listed bool) (*Backend, *fakeKernel) {
 	t.Helper()
-	k := &fakeKernel{tables: map[string]string{}}
+	k := &fakeKernel{Memory: NewMemory()}
 	if listed {
-		data, err := os.ReadFile("testdata/sync-listing-v4.txt")
-		if err != nil {
-			t.Fatal(err)
-		}
-		k.tables["ip "+Table] = string(data)
+		a, b, o := syncPlans("192.0.2.2")
+		k.seed(t, a, b, o)
 	}
 	return &Backend{Family: plan.IPv4, Kernel: k}, k
 }
@@ -55,9 +51,9 @@ func TestSyncNothingToRepair(t *testing.T) {
 
 func TestSyncPrune(t *testing.T) {
 	b, k := syncBackend(t, true)
-	k.tables["ip "+UpstreamTable] = "table ip cni_hostport { # handle 9\n\tchain hostports { # handle 1\n" +
-		"\t\ttcp dport 6104 dnat to 192.0.2.66:80 comment \"upc\" # handle 4\n" +
-		"\t\ttcp dport 6105 dnat to 192.0.2.67:80 comment \"a\" # handle 5\n\t}\n}\n"
+	upc := k.upstreamRule(t, plan.TCP, 6104, "192.0.2.66", 80, "upc")
+	upa := k.upstreamRule(t, plan.TCP, 6105, "192.0.2.67", 80, "a")
+	k.scripts = nil
 	a, bb, _ := syncPlans("192.0.2.2")
 	rep, err := b.Sync([]*plan.Plan{a, bb}, converge.Options{Prune: true})
 	if err != nil {
@@ -69,15 +65,15 @@ func TestSyncPrune(t *testing.T) {
 	}
 	s := strings.Join(k.scripts, "")
 	for _, w := range []string{
-		"delete element ip cni_portmap hostports { tcp . 7070 }",
+		"delete element ip cni_portmap hostport_dnat { tcp . 7070 }",
 		"delete chain ip cni_portmap dn-cba06b5736faf67e-8dad2c8e4ab28af5",
-		"delete rule ip cni_hostport hostports handle 4",
+		fmt.Sprintf("delete rule ip cni_hostport hostports handle %d\n", upc),
 	} {
 		if !strings.Contains(s, w) {
 			t.Errorf("prune script lacks %q:\n%s", w, s)
 		}
 	}
-	if strings.Contains(s, "handle 5") || strings.Contains(s, "8080") {
+	if strings.Contains(s, fmt.Sprintf("handle %d\n", upa)) || strings.Contains(s, "8080") {
 		t.Errorf("prune script touches what is wanted (a's ID, a's port):\n%s", s)
 	}
 	for _, o := range rep.Orphans {
@@ -94,7 +90,7 @@ func TestSyncRepairsWrongTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Results[1].State != converge.Repaired || !strings.Contains(rep.Results[1].What, "dnat to 192.0.2.9:80") {
+	if rep.Results[1].State != converge.Repaired || !strings.Contains(rep.Results[1].What, "not to 192.0.2.9:80") {
 		t.Errorf("a: %+v, want repaired naming the target", rep.Results[1])
 	}
 	if rep.Results[0].State != converge.OK || rep.Results[2].State != converge.OK {
@@ -103,26 +99,23 @@ func TestSyncRepairsWrongTarget(t *testing.T) {
 	if len(k.scripts) != 1 {
 		t.Fatalf("scripts %q", k.scripts)
 	}
-	// a, a chain of an older layout, is rewritten flat: its chain emptied,
-	// its record and DNAT elements written, its verdict elements gone
-	// (and the skeleton's flat parts, which the node lacked, written)
 	s := k.scripts[0]
-	own := "dn-6c270ef2f251d571-a23508c67eab7c80"
+	own := ChainName(a.Owner)
 	for _, w := range []string{
-		"flush chain ip cni_portmap " + own,
-		"add rule ip cni_portmap " + own + " meta l4proto tcp th dport 8080 comment \"record tcp . 8080\"",
-		"add element ip cni_portmap owners { " + net.IP(ownerKey(own)).String() + " : goto " + own + " }",
-		"add map ip cni_portmap owners",
-		"delete element ip cni_portmap hostports { tcp . 8080 }",
 		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.9 . 80 }",
-		"add map ip cni_portmap hostport_dnat",
+		"add element ip cni_portmap hostip_hostport_dnat { 198.51.100.1 . udp . 8053 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.9 . 53 }",
 	} {
 		if !strings.Contains(s, w) {
 			t.Errorf("repair script lacks %q:\n%s", w, s)
 		}
 	}
-	if strings.Contains(s, "c5446b7f5df41560") || strings.Contains(s, "7070") {
+	if strings.Contains(s, ChainName(bb.Owner)) || strings.Contains(s, "7070") {
 		t.Errorf("repair rewrites what is right (b, o):\n%s", s)
+	}
+	for _, p := range []*plan.Plan{o, a, bb} {
+		if err := b.Check(p); err != nil {
+			t.Errorf("CHECK %s after the repair: %v", p.Owner.ContainerID, err)
+		}
 	}
 }
 
@@ -141,7 +134,6 @@ func TestSyncNewestWins(t *testing.T) {
 	s := k.scripts[0]
 	own := ChainName(c.Owner)
 	for _, w := range []string{
-		"delete element ip cni_portmap hostports { tcp . 8080 }",
 		"add element ip cni_portmap hostport_dnat { tcp . 8080 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.5 . 80 }",
 		"add element ip cni_portmap hostip_hostport_dnat { 198.51.100.1 . udp . 8053 comment \"" + own + " 192.0.2.0/24 127.0.0.1/32\" : 192.0.2.5 . 53 }",
 		"add element ip cni_portmap hairpin_24 { 192.0.2.0 . tcp . 8080 comment \"" + own + "\" }",
