@@ -285,3 +285,63 @@ func (lt *listing) orphans(wanted map[string]bool) []orphan {
 	}
 	return out
 }
+
+// builtins are the chains each table has without a rule of ours.
+var builtins = map[string][]string{
+	Table:       {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	FilterTable: {"INPUT", "FORWARD", "OUTPUT"},
+}
+
+// targets are the jumps that are not chains.
+var targets = map[string]bool{"ACCEPT": true, "DROP": true, "RETURN": true, "DNAT": true, "SNAT": true,
+	"MASQUERADE": true, "MARK": true, "REJECT": true, "LOG": true}
+
+// jumpOf is the chain or target a rule's tokens jump or go to, or "".
+func jumpOf(tokens []string) string {
+	for i, tok := range tokens {
+		if (tok == "-j" || tok == "-g") && i+1 < len(tokens) {
+			return tokens[i+1]
+		}
+	}
+	return ""
+}
+
+// parsePortRange reads "8080" or "20000:20999" (sep between first and
+// last).
+func parsePortRange(s, sep string) ([2]int, bool) {
+	a, b, isRange := strings.Cut(s, sep)
+	first, err := strconv.Atoi(a)
+	if err != nil {
+		return [2]int{}, false
+	}
+	last := first
+	if isRange {
+		if last, err = strconv.Atoi(b); err != nil {
+			return [2]int{}, false
+		}
+	}
+	return [2]int{first, last}, true
+}
+
+// resolveTarget is where a DNAT --to-destination sends a packet to port
+// dport: "ip:port" as given; "ip" keeps the port; "ip:first-last/base"
+// keeps the offset from base.
+func resolveTarget(to string, dport int) string {
+	host, port, err := net.SplitHostPort(to)
+	if err != nil { // no port
+		return net.JoinHostPort(strings.Trim(to, "[]"), strconv.Itoa(dport))
+	}
+	ports, base, shifted := strings.Cut(port, "/")
+	r, ok := parsePortRange(ports, "-")
+	if !ok {
+		return to
+	}
+	if shifted {
+		b, err := strconv.Atoi(base)
+		if err != nil {
+			return to
+		}
+		return net.JoinHostPort(host, strconv.Itoa(r[0]+dport-b))
+	}
+	return net.JoinHostPort(host, strconv.Itoa(r[0]))
+}

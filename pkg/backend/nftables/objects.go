@@ -14,7 +14,7 @@ import (
 // The kinds of object a transaction writes, each with its two spellings
 // (nft text for the golden files and nft, written as knftables writes it,
 // which a test holds; netlink attributes for the kernel, which a kernel
-// test holds equal to nft's for every plan shape) and, in memory.go, what
+// test holds equal to nft's for every plan shape) and, in memkernel_test.go, what
 // applying it does to the in-memory kernel.
 
 // head writes the start of every command: "add chain ip cni_portmap".

@@ -45,7 +45,7 @@ type op struct {
 // object is one kind of nf_tables object a transaction writes. Each kind
 // spells itself both ways — as knftables writes it (Text) and as netlink
 // attributes (Messages) — and applies itself to the in-memory kernel
-// (simulator, in memory.go), so a new kind is one type with three
+// (simulator, in memkernel_test.go), so a new kind is one type with three
 // methods, not a case in three switches.
 type object interface {
 	// text writes verb v of the object in tx as nft reads it, the way

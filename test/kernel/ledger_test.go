@@ -1,17 +1,21 @@
-package agent
+package kernel
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/agent"
+	pmbackend "github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
@@ -20,26 +24,29 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/plugins/portmap"
 	"github.com/portmap-dev/portmap/test/fakehost"
+	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-// memNode is a node whose backends and layers are the in-memory kernels:
-// what the plugin's verbs and the agent's passes write is really there.
-// Its lock runs onLock once, the next time it is taken: the runtime's
-// verb that lands between a pass's read of the cache and its lock.
-type memNode struct {
-	agent  *Agent
+// node is this namespace as a node whose plugin and agent share one
+// host: both backends and the forwardAccept layer on the real kernel,
+// the socket path's site in memory (test/kernel's socket tests judge
+// the programs), the sysctls, conntrack and ledger of a fake host. Its
+// lock runs onLock once, the next time it is taken: the runtime's verb
+// that lands between a pass's read of the cache and its lock.
+type node struct {
+	agent  *agent.Agent
 	plugin *portmap.Plugin
-	ipt    map[plan.Family]*iptables.Memory
-	nft    *nftables.Memory
 	sock   *socket.Memory
 	onLock func()
 	fh     *fakehost.Host
 }
 
-func newMemNode() *memNode {
+// newNode empties this namespace's tables and returns it as a node.
+func newNode(t *testing.T) *node {
+	t.Helper()
+	resetTables(t)
 	h, fh := fakehost.New()
-	n := &memNode{ipt: map[plan.Family]*iptables.Memory{plan.IPv4: iptables.NewMemory(), plan.IPv6: iptables.NewMemory()},
-		nft: nftables.NewMemory(), sock: socket.NewMemory(), fh: fh}
+	n := &node{sock: socket.NewMemory(), fh: fh}
 	free := func() (func(), error) { return func() {}, nil }
 	h.Lock = func() (func(), error) {
 		if f := n.onLock; f != nil {
@@ -50,62 +57,108 @@ func newMemNode() *memNode {
 	}
 	for i, k := range h.Kinds {
 		switch k.Name {
-		case backend.IPTables:
-			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) {
-				return &iptables.Backend{Family: f, Kernel: n.ipt[f].Kernel(iptables.Table), Lock: free}, nil
+		case pmbackend.IPTables:
+			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (pmbackend.Backend, error) {
+				b, err := iptables.New(f)
+				if err == nil {
+					b.Lock = free
+				}
+				return b, err
 			}
-		case backend.NFTables:
-			h.Kinds[i].Open = func(f plan.Family, log io.Writer) (backend.Backend, error) {
-				return &nftables.Backend{Family: f, Kernel: n.nft, Lock: free, Log: log}, nil
+		case pmbackend.NFTables:
+			h.Kinds[i].Open = func(f plan.Family, log io.Writer) (pmbackend.Backend, error) {
+				b, err := nftables.New(f, log)
+				if err == nil {
+					b.Lock = free
+				}
+				return b, err
 			}
 		}
 	}
 	for i, l := range h.Layers {
 		switch l.Name {
 		case "forwardAccept":
-			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (backend.Backend, error) {
-				return &iptables.Accept{Family: f, Kernel: n.ipt[f].Kernel(iptables.FilterTable), Lock: free}, nil
+			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (pmbackend.Backend, error) {
+				a, err := iptables.NewAccept(f)
+				if err == nil {
+					a.Lock = free
+				}
+				return a, err
 			}
 		case "localhost":
-			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (backend.Backend, error) {
+			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (pmbackend.Backend, error) {
 				return &socket.Layer{Family: f, Site: n.sock, Netns: func() (uint64, error) { return 4097, nil }, Lock: free}, nil
 			}
 		}
 	}
 	h.SocketReady = func(*plan.Request) error { return nil }
 	n.plugin = &portmap.Plugin{Host: h, Stdout: io.Discard, Inventory: inventory.OnHost{Host: h}}
-	n.agent = &Agent{Host: h}
+	n.agent = &agent.Agent{Host: h}
+	t.Cleanup(func() { resetTables(t) })
 	return n
 }
 
-// state is everything the node's kernels hold, for before/after diffs.
-func (n *memNode) state(t *testing.T) string {
+// resetTables empties the namespace's iptables nat and filter tables and
+// deletes the nftables tables of both plugins.
+func resetTables(t *testing.T) {
+	t.Helper()
+	nettest.ResetNAT(t)
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		nettest.Run(t, tool, "-t", "filter", "-F")
+		nettest.Run(t, tool, "-t", "filter", "-X")
+	}
+}
+
+// flush is a firewall's flush of the IPv4 nat table and of the
+// nftables tables.
+func flush(t *testing.T) {
+	t.Helper()
+	nettest.Run(t, "iptables", "-t", "nat", "-F")
+	for _, fam := range []string{"ip", "ip6"} {
+		_ = exec.Command("nft", "delete", "table", fam, nftables.Table).Run()
+	}
+}
+
+var saveComment = regexp.MustCompile(`(?m)^#.*\n`)
+
+// state is everything the node's kernel holds, for before/after diffs:
+// the iptables tables as saved (their comments, which date the save,
+// left out), the nftables tables as listed, the socket site.
+func (n *node) state(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
-	for _, f := range plan.Families {
+	for _, tool := range []string{"iptables-save", "ip6tables-save"} {
 		for _, table := range []string{iptables.Table, iptables.FilterTable} {
-			lines, err := n.ipt[f].Kernel(table).ListTable()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fmt.Fprintf(&b, "iptables %s %s:\n%s\n", f, table, strings.Join(lines, "\n"))
+			b.WriteString(saveComment.ReplaceAllString(nettest.Run(t, tool, "-t", table), ""))
 		}
 	}
-	b.WriteString(n.nft.Dump())
+	for _, fam := range []string{"ip", "ip6"} {
+		out, _ := exec.Command("nft", "list", "table", fam, nftables.Table).Output()
+		b.Write(out)
+	}
 	fmt.Fprintf(&b, "socket entries: %v\nsocket owners: %v\n", n.sock.Entries, n.sock.Owners)
 	return b.String()
 }
 
-// holds reports whether the kernels hold anything of container id (by
+// forwards reports whether state sends a port to ip's port 80, in either
+// backend's spelling.
+func forwards(state, ip string) bool {
+	return strings.Contains(state, ip+":80") || strings.Contains(state, ip+" . 80")
+}
+
+// holds reports whether the kernel holds anything of container id (by
 // its chains' names, its socket entries' owner, its address).
-func (n *memNode) holds(t *testing.T, id, ip string) bool {
+func (n *node) holds(t *testing.T, id, ip string) bool {
 	t.Helper()
 	o := plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"}
 	s := n.state(t)
-	for _, frag := range []string{iptables.ChainName(o), nftables.ChainName(o), iptables.AcceptChainName(o), ip + ":80"} {
+	for _, frag := range []string{iptables.ChainName(o), nftables.ChainName(o), iptables.AcceptChainName(o)} {
 		if strings.Contains(s, frag) {
 			return true
 		}
+	}
+	if forwards(s, ip) {
+		return true
 	}
 	for _, ow := range n.sock.Owners {
 		if ow.ContainerID == id {
@@ -113,6 +166,14 @@ func (n *memNode) holds(t *testing.T, id, ip string) bool {
 		}
 	}
 	return false
+}
+
+func jsonValue(t *testing.T, s string) any {
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // attachment is one ADD of the runtime: its cache entry (written into
@@ -155,22 +216,22 @@ func (a *attachment) args() *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: a.id, Netns: a.netns, IfName: "eth0", StdinData: a.stdin}
 }
 
-func (n *memNode) add(t *testing.T, a *attachment) {
+func (n *node) add(t *testing.T, a *attachment) {
 	t.Helper()
 	if err := n.plugin.Add(a.args()); err != nil {
 		t.Fatalf("ADD %s: %v", a.id, err)
 	}
 }
 
-func (n *memNode) del(t *testing.T, a *attachment) {
+func (n *node) del(t *testing.T, a *attachment) {
 	t.Helper()
 	if err := n.plugin.Del(a.args()); err != nil {
 		t.Fatalf("DEL %s: %v", a.id, err)
 	}
 }
 
-// The decision of issue #28 on the in-memory kernels of every backend
-// and layer: a pass reads the cache, then the runtime's verb lands
+// The decision of issue #28 on the real kernel, for every backend and
+// layer: a pass reads the cache, then the runtime's verb lands
 // before the pass takes the host-wide lock (a pass is a read, a lock,
 // then writes). The pass must bring back nothing of a container whose
 // DEL has begun, take nothing of one whose ADD has returned but is not
@@ -206,10 +267,10 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		}
 		return p
 	}
-	o := Options{Prune: prune}
+	o := agent.Options{Prune: prune}
 
 	t.Run("DEL begun", func(t *testing.T) {
-		n, dir := newMemNode(), t.TempDir()
+		n, dir := newNode(t), t.TempDir()
 		o.CacheDir = dir
 		c1 := newAttachment(t, "c1", "192.0.2.2", nsPath("c1"), extra)
 		n.add(t, c1)
@@ -223,7 +284,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		if got := n.state(t); got != afterDel || n.holds(t, "c1", c1.ip) {
 			t.Errorf("the pass changed the node after DEL:\n%s\nwant:\n%s", got, afterDel)
 		}
-		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != WithheldDeleted || rep.Summary.Repaired != 0 {
+		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != agent.WithheldDeleted || rep.Summary.Repaired != 0 {
 			t.Errorf("report %+v, want c1 withheld (deleted) and nothing repaired", rep)
 		}
 		// The runtime removed its entry: the next pass has nothing to say.
@@ -234,7 +295,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 	})
 
 	t.Run("ADD not cached yet", func(t *testing.T) {
-		n, dir := newMemNode(), t.TempDir()
+		n, dir := newNode(t), t.TempDir()
 		o.CacheDir = dir
 		c2 := newAttachment(t, "c2", "192.0.2.3", nsPath("c2"), extra)
 		var afterAdd string
@@ -254,7 +315,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 	})
 
 	t.Run("re-ADD after the cache read", func(t *testing.T) {
-		n, dir := newMemNode(), t.TempDir()
+		n, dir := newNode(t), t.TempDir()
 		o.CacheDir = dir
 		old := newAttachment(t, "c3", "192.0.2.4", nsPath("c3"), extra)
 		n.add(t, old)
@@ -266,23 +327,22 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := n.state(t); got != afterReAdd || strings.Contains(got, old.ip+":80") {
+		if got := n.state(t); got != afterReAdd || forwards(got, old.ip) {
 			t.Errorf("the pass wrote the old entry's address or took the new ADD's:\n%s\nwant:\n%s", got, afterReAdd)
 		}
-		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != WithheldSuperseded || len(rep.Orphans) != 0 {
+		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != agent.WithheldSuperseded || len(rep.Orphans) != 0 {
 			t.Errorf("withheld %+v orphans %+v, want c3 superseded and no orphan", rep.Withheld, rep.Orphans)
 		}
 		// Once the runtime caches the new ADD, passes keep it as usual.
 		renewed.cache(t, dir)
-		n.nft.FlushRuleset()
-		n.ipt[plan.IPv4].FlushTable(iptables.Table)
-		if rep, err := n.agent.Sync(o); err != nil || rep.Summary.Repaired != 1 || !strings.Contains(n.state(t), renewed.ip+":80") {
+		flush(t)
+		if rep, err := n.agent.Sync(o); err != nil || rep.Summary.Repaired != 1 || !forwards(n.state(t), renewed.ip) {
 			t.Errorf("pass after the new entry: %+v %v, want c3 repaired at %s", rep, err, renewed.ip)
 		}
 	})
 
 	t.Run("namespace gone", func(t *testing.T) {
-		n, dir := newMemNode(), t.TempDir()
+		n, dir := newNode(t), t.TempDir()
 		o.CacheDir = dir
 		c4 := newAttachment(t, "c4", "192.0.2.6", nsPath("c4"), extra)
 		n.add(t, c4)
@@ -292,7 +352,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != WithheldGone {
+		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != agent.WithheldGone {
 			t.Errorf("withheld %+v, want c4 gone", rep.Withheld)
 		}
 		if prune == n.holds(t, "c4", c4.ip) {
@@ -305,7 +365,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 	})
 
 	t.Run("ADDed before the ledger", func(t *testing.T) {
-		n, dir := newMemNode(), t.TempDir()
+		n, dir := newNode(t), t.TempDir()
 		o.CacheDir = dir
 		legacy := newAttachment(t, "c5", "192.0.2.7", nsPath("c5"), extra+`,"cniCacheDir":"`+dir+`"`)
 		n.add(t, legacy)
@@ -317,8 +377,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		}
 		past := time.Now().Add(-time.Minute)
 		os.Chtimes(filepath.Join(dir, "results", "net1-c5-eth0"), past, past)
-		n.nft.FlushRuleset()
-		n.ipt[plan.IPv4].FlushTable(iptables.Table)
+		flush(t)
 		if rep, err := n.agent.Sync(o); err != nil || rep.Summary.Repaired != 1 || len(rep.Withheld) != 0 {
 			t.Fatalf("pass over an entry older than the ledger: %+v %v, want it repaired", rep, err)
 		}
@@ -330,7 +389,7 @@ func passAfterVerb(t *testing.T, extra string, prune bool) {
 		if err != nil || n.state(t) != afterDel || n.holds(t, "c5", legacy.ip) {
 			t.Errorf("pass after the DEL of an attachment older than the ledger: %v\n%s", err, n.state(t))
 		}
-		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != WithheldDeleted {
+		if len(rep.Withheld) != 1 || rep.Withheld[0].Reason != agent.WithheldDeleted {
 			t.Errorf("withheld %+v, want c5 deleted", rep.Withheld)
 		}
 		// The runtime removes its entry: the record goes with it.

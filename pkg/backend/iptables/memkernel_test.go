@@ -44,15 +44,6 @@ type xtable struct {
 	rules map[string][][]string
 }
 
-var builtins = map[string][]string{
-	Table:       {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
-	FilterTable: {"INPUT", "FORWARD", "OUTPUT"},
-}
-
-// targets are the jumps that are not chains.
-var targets = map[string]bool{"ACCEPT": true, "DROP": true, "RETURN": true, "DNAT": true, "SNAT": true,
-	"MASQUERADE": true, "MARK": true, "REJECT": true, "LOG": true}
-
 // NewMemory returns an empty nat and filter table.
 func NewMemory() *Memory {
 	m := &Memory{tables: map[string]*xtable{}}
@@ -110,15 +101,6 @@ func (t *xtable) refs(chain string) int {
 		}
 	}
 	return n
-}
-
-func jumpOf(tokens []string) string {
-	for i, tok := range tokens {
-		if (tok == "-j" || tok == "-g") && i+1 < len(tokens) {
-			return tokens[i+1]
-		}
-	}
-	return ""
 }
 
 func (t *xtable) find(chain string, rule []string) int {
