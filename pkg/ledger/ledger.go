@@ -36,6 +36,7 @@ package ledger
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -50,7 +51,6 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/sha2"
 	"github.com/portmap-dev/portmap/pkg/workers"
 )
 
@@ -136,7 +136,7 @@ func (d *Dir) path() (string, error) {
 // fileName is the owner's file: a hash, since network names, container
 // IDs and interface names may hold any byte but '/'.
 func fileName(o plan.Owner) string {
-	h := sha2.Sum256([]byte(o.Network + "\x00" + o.ContainerID + "\x00" + o.IfName))
+	h := sha256.Sum256([]byte(o.Network + "\x00" + o.ContainerID + "\x00" + o.IfName))
 	return hex.EncodeToString(h[:16])
 }
 

@@ -37,8 +37,6 @@ func (a *Attrs) pad() {
 }
 
 // Raw appends attribute typ holding v.
-//
-//go:noinline
 func (a *Attrs) Raw(typ uint16, v []byte) *Attrs {
 	a.header(typ, len(v))
 	a.b = append(a.b, v...)
@@ -47,8 +45,6 @@ func (a *Attrs) Raw(typ uint16, v []byte) *Attrs {
 }
 
 // String appends a NUL-terminated string.
-//
-//go:noinline
 func (a *Attrs) String(typ uint16, s string) *Attrs {
 	a.header(typ, len(s)+1)
 	a.b = append(a.b, s...)
@@ -59,8 +55,6 @@ func (a *Attrs) String(typ uint16, s string) *Attrs {
 
 // U32 appends a big-endian (network order) 32-bit value, as nf_tables
 // expects its integers.
-//
-//go:noinline
 func (a *Attrs) U32(typ uint16, v uint32) *Attrs {
 	a.header(typ, 4)
 	a.b = binary.BigEndian.AppendUint32(a.b, v)

@@ -5,14 +5,13 @@
 package plan
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/portmap-dev/portmap/pkg/sha2"
 )
 
 // Family is an IP family.
@@ -312,7 +311,7 @@ func ParseProtocol(s string) (Protocol, bool) {
 // the default backend) are left out: they cannot send a host port to
 // another address.
 func Fingerprint(plans []*Plan) string {
-	h := sha2.New256()
+	h := sha256.New()
 	// what is hashed goes through one small buffer: a range of 5000
 	// ports is 45 KB of it, which would otherwise all be in memory
 	b := make([]byte, 0, 4096)

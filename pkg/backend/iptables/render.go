@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -8,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/sha2"
 )
 
 // Names the kernel keeps. They are the upstream portmap plugin's names, so a
@@ -45,7 +45,7 @@ func ChainName(o plan.Owner) string { return chainName(o, dnChainPrefix) }
 // this to): "CNI-", the prefix, then the hex SHA-512 of network name and
 // container ID, 28 characters in all.
 func chainName(o plan.Owner, prefix string) string {
-	sum := sha2.Sum512([]byte(o.Network + o.ContainerID))
+	sum := sha512.Sum512([]byte(o.Network + o.ContainerID))
 	return ("CNI-" + prefix + hex.EncodeToString(sum[:]))[:28]
 }
 

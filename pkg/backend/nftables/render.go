@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -9,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/sha2"
 )
 
 // Names the kernel keeps: never change them, or upgrades need manual
@@ -50,7 +50,7 @@ func ipX(f plan.Family) string {
 }
 
 func shortHash(s string) string {
-	h := sha2.Sum256([]byte(s))
+	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:8])
 }
 

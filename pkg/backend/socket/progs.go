@@ -1,12 +1,12 @@
 package socket
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/bpf"
-	"github.com/portmap-dev/portmap/pkg/sha2"
 )
 
 // Offsets in struct bpf_sock_addr (include/uapi/linux/bpf.h).
@@ -167,7 +167,7 @@ func program(h Hook, svc, rev int) bpf.Program {
 // attached by another build and is updated in place. Computed when first
 // asked (the socket path runs), not at every start of the plugin.
 var Version = sync.OnceValue(func() string {
-	h := sha2.New256()
+	h := sha256.New()
 	for _, hk := range Hooks {
 		code, err := program(hk, 0, 0).Encode()
 		if err != nil {
