@@ -1,6 +1,7 @@
 package attach
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,42 +107,37 @@ func formatValue(v any) string {
 	}
 }
 
-// Parse parses stdin for the attachment's interface ifName;
-// defaultBackend is used when "backend" is absent. Every error is a
-// *types.Error: code 6 for undecodable input, 7 for invalid values.
-func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
-	return parse(&scanner{b: stdin}, ifName, defaultBackend)
-}
-
-// Read reads a request from r and parses it as Parse does, reading the
-// entries of a port range through a window (window.go) rather than
-// into memory of the request's size. When it fails, it returns the
-// request as it came, for what reads it next (skel, in its checks).
+// Read reads a request from r and parses it as Parse does. When it
+// fails, it returns the request as it came, for what reads it next (skel,
+// in its checks).
 func Read(r io.Reader, ifName string, defaultBackend backend.Name) (*Config, []byte, error) {
-	s := &scanner{b: make([]byte, 0, readRoom), source: source{src: r}}
-	c, err := parse(s, ifName, defaultBackend)
-	switch {
-	case s.err != nil:
-		return nil, s.whole(), fmt.Errorf("read the request: %w", s.err)
-	case err != nil:
-		return nil, s.whole(), err
+	// memory reserved once, untouched but for what the request takes: a
+	// request of up to readRoom is read without a copy
+	buf := bytes.NewBuffer(make([]byte, 0, readRoom))
+	if _, err := buf.ReadFrom(r); err != nil {
+		return nil, buf.Bytes(), fmt.Errorf("read the request: %w", err)
+	}
+	c, err := Parse(buf.Bytes(), ifName, defaultBackend)
+	if err != nil {
+		return nil, buf.Bytes(), err
 	}
 	return c, nil, nil
 }
 
-// readRoom is the capacity Read reserves for a request, untouched but
-// for what it holds: a request of up to it is read without a copy.
+// readRoom is the capacity Read reserves for a request.
 const readRoom = 1 << 20
 
-func parse(s *scanner, ifName string, defaultBackend backend.Name) (*Config, error) {
+// Parse parses stdin for the attachment's interface ifName;
+// defaultBackend is used when "backend" is absent. Every error is a
+// *types.Error: code 6 for undecodable input, 7 for invalid values.
+func Parse(stdin []byte, ifName string, defaultBackend backend.Name) (*Config, error) {
 	// The plain shape without encoding/json reading the mappings
-	// (decodeFrom), else encoding/json (decodeSlow) on the request as
-	// it came.
-	nc, plain, fast := decodeFrom(s)
+	// (decodeFast), else encoding/json (decodeSlow).
+	nc, plain, fast := decodeFast(stdin)
 	var typed *typedMappings
 	if !fast {
 		var err error
-		if nc, typed, err = decodeSlow(s.whole()); err != nil {
+		if nc, typed, err = decodeSlow(stdin); err != nil {
 			return nil, err
 		}
 	}
@@ -165,7 +161,7 @@ func parse(s *scanner, ifName string, defaultBackend backend.Name) (*Config, err
 	taken := (fast && c.takePlain(plain)) || (typed != nil && c.takeMappings(*typed))
 	if !taken {
 		if fast || typed != nil { // read again, as sent, for the error
-			if err := json.Unmarshal(s.whole(), &nc); err != nil {
+			if err := json.Unmarshal(stdin, &nc); err != nil {
 				return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network configuration: %v", err), "")
 			}
 		}

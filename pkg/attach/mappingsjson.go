@@ -34,10 +34,8 @@ func (m *typedMappings) UnmarshalJSON(b []byte) error {
 }
 
 // mappings reads the array of mappings (or null) that comes next, and
-// hands each entry to take — or, when the scanner has more, entries that
-// continue the one taken before them, both ports one up (a range), to
-// more, by their number; false when an entry is not of the plain shape
-// or take or more refuses it.
+// hands each entry to take; false when an entry is not of the plain
+// shape or take refuses it.
 func (s *scanner) mappings(take func(typedMapping) bool) bool {
 	if s.literal("null") {
 		return true
@@ -49,11 +47,7 @@ func (s *scanner) mappings(take func(typedMapping) bool) bool {
 		return true
 	}
 	for {
-		if n := s.continuedRun(); n > 0 {
-			if !s.more(n) {
-				return false
-			}
-		} else if t, ok := s.mapping(); !ok || !take(t) {
+		if t, ok := s.mapping(); !ok || !take(t) {
 			return false
 		}
 		if s.next(',') {
@@ -63,18 +57,14 @@ func (s *scanner) mappings(take func(typedMapping) bool) bool {
 	}
 }
 
-// scanner reads JSON bytes from i on: those of b, or, with a source,
-// those it reads into b as it goes (window.go).
+// scanner reads JSON bytes of b from i on.
 type scanner struct {
-	b     []byte
-	i     int
-	shape shape // of the last entry quickMapping read
-	// more, if set, takes n entries that continue the last one taken
-	// (mappings)
-	more func(n int) bool
-
-	source
+	b []byte
+	i int
 }
+
+// has reports whether b holds n bytes from i on.
+func (s *scanner) has(n int) bool { return len(s.b)-s.i >= n }
 
 func (s *scanner) space() {
 	// one comparison for the byte that is not white space, most often
@@ -101,7 +91,6 @@ func (s *scanner) end() bool {
 // literal consumes word (null, true, false) if it comes next.
 func (s *scanner) literal(word string) bool {
 	s.space()
-	s.has(len(word))
 	if bytes.HasPrefix(s.b[s.i:], []byte(word)) {
 		s.i += len(word)
 		return true
@@ -111,23 +100,6 @@ func (s *scanner) literal(word string) bool {
 
 // mapping reads one object of the array.
 func (s *scanner) mapping() (typedMapping, bool) {
-	s.space()
-	// the quick readers read what b holds: an entry they find cut
-	// short is read the general way, which reads on
-	s.has(quickRoom)
-	if t, ok := s.continued(); ok {
-		return t, true
-	}
-	if t, ok := s.shaped(); ok {
-		return t, true
-	}
-	if t, ok := s.quickMapping(); ok {
-		return t, true
-	}
-	// read the general way, this entry is not the shape's: no entry
-	// after it continues the shape's (continuedRun hands on entries that
-	// continue the one read before them)
-	s.shape = shape{next: s.shape.next[:0]}
 	var t typedMapping
 	if !s.next('{') {
 		return t, false
@@ -199,7 +171,7 @@ func (s *scanner) raw() ([]byte, bool) {
 		return nil, false
 	}
 	j := s.i
-	for (j < len(s.b) || s.fill(j-s.i+1)) && plainByte[s.b[j]] {
+	for j < len(s.b) && plainByte[s.b[j]] {
 		j++
 	}
 	if j >= len(s.b) || s.b[j] != '"' {

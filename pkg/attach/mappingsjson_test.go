@@ -23,7 +23,7 @@ var mappingsJSONCases = []string{
 	`[{"hostPort":99999999999999999999999}]`,
 	`[{"protocol":"t\u0063p"}]`, `[{"protocol":"tcp\n"}]`, `[{"hostIP":"ｆe80::1"}]`,
 	`[{"nested":{"a":1}}]`, `[{"list":[1]}]`, `[1]`, `["x"]`, `{}`, `"x"`, `[null]`,
-	// the one-pass reader's edges (quickMapping) and where it hands over
+	// spacing, key order, ports at and past their edges
 	`[{"hostPort": 20000, "containerPort": 20000, "protocol": "tcp"}, {"hostPort": 20001, "containerPort": 20001, "protocol": "udp"}]`,
 	`[{"hostIP": "10.0.0.1", "hostPort": 65535, "protocol": "sctp", "containerPort": 9}]`,
 	`[{"hostPort": 0, "containerPort": 1}]`, `[{"hostPort": 01, "containerPort": 1}]`,
@@ -34,8 +34,8 @@ var mappingsJSONCases = []string{
 	`[{"hostPort": 80}`, `[{"hostPort": 80`, `[{"hostPort": "80"}]`, `[{"protocol": tcp}]`, `[{"hostIP": ""}]`,
 }
 
-// shapeCases are entries after one of a range's (shaped): the next entry
-// is compared with its shape, and must hand over where it differs.
+// shapeCases are an entry of a range followed by one that continues it
+// or differs from it in one way.
 var shapeCases = func() []string {
 	first := `{"hostPort": 20000, "containerPort": 30000, "protocol": "tcp"}`
 	var out []string
@@ -65,10 +65,9 @@ var shapeCases = func() []string {
 	return append(out, continuedCases()...)
 }()
 
-// continuedCases are ranges whose entries from the third on are read as
-// the continuation of the two before (scanner.continued): the range as
-// it comes, and with each way an entry can differ from its continuation
-// in the third, the fifth or the last place.
+// continuedCases are ranges as runtimes send them, and with each way an
+// entry can differ from its continuation in the third, the fifth or the
+// last place.
 func continuedCases() []string {
 	entry := func(h, c int) string {
 		return fmt.Sprintf(`{"hostPort": %d, "containerPort": %d, "protocol": "tcp"}`, h, c)
@@ -158,37 +157,5 @@ func TestMappingsJSON(t *testing.T) {
 	b, errB := Parse([]byte(slow), "eth0", "iptables")
 	if errA != nil || errB != nil || !reflect.DeepEqual(a.Request.Mappings, b.Request.Mappings) {
 		t.Errorf("plain %v %+v, escaped %v %+v: want the same mappings", errA, a, errB, b)
-	}
-}
-
-// TestContinuedRead: the entries of a range from the third on reach
-// more, by their number, and the rest take; a port gaining a digit, a
-// carry and a break are read on.
-func TestContinuedRead(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		in         string
-		takes      int
-		continued  []int
-		lastHost   int
-		totalPorts int
-	}{
-		{"a range", `[{"hostPort": 20000, "containerPort": 20000}, {"hostPort": 20001, "containerPort": 20001}, {"hostPort": 20002, "containerPort": 20002}, {"hostPort": 20003, "containerPort": 20003}]`, 2, []int{2}, 20003, 4},
-		{"a digit more", `[{"hostPort": 9998, "containerPort": 99}, {"hostPort": 9999, "containerPort": 100},{"hostPort": 10000, "containerPort": 101},{"hostPort": 10001, "containerPort": 102}]`, 2, []int{2}, 10001, 4},
-		{"a carry", `[{"hostPort": 18, "containerPort": 28}, {"hostPort": 19, "containerPort": 29}, {"hostPort": 20, "containerPort": 30}]`, 2, []int{1}, 20, 3},
-		{"a break", `[{"hostPort": 1, "containerPort": 1}, {"hostPort": 2, "containerPort": 2}, {"hostPort": 3, "containerPort": 3}, {"hostPort": 5, "containerPort": 5}, {"hostPort": 6, "containerPort": 6}, {"hostPort": 7, "containerPort": 7}]`, 4, []int{1, 1}, 7, 6},
-		{"the last port", `[{"hostPort": 65533, "containerPort": 1}, {"hostPort": 65534, "containerPort": 2}, {"hostPort": 65535, "containerPort": 3}]`, 2, []int{1}, 65535, 3},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var takes, last, total int
-			var continued []int
-			s := scanner{b: []byte(tc.in)}
-			s.more = func(n int) bool { continued = append(continued, n); last += n; total += n; return true }
-			ok := s.mappings(func(m typedMapping) bool { takes++; last = m.HostPort; total++; return true })
-			if !ok || !s.end() || takes != tc.takes || !slices.Equal(continued, tc.continued) || last != tc.lastHost || total != tc.totalPorts {
-				t.Errorf("read %v: %d taken, continued %v, last host port %d, %d ports; want %d, %v, %d, %d",
-					ok, takes, continued, last, total, tc.takes, tc.continued, tc.lastHost, tc.totalPorts)
-			}
-		})
 	}
 }

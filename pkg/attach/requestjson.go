@@ -21,11 +21,7 @@ import (
 // mappings of another shape or a value out of range, a request
 // encoding/json refuses.
 func decodeFast(stdin []byte) (nc netConf, ms plan.Mappings, ok bool) {
-	return decodeFrom(&scanner{b: stdin})
-}
-
-// decodeFrom is decodeFast of what s reads.
-func decodeFrom(s *scanner) (nc netConf, ms plan.Mappings, ok bool) {
+	s := &scanner{b: stdin}
 	// an entry with the protocol and host IP of the one before it (every
 	// entry of a range) reuses what was parsed of them
 	var last typedMapping
@@ -41,7 +37,7 @@ func decodeFrom(s *scanner) (nc netConf, ms plan.Mappings, ok bool) {
 		ms.Add(m)
 		last, lastM = t, m
 		return ok
-	}, ms.Extend)
+	})
 	if !ok {
 		return nc, plan.Mappings{}, false
 	}
@@ -62,12 +58,10 @@ var (
 )
 
 // findMappings walks the top-level object s reads and reads
-// runtimeConfig.portMappings where it is, handing each entry to take, or
-// to more those that continue the one before (scanner.mappings); it
-// returns the span [start, end) of their value in s.b (start is -1
-// without one).
-func findMappings(s *scanner, take func(typedMapping) bool, more func(n int) bool) (start, end int, ok bool) {
-	s.more = more
+// runtimeConfig.portMappings where it is, handing each entry to take
+// (scanner.mappings); it returns the span [start, end) of their value in
+// s.b (start is -1 without one).
+func findMappings(s *scanner, take func(typedMapping) bool) (start, end int, ok bool) {
 	start = -1
 	seen := false
 	ok = s.object(func(key []byte) bool {
@@ -177,7 +171,7 @@ func (s *scanner) skipString() bool {
 	if !s.has(1) || s.b[s.i] != '"' {
 		return false
 	}
-	for j := s.i + 1; j < len(s.b) || s.fill(j-s.i+1); j++ {
+	for j := s.i + 1; j < len(s.b); j++ {
 		switch c := s.b[j]; {
 		case c == '"':
 			s.i = j + 1
@@ -186,13 +180,13 @@ func (s *scanner) skipString() bool {
 			return false
 		case c == '\\':
 			j++
-			if j >= len(s.b) && !s.fill(j-s.i+1) {
+			if j >= len(s.b) {
 				return false
 			}
 			switch s.b[j] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 			case 'u':
-				if j+4 >= len(s.b) && !s.fill(j+5-s.i) {
+				if j+4 >= len(s.b) {
 					return false
 				}
 				for _, h := range s.b[j+1 : j+5] {

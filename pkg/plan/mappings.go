@@ -42,23 +42,6 @@ func (l *Mappings) addRun(r Run) {
 	l.seq = append(l.seq, r)
 }
 
-// Extend appends n mappings that each continue the one before: both
-// ports one up, as a range's entries do. false, with nothing appended,
-// when there is no mapping before them or a port would pass 65535.
-func (l *Mappings) Extend(n int) bool {
-	k := len(l.seq)
-	if k == 0 || n < 0 {
-		return false
-	}
-	last := l.seq[k-1]
-	next := Run{HostIP: last.HostIP, Protocol: last.Protocol, HostPort: last.Last() + 1, ContainerPort: last.ContainerPortOf(last.Last() + 1), Len: n}
-	if next.Last() > 65535 || next.ContainerPort+n-1 > 65535 {
-		return false
-	}
-	l.addRun(next)
-	return true
-}
-
 // Len is the number of mappings.
 func (l Mappings) Len() int { return l.n }
 

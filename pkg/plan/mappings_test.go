@@ -83,21 +83,3 @@ func TestFingerprintUnchanged(t *testing.T) {
 	}
 }
 
-// Extend continues the last mapping, up to port 65535 on both sides.
-func TestMappingsExtend(t *testing.T) {
-	var l Mappings
-	if l.Extend(1) {
-		t.Error("Extend of no mapping")
-	}
-	l.Add(Mapping{HostPort: 65530, ContainerPort: 100, Protocol: TCP})
-	if !l.Extend(5) || l.Len() != 6 || len(l.Stretches()) != 1 || l.Stretches()[0].Last() != 65535 {
-		t.Fatalf("Extend(5): %+v", l)
-	}
-	if l.Extend(1) || l.Len() != 6 {
-		t.Errorf("Extend past 65535: %+v", l)
-	}
-	c := MappingsOf(Mapping{HostPort: 100, ContainerPort: 65534, Protocol: UDP})
-	if c.Extend(2) || !c.Extend(1) || c.Len() != 2 {
-		t.Errorf("Extend past container port 65535: %+v", c)
-	}
-}
