@@ -1,7 +1,7 @@
 package agent
 
 import (
-	"github.com/portmap-dev/portmap/pkg/logline"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -137,7 +137,7 @@ func TestAdmission(t *testing.T) {
 // again if it comes back after a pass without it.
 func TestLogHeldOnce(t *testing.T) {
 	var buf strings.Builder
-	log := logline.New(&buf, false)
+	log := slog.New(slog.NewTextHandler(&buf, nil))
 	var withheld, kept map[string]bool
 	r := &Report{Withheld: []Withheld{{Network: "n", ContainerID: "c1", IfName: "eth0", File: "f1", Reason: WithheldDeleted, Why: "w"}},
 		Kept: []Orphan{{Network: "n", ContainerID: "c2", Backend: "nftables", Family: "ipv4", Object: "chain dn-x", State: "kept", Error: "e"}}}

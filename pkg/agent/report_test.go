@@ -2,7 +2,7 @@ package agent
 
 import (
 	"bytes"
-	"github.com/portmap-dev/portmap/pkg/logline"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -55,8 +55,14 @@ func TestReportText(t *testing.T) {
 // that found everything right.
 func TestLogChanges(t *testing.T) {
 	var b bytes.Buffer
-	log := logline.New(&b, false)
-	log.Now = nil
+	// records without their time, for the golden file
+	noTime := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}
+	log := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: noTime}))
 	logged := map[string]bool{}
 	logChanges(log, fullReport(false), TriggerEvent, 12*time.Millisecond, logged)
 	first := b.String()

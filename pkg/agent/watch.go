@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"github.com/portmap-dev/portmap/pkg/logline"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -81,7 +81,7 @@ func (a *Agent) KeepParsed() (stop func()) {
 // nothing to repair writes nothing and raises none. With Prune, an orphan
 // is removed only when two passes in a row found it, so an ADD whose rules
 // exist a moment before the runtime caches it is never pruned.
-func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log *logline.Logger) error {
+func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{}, drain func(), log *slog.Logger) error {
 	notify := func(state string) {
 		if o.Notify != nil {
 			o.Notify(state)
@@ -144,7 +144,7 @@ type watcher struct {
 	a     *Agent
 	o     WatchOptions
 	drain func()
-	log   *logline.Logger
+	log   *slog.Logger
 	// seen are the orphans of the last pass and logged those already
 	// logged, by owner; withheld and kept those of the last pass, logged
 	// when they appear.
@@ -208,18 +208,18 @@ func (w *watcher) pass(trigger string) bool {
 // logChanges logs what a pass found wrong or did, one record each, and a
 // summary; nothing when everything was right. Orphans that are only
 // listed, and cache files skipped as unusable, are logged once.
-func logChanges(log *logline.Logger, r *Report, trigger string, took time.Duration, logged map[string]bool) {
+func logChanges(log *slog.Logger, r *Report, trigger string, took time.Duration, logged map[string]bool) {
 	n := 0
 	for _, a := range r.Attachments {
 		if a.State == "ok" {
 			continue
 		}
 		n++
-		level := logline.Info
+		level := slog.LevelInfo
 		if a.State == "error" {
-			level = logline.Error
+			level = slog.LevelError
 		}
-		log.Log(level, "attachment "+a.State, "network", a.Network, "container", a.ContainerID,
+		log.Log(context.Background(), level, "attachment "+a.State, "network", a.Network, "container", a.ContainerID,
 			"ifname", a.IfName, "backend", a.Backend, "what", a.What)
 	}
 	for _, s := range r.Shared {
@@ -237,15 +237,15 @@ func logChanges(log *logline.Logger, r *Report, trigger string, took time.Durati
 		}
 		logged[k] = true
 		n++
-		level := logline.Info
+		level := slog.LevelInfo
 		if o.State == "error" {
-			level = logline.Error
+			level = slog.LevelError
 		}
 		args := []any{"network", o.Network, "container", o.ContainerID, "backend", o.Backend, "family", o.Family, "object", o.Object}
 		if o.Error != "" {
 			args = append(args, "err", o.Error)
 		}
-		log.Log(level, o.State, args...)
+		log.Log(context.Background(), level, o.State, args...)
 	}
 	for _, s := range r.Skipped {
 		if s.Error && !logged[s.File] {
@@ -267,7 +267,7 @@ func logChanges(log *logline.Logger, r *Report, trigger string, took time.Durati
 // one record each, and returns the new withheld ones by reason. An entry
 // that stays (a cache entry a runtime left behind after DEL) is logged
 // once, not every pass.
-func logHeld(log *logline.Logger, r *Report, withheld, kept *map[string]bool) map[string]int {
+func logHeld(log *slog.Logger, r *Report, withheld, kept *map[string]bool) map[string]int {
 	fresh := map[string]int{}
 	now := make(map[string]bool, len(r.Withheld))
 	for _, w := range r.Withheld {

@@ -3,7 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
-	"github.com/portmap-dev/portmap/pkg/logline"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,7 +50,7 @@ func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod t
 	done := make(chan error)
 	go func() {
 		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond, MinPeriod: minPeriod},
-			events, nil, logline.New(&log, false))
+			events, nil, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	return func() (int, string) {
 		cancel()
@@ -137,7 +137,7 @@ func TestWatchLogsAFailureOnce(t *testing.T) {
 	go func() {
 		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: 30 * time.Millisecond, Debounce: time.Millisecond,
 			Observe: func(p PassInfo) { mu.Lock(); passes = append(passes, p); mu.Unlock() }},
-			nil, nil, logline.New(&log, false))
+			nil, nil, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(passes) }
 	for count() < 4 {

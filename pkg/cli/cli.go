@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -24,7 +25,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/buildinfo"
 	"github.com/portmap-dev/portmap/pkg/host"
-	"github.com/portmap-dev/portmap/pkg/logline"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
 )
 
@@ -98,7 +98,7 @@ func chroot(dir string) error {
 type Observer interface {
 	Pass(agent.PassInfo)
 	Event()
-	Serve(ctx context.Context, addr string, log *logline.Logger) (net.Addr, error)
+	Serve(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error)
 }
 
 // command is one subcommand.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
-	"github.com/portmap-dev/portmap/pkg/logline"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sdnotify"
 )
@@ -147,7 +147,11 @@ func pinDirSite(dir string) (*plan.Request, error) {
 // probes there; under systemd (NOTIFY_SOCKET) it says when it is ready
 // and feeds the watchdog.
 func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, format string) int {
-	log := logline.New(p.Stdout, format == "json")
+	var h slog.Handler = slog.NewTextHandler(p.Stdout, nil)
+	if format == "json" {
+		h = slog.NewJSONHandler(p.Stdout, nil)
+	}
+	log := slog.New(h)
 	ctx, stop := signal.NotifyContext(p.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if metricsAddr != "" {

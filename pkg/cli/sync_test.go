@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -14,7 +15,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/host"
-	"github.com/portmap-dev/portmap/pkg/logline"
 	"github.com/portmap-dev/portmap/pkg/nfevents"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -162,7 +162,7 @@ func (o *fakeObserver) Pass(pi agent.PassInfo) {
 	}
 }
 func (o *fakeObserver) Event() {}
-func (o *fakeObserver) Serve(context.Context, string, *logline.Logger) (net.Addr, error) {
+func (o *fakeObserver) Serve(context.Context, string, *slog.Logger) (net.Addr, error) {
 	return fakeAddr{}, nil
 }
 

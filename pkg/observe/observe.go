@@ -10,7 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	stdlog "log"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -22,7 +22,6 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/buildinfo"
-	"github.com/portmap-dev/portmap/pkg/logline"
 )
 
 // Agent keeps what the watcher's passes said: metrics and health.
@@ -211,12 +210,12 @@ func (a *Agent) Handler() http.Handler {
 
 // Serve listens on addr (HOST:PORT; port 0 picks one) and serves h until
 // ctx ends; it returns the bound address once listening.
-func Serve(ctx context.Context, addr string, h http.Handler, log *logline.Logger) (net.Addr, error) {
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: stdlog.New(log.Writer(logline.Warn), "", 0)}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server stopped", "err", err)
@@ -232,6 +231,6 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *logline.Logger
 }
 
 // Serve serves a's Handler on addr until ctx ends (cli.Observer).
-func (a *Agent) Serve(ctx context.Context, addr string, log *logline.Logger) (net.Addr, error) {
+func (a *Agent) Serve(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error) {
 	return Serve(ctx, addr, a.Handler(), log)
 }
