@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
-	"unicode/utf8"
+	"text/tabwriter"
 
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
@@ -60,31 +58,13 @@ func list(w io.Writer, h *host.Host, asJSON bool, sites []*plan.Request) error {
 	return err
 }
 
-// writeTable prints entries as aligned columns: each but the last as
-// wide as its widest cell and two spaces (text/tabwriter's layout, in
-// a few lines instead of its 8 KB).
+// writeTable prints entries as aligned columns, two spaces apart.
 func writeTable(w io.Writer, entries []inventory.Entry) error {
-	rows := [][]string{{"HOST IP", "HOST PORT", "PROTO", "CONTAINER IP", "CONTAINER PORT", "NETWORK", "CONTAINER ID", "BACKEND"}}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST IP\tHOST PORT\tPROTO\tCONTAINER IP\tCONTAINER PORT\tNETWORK\tCONTAINER ID\tBACKEND")
 	for _, e := range entries {
-		rows = append(rows, []string{e.HostIP, strconv.Itoa(e.HostPort), e.Protocol, e.ContainerIP,
-			strconv.Itoa(e.ContainerPort), e.Network, e.ContainerID, e.Backend})
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", e.HostIP, e.HostPort, e.Protocol, e.ContainerIP,
+			e.ContainerPort, e.Network, e.ContainerID, e.Backend)
 	}
-	width := make([]int, len(rows[0]))
-	for _, r := range rows {
-		for i, c := range r {
-			width[i] = max(width[i], utf8.RuneCountInString(c))
-		}
-	}
-	var b strings.Builder
-	for _, r := range rows {
-		for i, c := range r {
-			b.WriteString(c)
-			if i < len(r)-1 {
-				b.WriteString(strings.Repeat(" ", width[i]-utf8.RuneCountInString(c)+2))
-			}
-		}
-		b.WriteByte('\n')
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	return tw.Flush()
 }
