@@ -286,3 +286,33 @@ func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
 	}
 	return ""
 }
+
+// judgeFlat says what of a flat attachment's chain and record is wrong,
+// or "": its chain holds no rule but its record's, which holds p's keys,
+// and the owners map holds it.
+func judgeFlat(p *plan.Plan, c *ChainState) string {
+	own := ChainName(p.Owner)
+	if len(c.Rules) > 0 {
+		return fmt.Sprintf("chain %s holds %d rules besides its record, want none (its keys are map elements)", own, len(c.Rules))
+	}
+	if !c.HasRecord {
+		return fmt.Sprintf("chain %s records no key", own)
+	}
+	if !c.Owned {
+		return fmt.Sprintf("map %s holds no element for chain %s", OwnersMap, own)
+	}
+	want := Keys(p)
+	got := make(map[string]bool, len(c.Record))
+	for _, k := range c.Record {
+		got[k.ID()] = true
+	}
+	for _, k := range want {
+		if !got[k.ID()] {
+			return fmt.Sprintf("chain %s does not record %s", own, k)
+		}
+	}
+	if len(c.Record) != len(want) {
+		return fmt.Sprintf("chain %s records %d keys, want %d", own, len(c.Record), len(want))
+	}
+	return ""
+}

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"slices"
@@ -111,26 +110,6 @@ func flatSetNames(lengths []int) []string {
 	return out
 }
 
-// hairpinSet names the hairpin set of a host IP kind and prefix length.
-func hairpinSet(addr bool, ones int) string {
-	if addr {
-		return hostIPHairpinPrefix + strconv.Itoa(ones)
-	}
-	return hairpinPrefix + strconv.Itoa(ones)
-}
-
-// hairpinLength reads the prefix length out of a hairpin set's name.
-func hairpinLength(name string) (addr bool, ones int, ok bool) {
-	rest, addr := strings.CutPrefix(name, hostIPHairpinPrefix)
-	if !addr {
-		if rest, ok = strings.CutPrefix(name, hairpinPrefix); !ok {
-			return false, 0, false
-		}
-	}
-	n, err := strconv.Atoi(rest)
-	return addr, n, err == nil && n >= 0 && n <= 128 && strconv.Itoa(n) == rest
-}
-
 // flatSets are the skeleton's DNAT maps and the hairpin sets of lengths.
 func flatSets(lengths []int) []object {
 	out := []object{ownersMapObj{}, dnatMapObj{name: HostIPDNATMap, addr: true}, dnatMapObj{name: HostDNATMap}}
@@ -206,167 +185,11 @@ func targetOf(p *plan.Plan, k Key) string {
 	return ""
 }
 
-// Hairpin is one element of a hairpin set: connections from Src (a
-// prefix) to Key are marked for masquerading; Chain owns it.
-type Hairpin struct {
-	Src   string // a CIDR, "192.0.2.0/24", "127.0.0.1/32"
-	Key   Key    // a flat key
-	Chain string
-}
-
-// set is the hairpin set h lives in.
-func (h Hairpin) set() string {
-	ones, _ := parsePrefix(h.Src).Mask.Size()
-	return hairpinSet(h.Key.HostIP != nil, ones)
-}
-
-// ID names the element: its set, source and key.
-func (h Hairpin) ID() string { return h.set() + " " + h.Src + " . " + h.Key.String() }
-
-// wantedHairpins are the hairpin elements of p's attachment: for each flat key,
-// its hairpin source (the container's subnet, or every address with
-// masqAll) and, where localhost connections are DNATed, 127.0.0.1.
-func wantedHairpins(p *plan.Plan, keys []Key) []Hairpin {
-	srcs := hairpinSrcs(p)
-	chain := ChainName(p.Owner)
-	out := make([]Hairpin, 0, len(srcs)*len(keys))
-	for _, k := range keys {
-		if !k.Flat {
-			continue // a chain's rules mark its connections
-		}
-		for _, src := range srcs {
-			out = append(out, Hairpin{Src: src, Key: k, Chain: chain})
-		}
-	}
-	return out
-}
-
-// hairpinSrcs are the sources p's connections are masqueraded from, as
-// CIDRs: its hairpin source and, where localhost connections are DNATed,
-// 127.0.0.1.
-func hairpinSrcs(p *plan.Plan) []string {
-	if !p.Masquerade.Enabled || p.ContainerNet == nil {
-		return nil
-	}
-	out := []string{parsePrefix(p.HairpinSource()).String()}
-	if p.LocalhostRule() {
-		out = append(out, "127.0.0.1/32")
-	}
-	return out
-}
-
-// hairpinsClaimed are the hairpin elements e's comment claims for its
-// key (its owner's sources).
-func hairpinsClaimed(e Element) []Hairpin {
-	out := make([]Hairpin, 0, len(e.Srcs))
-	for _, src := range e.Srcs {
-		out = append(out, Hairpin{Src: src, Key: e.Key})
-	}
-	return out
-}
-
-// hairpinsOf reads the hairpin elements els' flat elements claim, and
-// more.
-func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) {
-	points := more
-	for _, e := range els {
-		if e.Key.Flat {
-			points = append(points, hairpinsClaimed(e)...)
-		}
-	}
-	if len(points) == 0 {
-		return nil, nil
-	}
-	found, err := b.Kernel.Hairpins(b.Family, points)
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	out := found[:0]
-	for _, h := range found {
-		if !seen[h.ID()] {
-			seen[h.ID()] = true
-			out = append(out, h)
-		}
-	}
-	return out, nil
-}
-
 // dnatMapObj declares a DNAT map: a key to an address and port.
 type dnatMapObj struct {
 	name string
 	addr bool
 }
-
-// hairpinSetObj declares the hairpin set of a host IP kind and prefix
-// length: a source masked to it, and a key.
-type hairpinSetObj struct {
-	addr bool
-	ones int
-}
-
-// ownersMapObj declares the map of owners: a chain name's hashes to a
-// goto to the chain.
-type ownersMapObj struct{}
-
-// ownerObj is chain's element of the owners map.
-type ownerObj struct{ chain string }
-
-// ownerKey is the owners map's key of chain, "dn-<16 hex>-<16 hex>": its
-// hashes' 16 bytes; nil for a name of another shape.
-func ownerKey(chain string) []byte {
-	rest, ok := strings.CutPrefix(chain, "dn-")
-	if !ok || len(rest) != 33 || rest[16] != '-' {
-		return nil
-	}
-	b, err := hex.DecodeString(rest[:16] + rest[17:])
-	if err != nil {
-		return nil
-	}
-	return b
-}
-
-// recordRules are the rules of a flat attachment's chain that record its
-// keys: each matches its key, and does nothing.
-func recordRules(chain string, keys []Key) []*Rule {
-	out := make([]*Rule, 0, len(keys))
-	for _, k := range keys {
-		stmts := []stmt{protoIs{k.Protocol}, dportIs{k.Port, 0}}
-		if k.HostIP != nil {
-			stmts = append(stmts, addrIs{dst: true, spec: k.HostIP.String()})
-		}
-		out = append(out, &Rule{Chain: chain, Comment: recordComment + k.String(), stmts: stmts})
-	}
-	return out
-}
-
-// splitRecord moves the chain's record rules, as read, into its Record.
-func (c *ChainState) splitRecord() {
-	rules := c.Rules[:0]
-	for _, r := range c.Rules {
-		s, ok := strings.CutPrefix(r.Comment, recordComment)
-		if ok && r.Jump == "" && r.DNAT == "" && r.DNATMap == "" && r.Lookup == "" {
-			if k, ok := parseKey(s); ok && !k.IsRange() {
-				k.Flat = true
-				c.Record, c.HasRecord = append(c.Record, k), true
-				continue
-			}
-		}
-		rules = append(rules, r)
-	}
-	c.Rules = rules
-}
-
-// dropRecord deletes what records a flat attachment beside its chain, as
-// c was read: its owners element.
-func dropRecord(tx *Tx, name string, c *ChainState) {
-	if c != nil && c.Owned {
-		tx.add(opDelete, ownerObj{name})
-	}
-}
-
-// hairpinObj is one hairpin element; deleting needs no chain.
-type hairpinObj struct{ h Hairpin }
 
 func addrWord(f plan.Family) string {
 	if f == plan.IPv6 {
@@ -442,95 +265,6 @@ func (v dnatMapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.M
 	return nil, nil
 }
 
-func (v hairpinSetObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "set")
-	b.WriteString(" " + hairpinSet(v.addr, v.ones))
-	if vb == opAdd || vb == opCreate {
-		key := addrWord(tx.Family) + " . "
-		if v.addr {
-			key += addrWord(tx.Family) + " . "
-		}
-		fmt.Fprintf(b, " { type %sinet_proto . inet_service ; }", key)
-	}
-	b.WriteByte('\n')
-}
-
-func (v hairpinSetObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
-	types, lens := keyShape(tx.Family, v.addr)
-	types, lens = append([]uint32{addrType(tx.Family)}, types...), append([]uint32{addrLen(tx.Family)}, lens...)
-	setDecl(tx, a, hairpinSet(v.addr, v.ones), 0, types, lens, false)
-	return nil, nil
-}
-
-func (ownersMapObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "map")
-	b.WriteString(" " + OwnersMap)
-	if vb == opAdd || vb == opCreate {
-		b.WriteString(" { type ipv6_addr : verdict ; }")
-	}
-	b.WriteByte('\n')
-}
-
-func (ownersMapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
-	setDecl(tx, a, OwnersMap, unix.NFT_SET_MAP, []uint32{typeIPv6Addr}, []uint32{16}, false)
-	a.U32(unix.NFTA_SET_DATA_TYPE, dataVerdict)
-	return nil, nil
-}
-
-func (v ownerObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "element")
-	fmt.Fprintf(b, " %s { %s", OwnersMap, net.IP(ownerKey(v.chain)))
-	if vb == opAdd || vb == opCreate {
-		b.WriteString(" : goto " + v.chain)
-	}
-	b.WriteString(" }\n")
-}
-
-func (v ownerObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	key := ownerKey(v.chain)
-	if key == nil {
-		return nil, fmt.Errorf("chain %q: not an attachment's name", v.chain)
-	}
-	target := v.chain
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == opDelete {
-		m.Type, target = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
-	}
-	ownerAttrs(a, tx.Table, key, target)
-	return nil, nil
-}
-
-// ownerAttrs names the owners map's element of key; with chain, its goto.
-func ownerAttrs(a *nfnl.Attrs, table string, key []byte, chain string) {
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
-	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			dataValue(a, unix.NFTA_SET_ELEM_KEY, key)
-			if chain != "" {
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
-			}
-		})
-	})
-}
-
-// decodeOwners reads the chains of an owners map's GETSETELEM answer.
-func decodeOwners(b []byte) []string {
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-	var out []string
-	for le := range nfnl.All(list) {
-		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
-		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
-		ch, _ := nfnl.Find(v, unix.NFTA_VERDICT_CHAIN)
-		if chain, _, _ := strings.Cut(string(ch), "\x00"); chain != "" {
-			out = append(out, chain)
-		}
-	}
-	return out
-}
-
 // targetBytes is a target as a DNAT map's data holds it: the address,
 // then the port padded to 4 bytes.
 func targetBytes(f plan.Family, to string) []byte {
@@ -540,99 +274,6 @@ func targetBytes(f plan.Family, to string) []byte {
 		b = append([]byte(nil), ip.To4()...)
 	}
 	return append(binary.BigEndian.AppendUint16(b, uint16(max(port, 0))), 0, 0)
-}
-
-func (v hairpinObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "element")
-	fmt.Fprintf(b, " %s { %s . %s", v.h.set(), parsePrefix(v.h.Src).IP, strings.Join(v.h.Key.Fields(), " . "))
-	if (vb == opAdd || vb == opCreate) && v.h.Chain != "" {
-		fmt.Fprintf(b, " comment %q", v.h.Chain)
-	}
-	b.WriteString(" }\n")
-}
-
-func (v hairpinObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == opDelete {
-		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
-	}
-	chain := v.h.Chain
-	if vb == opDelete {
-		chain = ""
-	}
-	hairpinAttrs(a, tx.Family, tx.Table, v.h, chain)
-	return nil, nil
-}
-
-// hairpinAttrs names h's element: its source's network, its key; with
-// owner, the comment naming its owner.
-func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner string) {
-	n := parsePrefix(h.Src)
-	net := n.IP.Mask(n.Mask).To16()
-	if f == plan.IPv4 {
-		net = net.To4()
-	}
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, h.set())
-	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			dataValue(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
-			if owner != "" {
-				a.Raw(nftaSetElemUserdata, comment(owner))
-			}
-		})
-	})
-}
-
-// hairpinLookup: ip saddr & 255.255.255.0 . [ip daddr .] meta l4proto .
-// th dport @hairpin_24 — a connection from a source its hairpin set of
-// that prefix length holds for its key.
-type hairpinLookup struct {
-	addr bool
-	ones int
-}
-
-func (s hairpinLookup) set() string { return hairpinSet(s.addr, s.ones) }
-
-// mask is the source's mask, nil for a full-length prefix.
-func (s hairpinLookup) mask(f plan.Family) net.IPMask {
-	bits := 8 * int(addrLen(f))
-	if s.ones >= bits {
-		return nil
-	}
-	return net.CIDRMask(s.ones, bits)
-}
-
-func (s hairpinLookup) text(f plan.Family) string {
-	t := ipX(f) + " saddr "
-	if m := s.mask(f); m != nil {
-		t += "& " + net.IP(m).String() + " "
-	}
-	t += ". "
-	if s.addr {
-		t += ipX(f) + " daddr . "
-	}
-	return t + "meta l4proto . th dport @" + s.set()
-}
-
-func (s hairpinLookup) encode(e *exprs) {
-	soff, length := addrOffset(e.fam, false)
-	e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, soff, length, reg1)
-	if m := s.mask(e.fam); m != nil {
-		e.bitwise(reg1, []byte(m), make([]byte, length))
-	}
-	next := uint32(reg32) + length/4
-	if s.addr {
-		doff, _ := addrOffset(e.fam, true)
-		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, doff, length, next)
-		next += length / 4
-	}
-	e.meta(unix.NFT_META_L4PROTO, next)
-	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
-	e.add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, s.set())
-		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
-	})
 }
 
 // dnatLookup: dnat ip to [ip daddr .] meta l4proto . th dport map
@@ -688,15 +329,6 @@ func dnatByMap(e *exprs, addr bool, set string, id uint32) {
 	})
 }
 
-// writeRecord makes the attachment's chain (created or flushed before)
-// record keys and holds it in the owners map.
-func writeRecord(tx *Tx, name string, keys []Key) {
-	for _, r := range recordRules(name, keys) {
-		tx.add(opAdd, r)
-	}
-	tx.add(opAdd, ownerObj{name})
-}
-
 // fastFlatTx is a flat ADD's fast path: create the attachment's chain
 // with its record and its owners element (failing if they exist) and its
 // elements (failing if one exists: another attachment holds the key, or
@@ -735,67 +367,7 @@ func flatGuards(p *plan.Plan) []string {
 	return out
 }
 
-// judgeFlat says what of a flat attachment's chain and record is wrong,
-// or "": its chain holds no rule but its record's, which holds p's keys,
-// and the owners map holds it.
-func judgeFlat(p *plan.Plan, c *ChainState) string {
-	own := ChainName(p.Owner)
-	if len(c.Rules) > 0 {
-		return fmt.Sprintf("chain %s holds %d rules besides its record, want none (its keys are map elements)", own, len(c.Rules))
-	}
-	if !c.HasRecord {
-		return fmt.Sprintf("chain %s records no key", own)
-	}
-	if !c.Owned {
-		return fmt.Sprintf("map %s holds no element for chain %s", OwnersMap, own)
-	}
-	want := Keys(p)
-	got := make(map[string]bool, len(c.Record))
-	for _, k := range c.Record {
-		got[k.ID()] = true
-	}
-	for _, k := range want {
-		if !got[k.ID()] {
-			return fmt.Sprintf("chain %s does not record %s", own, k)
-		}
-	}
-	if len(c.Record) != len(want) {
-		return fmt.Sprintf("chain %s records %d keys, want %d", own, len(c.Record), len(want))
-	}
-	return ""
-}
-
 // toString spells a DNAT map's data as a target: "192.0.2.2:80".
 func toString(ip, port []byte) string {
 	return net.JoinHostPort(net.IP(ip).String(), strconv.Itoa(int(binary.BigEndian.Uint16(port))))
-}
-
-// decodeHairpins reads the elements of a hairpin set's GETSETELEM answer.
-func decodeHairpins(f plan.Family, b []byte) []Hairpin {
-	attrs := nfnl.Parse(b)
-	addr, ones, ok := hairpinLength(str(attrs, unix.NFTA_SET_ELEM_LIST_SET))
-	if !ok {
-		return nil
-	}
-	ipLen := int(addrLen(f))
-	keySet := HostPortsMap
-	if addr {
-		keySet = HostIPPortsMap
-	}
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-	var out []Hairpin
-	for le := range nfnl.All(list) {
-		key := attrValue(le.Value, unix.NFTA_SET_ELEM_KEY)
-		if len(key) < ipLen {
-			continue
-		}
-		k, ok := keyFromBytes(f, keySet, key[ipLen:])
-		if !ok {
-			continue
-		}
-		k.Flat = true
-		ud, _ := nfnl.Find(le.Value, nftaSetElemUserdata)
-		out = append(out, Hairpin{Src: prefixString(net.IP(key[:ipLen]), ones, ipLen*8), Key: k, Chain: commentOf(ud)})
-	}
-	return out
 }

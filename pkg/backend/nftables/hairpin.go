@@ -1,0 +1,279 @@
+package nftables
+
+// Hairpin sets: one per host IP kind and source prefix length, each
+// element a source masked to the length and a flat key, commented with
+// its owner's chain (flat.go). Here are their names, the elements a plan
+// wants, the set and element kinds (text, netlink, decoding) and the
+// dispatch chain's lookup of them.
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// hairpinSet names the hairpin set of a host IP kind and prefix length.
+func hairpinSet(addr bool, ones int) string {
+	if addr {
+		return hostIPHairpinPrefix + strconv.Itoa(ones)
+	}
+	return hairpinPrefix + strconv.Itoa(ones)
+}
+
+// hairpinLength reads the prefix length out of a hairpin set's name.
+func hairpinLength(name string) (addr bool, ones int, ok bool) {
+	rest, addr := strings.CutPrefix(name, hostIPHairpinPrefix)
+	if !addr {
+		if rest, ok = strings.CutPrefix(name, hairpinPrefix); !ok {
+			return false, 0, false
+		}
+	}
+	n, err := strconv.Atoi(rest)
+	return addr, n, err == nil && n >= 0 && n <= 128 && strconv.Itoa(n) == rest
+}
+
+// Hairpin is one element of a hairpin set: connections from Src (a
+// prefix) to Key are marked for masquerading; Chain owns it.
+type Hairpin struct {
+	Src   string // a CIDR, "192.0.2.0/24", "127.0.0.1/32"
+	Key   Key    // a flat key
+	Chain string
+}
+
+// set is the hairpin set h lives in.
+func (h Hairpin) set() string {
+	ones, _ := parsePrefix(h.Src).Mask.Size()
+	return hairpinSet(h.Key.HostIP != nil, ones)
+}
+
+// ID names the element: its set, source and key.
+func (h Hairpin) ID() string { return h.set() + " " + h.Src + " . " + h.Key.String() }
+
+// wantedHairpins are the hairpin elements of p's attachment: for each flat key,
+// its hairpin source (the container's subnet, or every address with
+// masqAll) and, where localhost connections are DNATed, 127.0.0.1.
+func wantedHairpins(p *plan.Plan, keys []Key) []Hairpin {
+	srcs := hairpinSrcs(p)
+	chain := ChainName(p.Owner)
+	out := make([]Hairpin, 0, len(srcs)*len(keys))
+	for _, k := range keys {
+		if !k.Flat {
+			continue // a chain's rules mark its connections
+		}
+		for _, src := range srcs {
+			out = append(out, Hairpin{Src: src, Key: k, Chain: chain})
+		}
+	}
+	return out
+}
+
+// hairpinSrcs are the sources p's connections are masqueraded from, as
+// CIDRs: its hairpin source and, where localhost connections are DNATed,
+// 127.0.0.1.
+func hairpinSrcs(p *plan.Plan) []string {
+	if !p.Masquerade.Enabled || p.ContainerNet == nil {
+		return nil
+	}
+	out := []string{parsePrefix(p.HairpinSource()).String()}
+	if p.LocalhostRule() {
+		out = append(out, "127.0.0.1/32")
+	}
+	return out
+}
+
+// hairpinsClaimed are the hairpin elements e's comment claims for its
+// key (its owner's sources).
+func hairpinsClaimed(e Element) []Hairpin {
+	out := make([]Hairpin, 0, len(e.Srcs))
+	for _, src := range e.Srcs {
+		out = append(out, Hairpin{Src: src, Key: e.Key})
+	}
+	return out
+}
+
+// hairpinsOf reads the hairpin elements els' flat elements claim, and
+// more.
+func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) {
+	points := more
+	for _, e := range els {
+		if e.Key.Flat {
+			points = append(points, hairpinsClaimed(e)...)
+		}
+	}
+	if len(points) == 0 {
+		return nil, nil
+	}
+	found, err := b.Kernel.Hairpins(b.Family, points)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	out := found[:0]
+	for _, h := range found {
+		if !seen[h.ID()] {
+			seen[h.ID()] = true
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// hairpinSetObj declares the hairpin set of a host IP kind and prefix
+// length: a source masked to it, and a key.
+type hairpinSetObj struct {
+	addr bool
+	ones int
+}
+
+// hairpinObj is one hairpin element; deleting needs no chain.
+type hairpinObj struct{ h Hairpin }
+
+func (v hairpinSetObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "set")
+	b.WriteString(" " + hairpinSet(v.addr, v.ones))
+	if vb == opAdd || vb == opCreate {
+		key := addrWord(tx.Family) + " . "
+		if v.addr {
+			key += addrWord(tx.Family) + " . "
+		}
+		fmt.Fprintf(b, " { type %sinet_proto . inet_service ; }", key)
+	}
+	b.WriteByte('\n')
+}
+
+func (v hairpinSetObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
+	types, lens := keyShape(tx.Family, v.addr)
+	types, lens = append([]uint32{addrType(tx.Family)}, types...), append([]uint32{addrLen(tx.Family)}, lens...)
+	setDecl(tx, a, hairpinSet(v.addr, v.ones), 0, types, lens, false)
+	return nil, nil
+}
+
+func (v hairpinObj) text(tx *Tx, vb verb, b *strings.Builder) {
+	head(b, tx, vb, "element")
+	fmt.Fprintf(b, " %s { %s . %s", v.h.set(), parsePrefix(v.h.Src).IP, strings.Join(v.h.Key.Fields(), " . "))
+	if (vb == opAdd || vb == opCreate) && v.h.Chain != "" {
+		fmt.Fprintf(b, " comment %q", v.h.Chain)
+	}
+	b.WriteString(" }\n")
+}
+
+func (v hairpinObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
+	if vb == opDelete {
+		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
+	}
+	chain := v.h.Chain
+	if vb == opDelete {
+		chain = ""
+	}
+	hairpinAttrs(a, tx.Family, tx.Table, v.h, chain)
+	return nil, nil
+}
+
+// hairpinAttrs names h's element: its source's network, its key; with
+// owner, the comment naming its owner.
+func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner string) {
+	n := parsePrefix(h.Src)
+	net := n.IP.Mask(n.Mask).To16()
+	if f == plan.IPv4 {
+		net = net.To4()
+	}
+	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	a.String(unix.NFTA_SET_ELEM_LIST_SET, h.set())
+	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+			dataValue(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
+			if owner != "" {
+				a.Raw(nftaSetElemUserdata, comment(owner))
+			}
+		})
+	})
+}
+
+// hairpinLookup: ip saddr & 255.255.255.0 . [ip daddr .] meta l4proto .
+// th dport @hairpin_24 — a connection from a source its hairpin set of
+// that prefix length holds for its key.
+type hairpinLookup struct {
+	addr bool
+	ones int
+}
+
+func (s hairpinLookup) set() string { return hairpinSet(s.addr, s.ones) }
+
+// mask is the source's mask, nil for a full-length prefix.
+func (s hairpinLookup) mask(f plan.Family) net.IPMask {
+	bits := 8 * int(addrLen(f))
+	if s.ones >= bits {
+		return nil
+	}
+	return net.CIDRMask(s.ones, bits)
+}
+
+func (s hairpinLookup) text(f plan.Family) string {
+	t := ipX(f) + " saddr "
+	if m := s.mask(f); m != nil {
+		t += "& " + net.IP(m).String() + " "
+	}
+	t += ". "
+	if s.addr {
+		t += ipX(f) + " daddr . "
+	}
+	return t + "meta l4proto . th dport @" + s.set()
+}
+
+func (s hairpinLookup) encode(e *exprs) {
+	soff, length := addrOffset(e.fam, false)
+	e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, soff, length, reg1)
+	if m := s.mask(e.fam); m != nil {
+		e.bitwise(reg1, []byte(m), make([]byte, length))
+	}
+	next := uint32(reg32) + length/4
+	if s.addr {
+		doff, _ := addrOffset(e.fam, true)
+		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, doff, length, next)
+		next += length / 4
+	}
+	e.meta(unix.NFT_META_L4PROTO, next)
+	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
+	e.add("lookup", func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_LOOKUP_SET, s.set())
+		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
+	})
+}
+
+// decodeHairpins reads the elements of a hairpin set's GETSETELEM answer.
+func decodeHairpins(f plan.Family, b []byte) []Hairpin {
+	attrs := nfnl.Parse(b)
+	addr, ones, ok := hairpinLength(str(attrs, unix.NFTA_SET_ELEM_LIST_SET))
+	if !ok {
+		return nil
+	}
+	ipLen := int(addrLen(f))
+	keySet := HostPortsMap
+	if addr {
+		keySet = HostIPPortsMap
+	}
+	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+	var out []Hairpin
+	for le := range nfnl.All(list) {
+		key := attrValue(le.Value, unix.NFTA_SET_ELEM_KEY)
+		if len(key) < ipLen {
+			continue
+		}
+		k, ok := keyFromBytes(f, keySet, key[ipLen:])
+		if !ok {
+			continue
+		}
+		k.Flat = true
+		ud, _ := nfnl.Find(le.Value, nftaSetElemUserdata)
+		out = append(out, Hairpin{Src: prefixString(net.IP(key[:ipLen]), ones, ipLen*8), Key: k, Chain: commentOf(ud)})
+	}
+	return out
+}
