@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -262,4 +263,111 @@ func u64Attr(b []byte, typ uint16) uint64 {
 		return binary.BigEndian.Uint64(v)
 	}
 	return 0
+}
+
+// exprForm is an expression as CHECK compares it: its name and its
+// attributes by path ("3", "2.2.1"). The kernel dumps a rule in its own
+// order of attributes and without the nested flag, and the counter's
+// values are the traffic's: so neither order nor flags count, and a
+// counter is its name.
+type exprForm struct {
+	name  string
+	attrs map[string]string
+}
+
+// nestedAttrs are the paths of the attributes that hold attributes, by
+// expression (the dump does not flag them).
+var nestedAttrs = map[string]map[string]bool{
+	"cmp":       {"3": true},              // NFTA_CMP_DATA
+	"range":     {"3": true, "4": true},   // NFTA_RANGE_FROM_DATA, _TO_DATA
+	"bitwise":   {"4": true, "5": true},   // NFTA_BITWISE_MASK, _XOR
+	"immediate": {"2": true, "2.2": true}, // NFTA_IMMEDIATE_DATA, its NFTA_DATA_VERDICT
+	"counter":   {},
+}
+
+// dumpDefaults are attributes the kernel dumps that the rules we write
+// leave at their default: bitwise's operation (NFTA_BITWISE_OP, boolean).
+var dumpDefaults = map[string]map[string]string{
+	"bitwise": {"6": "\x00\x00\x00\x00"},
+}
+
+func exprForms(list []byte) []exprForm {
+	var out []exprForm
+	for el := range nfnl.All(list) {
+		f := exprForm{attrs: map[string]string{}}
+		var data []byte
+		for a := range nfnl.All(el.Value) {
+			switch a.Type {
+			case unix.NFTA_EXPR_NAME:
+				f.name = a.String()
+			case unix.NFTA_EXPR_DATA:
+				data = a.Value
+			}
+		}
+		if f.name != "counter" {
+			flatten(f.attrs, "", data, nestedAttrs[f.name])
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func flatten(m map[string]string, prefix string, b []byte, nested map[string]bool) {
+	for a := range nfnl.All(b) {
+		p := prefix + strconv.Itoa(int(a.Type))
+		if nested[p] {
+			flatten(m, p+".", a.Value, nested)
+			continue
+		}
+		m[p] = string(a.Value)
+	}
+}
+
+// sameExprs reports whether the kernel's dump of a rule's expressions
+// is the rule we write as want.
+func sameExprs(dumped, want []byte) bool {
+	got, exp := exprForms(dumped), exprForms(want)
+	if len(got) != len(exp) {
+		return false
+	}
+	for i, g := range got {
+		e := exp[i]
+		if g.name != e.name {
+			return false
+		}
+		for p, v := range e.attrs {
+			if g.attrs[p] != v {
+				return false
+			}
+		}
+		for p, v := range g.attrs {
+			if _, ok := e.attrs[p]; !ok && dumpDefaults[g.name][p] != v {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// sameRules reports whether the kernel's dump of a chain's rules
+// (NFTA_RULE_EXPRESSIONS of each) holds rules, in order, as encodeRule
+// writes them; errNotNative when one of rules is not one it writes.
+func sameRules(f plan.Family, dumped [][]byte, rules []Rule, chains map[string]bool) (bool, error) {
+	want := make([][]byte, len(rules))
+	for i, r := range rules {
+		e, _, _, err := encodeRule(f, r, chains)
+		if err != nil {
+			return false, err
+		}
+		want[i] = e
+	}
+	if len(dumped) != len(want) {
+		return false, nil
+	}
+	for i := range want {
+		if !sameExprs(dumped[i], want[i]) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
