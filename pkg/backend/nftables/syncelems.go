@@ -1,0 +1,200 @@
+package nftables
+
+// What a sync pass writes of the maps and sets: the elements each
+// wanted plan should hold (the newest claim of a key winning), the
+// writes that make the maps hold them, and the hairpin elements beside.
+
+import (
+	"slices"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// desiredElements rewrites the chains of the broken plans into tx and
+// says which element each of their keys is to be (a Chain of "": none),
+// and which hairpin elements the rewritten flat ones are to have, by
+// chain. Element changes are computed as a whole, so that a key is
+// deleted or added once even when a repair and a prune both touch it.
+func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Element, map[string][]Hairpin) {
+	desired := map[string]Element{}
+	wantHP := map[string][]Hairpin{}
+	gone := func(k Key) {
+		if _, set := desired[k.ID()]; !set {
+			desired[k.ID()] = Element{Key: k}
+		}
+	}
+	for i, p := range s.want {
+		if !broken[i] {
+			continue
+		}
+		chain := rewriteChain(tx, p, s.st.Chains[ChainName(p.Owner)])
+		wantHP[chain.name] = []Hairpin{}
+		mine := map[string]bool{}
+		var won []Key
+		for _, k := range Keys(p) {
+			if !k.IsRange() {
+				mine[k.ID()] = true
+				if s.winner[k.port().ID()] == i {
+					desired[k.ID()] = Element{Key: k, Chain: chain.name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
+					if s.st.Holders[k.twin().ID()] != "" {
+						gone(k.twin())
+					}
+					won = append(won, k)
+				}
+				continue
+			}
+			// the pieces of the interval the plan wins; an element of
+			// one port that would shadow a won port goes
+			for _, piece := range wonPieces(k, s.winner, i) {
+				mine[piece.ID()] = true
+				desired[piece.ID()] = Element{Key: piece, Chain: chain.name}
+				for port := piece.Port; port <= piece.last(); port++ {
+					for _, one := range []Key{{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}, {HostIP: k.HostIP, Protocol: k.Protocol, Port: port, Flat: true}} {
+						if h := s.st.Holders[one.ID()]; h != "" && h != chain.name {
+							gone(one)
+						}
+					}
+				}
+			}
+		}
+		if isFlat(p) {
+			wantHP[chain.name] = wantedHairpins(p, won)
+		}
+		for id, h := range s.st.Holders {
+			if _, set := desired[id]; h == chain.name && !mine[id] && !set {
+				k, _ := keyFromID(id)
+				desired[id] = Element{Key: k}
+			}
+		}
+	}
+	return desired, wantHP
+}
+
+// writeElements adds to tx the element changes desired asks of st:
+// deletions first, as the kernel checks an interval against the elements
+// the transaction leaves.
+func writeElements(tx *Tx, st *State, desired map[string]Element) {
+	for _, deleting := range []bool{true, false} {
+		for _, id := range sortedStrings(desired) {
+			want := desired[id]
+			cur := st.Holders[id]
+			if cur == want.Chain && st.Targets[id] == want.To && slices.Equal(st.Srcs[id], want.Srcs) {
+				continue
+			}
+			if deleting && cur != "" {
+				tx.add(opDelete, elemObj{key: want.Key})
+			}
+			if !deleting && want.Chain != "" {
+				tx.add(opAdd, elemObj{key: want.Key, chain: want.Chain, to: want.To, srcs: want.Srcs})
+			}
+		}
+	}
+}
+
+// writeHairpins adds to tx the hairpin changes: a hairpin element stays
+// while its owner holds its key after the repair (for a rewritten chain,
+// while it wants it); the rewritten chains' wanted ones are added.
+func (s *syncState) writeHairpins(tx *Tx, desired map[string]Element, wantHP map[string][]Hairpin) {
+	holder := func(k Key) string {
+		if d, ok := desired[k.ID()]; ok {
+			return d.Chain
+		}
+		return s.st.Holders[k.ID()]
+	}
+	wanted := map[string]string{}
+	for chain, hs := range wantHP {
+		for _, h := range hs {
+			wanted[h.ID()] = chain
+		}
+	}
+	kept := map[string]bool{}
+	for _, id := range sortedStrings(s.hairpins) {
+		h := s.hairpins[id]
+		_, rewritten := wantHP[h.Chain]
+		if holder(h.Key) == h.Chain && (!rewritten || wanted[id] == h.Chain) {
+			kept[id] = true
+			continue
+		}
+		tx.add(opDelete, hairpinObj{h})
+	}
+	for _, chain := range sortedStrings(wantHP) {
+		for _, h := range wantHP[chain] {
+			if !kept[h.ID()] {
+				tx.add(opAdd, hairpinObj{h})
+			}
+		}
+	}
+}
+
+// portIDs are the IDs a plan's ports are won by: its keys of one port,
+// and each port of its intervals as a key of one port.
+func portIDs(p *plan.Plan) []string {
+	var ids []string
+	for _, k := range Keys(p) {
+		for port := k.Port; port <= k.last(); port++ {
+			ids = append(ids, Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID())
+		}
+	}
+	return ids
+}
+
+// wonPieces are the stretches of interval k's ports plan i wins, as keys.
+func wonPieces(k Key, winner map[string]int, i int) []Key {
+	var out []Key
+	start := -1
+	for port := k.Port; port <= k.Last+1; port++ {
+		won := port <= k.Last && winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()] == i
+		switch {
+		case won && start < 0:
+			start = port
+		case !won && start >= 0:
+			piece := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: start}
+			if port-1 > start {
+				piece.Last = port - 1
+			}
+			out = append(out, piece)
+			start = -1
+		}
+	}
+	return out
+}
+
+// cutIntervals makes room for the intervals desired adds: an interval
+// element of another chain sharing ports with one goes, and what is left
+// of it is added back for its owner (unless desired says otherwise).
+func cutIntervals(st *State, all []Element, desired map[string]Element) {
+	var adding []Key
+	for id, to := range desired {
+		if k, ok := keyFromID(id); ok && k.IsRange() && to.Chain != "" && st.Holders[id] != to.Chain {
+			adding = append(adding, k)
+		}
+	}
+	if len(adding) == 0 {
+		return
+	}
+	for _, e := range all {
+		if !e.Key.IsRange() || !overlapsAny(e.Key, adding) {
+			continue
+		}
+		if _, set := desired[e.Key.ID()]; set {
+			continue
+		}
+		desired[e.Key.ID()] = Element{Key: e.Key}
+		for _, piece := range subtract(e.Key, adding) {
+			if _, set := desired[piece.ID()]; !set && st.Holders[piece.ID()] == "" {
+				desired[piece.ID()] = Element{Key: piece, Chain: e.Chain}
+			}
+		}
+	}
+}
+
+// elementsOfState lists the elements of a table read whole.
+func elementsOfState(st *State) []Element {
+	out := make([]Element, 0, len(st.Holders))
+	for _, id := range sortedStrings(st.Holders) {
+		if k, ok := keyFromID(id); ok {
+			out = append(out, Element{Key: k, Chain: st.Holders[id], To: st.Targets[id], Srcs: st.Srcs[id]})
+		}
+	}
+	return out
+}
