@@ -82,4 +82,3 @@ func TestFingerprintUnchanged(t *testing.T) {
 		}
 	}
 }
-

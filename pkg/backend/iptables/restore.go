@@ -1,11 +1,16 @@
 package iptables
 
 import (
+	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -224,3 +229,54 @@ func checkPayload(p *plan.Plan) *payload {
 // AddScript is the iptables-restore input of ADD's fast path for p (for
 // tests and fuzzing of the rendering).
 func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
+
+func (b *Backend) restoreError(op string, pl *payload, err error) error {
+	var re *RestoreError
+	if errors.As(err, &re) {
+		if what := pl.explain(re.Output); what != "" {
+			return fmt.Errorf("%s: %s: %w", op, what, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// RestoreError is a failed iptables-restore run with what it printed.
+type RestoreError struct {
+	Output string
+	Err    error
+	// Refused is true when iptables-restore refused a line of the payload:
+	// a chain that exists or a rule that is not there (exit status 1), a
+	// chain that is missing (exit status 2, "parameter problem"). Other
+	// failures — the xtables lock held past -w, no permission (exit
+	// status 4), the tool gone — are not.
+	Refused bool
+}
+
+// Refused reports whether err is iptables-restore refusing a line: how a
+// fast path fails when the node is not in the state it assumes (a fresh
+// node, a re-ADD, a missing witness), so the slow path may run. Any other
+// error is returned to the caller as it is (a kernel test holds the exit
+// statuses to this).
+func Refused(err error) bool {
+	var re *RestoreError
+	if errors.As(err, &re) {
+		return re.Refused
+	}
+	// the native fast path: a chain that exists, a chain or table
+	// that does not
+	var ne *nfnl.Error
+	return errors.As(err, &ne) && (errors.Is(ne, unix.EEXIST) || errors.Is(ne, unix.ENOENT))
+}
+
+// unlinkMissed reports whether the netlink DEL failed the way its fast
+// path may (the slow path then looks the rules up): the chain is still
+// referenced from elsewhere (EBUSY), or changed under us (ENOENT).
+func unlinkMissed(err error) bool {
+	return errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOENT)
+}
+
+func (e *RestoreError) Error() string {
+	return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output))
+}
+
+func (e *RestoreError) Unwrap() error { return e.Err }
