@@ -5,16 +5,14 @@
 package sysctl
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
 // Host is the real host.
@@ -23,80 +21,20 @@ type Host struct{}
 // HostInterface returns the name of the interface the host routes ip
 // through, or "" when no route leads there.
 func (Host) HostInterface(ip net.IP) (string, error) {
-	c, err := nfnl.OpenProtocol(unix.NETLINK_ROUTE)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	fam, addr, bits := uint8(unix.AF_INET), ip.To4(), uint8(32)
-	if addr == nil {
-		fam, addr, bits = unix.AF_INET6, ip.To16(), 128
-	}
-	req := make([]byte, unix.SizeofRtMsg)
-	req[0], req[1] = fam, bits
-	var a nfnl.Attrs
-	a.Raw(unix.RTA_DST, addr)
-	reply, err := c.Exec(unix.RTM_GETROUTE, append(req, a.Bytes()...))
+	routes, err := netlink.RouteGet(ip)
 	if err != nil {
 		return "", fmt.Errorf("route to %s: %w", ip, err)
 	}
-	r, ok := parseRoute(reply)
-	if !ok || r.oif == 0 {
+	if len(routes) == 0 || routes[0].LinkIndex == 0 {
 		return "", nil
 	}
-	return linkName(c, r.oif), nil
-}
-
-// linkName is the name of link index, asked for that link alone
-// (net.InterfaceByIndex would dump every link: a node's thousand veths
-// on every ADD); "" when it is gone.
-func linkName(c *nfnl.Conn, index int) string {
-	req := make([]byte, unix.SizeofIfInfomsg) // struct ifinfomsg: family, pad, type, index, …
-	binary.NativeEndian.PutUint32(req[4:], uint32(index))
-	reply, err := c.Exec(unix.RTM_GETLINK, req)
-	if err != nil || len(reply) < unix.SizeofIfInfomsg {
-		return ""
+	// that link alone (net.InterfaceByIndex would dump every link: a
+	// node's thousand veths on every ADD)
+	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return "", nil // gone
 	}
-	name, ok := nfnl.Find(reply[unix.SizeofIfInfomsg:], unix.IFLA_IFNAME)
-	if !ok {
-		return ""
-	}
-	return nfnl.Attr{Value: name}.String()
-}
-
-// route is what a routing table entry says that matters here.
-type route struct {
-	family uint8
-	dst    *net.IPNet // nil: the default route
-	table  uint32
-	cloned bool
-	oif    int // 0: none (a multipath or unreachable route)
-}
-
-// parseRoute reads an RTM_NEWROUTE body: rtmsg, then attributes.
-func parseRoute(b []byte) (route, bool) {
-	if len(b) < unix.SizeofRtMsg {
-		return route{}, false
-	}
-	r := route{family: b[0], table: uint32(b[4]), cloned: binary.NativeEndian.Uint32(b[8:12])&unix.RTM_F_CLONED != 0}
-	dstLen := int(b[1])
-	for a := range nfnl.All(b[unix.SizeofRtMsg:]) {
-		switch a.Type {
-		case unix.RTA_TABLE:
-			if len(a.Value) >= 4 {
-				r.table = binary.NativeEndian.Uint32(a.Value)
-			}
-		case unix.RTA_OIF:
-			if len(a.Value) >= 4 {
-				r.oif = int(binary.NativeEndian.Uint32(a.Value))
-			}
-		case unix.RTA_DST:
-			if len(a.Value) == 4 || len(a.Value) == 16 {
-				r.dst = &net.IPNet{IP: net.IP(a.Value), Mask: net.CIDRMask(dstLen, 8*len(a.Value))}
-			}
-		}
-	}
-	return r, true
+	return l.Attrs().Name, nil
 }
 
 // HostInterfaces is HostInterface for many addresses, with one dump of
@@ -110,20 +48,16 @@ func parseRoute(b []byte) (route, bool) {
 // address whose route or link it lacks gets "", and the next pass looks
 // again.
 func (Host) HostInterfaces(ips []net.IP) ([]string, error) {
-	c, err := nfnl.OpenProtocol(unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	msgs, err := c.DumpRaw(unix.RTM_GETROUTE, make([]byte, unix.SizeofRtMsg)) // AF_UNSPEC: both families
-	if err != nil && !errors.Is(err, nfnl.ErrInterrupted) {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	var routes []route
-	for _, m := range msgs {
-		if r, ok := parseRoute(m); ok && r.table == unix.RT_TABLE_MAIN && !r.cloned && r.oif != 0 {
-			routes = append(routes, r)
+	var routes []netlink.Route
+	var err error
+	for try := 0; try < 5; try++ {
+		// the main table, cloned routes left out
+		if routes, err = netlink.RouteList(nil, netlink.FAMILY_ALL); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
 		}
+	}
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, fmt.Errorf("list routes: %w", err)
 	}
 	links, err := net.Interfaces()
 	if err != nil {
@@ -139,17 +73,19 @@ func (Host) HostInterfaces(ips []net.IP) ([]string, error) {
 		for _, r := range routes {
 			ones := 0
 			switch {
-			case r.dst == nil:
-				if (ip.To4() != nil) != (r.family == unix.AF_INET) {
+			case r.LinkIndex == 0 || names[r.LinkIndex] == "": // multipath, unreachable, gone
+				continue
+			case r.Dst == nil:
+				if (ip.To4() != nil) != (r.Family == unix.AF_INET) {
 					continue
 				}
-			case r.dst.Contains(ip):
-				ones, _ = r.dst.Mask.Size()
+			case r.Dst.Contains(ip):
+				ones, _ = r.Dst.Mask.Size()
 			default:
 				continue
 			}
-			if ones > best && names[r.oif] != "" {
-				best, out[i] = ones, names[r.oif]
+			if ones > best {
+				best, out[i] = ones, names[r.LinkIndex]
 			}
 		}
 	}

@@ -1,14 +1,10 @@
 package sysctl
 
 import (
-	"encoding/binary"
 	"net"
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
-	"github.com/portmap-dev/portmap/pkg/nfnl"
 
 	"github.com/portmap-dev/portmap/test/userns"
 )
@@ -64,68 +60,5 @@ func TestHost(t *testing.T) {
 	}
 	if _, err := h.RouteLocalnet("none0"); err == nil {
 		t.Error("route_localnet read of a missing interface: nil error")
-	}
-}
-
-// parseRoute reads what HostInterfaces keeps of a route: its table (the
-// attribute over the header's byte), a cloned route's flag, the output
-// interface, the destination; a multipath route has no interface.
-func TestParseRoute(t *testing.T) {
-	msg := func(fam, dstLen, table uint8, flags uint32, attrs func(*nfnl.Attrs)) []byte {
-		b := make([]byte, unix.SizeofRtMsg)
-		b[0], b[1], b[4] = fam, dstLen, table
-		binary.NativeEndian.PutUint32(b[8:], flags)
-		var a nfnl.Attrs
-		attrs(&a)
-		return append(b, a.Bytes()...)
-	}
-	u32 := func(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
-	for _, tt := range []struct {
-		name string
-		b    []byte
-		want route
-		ok   bool
-	}{
-		{"short", []byte{2, 0}, route{}, false},
-		{"v4 subnet", msg(unix.AF_INET, 24, unix.RT_TABLE_MAIN, 0, func(a *nfnl.Attrs) {
-			a.Raw(unix.RTA_DST, []byte{198, 51, 100, 0})
-			a.Raw(unix.RTA_OIF, u32(7))
-		}), route{family: unix.AF_INET, table: unix.RT_TABLE_MAIN, oif: 7,
-			dst: &net.IPNet{IP: net.IP{198, 51, 100, 0}, Mask: net.CIDRMask(24, 32)}}, true},
-		{"v6 default, table by attribute", msg(unix.AF_INET6, 0, 0, 0, func(a *nfnl.Attrs) {
-			a.Raw(unix.RTA_TABLE, u32(1000))
-			a.Raw(unix.RTA_OIF, u32(3))
-		}), route{family: unix.AF_INET6, table: 1000, oif: 3}, true},
-		{"cloned multipath", msg(unix.AF_INET, 32, unix.RT_TABLE_MAIN, unix.RTM_F_CLONED, func(a *nfnl.Attrs) {
-			a.Raw(unix.RTA_DST, []byte{192, 0, 2, 1})
-			a.Raw(unix.RTA_MULTIPATH, make([]byte, 8))
-		}), route{family: unix.AF_INET, table: unix.RT_TABLE_MAIN, cloned: true,
-			dst: &net.IPNet{IP: net.IP{192, 0, 2, 1}, Mask: net.CIDRMask(32, 32)}}, true},
-	} {
-		got, ok := parseRoute(tt.b)
-		if ok != tt.ok || got.family != tt.want.family || got.table != tt.want.table || got.cloned != tt.want.cloned ||
-			got.oif != tt.want.oif || got.dst.String() != tt.want.dst.String() {
-			t.Errorf("%s: %+v %v, want %+v %v", tt.name, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
-// linkName asks the kernel for one link by index; a missing one is "".
-func TestLinkName(t *testing.T) {
-	userns.Require(t)
-	c, err := nfnl.OpenProtocol(unix.NETLINK_ROUTE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	lo, err := net.InterfaceByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := linkName(c, lo.Index); got != "lo" {
-		t.Errorf("link %d: %q, want lo", lo.Index, got)
-	}
-	if got := linkName(c, 1<<30); got != "" {
-		t.Errorf("a link that is not there: %q", got)
 	}
 }
