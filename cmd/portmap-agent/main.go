@@ -1,8 +1,9 @@
-// Command portmap-agent is the node agent of the portmap CNI plugin: the
-// commands of portmap (sync, list, version, help; pkg/cli) with, for
-// `sync --watch --metrics-addr HOST:PORT`, /metrics in the Prometheus
-// format and kube-proxy-like /healthz and /readyz (pkg/observe). It is
-// not a CNI plugin; the plugin binary, portmap, links no HTTP server.
+// Command portmap-agent is the node agent of the portmap CNI plugin: sync
+// (one pass, or with --watch the agent, and with --metrics-addr
+// HOST:PORT /metrics in the Prometheus format and kube-proxy-like
+// /healthz and /readyz; pkg/observe), list, version and help (pkg/cli).
+// It is not a CNI plugin; the plugin binary, portmap, carries only what
+// the CNI verbs run.
 package main
 
 import (
@@ -19,8 +20,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "portmap-agent is the node agent, not a CNI plugin: the plugin is portmap")
 		os.Exit(1)
 	}
-	p := cli.Program{Name: "portmap-agent", Metrics: func(interval time.Duration) cli.Observer {
+	a := cli.Agent{Metrics: func(interval time.Duration) cli.Observer {
 		return observe.New(interval, nil)
 	}}
-	os.Exit(p.Run(os.Args[1:]))
+	os.Exit(a.Program().Run(os.Args[1:]))
 }

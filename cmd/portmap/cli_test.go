@@ -61,41 +61,49 @@ func runBin(t *testing.T, name string, env []string, args ...string) (stdout, st
 	return o.String(), e.String(), code
 }
 
-// flagsOf are the flags each subcommand must name in its --help.
-var flagsOf = map[string][]string{
-	"sync":    {"-cache-dir", "-network", "-prune", "-bpf-pin-dir", "-dry-run", "-json", "-watch", "-interval", "-debounce", "-root", "-metrics-addr", "-log-format"},
-	"list":    {"-json", "-bpf-pin-dir"},
-	"install": {"-dest", "-name"},
-	"version": {"-json"},
+// flagsOf are, for each binary, the flags each of its subcommands must
+// name in its --help.
+var flagsOf = map[string]map[string][]string{
+	"portmap": {
+		"install": {"-dest", "-name"},
+		"version": {"-json"},
+	},
+	"portmap-agent": {
+		"sync":    {"-cache-dir", "-network", "-prune", "-bpf-pin-dir", "-dry-run", "-json", "-watch", "-interval", "-debounce", "-root", "-metrics-addr", "-log-format"},
+		"list":    {"-json", "-bpf-pin-dir"},
+		"version": {"-json"},
+	},
 }
 
 func TestCLIHelp(t *testing.T) {
-	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
-		out, errOut, code := run(t, args...)
-		if code != 0 || errOut != "" {
-			t.Errorf("portmap %s: exit %d, stderr %q; want 0 and nothing", args[0], code, errOut)
-		}
-		for name := range flagsOf {
-			if !strings.Contains(out, "\n  "+name+" ") {
-				t.Errorf("portmap %s does not list %q:\n%s", args[0], name, out)
-			}
-		}
-		if !strings.Contains(out, "CNI_COMMAND") {
-			t.Errorf("portmap %s does not point at the CNI usage:\n%s", args[0], out)
-		}
-	}
-	for name, flags := range flagsOf {
-		for _, args := range [][]string{{name, "--help"}, {name, "-h"}, {"help", name}} {
-			out, errOut, code := run(t, args...)
+	for bin, commands := range flagsOf {
+		for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
+			out, errOut, code := runBin(t, bin, nil, args...)
 			if code != 0 || errOut != "" {
-				t.Errorf("portmap %s: exit %d, stderr %q; want 0 and nothing", strings.Join(args, " "), code, errOut)
+				t.Errorf("%s %s: exit %d, stderr %q; want 0 and nothing", bin, args[0], code, errOut)
 			}
-			if !strings.HasPrefix(out, "usage: portmap "+name) {
-				t.Errorf("portmap %s: %q, want its usage", strings.Join(args, " "), out)
+			for name := range commands {
+				if !strings.Contains(out, "\n  "+name+" ") {
+					t.Errorf("%s %s does not list %q:\n%s", bin, args[0], name, out)
+				}
 			}
-			for _, f := range flags {
-				if !strings.Contains(out, "  "+f+" ") && !strings.Contains(out, "  "+f+"\n") {
-					t.Errorf("portmap %s does not name %s:\n%s", strings.Join(args, " "), f, out)
+			if bin == "portmap" && (!strings.Contains(out, "CNI_COMMAND") || !strings.Contains(out, "portmap-agent")) {
+				t.Errorf("portmap %s does not point at the CNI usage and the agent:\n%s", args[0], out)
+			}
+		}
+		for name, flags := range commands {
+			for _, args := range [][]string{{name, "--help"}, {name, "-h"}, {"help", name}} {
+				out, errOut, code := runBin(t, bin, nil, args...)
+				if code != 0 || errOut != "" {
+					t.Errorf("%s %s: exit %d, stderr %q; want 0 and nothing", bin, strings.Join(args, " "), code, errOut)
+				}
+				if !strings.HasPrefix(out, "usage: "+bin+" "+name) {
+					t.Errorf("%s %s: %q, want its usage", bin, strings.Join(args, " "), out)
+				}
+				for _, f := range flags {
+					if !strings.Contains(out, "  "+f+" ") && !strings.Contains(out, "  "+f+"\n") {
+						t.Errorf("%s %s does not name %s:\n%s", bin, strings.Join(args, " "), f, out)
+					}
 				}
 			}
 		}
@@ -104,27 +112,30 @@ func TestCLIHelp(t *testing.T) {
 
 func TestCLIBadUsage(t *testing.T) {
 	for _, c := range []struct {
+		bin  string
 		args []string
 		want string // in stderr, beside the usage
 	}{
-		{[]string{"bogus"}, `unknown command "bogus"`},
-		{[]string{"--bogus"}, `unknown command "--bogus"`},
-		{[]string{"help", "bogus"}, `unknown command "bogus"`},
-		{[]string{"sync", "--bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"sync", "extra"}, `unexpected argument "extra"`},
-		{[]string{"list", "--yaml"}, "flag provided but not defined: -yaml"},
-		{[]string{"list", "--bpf-pin-dir"}, "flag needs an argument: -bpf-pin-dir"},
-		{[]string{"list", "--bpf-pin-dir", "pins"}, `--bpf-pin-dir "pins": want a clean absolute path`},
-		{[]string{"install", "--dest"}, "flag needs an argument: -dest"},
-		{[]string{"version", "extra"}, `unexpected argument "extra"`},
-		{[]string{"sync", "--metrics-addr", "127.0.0.1:0"}, "--metrics-addr only with --watch"},
-		{[]string{"sync", "--watch", "--metrics-addr", "127.0.0.1:0"}, "--metrics-addr needs portmap-agent"},
-		{[]string{"sync", "--watch", "--log-format", "xml"}, `--log-format "xml": want text or json`},
+		{"portmap", []string{"bogus"}, `unknown command "bogus"`},
+		{"portmap", []string{"--bogus"}, `unknown command "--bogus"`},
+		{"portmap", []string{"help", "bogus"}, `unknown command "bogus"`},
+		{"portmap", []string{"list"}, "portmap: list is a command of portmap-agent"},
+		{"portmap", []string{"sync", "--prune"}, "portmap: sync is a command of portmap-agent"},
+		{"portmap", []string{"install", "--dest"}, "flag needs an argument: -dest"},
+		{"portmap", []string{"version", "extra"}, `unexpected argument "extra"`},
+		{"portmap-agent", []string{"install"}, `unknown command "install"`},
+		{"portmap-agent", []string{"sync", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"portmap-agent", []string{"sync", "extra"}, `unexpected argument "extra"`},
+		{"portmap-agent", []string{"list", "--yaml"}, "flag provided but not defined: -yaml"},
+		{"portmap-agent", []string{"list", "--bpf-pin-dir"}, "flag needs an argument: -bpf-pin-dir"},
+		{"portmap-agent", []string{"list", "--bpf-pin-dir", "pins"}, `--bpf-pin-dir "pins": want a clean absolute path`},
+		{"portmap-agent", []string{"sync", "--metrics-addr", "127.0.0.1:0"}, "--metrics-addr only with --watch"},
+		{"portmap-agent", []string{"sync", "--watch", "--log-format", "xml"}, `--log-format "xml": want text or json`},
 	} {
-		out, errOut, code := run(t, c.args...)
+		out, errOut, code := runBin(t, c.bin, nil, c.args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, c.want) {
-			t.Errorf("portmap %s: exit %d, stdout %q, stderr %q; want 2, nothing, %q and the usage",
-				strings.Join(c.args, " "), code, out, errOut, c.want)
+			t.Errorf("%s %s: exit %d, stdout %q, stderr %q; want 2, nothing, %q and the usage",
+				c.bin, strings.Join(c.args, " "), code, out, errOut, c.want)
 		}
 	}
 }
@@ -173,8 +184,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestAgentCLI: portmap-agent has the same commands but install, and
-// serves metrics; it refuses to be run as a CNI plugin.
+// TestAgentCLI: portmap-agent has sync and list, no install, and serves
+// metrics; it refuses to be run as a CNI plugin.
 func TestAgentCLI(t *testing.T) {
 	out, errOut, code := runBin(t, "portmap-agent", nil, "help")
 	if code != 0 || errOut != "" || !strings.Contains(out, "not a CNI plugin") || strings.Contains(out, "\n  install ") {

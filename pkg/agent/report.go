@@ -12,7 +12,7 @@ import (
 )
 
 // Report is what one pass found and did; its JSON form is what
-// `portmap sync --json` prints.
+// `portmap-agent sync --json` prints.
 type Report struct {
 	DryRun      bool         `json:"dryRun"`
 	Attachments []Attachment `json:"attachments"`

@@ -1,4 +1,4 @@
-// Package agent is the node agent: `portmap sync` brings every backend's
+// Package agent is the node agent: `portmap-agent sync` brings every backend's
 // and layer's kernel state to what libcni's cache says the runtime made
 // (one pass), and Watch keeps it there (a pass after each firewall change
 // and on an interval). It loads each cache entry's attachment exactly as
@@ -51,7 +51,7 @@ type parsedConfig struct {
 	err     error
 }
 
-// Options are the flags of `portmap sync`.
+// Options are the flags of `portmap-agent sync`.
 type Options struct {
 	// CacheDir is libcni's cache directory (its results/ holds the
 	// attachments).
@@ -61,7 +61,7 @@ type Options struct {
 	Prune    bool
 	// Retire, with Prune, removes the node-wide objects of layers that no
 	// attachment uses any more (the socket path's programs and pins,
-	// where no entry remains): one-shot `portmap sync --prune`, not the
+	// where no entry remains): one-shot `portmap-agent sync --prune`, not the
 	// watcher, which would take them down between two containers.
 	Retire bool
 	// Sites are more sites of placed layers to visit beside the default
@@ -82,7 +82,7 @@ type wanted struct {
 	*attach.Attachment
 }
 
-// Sync is one pass of `portmap sync`: it rebuilds every cached
+// Sync is one pass of `portmap-agent sync`: it rebuilds every cached
 // attachment's request as the runtime made it and brings both backends'
 // kernel state to it, one listing and at most one write per backend and
 // family.

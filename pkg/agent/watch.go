@@ -10,7 +10,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 )
 
-// WatchOptions are the flags of `portmap sync --watch`.
+// WatchOptions are the flags of `portmap-agent sync --watch`.
 type WatchOptions struct {
 	Options
 	// Interval is the time between passes without an event (iptables-legacy

@@ -1,5 +1,5 @@
 // Package backend is the one seam between the programs (the CNI plugin,
-// the node agent, `portmap list`) and the kernel state they keep: what a
+// the node agent, `portmap-agent list`) and the kernel state they keep: what a
 // backend does for one IP family, the registry of backends and layers, and
 // the stack a CNI verb drives.
 //

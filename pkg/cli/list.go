@@ -6,23 +6,24 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// listMain is `portmap list [--json] [--bpf-pin-dir DIR]...`: the
+// listMain is `portmap-agent list [--json] [--bpf-pin-dir DIR]...`: the
 // host-port table of this host from the kernel state of every backend and
 // layer, both families, including what the upstream plugin made (same
 // iptables layout).
-func (p Program) listMain(args []string) int {
-	fs := p.newFlags("list", "[--json] [--bpf-pin-dir DIR]...",
+func (a Agent) listMain(p cmdline.Program, args []string) int {
+	fs := p.Flags("list", "[--json] [--bpf-pin-dir DIR]...",
 		"Print this host's host-port table, read from the kernel: every backend and\n"+
 			"layer, both families, the upstream plugin's rules too (same layout).")
 	asJSON := fs.Bool("json", false, "print the entries as JSON")
 	var pinDirs networks
 	fs.Var(&pinDirs, "bpf-pin-dir", "also read the socket path pinned here (a \"bpfPinDir\" of a configuration; repeatable)")
-	if code, done := p.parse(fs, args); done {
+	if code, done := p.Parse(fs, args); done {
 		return code
 	}
 	var sites []*plan.Request
@@ -34,7 +35,7 @@ func (p Program) listMain(args []string) int {
 		}
 		sites = append(sites, req)
 	}
-	if err := list(p.Stdout, p.Host(p.Stderr), *asJSON, sites); err != nil {
+	if err := list(p.Stdout, a.Host(p.Stderr), *asJSON, sites); err != nil {
 		fmt.Fprintln(p.Stderr, p.Name+" list:", err)
 		return 1
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
+	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -24,35 +25,35 @@ type networks []string
 func (n *networks) String() string     { return strings.Join(*n, ",") }
 func (n *networks) Set(v string) error { *n = append(*n, v); return nil }
 
-// syncMain is `portmap sync`: it parses args, chroots with --root, runs
+// syncMain is `portmap-agent sync`: it parses args, chroots with --root, runs
 // one pass and prints its report (or, with --watch, runs the agent until
 // SIGTERM). It returns the exit status: 0 when everything is right or was
 // repaired, 1 when anything could not be, 2 for bad usage.
-func (p Program) syncMain(args []string) int {
-	fs := p.newFlags("sync", "[--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]\n--watch [--interval 60s] [--metrics-addr HOST:PORT] [--log-format json] [--cache-dir DIR] [--network NAME]... [--prune]",
+func (a Agent) syncMain(p cmdline.Program, args []string) int {
+	fs := p.Flags("sync", "[--cache-dir DIR] [--network NAME]... [--prune] [--bpf-pin-dir DIR]... [--dry-run] [--json]\n--watch [--interval 60s] [--metrics-addr HOST:PORT] [--log-format json] [--cache-dir DIR] [--network NAME]... [--prune]",
 		"Bring every cached attachment's host ports back to what the runtime made, in\n"+
 			"every backend and layer, both families: one pass, or with --watch the node\n"+
 			"agent (a pass after every firewall change and every --interval).")
 	f := syncFlags(fs)
-	if code, done := p.parse(fs, args); done {
+	if code, done := p.Parse(fs, args); done {
 		return code
 	}
-	if err := p.checkSync(fs, f); err != nil {
+	if err := a.checkSync(fs, f); err != nil {
 		fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 		return 2
 	}
 	if f.root != "" {
-		if err := p.Chroot(f.root); err != nil {
+		if err := a.Chroot(f.root); err != nil {
 			fmt.Fprintln(p.Stderr, p.Name+" sync:", err)
 			return 1
 		}
 	}
 	// After the chroot: the host handle finds the host's own tools.
-	a := &agent.Agent{Host: p.Host(p.Stderr)}
+	ag := &agent.Agent{Host: a.Host(p.Stderr)}
 	if f.watch {
-		return p.runWatch(a, f.WatchOptions, f.metricsAddr, f.logFormat)
+		return a.runWatch(p, ag, f.WatchOptions, f.metricsAddr, f.logFormat)
 	}
-	rep, err := a.Sync(f.Options)
+	rep, err := ag.Sync(f.Options)
 	if rep != nil {
 		if werr := rep.Write(p.Stdout, f.JSON); werr != nil {
 			fmt.Fprintln(p.Stderr, p.Name+" sync:", werr)
@@ -69,7 +70,7 @@ func (p Program) syncMain(args []string) int {
 	return 0
 }
 
-// syncArgs are the flags of `portmap sync`.
+// syncArgs are the flags of `portmap-agent sync`.
 type syncArgs struct {
 	agent.WatchOptions
 	nets, pinDirs          networks
@@ -78,7 +79,7 @@ type syncArgs struct {
 	root                   string
 }
 
-// syncFlags defines the flags of `portmap sync` in fs.
+// syncFlags defines the flags of `portmap-agent sync` in fs.
 func syncFlags(fs *flag.FlagSet) *syncArgs {
 	f := &syncArgs{}
 	fs.StringVar(&f.CacheDir, "cache-dir", cnicache.DefaultDir, "libcni's cache directory (its results/ lists the attachments)")
@@ -91,7 +92,7 @@ func syncFlags(fs *flag.FlagSet) *syncArgs {
 	fs.DurationVar(&f.Interval, "interval", 60*time.Second, "with --watch: time between passes without events")
 	fs.DurationVar(&f.Debounce, "debounce", 200*time.Millisecond, "with --watch: quiet time after events before a pass")
 	fs.DurationVar(&f.MinPeriod, "min-sync-period", time.Second, "with --watch: least time from one pass's start to the next that firewall changes trigger (a busy runtime changes it many times a second)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "with --watch, in portmap-agent: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "with --watch: serve /metrics, /healthz and /readyz on HOST:PORT (port 0 picks one; the log names it); off when empty")
 	fs.StringVar(&f.logFormat, "log-format", "text", "with --watch: the log's format, text or json (one object a line)")
 	fs.StringVar(&f.root, "root", "", "chroot into this directory first: in a container with the host's / mounted there, use the host's own iptables, nft, cache and lock")
 	return f
@@ -99,7 +100,7 @@ func syncFlags(fs *flag.FlagSet) *syncArgs {
 
 // checkSync completes the options from the flags of fs and says what of
 // them is bad usage.
-func (p Program) checkSync(fs *flag.FlagSet, f *syncArgs) error {
+func (a Agent) checkSync(fs *flag.FlagSet, f *syncArgs) error {
 	f.Networks = f.nets
 	f.Retire = f.Prune && !f.watch
 	for _, d := range f.pinDirs {
@@ -121,9 +122,8 @@ func (p Program) checkSync(fs *flag.FlagSet, f *syncArgs) error {
 		return errors.New("--watch cannot be combined with --dry-run or --json")
 	case !f.watch && len(watchOnly) > 0:
 		return fmt.Errorf("%s only with --watch", strings.Join(watchOnly, ", "))
-	case f.metricsAddr != "" && p.Metrics == nil:
-		return errors.New("--metrics-addr needs portmap-agent, the same commands with /metrics, /healthz and /readyz " +
-			"(the plugin binary links no HTTP server: it would slow every CNI call)")
+	case f.metricsAddr != "" && a.Metrics == nil:
+		return errors.New("--metrics-addr: this build serves no metrics")
 	case f.logFormat != "text" && f.logFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", f.logFormat)
 	case f.watch && (f.Interval <= 0 || f.Debounce < 0 || f.MinPeriod < 0):
@@ -146,16 +146,16 @@ func pinDirSite(dir string) (*plan.Request, error) {
 // format (text or json); with metricsAddr it serves the metrics and
 // probes there; under systemd (NOTIFY_SOCKET) it says when it is ready
 // and feeds the watchdog.
-func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, format string) int {
+func (a Agent) runWatch(p cmdline.Program, ag *agent.Agent, o agent.WatchOptions, metricsAddr, format string) int {
 	var h slog.Handler = slog.NewTextHandler(p.Stdout, nil)
 	if format == "json" {
 		h = slog.NewJSONHandler(p.Stdout, nil)
 	}
 	log := slog.New(h)
-	ctx, stop := signal.NotifyContext(p.Context, syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(a.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if metricsAddr != "" {
-		obs := p.Metrics(o.Interval)
+		obs := a.Metrics(o.Interval)
 		o.Observe, o.OnEvent = obs.Pass, obs.Event
 		addr, err := obs.Serve(ctx, metricsAddr, log)
 		if err != nil {
@@ -174,7 +174,7 @@ func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, for
 	}
 	var events <-chan struct{}
 	var drain func()
-	sub, err := p.Events()
+	sub, err := a.Events()
 	if err != nil {
 		// iptables-legacy hosts may lack nf_tables: the timer still works.
 		log.Warn("no nf_tables events; passes on the interval only", "err", err, "interval", o.Interval.String())
@@ -182,7 +182,7 @@ func (p Program) runWatch(a *agent.Agent, o agent.WatchOptions, metricsAddr, for
 		defer sub.Close()
 		events, drain = sub.C, sub.Drain
 	}
-	if err := a.Watch(ctx, o, events, drain, log); err != nil {
+	if err := ag.Watch(ctx, o, events, drain, log); err != nil {
 		log.Error("watch ended", "err", err)
 		return 1
 	}

@@ -175,7 +175,7 @@ func TestSyncUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--bogus"}, {"extra"}, {"--watch", "--json"}, {"--watch", "--dry-run"},
 		{"--interval", "5s"}, {"--watch", "--interval", "0s"}, {"--watch", "--log-format", "xml"},
-		{"--watch", "--metrics-addr", ":9765"}, // the plugin binary serves none
+		{"--watch", "--metrics-addr", ":9765"}, // a build without metrics
 		{"--bpf-pin-dir", "relative/pins"}, {"--bpf-pin-dir", "/sys/fs/bpf/../pins"}, {"--bpf-pin-dir", ""},
 	} {
 		p, fh, _, errb := fakeProgram()

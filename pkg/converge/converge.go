@@ -1,4 +1,4 @@
-// Package converge holds what `portmap sync` asks of a backend and what a
+// Package converge holds what `portmap-agent sync` asks of a backend and what a
 // backend answers: the options of one pass, and per attachment and orphan
 // what the pass found and did. Each backend brings one IP family of its
 // kernel state to the wanted plans with one read and at most one write per

@@ -1,5 +1,5 @@
 // Package host is the one handle on the node that the CNI plugin, the node
-// agent and `portmap list` are given: which backends and layers it can
+// agent and `portmap-agent list` are given: which backends and layers it can
 // open, its route_localnet switch, its conntrack table, the host-wide lock.
 // Real returns it wired to this host; tests build one from fakes.
 package host

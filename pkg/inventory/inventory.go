@@ -1,7 +1,7 @@
 // Package inventory is the host-port table of this host: the mappings both
 // backends read back from the kernel (ours, and the upstream plugin's
 // iptables layout, which has the same names), merged and sorted, for
-// `portmap list` and the "reject" host-port conflict policy. Each backend
+// `portmap-agent list` and the "reject" host-port conflict policy. Each backend
 // parses what it writes; this package only merges.
 package inventory
 
@@ -11,7 +11,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Entry is one forwarded host port, as `portmap list --json` prints it.
+// Entry is one forwarded host port, as `portmap-agent list --json` prints it.
 type Entry struct {
 	HostIP        string `json:"hostIP"` // "*" for every address
 	HostPort      int    `json:"hostPort"`

@@ -169,7 +169,7 @@ func benchRoot(b *testing.B) string {
 	return dir
 }
 
-// A first read (a one-shot `portmap sync`): every record parsed.
+// A first read (a one-shot `portmap-agent sync`): every record parsed.
 func BenchmarkFirstRead1000(b *testing.B) {
 	root := benchRoot(b)
 	write1000(b, &Dir{Root: root})

@@ -1,4 +1,4 @@
-// Package observe is what the node agent (`portmap sync --watch`) tells
+// Package observe is what the node agent (`portmap-agent sync --watch`) tells
 // operators over HTTP: /metrics in the Prometheus text format, /healthz
 // with kube-proxy's meaning (200 while the last pass succeeded within two
 // intervals, else 503 with the reason) and /readyz (200 once a pass has

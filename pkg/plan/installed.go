@@ -7,7 +7,7 @@ import "net"
 const Unknown = "?"
 
 // Installed is one forwarded host port as a backend reads it back from the
-// kernel: what `portmap list` shows and the "reject" policy compares.
+// kernel: what `portmap-agent list` shows and the "reject" policy compares.
 type Installed struct {
 	// HostIP is nil for every address.
 	HostIP        net.IP

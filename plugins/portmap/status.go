@@ -17,7 +17,7 @@ import (
 // shared rules, which the next ADD re-creates. containerd turns a STATUS
 // error into the node's NetworkReady=false, which kubelet polls: a flush
 // must not make a node NotReady. Where existing containers' host ports
-// stand after a flush is what CHECK (per attachment), `portmap sync
+// stand after a flush is what CHECK (per attachment), `portmap-agent sync
 // --dry-run` and the agent (its log, /healthz, metrics) report.
 //
 // When ADD cannot be served it answers code 50 with the reason, or 51

@@ -156,7 +156,7 @@ func (r *report) markdown() string {
 		b.WriteString(mdTable(r.growthHead(), g))
 	}
 	if len(r.Sync) > 0 {
-		b.WriteString("\n### portmap sync (ours; upstream has none) with N cached attachments\n\n")
+		b.WriteString("\n### portmap-agent sync (ours; upstream has none) with N cached attachments\n\n")
 		b.WriteString(mdTable(syncHead, r.syncRows()))
 		b.WriteString("\n### The node agent (portmap-agent sync --watch) and STATUS with N cached attachments\n\n")
 		b.WriteString(mdTable(agentHead, r.agentRows()))

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-// syncTiming is `portmap sync` (ours only: upstream has none) with n
+// syncTiming is `portmap-agent sync` (ours only: upstream has none) with n
 // cached attachments: a pass with nothing to repair, and a pass after the
 // backend's whole state was flushed.
 type syncTiming struct {
@@ -70,7 +71,7 @@ func measureSync(tb *benchTB, backend string, n, samples int, idle time.Duration
 	defer os.RemoveAll(dir)
 	cacheFill(dir, backend, n)
 	run := func(want string) float64 {
-		cmd := exec.Command(bin, "sync", "--cache-dir", dir)
+		cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "sync", "--cache-dir", dir)
 		cmd.Env = nettest.PluginEnv("", "", "", "")
 		start := time.Now()
 		out, err := cmd.CombinedOutput()

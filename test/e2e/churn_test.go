@@ -34,7 +34,7 @@ type churnCase struct {
 	// DEL, as a runtime that crashed before removing it leaves it.
 	leftover bool
 	// agent runs portmap-agent with its metrics, as the DaemonSet does,
-	// instead of portmap sync --watch.
+	// instead of portmap-agent sync --watch.
 	agent bool
 	// forwardAccept turns the layer on: its FORWARD accepts must follow
 	// the rules' fate.
@@ -47,7 +47,7 @@ type churnCase struct {
 // 300 ms; three containers are alive at a time, each with a host port of
 // its own, and their addresses come from a /28, so host-local hands a
 // deleted container's address to a later one. At random points and at
-// the end, the node's host-port table (`portmap list`) equals the model
+// the end, the node's host-port table (`portmap-agent list`) equals the model
 // — the containers alive, nothing of a deleted one — and at the end every
 // deleted container's host port is refused, every live one answers and
 // passes CHECK. Cases: the agent's default flags; --prune with the agent
@@ -216,7 +216,7 @@ func cacheEntry(dir, network, id string) string {
 	return filepath.Join(dir, "results", network+"-"+id+"-eth0")
 }
 
-// expectTable wants the node's host-port table (`portmap list --json`)
+// expectTable wants the node's host-port table (`portmap-agent list --json`)
 // to hold exactly the live containers' mappings of the backend (and of
 // the socket path when listArgs names its site): one per container and
 // mechanism, to its address.

@@ -57,7 +57,7 @@ func TestHostPortConflictReject(t *testing.T) {
 	})
 }
 
-// TestList: `portmap list --json` shows what both backends and the
+// TestList: `portmap-agent list --json` shows what both backends and the
 // upstream plugin mapped, and the table has one row each.
 func TestList(t *testing.T) {
 	nettest.ResetNAT(t)
@@ -68,9 +68,9 @@ func TestList(t *testing.T) {
 	cn := nft.MustAdd(t, "cn", nettest.Mapping{HostPort: 7702, ContainerPort: 82, Protocol: "udp"})
 	cu := up.MustAdd(t, "cu", nettest.Mapping{HostPort: 7703, ContainerPort: 83, Protocol: "tcp"})
 
-	out, err := exec.Command(filepath.Join(nettest.BinDir(), "portmap"), "list", "--json").Output()
+	out, err := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "list", "--json").Output()
 	if err != nil {
-		t.Fatalf("portmap list --json: %v", err)
+		t.Fatalf("portmap-agent list --json: %v", err)
 	}
 	var got []inventory.Entry
 	if err := json.Unmarshal(out, &got); err != nil {
@@ -91,12 +91,12 @@ func TestList(t *testing.T) {
 			t.Errorf("list --json lacks %+v; it has %+v", w, got)
 		}
 	}
-	table, err := exec.Command(filepath.Join(nettest.BinDir(), "portmap"), "list").Output()
+	table, err := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "list").Output()
 	if err != nil {
-		t.Fatalf("portmap list: %v", err)
+		t.Fatalf("portmap-agent list: %v", err)
 	}
 	lines := strings.Split(strings.TrimSpace(string(table)), "\n")
 	if len(lines) != len(got)+1 || !strings.HasPrefix(lines[0], "HOST IP") {
-		t.Errorf("portmap list has %d lines for %d entries:\n%s", len(lines), len(got), table)
+		t.Errorf("portmap-agent list has %d lines for %d entries:\n%s", len(lines), len(got), table)
 	}
 }

@@ -113,8 +113,8 @@ func expect50(t *testing.T, when string, out []byte, err error, backend string) 
 // be served — also when a firewall flush took the shared rules from an
 // attachment with host ports: ADD re-creates them, and containerd would
 // report the node's network not ready for any error. The lost attachment
-// shows where it belongs: its CHECK fails, `portmap sync --dry-run` would
-// repair it, and `portmap sync` does.
+// shows where it belongs: its CHECK fails, `portmap-agent sync --dry-run` would
+// repair it, and `portmap-agent sync` does.
 func TestStatusAfterFlush(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend, extra map[string]string) {
 		nettest.ResetNAT(t)

@@ -197,23 +197,23 @@ func TestSocketPathUnavailable(t *testing.T) {
 	})
 }
 
-// listEntries is `portmap list --json args...`: the node's host-port
+// listEntries is `portmap-agent list --json args...`: the node's host-port
 // table.
 func listEntries(t *testing.T, args ...string) []inventory.Entry {
 	t.Helper()
 	args = append([]string{"list", "--json"}, args...)
-	out, stderr, status, err := nettest.Portmap(args...)
+	out, stderr, status, err := nettest.Agent(args...)
 	if err != nil || status != 0 {
 		t.Fatalf("portmap %v: exit %d %v\n%s", args, status, err, stderr)
 	}
 	var entries []inventory.Entry
 	if err := json.Unmarshal([]byte(out), &entries); err != nil {
-		t.Fatalf("portmap list --json: %v\n%s", err, out)
+		t.Fatalf("portmap-agent list --json: %v\n%s", err, out)
 	}
 	return entries
 }
 
-// listSocket is `portmap list --json --bpf-pin-dir DIR`'s socket-path
+// listSocket is `portmap-agent list --json --bpf-pin-dir DIR`'s socket-path
 // entries, as "hostIP port/proto containerIP containerID" (a host IP of
 // "*" is the wildcard mapping: 127.0.0.1 or ::1 by the family).
 func listSocket(t *testing.T, pinDir string) []string {
@@ -234,8 +234,8 @@ func listSocket(t *testing.T, pinDir string) []string {
 }
 
 // The socket path operated like the rules: STATUS asks it; `portmap
-// list` shows its entries; `portmap sync` (the agent) repairs a link
-// removed behind its back; `portmap sync --prune` retires the site once
+// list` shows its entries; `portmap-agent sync` (the agent) repairs a link
+// removed behind its back; `portmap-agent sync --prune` retires the site once
 // the last container is gone — nothing pinned, nothing of ours attached
 // — and not before.
 func TestSocketPathOperate(t *testing.T) {
@@ -263,10 +263,10 @@ func TestSocketPathOperate(t *testing.T) {
 		}
 		slices.Sort(want)
 		if got := listSocket(t, site.PinDir); !slices.Equal(got, want) {
-			t.Errorf("portmap list --bpf-pin-dir: %q, want %q", got, want)
+			t.Errorf("portmap-agent list --bpf-pin-dir: %q, want %q", got, want)
 		}
 		if got := listSocket(t, ""); len(got) != 0 {
-			t.Errorf("portmap list shows another site's entries at the default one: %q", got)
+			t.Errorf("portmap-agent list shows another site's entries at the default one: %q", got)
 		}
 
 		// a link removed behind its back: the agent puts it back
@@ -315,7 +315,7 @@ func TestSocketPathOperate(t *testing.T) {
 			}
 		}
 		if got := listSocket(t, site.PinDir); len(got) != 0 {
-			t.Errorf("portmap list after retire: %q", got)
+			t.Errorf("portmap-agent list after retire: %q", got)
 		}
 		// the next ADD installs it again
 		c2 := rt.MustAdd(t, "o2", nettest.Mapping{HostPort: 7921, ContainerPort: srvPort, Protocol: "tcp"})

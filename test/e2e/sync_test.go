@@ -15,7 +15,7 @@ import (
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-// syncReport is the part of `portmap sync --json` the tests read.
+// syncReport is the part of `portmap-agent sync --json` the tests read.
 type syncReport struct {
 	Attachments []struct {
 		Network, ContainerID, State, What string
@@ -33,19 +33,19 @@ type syncReport struct {
 	}
 }
 
-// runSync runs `portmap sync --json` with args and returns the report and
+// runSync runs `portmap-agent sync --json` with args and returns the report and
 // the exit status.
 func runSync(t *testing.T, args ...string) (syncReport, int) {
 	t.Helper()
 	args = append([]string{"sync", "--json"}, args...)
-	out, stderr, status, err := nettest.Portmap(args...)
+	out, stderr, status, err := nettest.Agent(args...)
 	if err != nil {
-		t.Fatalf("portmap sync: %v\n%s", err, stderr)
+		t.Fatalf("portmap-agent sync: %v\n%s", err, stderr)
 	}
 	var r syncReport
-	t.Logf("portmap sync %s: exit %d\n%s%s", strings.Join(args, " "), status, out, stderr)
+	t.Logf("portmap-agent sync %s: exit %d\n%s%s", strings.Join(args, " "), status, out, stderr)
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("portmap sync %v: exit %d, output is not a report: %v\n%s\n%s", args, status, err, out, stderr)
+		t.Fatalf("portmap-agent sync %v: exit %d, output is not a report: %v\n%s\n%s", args, status, err, out, stderr)
 	}
 	return r, status
 }
@@ -59,7 +59,7 @@ func states(r syncReport) map[string]string {
 }
 
 // TestSyncRepairsAfterFlush: three containers on two networks, a flush of
-// the firewall in the node, no traffic; `portmap sync` brings every host
+// the firewall in the node, no traffic; `portmap-agent sync` brings every host
 // port back, CHECK passes, and a second sync changes nothing, byte for
 // byte.
 func TestSyncRepairsAfterFlush(t *testing.T) {

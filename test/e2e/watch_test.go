@@ -8,12 +8,12 @@ import (
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-// watcher is a running `portmap sync --watch` and its log.
+// watcher is a running `portmap-agent sync --watch` and its log.
 type watcher = nettest.Watcher
 
 func startWatch(t *testing.T, args ...string) *watcher {
 	t.Helper()
-	return startWatchOf(t, "portmap", nil, "watching", args...)
+	return startWatchOf(t, "portmap-agent", nil, "watching", args...)
 }
 
 // startWatchOf runs `bin sync --watch args` (portmap or portmap-agent)
@@ -23,7 +23,7 @@ func startWatchOf(t *testing.T, bin string, env []string, started string, args .
 	return nettest.StartWatch(t, bin, env, started, args...)
 }
 
-// TestWatchRepairsWithinTwoSeconds: with `portmap sync --watch` running,
+// TestWatchRepairsWithinTwoSeconds: with `portmap-agent sync --watch` running,
 // host ports work again within 2 s of a flush of the firewall; with
 // nothing changing it writes nothing (no nf_tables event in 3 s, while it
 // passes every second); SIGTERM ends it cleanly.

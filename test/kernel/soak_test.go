@@ -82,7 +82,7 @@ func TestSoak(t *testing.T) {
 				soakCache(t, cache, kind.Name, id, ip, ms)
 			}
 			before := soakRuleset(t)
-			w := nettest.StartWatch(t, "portmap", nil, "watching", "--cache-dir", cache, "--prune", "--interval", "1s")
+			w := nettest.StartWatch(t, "portmap-agent", nil, "watching", "--cache-dir", cache, "--prune", "--interval", "1s")
 			var fds, mounts int
 			times := make([]time.Duration, cycles)
 			for i := range cycles {

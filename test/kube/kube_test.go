@@ -110,7 +110,7 @@ func TestHostPortPods(t *testing.T) {
 				reply(t, nil, "tcp", at("127.0.0.1", 18080), who, 5*time.Second)
 			}
 			if got := len(portmapList(t)); got == 0 {
-				t.Errorf("portmap list shows no mapping of the pod")
+				t.Errorf("portmap-agent list shows no mapping of the pod")
 			}
 			sandbox := cached()
 			if len(sandbox) != 1 || len(leases()) != 2 {
@@ -394,7 +394,7 @@ const notReady = "network is not ready"
 // through the plugin on both backends. After a firewall flush the network
 // stays ready (STATUS is 0 while ADD can be served): a new pod starts and
 // answers through its host port, the kubelet never says the network is
-// not ready, and `portmap sync` brings the older pod's host port back. A
+// not ready, and `portmap-agent sync` brings the older pod's host port back. A
 // STATUS that fails (the socket path with a cgroup that does not exist:
 // code 50) does hold pods back, so the check above can fail.
 func TestContainerd2(t *testing.T) {
@@ -425,8 +425,8 @@ func TestContainerd2(t *testing.T) {
 			if _, err := nettest.Dial(cl.NS, "tcp", at(node4, 18300)); err == nil {
 				t.Errorf("the older pod's host port answers after %v: the flush removed nothing", flushes[b])
 			}
-			if out, stderr, status, err := nettest.Portmap("sync", "--cache-dir", "/var/lib/cni"); err != nil || status != 0 {
-				t.Fatalf("portmap sync: exit %d %v\n%s%s", status, err, out, stderr)
+			if out, stderr, status, err := nettest.Agent("sync", "--cache-dir", "/var/lib/cni"); err != nil || status != 0 {
+				t.Fatalf("portmap-agent sync: exit %d %v\n%s%s", status, err, out, stderr)
 			}
 			reply(t, cl, "tcp", at(node4, 18300), who4, 5*time.Second)
 			reply(t, cl, "udp", at(node6, 18300), who6, 5*time.Second)

@@ -552,17 +552,17 @@ func leases() []string {
 	return names
 }
 
-// portmapList is `portmap list --json` on the node: every mapping of
+// portmapList is `portmap-agent list --json` on the node: every mapping of
 // every backend.
 func portmapList(t *testing.T) []map[string]any {
 	t.Helper()
-	out, stderr, status, err := nettest.Portmap("list", "--json")
+	out, stderr, status, err := nettest.Agent("list", "--json")
 	if err != nil || status != 0 {
-		t.Fatalf("portmap list: exit %d %v\n%s", status, err, stderr)
+		t.Fatalf("portmap-agent list: exit %d %v\n%s", status, err, stderr)
 	}
 	var entries []map[string]any
 	if err := json.Unmarshal([]byte(out), &entries); err != nil {
-		t.Fatalf("portmap list --json: %v\n%s", err, out)
+		t.Fatalf("portmap-agent list --json: %v\n%s", err, out)
 	}
 	return entries
 }

@@ -12,7 +12,7 @@ import (
 // for one verb: this process's environment without any CNI_ variable,
 // then CNI_COMMAND, CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME (eth0) and
 // CNI_PATH. With command "" it is the environment of a person running
-// the binary by hand (`portmap sync`).
+// the binary by hand (`portmap-agent sync`).
 func PluginEnv(command, containerID, netns, binDir string) []string {
 	var env []string
 	for _, e := range os.Environ() {
@@ -37,11 +37,11 @@ func execPlugin(plugin, command, containerID, netns string, stdin []byte) ([]byt
 	return out.Bytes(), err
 }
 
-// Portmap runs our binary from BinDir as a person would (no CNI_COMMAND),
-// e.g. Portmap("sync", "--cache-dir", dir), and returns its stdout, its
-// stderr and its exit status.
-func Portmap(args ...string) (stdout, stderr string, status int, err error) {
-	cmd := exec.Command(filepath.Join(BinDir(), "portmap"), args...)
+// Agent runs our node agent, portmap-agent, from BinDir as a person
+// would, e.g. Agent("sync", "--cache-dir", dir), and returns its stdout,
+// its stderr and its exit status.
+func Agent(args ...string) (stdout, stderr string, status int, err error) {
+	cmd := exec.Command(filepath.Join(BinDir(), "portmap-agent"), args...)
 	cmd.Env = PluginEnv("", "", "", "")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

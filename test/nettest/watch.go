@@ -17,7 +17,7 @@ type LogTB interface {
 	Logf(format string, args ...any)
 }
 
-// Watcher is a running `portmap sync --watch` (or portmap-agent's) and
+// Watcher is a running `portmap-agent sync --watch` (or portmap-agent's) and
 // its log.
 type Watcher struct {
 	cmd  *exec.Cmd

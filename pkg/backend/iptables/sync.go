@@ -8,7 +8,7 @@ import (
 )
 
 // Sync brings this family's nat table to the wanted plans (oldest first)
-// for `portmap sync`: one listing of the table and one iptables-restore of
+// for `portmap-agent sync`: one listing of the table and one iptables-restore of
 // -C lines judge every attachment; one iptables-restore re-applies the
 // ones missing or wrong and, with Prune, removes the orphans — chains
 // CNI-DN-* that no wanted plan names (ours or the upstream plugin's: the

@@ -11,7 +11,7 @@ import (
 )
 
 // Sync brings this family's cni_portmap table to the wanted plans (oldest
-// first) for `portmap sync`: one listing of the table judges the skeleton
+// first) for `portmap-agent sync`: one listing of the table judges the skeleton
 // and every attachment (its chain's rules and the map elements of the keys
 // it wins: the newest plan of a key wins), and one transaction re-applies
 // what is missing or wrong and, with Prune, removes orphans — dn- chains

@@ -163,7 +163,7 @@ func ownersEmptied(s *State, gone map[uint64]int) []uint64 {
 	return out
 }
 
-// entryDiff is what a `portmap sync` pass finds of family f's entries:
+// entryDiff is what a `portmap-agent sync` pass finds of family f's entries:
 // every key goes to the wanted plan (oldest first) that wins it — the
 // highest rank, then the newest — entries of wanted owners that no
 // longer win a key go, and entries of owners no plan wants are orphans.
@@ -283,7 +283,7 @@ func compareKeys(a, b Key) int {
 	return cmp.Or(bytes.Compare(a.Addr[:], b.Addr[:]), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 }
 
-// installed reads s back as `portmap list` shows it: a wildcard
+// installed reads s back as `portmap-agent list` shows it: a wildcard
 // mapping's entry has no host IP.
 func installed(s *State, f plan.Family) []plan.Installed {
 	var out []plan.Installed

@@ -15,7 +15,7 @@ import (
 
 // resolveCgroup finds the default cgroup path (the root of the host's v2
 // hierarchy) when it is first needed: reading the mount table is left to
-// the verbs that attach or check links, not to DEL or `portmap list`.
+// the verbs that attach or check links, not to DEL or `portmap-agent list`.
 func (s *kernelSite) resolveCgroup() error {
 	if s.cgroup != "" {
 		return nil
@@ -252,7 +252,7 @@ func (s *kernelSite) unpin() error {
 }
 
 // Uninstall removes every pin of cfg's site whatever it holds (tests; an
-// operator uses `portmap sync --prune`, which retires a site only when
+// operator uses `portmap-agent sync --prune`, which retires a site only when
 // no entry remains).
 func Uninstall(cfg plan.Socket) error {
 	site, err := OpenSite(cfg)
