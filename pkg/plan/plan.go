@@ -353,3 +353,16 @@ func Fingerprint(plans []*Plan) string {
 	h.Write(b)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
+
+// ConfigError is a failure that a configuration key causes on this node,
+// found only when a backend meets the kernel (a chain the key names that
+// is not there): the plugin answers it as an invalid configuration (code
+// 7), with the key, its value, why and what to do.
+type ConfigError struct {
+	Key, Value string
+	Why        string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("invalid %s %q: %s", e.Key, e.Value, e.Why)
+}

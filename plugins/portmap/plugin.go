@@ -19,6 +19,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Plugin holds the verbs and what they need.
@@ -64,6 +65,10 @@ func cniError(a *attach.Attachment, err error) error {
 	var te *types.Error
 	if errors.As(err, &te) {
 		return te
+	}
+	var ce *plan.ConfigError
+	if errors.As(err, &ce) {
+		return types.NewError(types.ErrInvalidNetworkConfig, ce.Error(), "")
 	}
 	if errors.Is(err, lock.ErrTimeout) {
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s backend: %v", a.Backend, err), "")

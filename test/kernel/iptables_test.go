@@ -1,8 +1,10 @@
 package kernel
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os/exec"
 	"strings"
@@ -478,5 +480,68 @@ func TestRemoveReadsItsOwnJumps(t *testing.T) {
 	}
 	if found, read, err := iptables.Unlink(plan.IPv4, iptables.TopLevelDNATChain, iptables.ChainName(plans[5].Owner)); found || read != 0 || err != nil {
 		t.Errorf("second Unlink of c5: found %v, read %d, %v; want nothing", found, read, err)
+	}
+}
+
+// TestExternalSetMarkChainMissing: "externalSetMarkChain": "KUBE-MARK-MASQ"
+// on a node without that chain (kube-proxy in nftables mode keeps its
+// mark to itself) fails ADD with mappings as an invalid configuration
+// (code 7) naming the key, the chain, why and the fix, and writes
+// nothing; ADD without mappings, DEL and STATUS answer as usual. Once
+// the chain exists (kube-proxy in iptables mode), ADD, CHECK and DEL
+// work and DEL leaves kube-proxy's chain alone.
+func TestExternalSetMarkChainMissing(t *testing.T) {
+	nettest.ResetNAT(t)
+	conf := nettest.PortmapConf("net1", "iptables", []nettest.Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}}, "192.0.2.2/24")
+	conf["externalSetMarkChain"] = "KUBE-MARK-MASQ"
+	before := nettest.Save(t, 4)
+	out, err := nettest.Exec(t, "portmap", "ADD", "c1", "/x", conf)
+	var cniErr struct {
+		Code uint   `json:"code"`
+		Msg  string `json:"msg"`
+	}
+	if err == nil || json.Unmarshal(out, &cniErr) != nil || cniErr.Code != 7 {
+		t.Fatalf("ADD: %v %s, want CNI error code 7", err, out)
+	}
+	for _, want := range []string{`invalid externalSetMarkChain "KUBE-MARK-MASQ"`, "no chain KUBE-MARK-MASQ", "nftables mode", "remove the key"} {
+		if !strings.Contains(cniErr.Msg, want) {
+			t.Errorf("ADD's message %q lacks %q", cniErr.Msg, want)
+		}
+	}
+	if after := nettest.Save(t, 4); after != before {
+		t.Errorf("the refused ADD changed the nat table:\n%s\nbefore:\n%s", after, before)
+	}
+	bare := maps.Clone(conf)
+	bare["runtimeConfig"] = map[string]any{}
+	for _, verb := range []string{"ADD", "DEL"} {
+		if out, err := nettest.Exec(t, "portmap", verb, "c2", "/x", bare); err != nil {
+			t.Errorf("%s without mappings: %v %s", verb, err, out)
+		}
+	}
+	if out, err := nettest.Exec(t, "portmap", "DEL", "c1", "/x", conf); err != nil {
+		t.Errorf("DEL after the refused ADD: %v %s", err, out)
+	}
+	status := maps.Clone(conf)
+	status["cniVersion"] = "1.1.0"
+	delete(status, "prevResult")
+	delete(status, "runtimeConfig")
+	if out, err := nettest.Exec(t, "portmap", "STATUS", "", "", status); err != nil {
+		t.Errorf("STATUS: %v %s", err, out)
+	}
+
+	// kube-proxy in iptables mode: its chain sets its mark bit (14)
+	nettest.Run(t, "iptables", "-t", "nat", "-N", "KUBE-MARK-MASQ")
+	nettest.Run(t, "iptables", "-t", "nat", "-A", "KUBE-MARK-MASQ", "-j", "MARK", "--set-xmark", "0x4000/0x4000")
+	for _, verb := range []string{"ADD", "CHECK", "DEL"} {
+		if out, err := nettest.Exec(t, "portmap", verb, "c1", "/x", conf); err != nil {
+			t.Fatalf("%s with kube-proxy's chain: %v %s", verb, err, out)
+		}
+		if verb == "ADD" && !strings.Contains(nettest.Save(t, 4), "-j KUBE-MARK-MASQ") {
+			t.Errorf("no hairpin rule jumps to KUBE-MARK-MASQ:\n%s", nettest.Save(t, 4))
+		}
+	}
+	if rules := nettest.Save(t, 4); !strings.Contains(rules, "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000") ||
+		strings.Contains(rules, iptables.ChainName(plan.Owner{Network: "net1", ContainerID: "c1"})) {
+		t.Errorf("after DEL, kube-proxy's chain must stay and the attachment go:\n%s", rules)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -127,6 +128,9 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to forward to")
 	}
+	if err := b.markChainExists(p); err != nil {
+		return err
+	}
 	if b.skeletonStands(p) {
 		if err := b.fastAdd(p); err == nil || !Refused(err) {
 			return err
@@ -162,6 +166,39 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return b.restoreError("apply", pl, err)
 	}
 	return nil
+}
+
+// markChainExists fails, before anything is written, when the plan's
+// hairpin rules would jump to an externalSetMarkChain that the nat table
+// lacks: its restore would fail on a chain the node never had.
+// kube-proxy makes KUBE-MARK-MASQ in its iptables mode only; in its
+// nftables mode, as since KEP-3178, that chain is its own business.
+func (b *Backend) markChainExists(p *plan.Plan) error {
+	chain := p.Masquerade.ExternalSetMarkChain
+	if chain == "" || !p.Masquerade.Enabled {
+		return nil
+	}
+	found, err := b.Kernel.Chains(Table, []string{chain}, false)
+	if errors.Is(err, ErrLegacy) {
+		var lines []string
+		lines, err = b.Kernel.ListTable()
+		found = map[string]ChainSummary{}
+		if slices.Contains(lines, "-N "+chain) {
+			found[chain] = ChainSummary{}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("read chain %s: %w", chain, err)
+	}
+	if _, ok := found[chain]; ok {
+		return nil
+	}
+	why := fmt.Sprintf("the %s nat table has no chain %s for the hairpin rules to jump to", b.Family, chain)
+	if chain == "KUBE-MARK-MASQ" {
+		why += " (kube-proxy makes it in its iptables mode only; in nftables mode it keeps its masquerade mark to itself)"
+	}
+	return &plan.ConfigError{Key: "externalSetMarkChain", Value: chain,
+		Why: why + "; remove the key: the plugin's own mark chain (markMasqBit) masquerades the same connections"}
 }
 
 // fastAdd writes an attachment that has no chain yet, assuming the
