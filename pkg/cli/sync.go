@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
-	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sdnotify"
