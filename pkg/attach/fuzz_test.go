@@ -109,18 +109,18 @@ func checkIPTables(t *testing.T, p *plan.Plan, script string) {
 	t.Helper()
 	var want [][]string
 	for _, r := range iptables.GuardRules(p) {
-		want = append(want, append([]string{"-C", r.Chain}, r.Args...))
+		want = append(want, append([]string{"-C", r.Chain}, r.Args()...))
 	}
 	if c, ok := iptables.Witness(p); ok {
 		want = append(want, []string{"-F", c.Name})
 	}
 	want = append(want, []string{"-N", iptables.ChainName(p.Owner)})
 	for _, r := range iptables.ChainRules(p) {
-		want = append(want, append([]string{"-A", r.Chain}, r.Args...))
+		want = append(want, append([]string{"-A", r.Chain}, r.Args()...))
 	}
 	entries := iptables.EntryRules(p)
 	for i := len(entries) - 1; i >= 0; i-- {
-		want = append(want, append([]string{"-I", entries[i].Chain, "1"}, entries[i].Args...))
+		want = append(want, append([]string{"-I", entries[i].Chain, "1"}, entries[i].Args()...))
 	}
 	var got [][]string
 	for _, l := range strings.Split(script, "\n") {

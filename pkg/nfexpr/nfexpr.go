@@ -44,17 +44,6 @@ func Cmp(list *nfnl.Attrs, op, reg uint32, v []byte) {
 	})
 }
 
-// Range compares register reg with the closed range from–to by op
-// (NFT_RANGE_EQ, NFT_RANGE_NEQ).
-func Range(list *nfnl.Attrs, op, reg uint32, from, to []byte) {
-	Add(list, "range", func(a *nfnl.Attrs) {
-		a.U32(unix.NFTA_RANGE_SREG, reg)
-		a.U32(unix.NFTA_RANGE_OP, op)
-		Value(a, unix.NFTA_RANGE_FROM_DATA, from)
-		Value(a, unix.NFTA_RANGE_TO_DATA, to)
-	})
-}
-
 // Meta loads meta key (NFT_META_*) into register reg.
 func Meta(list *nfnl.Attrs, key, reg uint32) {
 	Add(list, "meta", func(a *nfnl.Attrs) {

@@ -204,7 +204,7 @@ func TestNativeAddAsRestore(t *testing.T) {
 			// iptables takes the rules for its own: it deletes an entry
 			// rule by its spec, as upstream's DEL does
 			e := iptables.EntryRules(p)[0]
-			nettest.Run(t, tool, append([]string{"-t", "nat", "-D", e.Chain}, e.Args...)...)
+			nettest.Run(t, tool, append([]string{"-t", "nat", "-D", e.Chain}, e.Args()...)...)
 			if err := b.Remove(p); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}

@@ -60,13 +60,12 @@ func AcceptChainName(o plan.Owner) string {
 }
 
 // forwardJump is the shared jump from FORWARD.
-var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Args: []string{"-j", ForwardChain}, Insert: true}
+var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Jump: ForwardChain, Insert: true}
 
 // forwardEntry is the attachment's jump from CNI-HOSTPORT-FWD; it depends
 // only on the owner, so DEL can name it without a prevResult.
 func forwardEntry(o plan.Owner) Rule {
-	return Rule{Table: FilterTable, Chain: ForwardChain,
-		Args: []string{"-m", "comment", "--comment", EntryComment(o), "-j", AcceptChainName(o)}}
+	return Rule{Table: FilterTable, Chain: ForwardChain, Comment: EntryComment(o), Jump: AcceptChainName(o)}
 }
 
 // AcceptRules are the attachment's accept rules, one per distinct mapping.
@@ -75,15 +74,14 @@ func AcceptRules(p *plan.Plan) []Rule {
 	var out []Rule
 	seen := map[string]bool{}
 	for m := range p.Mappings.All() {
-		args := []string{"-p", string(m.Protocol), "-m", "conntrack", "--ctstate", "DNAT",
-			"--ctorigdstport", strconv.Itoa(m.HostPort)}
+		ct := Conntrack{OrigDstPort: strconv.Itoa(m.HostPort), ReplSrc: p.ContainerNet.IP.String(), ReplSrcPort: strconv.Itoa(m.ContainerPort)}
 		if m.HostIP != nil {
-			args = append(args, "--ctorigdst", m.HostIP.String())
+			ct.OrigDst = m.HostIP.String()
 		}
-		args = append(args, "--ctreplsrc", p.ContainerNet.IP.String(), "--ctreplsrcport", strconv.Itoa(m.ContainerPort), "-j", "ACCEPT")
-		if k := strings.Join(args, " "); !seen[k] {
+		r := Rule{Table: FilterTable, Chain: chain, Proto: m.Protocol, Ct: ct, Jump: "ACCEPT"}
+		if k := strings.Join(r.Args(), " "); !seen[k] {
 			seen[k] = true
-			out = append(out, Rule{Table: FilterTable, Chain: chain, Args: args})
+			out = append(out, r)
 		}
 	}
 	return out
@@ -301,10 +299,10 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 		wanted[chain] = true
 		var w, h []ruleID
 		for _, r := range AcceptRules(p) {
-			w = append(w, idOf(r.Args))
+			w = append(w, r.id())
 		}
 		for _, line := range l.rules[chain] {
-			h = append(h, idOf(SplitRule(line)))
+			h = append(h, parseRule(SplitRule(line)).id())
 		}
 		switch {
 		case !l.chains[chain]:

@@ -196,7 +196,7 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 	// CNI-HOSTPORT-MASQ, a chain read with its rules anyway, is judged by
 	// that chain's references instead.
 	byRefs := func(r Rule) bool {
-		return r.Chain == "POSTROUTING" && jumpOf(r.Args) == MasqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == MasqChain })
+		return r.Chain == "POSTROUTING" && r.Jump == MasqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == MasqChain })
 	}
 	var tables []string
 	names, jumped := map[string][]string{}, map[string][]string{}
@@ -210,7 +210,7 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		}
 	}
 	for _, r := range rules {
-		t, to := tableOf(r), jumpOf(r.Args)
+		t, to := tableOf(r), r.Jump
 		if !targets[to] && !slices.Contains(names[t], to) && !slices.Contains(jumped[t], to) {
 			jumped[t] = append(jumped[t], to)
 		}
@@ -231,7 +231,7 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 	for _, r := range rules {
 		builtin := slices.Contains(builtins[tableOf(r)], r.Chain)
 		c, ok := got[tableOf(r)][r.Chain]
-		to := jumpOf(r.Args)
+		to := r.Jump
 		if byRefs(r) {
 			if got[tableOf(r)][to].Refs == 0 {
 				missing = cmp.Or(missing, describe(r)+" missing")

@@ -210,12 +210,12 @@ func (k *execKernel) EnsureRule(r Rule) error {
 		return err
 	}
 	t := tableOf(r)
-	exists, err := ipt.Exists(t, r.Chain, r.Args...)
+	exists, err := ipt.Exists(t, r.Chain, r.Args()...)
 	if err != nil || exists {
 		return err
 	}
 	if r.Insert {
-		return ipt.Insert(t, r.Chain, 1, r.Args...)
+		return ipt.Insert(t, r.Chain, 1, r.Args()...)
 	}
-	return ipt.Append(t, r.Chain, r.Args...)
+	return ipt.Append(t, r.Chain, r.Args()...)
 }

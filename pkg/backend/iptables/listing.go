@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,10 +56,10 @@ func (lt *listing) judge(p *plan.Plan) string {
 	}
 	var want, have []ruleID
 	for _, r := range EntryRules(p) {
-		want = append(want, entryID(r.Args))
+		want = append(want, r.entryID())
 	}
 	for _, l := range lt.refs[chain] {
-		have = append(have, entryID(SplitRule(l)))
+		have = append(have, parseRule(SplitRule(l)).entryID())
 	}
 	if d := diff(want, have); d != "" {
 		return "entry rules in " + TopLevelDNATChain + ": " + d
@@ -71,10 +72,10 @@ func (lt *listing) judge(p *plan.Plan) string {
 func judgeChain(p *plan.Plan, lines []string) string {
 	var want, have []ruleID
 	for _, r := range ChainRules(p) {
-		want = append(want, idOf(r.Args))
+		want = append(want, r.id())
 	}
 	for _, l := range lines {
-		have = append(have, idOf(SplitRule(l)))
+		have = append(have, parseRule(SplitRule(l)).id())
 	}
 	if d := diff(want, have); d != "" {
 		return "chain " + ChainName(p.Owner) + ": " + d
@@ -112,14 +113,13 @@ func diff[K comparable](want, have []K) string {
 }
 
 // ruleID is what identifies a rule of ours, in the same spelling for our
-// tokens and for iptables -S output: addresses with their prefix length,
-// and only the options our rules use (conditions are judged by -C).
+// rules and for iptables -S output: addresses with their prefix length,
+// and only the fields our rules use (conditions are judged by -C).
 type ruleID struct {
-	neg                               bool
-	src, dst, proto, dport, dports    string
-	comment, target, to               string
-	ctstate, ctodst, ctodport, ctrsrc string
-	ctrsport                          string
+	neg                         bool
+	src, dst, proto, dport      string
+	dports, comment, target, to string
+	ct                          Conntrack
 }
 
 // String spells the identity as iptables would, leaving out what is
@@ -142,68 +142,67 @@ func (r ruleID) String() string {
 	if r.comment != "" {
 		add("--comment", strconv.Quote(r.comment))
 	}
-	add("--ctstate", r.ctstate)
-	add("--ctorigdst", r.ctodst)
-	add("--ctorigdstport", r.ctodport)
-	add("--ctreplsrc", r.ctrsrc)
-	add("--ctreplsrcport", r.ctrsport)
+	if r.ct != (Conntrack{}) {
+		add("--ctstate", "DNAT")
+	}
+	add("--ctorigdst", r.ct.OrigDst)
+	add("--ctorigdstport", r.ct.OrigDstPort)
+	add("--ctreplsrc", r.ct.ReplSrc)
+	add("--ctreplsrcport", r.ct.ReplSrcPort)
 	add("-j", r.target)
 	add("--to-destination", r.to)
 	return strings.Join(parts, " ")
 }
 
-// idOf reads a rule's identity from its tokens.
-func idOf(tokens []string) ruleID {
-	var r ruleID
-	for i := 0; i < len(tokens); i++ {
-		t := tokens[i]
-		if t == "!" {
-			r.neg = true
-			continue
-		}
-		if i+1 >= len(tokens) {
-			break
-		}
-		v := tokens[i+1]
-		switch t {
-		case "-s":
-			r.src = anyIsNone(withPrefix(v))
-		case "-d":
-			r.dst = anyIsNone(withPrefix(v))
-		case "-p":
-			r.proto = v
-		case "--dport":
-			r.dport = v
-		case "--dports", "--destination-ports":
-			r.dports = v
-		case "--comment":
-			r.comment = v
-		case "-j":
-			r.target = v
-		case "--to-destination":
-			r.to = v
-		case "--ctstate":
-			r.ctstate = v
-		case "--ctorigdst":
-			r.ctodst = withPrefix(v)
-		case "--ctorigdstport":
-			r.ctodport = v
-		case "--ctreplsrc":
-			r.ctrsrc = withPrefix(v)
-		case "--ctreplsrcport":
-			r.ctrsport = v
-		default:
-			continue
-		}
-		i++
-	}
-	return r
+// id is r's identity.
+func (r Rule) id() ruleID {
+	ct := r.Ct
+	ct.OrigDst, ct.ReplSrc = withPrefix(ct.OrigDst), withPrefix(ct.ReplSrc)
+	return ruleID{neg: slices.Contains(r.Matches, "!"), src: anyIsNone(withPrefix(r.Src)), dst: anyIsNone(withPrefix(r.Dst)),
+		proto: string(r.Proto), dport: r.Dport, dports: r.Dports, comment: r.Comment, target: r.Jump, to: r.To, ct: ct}
 }
 
 // entryID identifies an entry rule without its conditions.
-func entryID(tokens []string) ruleID {
-	r := idOf(tokens)
-	return ruleID{proto: r.proto, dports: r.dports, comment: r.comment, target: r.target}
+func (r Rule) entryID() ruleID {
+	return ruleID{proto: string(r.Proto), dports: r.Dports, comment: r.Comment, target: r.Jump}
+}
+
+// parseRule reads a rule of an iptables -S line's tokens ("-A CHAIN …")
+// into the fields ours use; every other token goes, in order, to
+// Matches, a negated match too ("! -s 10.0.0.0/8"); a -m that names the
+// module of a field ("-m tcp") is dropped.
+func parseRule(tokens []string) Rule {
+	var r Rule
+	fields := map[string]*string{"-A": &r.Chain, "-s": &r.Src, "-d": &r.Dst, "--dport": &r.Dport, "--dports": &r.Dports,
+		"--destination-ports": &r.Dports, "--comment": &r.Comment, "-j": &r.Jump, "--to-destination": &r.To,
+		"--set-xmark": &r.SetXmark, "--ctorigdst": &r.Ct.OrigDst, "--ctorigdstport": &r.Ct.OrigDstPort,
+		"--ctreplsrc": &r.Ct.ReplSrc, "--ctreplsrcport": &r.Ct.ReplSrcPort}
+	for i := 0; i < len(tokens); i++ {
+		t := tokens[i]
+		if i+1 < len(tokens) && (i == 0 || tokens[i-1] != "!") { // a negated match stays in Matches
+			v := tokens[i+1]
+			if f, ok := fields[t]; ok {
+				*f, i = v, i+1
+				continue
+			}
+			switch {
+			case t == "-p":
+				r.Proto, i = plan.Protocol(v), i+1
+				continue
+			case t == "-m" && (v == "tcp" || v == "udp" || v == "sctp" || v == "comment" || v == "multiport"):
+				i++
+				continue
+			case t == "--ctstate" && v == "DNAT":
+				i++ // forwardAccept's, with its Conntrack fields
+				continue
+			}
+		}
+		r.Matches = append(r.Matches, t)
+	}
+	if r.Ct != (Conntrack{}) {
+		r.Matches = slices.DeleteFunc(r.Matches, func(m string) bool { return m == "-m" || m == "conntrack" })
+	}
+	return r
 }
 
 // anyIsNone drops a match of every address (masqAll's "-s 0.0.0.0/0"):
@@ -216,7 +215,7 @@ func anyIsNone(prefix string) string {
 }
 
 func withPrefix(addr string) string {
-	if strings.Contains(addr, "/") {
+	if addr == "" || strings.Contains(addr, "/") {
 		return addr
 	}
 	if ip := net.ParseIP(addr); ip != nil && ip.To4() == nil {

@@ -40,25 +40,25 @@ func ParseMappings(lines []string) []plan.Installed {
 			continue
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
-		id := idOf(SplitRule(l))
+		r := parseRule(SplitRule(l))
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if o, ok := owners[chain]; ok {
 			owner = o
 		}
 		var hostIP net.IP
-		if id.dst != "" {
-			if ip, _, err := net.ParseCIDR(id.dst); err == nil {
+		if r.Dst != "" {
+			if ip, _, err := net.ParseCIDR(withPrefix(r.Dst)); err == nil {
 				hostIP = ip
 			}
 		}
-		ports, ok := parsePortRange(id.dport, ":")
+		ports, ok := parsePortRange(r.Dport, ":")
 		if !ok {
 			continue
 		}
 		// A range rule stands for one mapping per port.
 		for h := ports[0]; h <= ports[1]; h++ {
-			f := plan.Installed{HostIP: hostIP, HostPort: h, Protocol: plan.Protocol(id.proto), Owner: owner}
-			if host, port, err := net.SplitHostPort(resolveTarget(id.to, h)); err == nil {
+			f := plan.Installed{HostIP: hostIP, HostPort: h, Protocol: r.Proto, Owner: owner}
+			if host, port, err := net.SplitHostPort(resolveTarget(r.To, h)); err == nil {
 				f.ContainerIP = net.ParseIP(host)
 				f.ContainerPort, _ = strconv.Atoi(port)
 			}

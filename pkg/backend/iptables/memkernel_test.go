@@ -296,14 +296,14 @@ func (k *memKernel) EnsureRule(r Rule) error {
 	if !t.has(r.Chain) {
 		return unix.ENOENT
 	}
-	if t.find(r.Chain, r.Args) >= 0 {
+	if t.find(r.Chain, r.Args()) >= 0 {
 		return nil
 	}
 	cmd := "-A "
 	if r.Insert {
 		cmd = "-I "
 	}
-	if !t.apply(cmd + r.Chain + " " + quoteArgs(r.Args)) {
+	if !t.apply(cmd + r.Chain + " " + quoteArgs(r.Args())) {
 		return unix.ENOENT
 	}
 	return nil
@@ -349,7 +349,9 @@ func (k *memKernel) AddChain(witness, chain string, rules, entries []Rule, jumps
 // which the real kernel's dump would not match either.
 func memExprs(args []string, chain, jump string) []byte {
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		if e, _, _, err := encodeRule(f, Rule{Chain: chain, Args: args}, jumpSet(chain, []string{jump})); err == nil {
+		r := parseRule(args)
+		r.Chain = chain
+		if e, _, _, err := encodeRule(f, r, jumpSet(chain, []string{jump})); err == nil {
 			return e
 		}
 	}

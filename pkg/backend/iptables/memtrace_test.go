@@ -93,56 +93,62 @@ func (x match) matches(p plan.Packet, mark uint32, local func(net.IP) bool) bool
 	return true
 }
 
-// parseMatch reads a rule's tokens; false for a match it does not know.
+// parseMatch reads a rule's tokens as parseRule does, then the matches
+// it leaves (negations, addrtype, mark); false for a match it does not
+// know.
 func parseMatch(tok []string) (match, bool) {
-	var x match
-	neg := false
-	for i := 0; i < len(tok); i++ {
+	r := parseRule(tok)
+	x := match{proto: string(r.Proto), target: r.Jump, to: r.To}
+	if r.SetXmark != "" {
+		x.value, x.mask = parseMark(r.SetXmark)
+	}
+	addr := func(spec string, dst, neg bool) bool {
+		n := parsePrefix(spec)
+		if dst {
+			x.dst, x.notDst = n, neg
+		} else {
+			x.src, x.notSrc = n, neg
+		}
+		return n != nil
+	}
+	if (r.Src != "" && !addr(r.Src, false, false)) || (r.Dst != "" && !addr(r.Dst, true, false)) {
+		return x, false
+	}
+	for _, list := range []string{r.Dport, r.Dports} {
+		for _, s := range strings.Split(list, ",") {
+			if s == "" {
+				continue
+			}
+			p, ok := parsePortRange(s, ":")
+			if !ok {
+				return x, false
+			}
+			x.ports = append(x.ports, p)
+		}
+	}
+	m, neg := r.Matches, false
+	for i := 0; i < len(m); i++ {
 		arg := func() string {
-			if i+1 < len(tok) {
+			if i+1 < len(m) {
 				i++
-				return tok[i]
+				return m[i]
 			}
 			return ""
 		}
-		switch t := tok[i]; t {
+		switch t := m[i]; t {
 		case "!":
 			neg = true
 			continue
-		case "-p":
-			x.proto = arg()
 		case "-s", "-d":
-			n := parsePrefix(arg())
-			if n == nil {
+			if !addr(arg(), t == "-d", neg) {
 				return x, false
-			}
-			if t == "-s" {
-				x.src, x.notSrc = n, neg
-			} else {
-				x.dst, x.notDst = n, neg
 			}
 		case "-m":
 			arg() // the module: its options follow
-		case "--dport", "--dports", "--destination-ports":
-			for _, s := range strings.Split(arg(), ",") {
-				r, ok := parsePortRange(s, ":")
-				if !ok {
-					return x, false
-				}
-				x.ports = append(x.ports, r)
-			}
 		case "--dst-type":
 			x.localDst = arg() == "LOCAL"
-		case "--comment":
-			arg()
 		case "--mark":
 			x.markValue, x.markMask = parseMark(arg())
-		case "--set-xmark":
-			x.value, x.mask = parseMark(arg())
-		case "-j", "-g":
-			x.target = arg()
-		case "--to-destination":
-			x.to = arg()
 		default:
 			return x, false
 		}

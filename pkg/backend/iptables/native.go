@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"errors"
-	"net"
 
 	"golang.org/x/sys/unix"
 
@@ -43,150 +42,98 @@ const NativeRelease = "1.8.7"
 // the caller uses iptables-restore.
 var errNotNative = errors.New("not encoded natively")
 
-// ruleSpec is a rule of ours, read from its tokens.
-type ruleSpec struct {
-	proto    uint8
-	src, dst *net.IPNet
-	matches  []func(*nfnl.Attrs) // in the order of the tokens
-	compat   bool                // holds an x_tables match or target
-	target   func(*nfnl.Attrs)
-}
-
 // encodeRule writes r's expressions as iptables-nft writes them: the
 // protocol, source and destination first (in that order, as iptables
-// keeps them in its ipt_entry), then the matches in the order of the
-// tokens (--dport as the x_tables tcp or udp match, as iptables-nft
-// 1.8.7 writes it), a counter, and the target: DNAT, or a jump
-// to one of chains (iptables itself tells a chain from a target by
-// which exists; the caller knows its chains). It returns the
-// protocol for NFTA_RULE_COMPAT, and errNotNative for a token it does
-// not know: conditions, SCTP, any other target.
+// keeps them in its ipt_entry), then the matches in the order of
+// r.Args (--dport as the x_tables tcp or udp match, as iptables-nft
+// 1.8.7 writes it; an entry rule's comment, then its multiport), a
+// counter, and the target: DNAT, or a jump to one of chains (iptables
+// itself tells a chain from a target by which exists; the caller knows
+// its chains). It returns the protocol for NFTA_RULE_COMPAT, and
+// errNotNative for what it does not write: other matches (conditions,
+// the shared rules'), SCTP, any other target.
 func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
-	s, err := readRule(f, r.Args, chains)
-	if err != nil {
-		return nil, 0, false, err
+	if len(r.Matches) > 0 || r.Ct != (Conntrack{}) || r.SetXmark != "" {
+		return nil, 0, false, errNotNative
+	}
+	if r.Proto != "" {
+		if proto = protoOf(string(r.Proto)); proto == 0 {
+			return nil, 0, false, errNotNative
+		}
 	}
 	var list nfnl.Attrs
-	if s.proto != 0 {
+	if proto != 0 {
 		nfexpr.Meta(&list, unix.NFT_META_L4PROTO, unix.NFT_REG_1)
-		nfexpr.Cmp(&list, unix.NFT_CMP_EQ, unix.NFT_REG_1, []byte{s.proto})
+		nfexpr.Cmp(&list, unix.NFT_CMP_EQ, unix.NFT_REG_1, []byte{proto})
 	}
-	for i, n := range []*net.IPNet{s.src, s.dst} {
-		if n != nil {
-			addrMatch(&list, f, i == 1, n)
+	for _, a := range []struct {
+		spec string
+		dst  bool
+	}{{r.Src, false}, {r.Dst, true}} {
+		if a.spec == "" {
+			continue
+		}
+		n, err := ipNet(f, a.spec)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		if !n.IP.IsUnspecified() || !isZero(n.Mask) { // every address: iptables writes no match
+			addrMatch(&list, f, a.dst, n)
 		}
 	}
-	for _, m := range s.matches {
-		m(&list)
+	comment := func() error {
+		if r.Comment == "" {
+			return nil
+		}
+		if len(r.Comment) >= commentLen {
+			return errNotNative
+		}
+		info := make([]byte, commentLen)
+		copy(info, r.Comment)
+		nfexpr.Match(&list, "comment", 0, info)
+		compat = true
+		return nil
+	}
+	switch {
+	case r.Dports != "":
+		if err := comment(); err != nil {
+			return nil, 0, false, err
+		}
+		info, ok := multiportInfo(r.Dports)
+		if !ok || proto == 0 {
+			return nil, 0, false, errNotNative
+		}
+		nfexpr.Match(&list, "multiport", 1, info)
+		compat = true
+	default:
+		if r.Dport != "" {
+			first, last, ok := portSpan(r.Dport, ":")
+			name := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto]
+			if !ok || name == "" {
+				return nil, 0, false, errNotNative
+			}
+			nfexpr.Match(&list, name, 0, portInfo(first, last))
+			compat = true
+		}
+		if err := comment(); err != nil {
+			return nil, 0, false, err
+		}
 	}
 	nfexpr.Counter(&list)
-	s.target(&list)
-	return list.Bytes(), s.proto, s.compat, nil
-}
-
-func readRule(f plan.Family, args []string, chains map[string]bool) (*ruleSpec, error) {
-	s := &ruleSpec{}
-	next := func(i int) (string, error) {
-		if i+1 >= len(args) {
-			return "", errNotNative
+	switch {
+	case r.Jump == "DNAT":
+		info, ok := natRange2(f, r.To)
+		if !ok {
+			return nil, 0, false, errNotNative
 		}
-		return args[i+1], nil
+		nfexpr.Target(&list, "DNAT", 2, info)
+		compat = true
+	case chains[r.Jump] && r.To == "":
+		nfexpr.Immediate(&list, unix.NFT_JUMP, r.Jump)
+	default:
+		return nil, 0, false, errNotNative // a target of x_tables, or another chain
 	}
-	for i := 0; i < len(args); i += 2 {
-		v, err := next(i)
-		if err != nil {
-			return nil, err
-		}
-		switch args[i] {
-		case "-p":
-			if s.proto = protoOf(v); s.proto == 0 {
-				return nil, errNotNative
-			}
-		case "-s", "-d":
-			n, err := ipNet(f, v)
-			if err != nil {
-				return nil, err
-			}
-			if n.IP.IsUnspecified() && isZero(n.Mask) {
-				continue // every address: iptables writes no match
-			}
-			if args[i] == "-s" {
-				s.src = n
-			} else {
-				s.dst = n
-			}
-		case "--dport":
-			first, last, ok := portSpan(v, ":")
-			if !ok || s.proto == 0 {
-				return nil, errNotNative
-			}
-			name := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[s.proto]
-			info := portInfo(first, last)
-			s.matches = append(s.matches, func(l *nfnl.Attrs) { nfexpr.Match(l, name, 0, info) })
-			s.compat = true
-		case "-m":
-			switch v {
-			case "comment":
-				if i+3 >= len(args) || args[i+2] != "--comment" || len(args[i+3]) >= commentLen {
-					return nil, errNotNative
-				}
-				info := make([]byte, commentLen)
-				copy(info, args[i+3])
-				s.matches = append(s.matches, func(l *nfnl.Attrs) { nfexpr.Match(l, "comment", 0, info) })
-				s.compat = true
-				i += 2
-			case "multiport":
-				// "-m multiport [-p P] --destination-ports LIST": -p is
-				// read as itself, before the list
-				j := i + 2
-				if j+1 < len(args) && args[j] == "-p" {
-					if s.proto = protoOf(args[j+1]); s.proto == 0 {
-						return nil, errNotNative
-					}
-					j += 2
-				}
-				if j+1 >= len(args) || args[j] != "--destination-ports" || s.proto == 0 {
-					return nil, errNotNative
-				}
-				info, ok := multiportInfo(args[j+1])
-				if !ok {
-					return nil, errNotNative
-				}
-				s.matches = append(s.matches, func(l *nfnl.Attrs) { nfexpr.Match(l, "multiport", 1, info) })
-				s.compat = true
-				i = j
-			default:
-				return nil, errNotNative
-			}
-		case "-j":
-			if s.target != nil {
-				return nil, errNotNative
-			}
-			if v != "DNAT" {
-				if !chains[v] {
-					return nil, errNotNative // a target of x_tables, or another chain
-				}
-				s.target = func(l *nfnl.Attrs) { nfexpr.Immediate(l, unix.NFT_JUMP, v) }
-				continue
-			}
-			if i+3 >= len(args) || args[i+2] != "--to-destination" {
-				return nil, errNotNative
-			}
-			info, ok := natRange2(f, args[i+3])
-			if !ok {
-				return nil, errNotNative
-			}
-			s.target = func(l *nfnl.Attrs) { nfexpr.Target(l, "DNAT", 2, info) }
-			s.compat = true
-			i += 2
-		default:
-			return nil, errNotNative
-		}
-	}
-	if s.target == nil {
-		return nil, errNotNative
-	}
-	return s, nil
+	return list.Bytes(), proto, compat, nil
 }
 
 // ruleMsg is the NEWRULE message of r in the nat table of family f:

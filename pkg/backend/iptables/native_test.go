@@ -72,20 +72,21 @@ func zeros(n int) string {
 // told of, a target it does not know.
 func TestNativeRefuses(t *testing.T) {
 	chains := map[string]bool{SetMarkChain: true}
-	for _, args := range [][]string{
-		{"-p", "tcp", "--dport", "80", "!", "-s", "10.0.0.0/8", "-j", SetMarkChain},
-		{"-p", "sctp", "--dport", "80", "-j", SetMarkChain},
-		{"-p", "tcp", "--dport", "80", "-j", "KUBE-MARK-MASQ"},
-		{"-p", "tcp", "--dport", "80", "-j", "MASQUERADE"},
-		{"-p", "tcp", "--dport", "80"},
-		{"--dport", "80", "-j", SetMarkChain},
-		{"-m", "comment", "--comment", "x", "-m", "multiport", "-p", "tcp", "--destination-ports", "80", "-m", "mark", "--mark", "1", "-j", SetMarkChain},
+	for _, r := range []Rule{
+		{Proto: plan.TCP, Dport: "80", Matches: []string{"!", "-s", "10.0.0.0/8"}, Jump: SetMarkChain},
+		{Proto: plan.SCTP, Dport: "80", Jump: SetMarkChain},
+		{Proto: plan.TCP, Dport: "80", Jump: "KUBE-MARK-MASQ"},
+		{Proto: plan.TCP, Dport: "80", Jump: "MASQUERADE"},
+		{Proto: plan.TCP, Dport: "80"},
+		{Dport: "80", Jump: SetMarkChain},
+		{Comment: "x", Proto: plan.TCP, Dports: "80", Matches: []string{"-m", "mark", "--mark", "1"}, Jump: SetMarkChain},
 	} {
-		if _, _, _, err := encodeRule(plan.IPv4, Rule{Chain: "X", Args: args}, chains); !errors.Is(err, errNotNative) {
-			t.Errorf("encodeRule(%q): %v, want errNotNative", args, err)
+		r.Chain = "X"
+		if _, _, _, err := encodeRule(plan.IPv4, r, chains); !errors.Is(err, errNotNative) {
+			t.Errorf("encodeRule(%q): %v, want errNotNative", r.Args(), err)
 		}
 	}
-	if _, _, _, err := encodeRule(plan.IPv4, Rule{Chain: "X", Args: []string{"-p", "udp", "--dport", "53", "-s", "10.0.0.0/8", "-j", SetMarkChain}}, chains); err != nil {
+	if _, _, _, err := encodeRule(plan.IPv4, Rule{Chain: "X", Proto: plan.UDP, Dport: "53", Src: "10.0.0.0/8", Jump: SetMarkChain}, chains); err != nil {
 		t.Errorf("encodeRule of a hairpin rule: %v", err)
 	}
 }
@@ -114,10 +115,10 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	const dn = "CNI-DN-4cbb58d4f7a53f51ff607"
 	chains := map[string]bool{SetMarkChain: true, dn: true}
 	rules := []Rule{
-		{Args: []string{"-p", "tcp", "--dport", "8000:8010", "-d", "192.0.2.1", "-s", "10.0.0.0/20", "-j", SetMarkChain}},
-		{Args: []string{"-p", "udp", "--dport", "8000:8010", "-j", "DNAT", "--to-destination", "10.1.0.3"}},
-		{Args: []string{"-p", "tcp", "--dport", "8000:8010", "-j", "DNAT", "--to-destination", "10.1.0.3:80-90/8000"}},
-		{Args: []string{"-m", "comment", "--comment", `dnat name: "bench" id: "c1"`, "-m", "multiport", "-p", "tcp", "--destination-ports", "10001", "-j", dn}},
+		{Proto: plan.TCP, Dport: "8000:8010", Dst: "192.0.2.1", Src: "10.0.0.0/20", Jump: SetMarkChain},
+		{Proto: plan.UDP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3"},
+		{Proto: plan.TCP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3:80-90/8000"},
+		{Comment: `dnat name: "bench" id: "c1"`, Proto: plan.TCP, Dports: "10001", Jump: dn},
 	}
 	if same, err := sameRules(plan.IPv4, dumped, rules, chains); !same || err != nil {
 		t.Fatalf("the kernel's dump of the rules: same %v, %v", same, err)
@@ -132,19 +133,16 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 		t.Error("a rule whose counter counted is not the same")
 	}
 	for i, change := range []func(r []Rule){
-		func(r []Rule) { r[0].Args[3] = "8000:8011" },
-		func(r []Rule) { r[0].Args[7] = "10.0.0.0/21" },
-		func(r []Rule) { r[0].Args[5] = "192.0.2.2" },
-		func(r []Rule) { r[1].Args[7] = "10.1.0.4" },
-		func(r []Rule) { r[2].Args[7] = "10.1.0.3:80-90/8001" },
-		func(r []Rule) { r[3].Args[3] = `dnat name: "bench" id: "c2"` },
-		func(r []Rule) { r[3].Args[9] = "10001,10002" },
-		func(r []Rule) { r[3].Args[11] = SetMarkChain },
+		func(r []Rule) { r[0].Dport = "8000:8011" },
+		func(r []Rule) { r[0].Src = "10.0.0.0/21" },
+		func(r []Rule) { r[0].Dst = "192.0.2.2" },
+		func(r []Rule) { r[1].To = "10.1.0.4" },
+		func(r []Rule) { r[2].To = "10.1.0.3:80-90/8001" },
+		func(r []Rule) { r[3].Comment = `dnat name: "bench" id: "c2"` },
+		func(r []Rule) { r[3].Dports = "10001,10002" },
+		func(r []Rule) { r[3].Jump = SetMarkChain },
 	} {
-		c := make([]Rule, len(rules))
-		for j, r := range rules {
-			c[j] = Rule{Args: slices.Clone(r.Args)}
-		}
+		c := slices.Clone(rules)
 		change(c)
 		if same, err := sameRules(plan.IPv4, dumped, c, chains); same || err != nil {
 			t.Errorf("change %d (%v): same %v, %v", i, c, same, err)

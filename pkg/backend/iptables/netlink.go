@@ -44,20 +44,6 @@ func nfproto(f plan.Family) uint8 {
 	return unix.NFPROTO_IPV4
 }
 
-// chainExists asks nf_tables whether the nat table of family f has chain.
-func chainExists(c *nfnl.Conn, f plan.Family, chain string) (bool, error) {
-	var get nfnl.Attrs
-	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
-	_, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
-	if errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("get chain %s: %w", chain, err)
-	}
-	return true, nil
-}
-
 // summarize reads chains of table of family f: a get of each chain (the
 // kernel answers ENOENT for a missing chain or table; its use count is
 // the chain's rules and the rules that jump to it) and, withRules, a

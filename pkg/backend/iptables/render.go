@@ -70,14 +70,74 @@ func printable(s string) string {
 	}, s)
 }
 
-// Rule is one rule: its table (nat when empty), chain and match/target
-// tokens.
+// Rule is one rule of ours: where it goes, what it matches and what it
+// does, each part a field. Args spells it as iptables takes it (the
+// restore payloads, go-iptables); native.go encodes the same fields for
+// nf_tables; parseRule, the reader of `iptables -S` lines, fills the same
+// type, and CHECK and sync compare rules by their key (id).
 type Rule struct {
-	Table string
+	Table string // nat when empty
 	Chain string
-	Args  []string
 	// Insert puts the rule at the top of its chain instead of the end.
 	Insert bool
+
+	Proto    plan.Protocol // -p
+	Dport    string        // --dport, the tcp or udp match: "8080" or "20000:20999"
+	Dst, Src string        // -d, -s: an address or a prefix
+	Dports   string        // -m multiport --destination-ports: "8080,20000:20999"
+	Comment  string        // -m comment --comment
+	Ct       Conntrack     // forwardAccept's -m conntrack
+	// Matches are the other matches, as iptables takes them: the shared
+	// rules' (addrtype, mark, conntrack), forwardAccept's and the
+	// configuration's conditions.
+	Matches  []string
+	Jump     string // -j: a chain, or DNAT, MARK, MASQUERADE, ACCEPT, DROP
+	To       string // DNAT --to-destination
+	SetXmark string // MARK --set-xmark
+}
+
+// Conntrack is forwardAccept's conntrack match: a connection DNATed from
+// a host port (and address) and answered by the container's address and
+// port.
+type Conntrack struct{ OrigDst, OrigDstPort, ReplSrc, ReplSrcPort string }
+
+// Args spells r's matches and target in the order iptables takes them:
+// an entry rule's comment before its multiport match (upstream's order,
+// which iptables keeps); else the protocol and port, the addresses, the
+// other matches, then the comment.
+func (r Rule) Args() []string {
+	var a []string
+	add := func(v string, opts ...string) {
+		if v != "" {
+			a = append(append(a, opts...), v)
+		}
+	}
+	comment := func() { add(r.Comment, "-m", "comment", "--comment") }
+	if r.Dports != "" {
+		comment()
+		a = append(a, "-m", "multiport")
+		add(string(r.Proto), "-p")
+		add(r.Dports, "--destination-ports")
+		a = append(a, r.Matches...)
+	} else {
+		add(string(r.Proto), "-p")
+		add(r.Dport, "--dport")
+		add(r.Dst, "-d")
+		add(r.Src, "-s")
+		if r.Ct != (Conntrack{}) {
+			a = append(a, "-m", "conntrack", "--ctstate", "DNAT")
+			add(r.Ct.OrigDstPort, "--ctorigdstport")
+			add(r.Ct.OrigDst, "--ctorigdst")
+			add(r.Ct.ReplSrc, "--ctreplsrc")
+			add(r.Ct.ReplSrcPort, "--ctreplsrcport")
+		}
+		a = append(a, r.Matches...)
+		comment()
+	}
+	add(r.Jump, "-j")
+	add(r.To, "--to-destination")
+	add(r.SetXmark, "--set-xmark")
+	return a
 }
 
 // Chain is a table's chain.
@@ -104,10 +164,9 @@ func GuardRules(p *plan.Plan) []Rule {
 		return nil
 	}
 	return []Rule{
-		{Table: "filter", Chain: "INPUT", Args: []string{"-j", GuardChain}, Insert: true},
-		{Table: "filter", Chain: GuardChain, Args: []string{"-d", "127.0.0.0/8", "!", "-i", "lo",
-			"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT",
-			"-m", "comment", "--comment", guardComment, "-j", "DROP"}},
+		{Table: "filter", Chain: "INPUT", Jump: GuardChain, Insert: true},
+		{Table: "filter", Chain: GuardChain, Dst: "127.0.0.0/8", Matches: []string{"!", "-i", "lo",
+			"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT"}, Comment: guardComment, Jump: "DROP"},
 	}
 }
 
@@ -115,19 +174,19 @@ func GuardRules(p *plan.Plan) []Rule {
 // exist exactly once: the jumps from the built-in chains and the mark and
 // masquerade rules.
 func SharedRules(p *plan.Plan) []Rule {
-	dnat := []string{"-m", "addrtype", "--dst-type", "LOCAL", "-j", TopLevelDNATChain}
+	local := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 	rules := []Rule{
-		{Chain: "PREROUTING", Args: dnat},
-		{Chain: "OUTPUT", Args: dnat},
+		{Chain: "PREROUTING", Matches: local, Jump: TopLevelDNATChain},
+		{Chain: "OUTPUT", Matches: local, Jump: TopLevelDNATChain},
 	}
 	if ownMarkChains(p) {
 		mark := markSpec(p.Masquerade)
 		rules = append(rules,
-			Rule{Chain: SetMarkChain, Args: []string{"-m", "comment", "--comment", setMarkComment, "-j", "MARK", "--set-xmark", mark}},
-			Rule{Chain: MasqChain, Args: []string{"-m", "mark", "--mark", mark, "-j", "MASQUERADE"}},
+			Rule{Chain: SetMarkChain, Comment: setMarkComment, Jump: "MARK", SetXmark: mark},
+			Rule{Chain: MasqChain, Matches: []string{"-m", "mark", "--mark", mark}, Jump: "MASQUERADE"},
 			// At the top of POSTROUTING: the ptp and bridge plugins' own
 			// masquerade rules would otherwise take the packet first.
-			Rule{Chain: "POSTROUTING", Args: []string{"-m", "comment", "--comment", masqEntryComment, "-j", MasqChain}, Insert: true},
+			Rule{Chain: "POSTROUTING", Comment: masqEntryComment, Jump: MasqChain, Insert: true},
 		)
 	}
 	return rules
@@ -157,13 +216,8 @@ func EntryRules(p *plan.Plan) []Rule {
 				slots += multiportSlots(specs[n])
 				n++
 			}
-			args := []string{
-				"-m", "comment", "--comment", comment,
-				"-m", "multiport", "-p", string(proto), "--destination-ports", strings.Join(specs[:n], ","),
-			}
-			args = append(args, p.Conditions...)
-			args = append(args, "-j", ChainName(p.Owner))
-			rules = append(rules, Rule{Chain: TopLevelDNATChain, Args: args, Insert: true})
+			rules = append(rules, Rule{Chain: TopLevelDNATChain, Insert: true, Comment: comment, Proto: proto,
+				Dports: strings.Join(specs[:n], ","), Matches: p.Conditions, Jump: ChainName(p.Owner)})
 			specs = specs[n:]
 		}
 	}
@@ -188,17 +242,22 @@ func ChainRules(p *plan.Plan) []Rule {
 	setMark := setMarkChainOf(p)
 	var rules []Rule
 	for _, r := range p.Runs() {
-		base := []string{"-p", string(r.Protocol), "--dport", r.Ports(":")}
+		base := Rule{Chain: chain, Proto: r.Protocol, Dport: r.Ports(":")}
 		if r.HostIP != nil {
-			base = append(base, "-d", r.HostIP.String())
+			base.Dst = r.HostIP.String()
 		}
 		if p.Masquerade.Enabled {
-			rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", p.HairpinSource(), "-j", setMark)})
+			hairpin := base
+			hairpin.Src, hairpin.Jump = p.HairpinSource(), setMark
+			rules = append(rules, hairpin)
 			if p.LocalhostRule() {
-				rules = append(rules, Rule{Chain: chain, Args: concat(base, "-s", "127.0.0.1", "-j", setMark)})
+				hairpin.Src = "127.0.0.1"
+				rules = append(rules, hairpin)
 			}
 		}
-		rules = append(rules, Rule{Chain: chain, Args: concat(base, "-j", "DNAT", "--to-destination", runTarget(p, r))})
+		dnat := base
+		dnat.Jump, dnat.To = "DNAT", runTarget(p, r)
+		rules = append(rules, dnat)
 	}
 	return rules
 }
@@ -257,9 +316,4 @@ func ownMarkChains(p *plan.Plan) bool {
 
 func markSpec(m plan.Masquerade) string {
 	return fmt.Sprintf("%#x/%#x", m.Mark(), m.Mark())
-}
-
-func concat(base []string, more ...string) []string {
-	out := make([]string, 0, len(base)+len(more))
-	return append(append(out, base...), more...)
 }

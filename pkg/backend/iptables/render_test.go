@@ -109,11 +109,11 @@ func TestJudgeChainMasqAll(t *testing.T) {
 		p := fixture.TestPlan(f, func(r *plan.Request) { r.Masquerade.All = true })
 		var lines []string
 		for _, r := range ChainRules(p) {
-			l := "-A " + ChainName(p.Owner) + " " + strings.Join(r.Args, " ")
+			l := "-A " + ChainName(p.Owner) + " " + strings.Join(r.Args(), " ")
 			l = strings.Replace(strings.Replace(l, "-s 0.0.0.0/0 ", "", 1), "-s ::/0 ", "", 1)
 			lines = append(lines, l)
 		}
-		if !strings.Contains(strings.Join(ChainRules(p)[0].Args, " "), "/0") {
+		if !strings.Contains(strings.Join(ChainRules(p)[0].Args(), " "), "/0") {
 			t.Fatalf("%s: the plan has no masqAll rule: %v", f, ChainRules(p))
 		}
 		if why := judgeChain(p, lines); why != "" {

@@ -57,7 +57,7 @@ func (p *payload) rule(cmd string, r Rule) {
 	if cmd == "-I" {
 		head += " 1"
 	}
-	p.line(head+" "+quoteArgs(r.Args), "rule "+describe(r))
+	p.line(head+" "+quoteArgs(r.Args()), "rule "+describe(r))
 }
 
 func tableOf(r Rule) string {
@@ -75,7 +75,7 @@ func (p *payload) bytes() []byte {
 // describe names a rule for a person: chain and tokens as iptables -S shows
 // them.
 func describe(r Rule) string {
-	d := strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args, " "))
+	d := strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args(), " "))
 	if r.Table != "" && r.Table != Table {
 		d += " (table " + r.Table + ")"
 	}

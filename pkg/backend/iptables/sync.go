@@ -176,7 +176,7 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) sha
 		}
 	}
 	for _, r := range rules {
-		if tableOf(r) == Table && (created[r.Chain] || created[jumpTarget(r)]) {
+		if tableOf(r) == Table && (created[r.Chain] || created[r.Jump]) {
 			cmd := "-A"
 			if r.Insert {
 				cmd = "-I"
@@ -187,16 +187,6 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) sha
 		rest.rules = append(rest.rules, r)
 	}
 	return rest
-}
-
-// jumpTarget is the chain a rule jumps to, or "".
-func jumpTarget(r Rule) string {
-	for i := 0; i+1 < len(r.Args); i++ {
-		if r.Args[i] == "-j" {
-			return r.Args[i+1]
-		}
-	}
-	return ""
 }
 
 // ensure creates the chains and rules one by one, each checked first

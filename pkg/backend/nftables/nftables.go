@@ -354,16 +354,3 @@ func fastDelTx(f plan.Family, chain string, keys []Key) *Tx {
 	tx.add(opDelete, chainObj{name: chain})
 	return tx
 }
-
-// ownKeys reads the attachment's chain (and only it) and returns the keys
-// its "hostport" rules claim.
-func (b *Backend) ownKeys(p *plan.Plan) (keys []Key, exists bool, err error) {
-	c, err := b.Kernel.Chain(b.Family, Table, ChainName(p.Owner))
-	if err != nil {
-		return nil, false, err
-	}
-	if c == nil {
-		return nil, false, nil
-	}
-	return c.keys(), true, nil
-}
