@@ -5,18 +5,20 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
+
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/sdnotify"
 )
 
 // networks is the repeatable --network flag.
@@ -164,10 +166,13 @@ func (a Agent) runWatch(p cmdline.Program, ag *agent.Agent, o agent.WatchOptions
 		}
 		log.Info("serving /metrics, /healthz and /readyz", "addr", addr.String())
 	}
-	if n := sdnotify.FromEnv(); n != nil {
-		o.Watchdog = sdnotify.WatchdogInterval()
+	if os.Getenv("NOTIFY_SOCKET") != "" {
+		// WATCHDOG=1 twice in the watchdog's time, as sd_watchdog_enabled(3) advises
+		if wd, err := daemon.SdWatchdogEnabled(false); err == nil {
+			o.Watchdog = wd / 2
+		}
 		o.Notify = func(state string) {
-			if err := n.Notify(state); err != nil {
+			if _, err := daemon.SdNotify(false, state); err != nil {
 				log.Warn("systemd notification failed", "state", state, "err", err)
 			}
 		}
