@@ -79,7 +79,7 @@ test: deps lint plugins
 COMPAT_DIR ?= $(CURDIR)/build/compat
 USERLANDS  ?= bullseye bookworm trixie
 COMPAT_LEGACY := TestTraffic|TestTwoContainersDelOne|TestDelLeavesNothing|TestCheckDetectsTampering|TestNodeToolsRoundTrip|TestUpstreamToOurs|TestGC|TestStatus
-COMPAT_SKIP := TestSoak|TestTenThousandMappings|TestNetlinkWritesWhatNftWrites|TestUpgradeInPlace|TestUpgradeFromRecordMaps|TestNFTOneLookupPerConnection
+COMPAT_SKIP := TestSoak|TestTenThousandMappings|TestNetlinkWritesWhatNftWrites|TestNFTOneLookupPerConnection
 
 compat-test: deps plugins
 	@mkdir -p build/compat-bin
@@ -102,12 +102,14 @@ compat-test: deps plugins
 # usable kvm) with Debian 13's tools, the static test binaries and plugins
 # shared from the host. GUEST_TESTS picks the kernel suite's tests: by
 # default (all) every one but the time-bound (parallel ADDs, kill trials,
-# soaks: they fail for speed alone under the emulator), about 2 minutes a
+# soaks: they fail for speed alone under the emulator) and the agent's
+# races with the runtime (60 cases of the agent's logic, no kernel API of
+# their own: 3 minutes a kernel under the emulator), about 2 minutes a
 # kernel here; GUEST_TESTS=api the kernel-API ones alone; and a traffic
 # test per backend.
 GUEST_KERNELS ?= bullseye bookworm trixie
 GUEST_API     := TestBPFMap|TestBPFLink|TestNFTApplyCheckRemove|TestNFTFastPathMisses|TestNFTReAddReplaces|TestNFTSamePortAndIP|TestApplyCheckRemove|TestNativeAddAsRestore|TestCheckOverNetlink|TestIPTablesFastPathMisses|TestReadyCommitsNothing|TestReadyReadsTheSkeleton|TestSocketPath
-GUEST_SLOW    := $(COMPAT_SKIP)|TestFiftyParallelAddsThenDels|TestKilledMidwayRecovers|TestSyncPassesKeepSockets
+GUEST_SLOW    := $(COMPAT_SKIP)|TestFiftyParallelAddsThenDels|TestKilledMidwayRecovers|TestSyncPassesKeepSockets|TestPassAfterARuntimeVerb
 GUEST_TESTS   ?= all
 
 guest-test: deps plugins
