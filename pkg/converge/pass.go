@@ -30,6 +30,11 @@ type Verdict[H any] struct {
 	// Whys says, per wanted plan (oldest first), what is missing or
 	// wrong; "" where it is right.
 	Whys []string
+	// Refused says, per wanted plan (nil: none), why a plan that Whys
+	// finds wrong cannot be written on this node (a chain its
+	// configuration names is missing): it is an error, left out of the
+	// write, so that it does not fail the others' repair.
+	Refused []string
 	// Candidates are the state's objects that no wanted plan owns,
 	// before the orphan rule (Report.AddOrphan) judges them.
 	Candidates []Candidate[H]
@@ -75,7 +80,11 @@ func Run[S, H any](n int, o Options, p Pass[S, H]) (*Report, error) {
 	rep.Shared = v.Shared
 	fix := Repair[H]{Shared: len(v.Shared) > 0, Broken: map[int]bool{}}
 	for i, why := range v.Whys {
-		if why != "" {
+		switch {
+		case why == "":
+		case i < len(v.Refused) && v.Refused[i] != "":
+			rep.Results[i] = Result{State: Error, What: why + ": cannot repair: " + v.Refused[i]}
+		default:
 			fix.Broken[i] = true
 			rep.Results[i] = Result{State: Repaired, What: why}
 		}

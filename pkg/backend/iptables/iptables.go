@@ -193,7 +193,13 @@ func (b *Backend) markChainExists(p *plan.Plan) error {
 	if _, ok := found[chain]; ok {
 		return nil
 	}
-	why := fmt.Sprintf("the %s nat table has no chain %s for the hairpin rules to jump to", b.Family, chain)
+	return missingMarkChain(b.Family, chain)
+}
+
+// missingMarkChain is the error of an externalSetMarkChain the nat table
+// of family f lacks: the key, why, and the fix.
+func missingMarkChain(f plan.Family, chain string) *plan.ConfigError {
+	why := fmt.Sprintf("the %s nat table has no chain %s for the hairpin rules to jump to", f, chain)
 	if chain == "KUBE-MARK-MASQ" {
 		why += " (kube-proxy makes it in its iptables mode only; in nftables mode it keeps its masquerade mark to itself)"
 	}

@@ -472,3 +472,49 @@ func TestCheckReadsNoTable(t *testing.T) {
 		}
 	}
 }
+
+// A pass after a plan's externalSetMarkChain went away (a firewall flush
+// before kube-proxy makes its chains again): that plan is an error that
+// names the key, and is left out of the one restore, which repairs the
+// others.
+func TestSyncLeavesOutAMissingMarkChain(t *testing.T) {
+	b, m := memBackend()
+	k := m.Kernel(Table)
+	if err := k.EnsureChain(Chain{Table, "KUBE-MARK-MASQ"}); err != nil {
+		t.Fatal(err)
+	}
+	a := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Owner.ContainerID = "a"
+		r.Masquerade.ExternalSetMarkChain = "KUBE-MARK-MASQ"
+		r.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP})
+	})
+	other := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Owner.ContainerID = "b"
+		r.Mappings = plan.MappingsOf(plan.Mapping{HostPort: 9090, ContainerPort: 80, Protocol: plan.TCP})
+	})
+	for _, p := range []*plan.Plan{a, other} {
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush := "*nat\n-F " + ChainName(a.Owner) + "\n-F " + ChainName(other.Owner) + "\n-X KUBE-MARK-MASQ\nCOMMIT\n"
+	if err := k.Restore([]byte(flush)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := b.Sync([]*plan.Plan{a, other}, converge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rep.Results[0]; r.State != converge.Error || !strings.Contains(r.What, `cannot repair: invalid externalSetMarkChain "KUBE-MARK-MASQ"`) {
+		t.Errorf("a: %+v, want an error naming the key", r)
+	}
+	if r := rep.Results[1]; r.State != converge.Repaired {
+		t.Errorf("b: %+v, want repaired", r)
+	}
+	if err := b.Check(other); err != nil {
+		t.Errorf("CHECK of b after the pass: %v", err)
+	}
+	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 9090, false).DNAT; got == "" {
+		t.Error("b's host port goes nowhere after the pass")
+	}
+}

@@ -84,6 +84,16 @@ func (s *syncState) decide() converge.Verdict[string] {
 		}
 	}
 	cascade(s.want, v.Whys)
+	// a plan whose hairpin rules jump to an externalSetMarkChain the
+	// table lacks would fail the one restore of every repair
+	for i, p := range s.want {
+		if c := p.Masquerade.ExternalSetMarkChain; v.Whys[i] != "" && c != "" && p.Masquerade.Enabled && !s.lt.chains[c] {
+			if v.Refused == nil {
+				v.Refused = make([]string, len(s.want))
+			}
+			v.Refused[i] = missingMarkChain(p.Family, c).Error()
+		}
+	}
 	for _, c := range s.witnesses {
 		v.Shared = append(v.Shared, "chain "+c.Name+" missing")
 	}
