@@ -113,6 +113,9 @@ func resetTables(t *testing.T) {
 // nftables tables.
 func flush(t *testing.T) {
 	t.Helper()
+	if !nettest.Isolated() {
+		t.Fatal("flush outside the test's own network namespace")
+	}
 	nettest.Run(t, "iptables", "-t", "nat", "-F")
 	for _, fam := range []string{"ip", "ip6"} {
 		_ = exec.Command("nft", "delete", "table", fam, nftables.Table).Run()

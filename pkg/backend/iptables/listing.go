@@ -199,8 +199,13 @@ func parseRule(tokens []string) Rule {
 		}
 		r.Matches = append(r.Matches, t)
 	}
-	if r.Ct != (Conntrack{}) {
-		r.Matches = slices.DeleteFunc(r.Matches, func(m string) bool { return m == "-m" || m == "conntrack" })
+	if r.Ct != (Conntrack{}) { // the module of forwardAccept's Conntrack fields
+		for i := 0; i+1 < len(r.Matches); i++ {
+			if r.Matches[i] == "-m" && r.Matches[i+1] == "conntrack" {
+				r.Matches = slices.Delete(r.Matches, i, i+2)
+				break
+			}
+		}
 	}
 	return r
 }

@@ -66,7 +66,8 @@ type memChain struct {
 	conditions []bool
 }
 
-// FlushRuleset is `nft flush ruleset`: every table gone.
+// FlushRuleset empties this in-memory kernel, as `nft flush ruleset`
+// would the real one: every table gone. It touches no host state.
 func (m *Memory) FlushRuleset() { m.mu.Lock(); defer m.mu.Unlock(); m.tables = map[memKey]*memTable{} }
 
 // NewMemory returns an empty nf_tables.
