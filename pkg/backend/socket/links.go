@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/bpf"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -63,7 +64,7 @@ func (s *kernelSite) Hooks() ([]HookState, error) {
 
 func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 	st := HookState{Hook: h}
-	l, err := bpf.LoadPinnedLink(s.pin(h.Name))
+	l, err := link.LoadPinnedLink(s.pin(h.Name), nil)
 	if err != nil {
 		st.Problem = HookMissing
 		if !errors.Is(err, os.ErrNotExist) {
@@ -77,23 +78,26 @@ func (s *kernelSite) hook(h Hook, cg uint64) HookState {
 		st.Problem, st.Detail = HookDetached, err.Error()
 		return st
 	}
+	on := info.Cgroup()
 	switch {
-	case info.Type != bpf.LinkCgroup || info.CgroupID == 0:
+	case info.Type != link.CgroupType || on == nil || on.CgroupId == 0:
 		st.Problem = HookDetached
 		return st
-	case info.CgroupID != cg:
-		st.Problem, st.Detail = HookMoved, fmt.Sprintf("cgroup id %d, want %d (%s)", info.CgroupID, cg, s.cgroup)
+	case on.CgroupId != cg:
+		st.Problem, st.Detail = HookMoved, fmt.Sprintf("cgroup id %d, want %d (%s)", on.CgroupId, cg, s.cgroup)
 		return st
 	}
-	p, err := bpf.ProgramFromID(info.ProgID)
+	p, err := ebpf.NewProgramFromID(info.Program)
 	if err != nil {
 		st.Problem, st.Detail = HookStale, err.Error()
 		return st
 	}
 	defer p.Close()
-	name, err := p.Name()
-	if want := progName(h, Version()); err != nil || name != want {
-		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", name, want)
+	pi, err := p.Info()
+	if err != nil {
+		st.Problem, st.Detail = HookStale, err.Error()
+	} else if want := progName(h, Version()); pi.Name != want {
+		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", pi.Name, want)
 	}
 	return st
 }
@@ -144,16 +148,16 @@ func (s *kernelSite) install(states []HookState, version string) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("socket path: %w", err)
 	}
-	maps := map[string]*bpf.Map{}
-	for _, ms := range []bpf.MapSpec{
-		{Name: "pm_svc", Type: bpf.Hash, KeySize: keySize, ValueSize: valueSize, MaxEntries: svcEntries, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "pm_rev", Type: bpf.LRUHash, KeySize: revKeySize, ValueSize: revValSize, MaxEntries: revEntries},
-		{Name: "pm_owners", Type: bpf.Hash, KeySize: ownerKey, ValueSize: ownerSize, MaxEntries: ownersEntries, Flags: unix.BPF_F_NO_PREALLOC},
+	maps := map[string]*ebpf.Map{}
+	for _, ms := range []*ebpf.MapSpec{
+		{Name: "pm_svc", Type: ebpf.Hash, KeySize: keySize, ValueSize: valueSize, MaxEntries: svcEntries, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: "pm_rev", Type: ebpf.LRUHash, KeySize: revKeySize, ValueSize: revValSize, MaxEntries: revEntries},
+		{Name: "pm_owners", Type: ebpf.Hash, KeySize: ownerKey, ValueSize: ownerSize, MaxEntries: ownersEntries, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
 		name := strings.TrimPrefix(ms.Name, "pm_")
 		m, err := loadMap(s.pin(name), ms.Type, ms.KeySize, ms.ValueSize)
 		if errors.Is(err, os.ErrNotExist) {
-			if m, err = bpf.NewMap(ms); err == nil {
+			if err = lockedMemory(func() (err error) { m, err = ebpf.NewMap(ms); return err }); err == nil {
 				if err = m.Pin(s.pin(name)); err != nil {
 					m.Close()
 				}
@@ -181,15 +185,16 @@ func (s *kernelSite) install(states []HookState, version string) error {
 	return nil
 }
 
-func (s *kernelSite) fix(st HookState, svc, rev *bpf.Map, cg *os.File, version string) error {
-	prog, err := bpf.NewProgram(spec(st.Hook, svc, rev, version))
+func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version string) error {
+	var prog *ebpf.Program
+	err := lockedMemory(func() (err error) { prog, err = ebpf.NewProgram(spec(st.Hook, svc, rev, version)); return err })
 	if err != nil {
 		return err
 	}
 	defer prog.Close()
 	path := s.pin(st.Hook.Name)
 	if st.Problem == HookStale {
-		l, err := bpf.LoadPinnedLink(path)
+		l, err := link.LoadPinnedLink(path, nil)
 		if err != nil {
 			return err
 		}
@@ -201,7 +206,7 @@ func (s *kernelSite) fix(st HookState, svc, rev *bpf.Map, cg *os.File, version s
 			return err
 		}
 	}
-	l, err := bpf.AttachCgroup(int(cg.Fd()), prog, st.Hook.Attach)
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(cg.Fd()), Program: prog, Attach: st.Hook.Attach})
 	if err != nil {
 		return err
 	}
@@ -217,15 +222,15 @@ func (s *kernelSite) Retire() (bool, error) {
 		return false, err
 	}
 	var k rawKey
-	if err := s.svc.NextKey(nil, k[:]); err == nil {
+	if err := s.svc.NextKey(nil, &k); err == nil {
 		return false, nil // an entry remains
-	} else if !errors.Is(err, bpf.ErrKeyNotExist) {
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
 	}
 	var ok rawOwnKey
-	if err := s.owners.NextKey(nil, ok[:]); err == nil {
+	if err := s.owners.NextKey(nil, &ok); err == nil {
 		return false, nil
-	} else if !errors.Is(err, bpf.ErrKeyNotExist) {
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
 	return true, s.unpin()
@@ -268,7 +273,7 @@ func Uninstall(cfg plan.Socket) error {
 // moment after Retire has returned. A link already gone, or a kernel
 // without BPF_LINK_DETACH (before 5.9), leaves that to the unpin.
 func detachPin(path string) error {
-	l, err := bpf.LoadPinnedLink(path)
+	l, err := link.LoadPinnedLink(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -276,7 +281,7 @@ func detachPin(path string) error {
 		return fmt.Errorf("socket path: %w", err)
 	}
 	defer l.Close()
-	if err := l.Detach(); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EOPNOTSUPP) {
+	if err := l.Detach(); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, ebpf.ErrNotSupported) {
 		return fmt.Errorf("socket path: detach %s: %w", path, err)
 	}
 	return nil
@@ -287,4 +292,30 @@ func removePin(path string) error {
 		return fmt.Errorf("socket path: %w", err)
 	}
 	return nil
+}
+
+// lockedMemory runs create, a map's or program's creation, and where the
+// kernel refuses it with EPERM while RLIMIT_MEMLOCK is finite runs it
+// again once with the limit lifted: to no limit, or without
+// CAP_SYS_RESOURCE to the hard limit. Kernels before 5.11 charge BPF
+// memory to the creator's RLIMIT_MEMLOCK (often 64 KiB, or 8 MiB under
+// systemd); from 5.11 the memory cgroup counts it. cilium/ebpf's
+// rlimit.RemoveMemlock does the same ahead of time, but its package
+// creates a map at every start of the binary to learn which kernel it
+// is on.
+func lockedMemory(create func() error) error {
+	err := create()
+	if !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	var cur unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &cur) != nil {
+		return err
+	}
+	for _, lim := range []unix.Rlimit{{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}, {Cur: cur.Max, Max: cur.Max}} {
+		if cur.Cur != unix.RLIM_INFINITY && (lim.Cur == unix.RLIM_INFINITY || lim.Cur > cur.Cur) && unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil {
+			return create()
+		}
+	}
+	return err
 }

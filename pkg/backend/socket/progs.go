@@ -1,12 +1,15 @@
 package socket
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"sync"
 
-	"github.com/portmap-dev/portmap/pkg/bpf"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 )
 
 // Offsets in struct bpf_sock_addr (include/uapi/linux/bpf.h).
@@ -29,7 +32,7 @@ type Hook struct {
 	// Name is the link's pin name and, with the program's version, the
 	// program's name.
 	Name   string
-	Attach uint32
+	Attach ebpf.AttachType
 	// Forward hooks rewrite a destination (connect, sendmsg); the others
 	// rewrite it back (recvmsg, getpeername).
 	Forward bool
@@ -39,65 +42,65 @@ type Hook struct {
 // Hooks are the eight hooks, both families: an IPv6 socket dialling
 // ::ffff:127.0.0.1 goes through connect6 to the IPv4 entry.
 var Hooks = []Hook{
-	{"connect4", bpf.AttachInet4Connect, true, false},
-	{"connect6", bpf.AttachInet6Connect, true, true},
-	{"sendmsg4", bpf.AttachUDP4Sendmsg, true, false},
-	{"sendmsg6", bpf.AttachUDP6Sendmsg, true, true},
-	{"recvmsg4", bpf.AttachUDP4Recvmsg, false, false},
-	{"recvmsg6", bpf.AttachUDP6Recvmsg, false, true},
-	{"getpeername4", bpf.AttachInet4GetPeername, false, false},
-	{"getpeername6", bpf.AttachInet6GetPeername, false, true},
+	{"connect4", ebpf.AttachCGroupInet4Connect, true, false},
+	{"connect6", ebpf.AttachCGroupInet6Connect, true, true},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, true, false},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, true, true},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, false, false},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, false, true},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, false, false},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, false, true},
 }
 
 // loadAddr copies the socket address of ctx (r6) into the 16 bytes at
 // stack offset off, IPv4 as ::ffff:a.b.c.d.
-func loadAddr(v6 bool, off int16) bpf.Program {
+func loadAddr(v6 bool, off int16) asm.Instructions {
 	if v6 {
-		var out bpf.Program
+		var out asm.Instructions
 		for i := int16(0); i < 4; i++ {
 			out = append(out,
-				bpf.Load(bpf.R7, bpf.R6, ctxUserIP6+4*i, bpf.Word),
-				bpf.Store(bpf.RFP, off+4*i, bpf.R7, bpf.Word))
+				asm.LoadMem(asm.R7, asm.R6, ctxUserIP6+4*i, asm.Word),
+				asm.StoreMem(asm.RFP, off+4*i, asm.R7, asm.Word))
 		}
 		return out
 	}
-	return bpf.Program{
-		bpf.StoreImm(bpf.RFP, off, 0, bpf.Word),
-		bpf.StoreImm(bpf.RFP, off+4, 0, bpf.Word),
-		bpf.StoreImm(bpf.RFP, off+8, 0xffff0000, bpf.Word), // 00 00 ff ff
-		bpf.Load(bpf.R7, bpf.R6, ctxUserIP4, bpf.Word),
-		bpf.Store(bpf.RFP, off+12, bpf.R7, bpf.Word),
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, off, 0, asm.Word),
+		asm.StoreImm(asm.RFP, off+4, 0, asm.Word),
+		asm.StoreImm(asm.RFP, off+8, 0xffff0000, asm.Word), // 00 00 ff ff
+		asm.LoadMem(asm.R7, asm.R6, ctxUserIP4, asm.Word),
+		asm.StoreMem(asm.RFP, off+12, asm.R7, asm.Word),
 	}
 }
 
 // storeAddr writes the address and port at r8 (a map value: address,
 // then port) into ctx: the destination (forward hooks) or the peer
 // (reverse hooks) the socket sees.
-func storeAddr(v6 bool) bpf.Program {
-	var out bpf.Program
+func storeAddr(v6 bool) asm.Instructions {
+	var out asm.Instructions
 	if v6 {
 		for i := int16(0); i < 4; i++ {
 			out = append(out,
-				bpf.Load(bpf.R7, bpf.R8, 4*i, bpf.Word),
-				bpf.Store(bpf.R6, ctxUserIP6+4*i, bpf.R7, bpf.Word))
+				asm.LoadMem(asm.R7, asm.R8, 4*i, asm.Word),
+				asm.StoreMem(asm.R6, ctxUserIP6+4*i, asm.R7, asm.Word))
 		}
 	} else {
 		out = append(out,
-			bpf.Load(bpf.R7, bpf.R8, 12, bpf.Word),
-			bpf.Store(bpf.R6, ctxUserIP4, bpf.R7, bpf.Word))
+			asm.LoadMem(asm.R7, asm.R8, 12, asm.Word),
+			asm.StoreMem(asm.R6, ctxUserIP4, asm.R7, asm.Word))
 	}
 	return append(out,
-		bpf.Load(bpf.R7, bpf.R8, 16, bpf.Word),
-		bpf.Store(bpf.R6, ctxUserPort, bpf.R7, bpf.Word))
+		asm.LoadMem(asm.R7, asm.R8, 16, asm.Word),
+		asm.StoreMem(asm.R6, ctxUserPort, asm.R7, asm.Word))
 }
 
 // copyWords copies n 4-byte words from src+from to the stack at to.
-func copyWords(src bpf.Reg, from, to int16, n int) bpf.Program {
-	var out bpf.Program
+func copyWords(src asm.Register, from, to int16, n int) asm.Instructions {
+	var out asm.Instructions
 	for i := int16(0); i < int16(n); i++ {
 		out = append(out,
-			bpf.Load(bpf.R7, src, from+4*i, bpf.Word),
-			bpf.Store(bpf.RFP, to+4*i, bpf.R7, bpf.Word))
+			asm.LoadMem(asm.R7, src, from+4*i, asm.Word),
+			asm.StoreMem(asm.RFP, to+4*i, asm.R7, asm.Word))
 	}
 	return out
 }
@@ -111,55 +114,55 @@ func copyWords(src bpf.Reg, from, to int16, n int) bpf.Program {
 // destination the client used, and the destination becomes the target.
 // Reverse (recvmsg, getpeername): when rev has {socket cookie, peer},
 // the peer becomes the address the client used.
-func program(h Hook, svc, rev int) bpf.Program {
+func program(h Hook, svc, rev int) asm.Instructions {
 	// the key: {cookie, address, port, protocol or zero}
-	cookie, table := bpf.FnGetSocketCookie, rev
-	last := bpf.Program{bpf.StoreImm(bpf.RFP, stKey+28, 0, bpf.Word)}
+	cookie, table := asm.FnGetSocketCookie, rev
+	last := asm.Instructions{asm.StoreImm(asm.RFP, stKey+28, 0, asm.Word)}
 	if h.Forward {
-		cookie, table = bpf.FnGetNetnsCookie, svc
-		last = bpf.Program{
-			bpf.Load(bpf.R7, bpf.R6, ctxProtocol, bpf.Word),
-			bpf.Store(bpf.RFP, stKey+28, bpf.R7, bpf.Word)}
+		cookie, table = asm.FnGetNetnsCookie, svc
+		last = asm.Instructions{
+			asm.LoadMem(asm.R7, asm.R6, ctxProtocol, asm.Word),
+			asm.StoreMem(asm.RFP, stKey+28, asm.R7, asm.Word)}
 	}
-	insns := bpf.Program{
-		bpf.Mov(bpf.R6, bpf.R1),
-		bpf.Call(cookie),
-		bpf.Store(bpf.RFP, stKey, bpf.R0, bpf.DWord)}
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		cookie.Call(),
+		asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord)}
 	insns = append(insns, loadAddr(h.V6, stKey+8)...)
 	insns = append(insns,
-		bpf.Load(bpf.R7, bpf.R6, ctxUserPort, bpf.Word),
-		bpf.Store(bpf.RFP, stKey+24, bpf.R7, bpf.Word))
+		asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
+		asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word))
 	insns = append(insns, last...)
 	insns = append(insns,
-		bpf.LoadMap(bpf.R1, table),
-		bpf.Mov(bpf.R2, bpf.RFP),
-		bpf.AddImm(bpf.R2, stKey),
-		bpf.Call(bpf.FnMapLookupElem),
-		bpf.JEqImm(bpf.R0, 0, "out"),
-		bpf.Mov(bpf.R8, bpf.R0))
+		asm.LoadMapPtr(asm.R1, table),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stKey),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R8, asm.R0))
 	if h.Forward {
 		// the reverse entry: {socket cookie, target} → what was dialled
 		insns = append(insns,
-			bpf.Mov(bpf.R1, bpf.R6),
-			bpf.Call(bpf.FnGetSocketCookie),
-			bpf.Store(bpf.RFP, stRevKey, bpf.R0, bpf.DWord))
-		insns = append(insns, copyWords(bpf.R8, 0, stRevKey+8, 5)...)          // target address, port
-		insns = append(insns, bpf.StoreImm(bpf.RFP, stRevKey+28, 0, bpf.Word)) // zero
-		insns = append(insns, copyWords(bpf.RFP, stKey+8, stRevVal, 5)...)     // dialled address, port
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.FnGetSocketCookie.Call(),
+			asm.StoreMem(asm.RFP, stRevKey, asm.R0, asm.DWord))
+		insns = append(insns, copyWords(asm.R8, 0, stRevKey+8, 5)...)          // target address, port
+		insns = append(insns, asm.StoreImm(asm.RFP, stRevKey+28, 0, asm.Word)) // zero
+		insns = append(insns, copyWords(asm.RFP, stKey+8, stRevVal, 5)...)     // dialled address, port
 		insns = append(insns,
-			bpf.StoreImm(bpf.RFP, stRevVal+20, 0, bpf.Word),
-			bpf.LoadMap(bpf.R1, rev),
-			bpf.Mov(bpf.R2, bpf.RFP),
-			bpf.AddImm(bpf.R2, stRevKey),
-			bpf.Mov(bpf.R3, bpf.RFP),
-			bpf.AddImm(bpf.R3, stRevVal),
-			bpf.MovImm(bpf.R4, 0), // BPF_ANY
-			bpf.Call(bpf.FnMapUpdateElem))
+			asm.StoreImm(asm.RFP, stRevVal+20, 0, asm.Word),
+			asm.LoadMapPtr(asm.R1, rev),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, stRevKey),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, stRevVal),
+			asm.Mov.Imm(asm.R4, 0), // BPF_ANY
+			asm.FnMapUpdateElem.Call())
 	}
 	insns = append(insns, storeAddr(h.V6)...)
 	return append(insns,
-		bpf.MovImm(bpf.R0, 1).WithLabel("out"),
-		bpf.Exit())
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+		asm.Return())
 }
 
 // Version names this build's programs: a hash of all eight as the
@@ -169,11 +172,11 @@ func program(h Hook, svc, rev int) bpf.Program {
 var Version = sync.OnceValue(func() string {
 	h := sha256.New()
 	for _, hk := range Hooks {
-		code, err := program(hk, 0, 0).Encode()
-		if err != nil {
+		var code bytes.Buffer
+		if err := program(hk, 0, 0).Marshal(&code, binary.LittleEndian); err != nil {
 			panic(fmt.Sprintf("socket path: program %s: %v", hk.Name, err)) // a fault of this file
 		}
-		fmt.Fprintf(h, "%s\n%x\n", hk.Name, code)
+		fmt.Fprintf(h, "%s\n%x\n", hk.Name, code.Bytes())
 	}
 	return hex.EncodeToString(h.Sum(nil))[:8]
 })
@@ -187,12 +190,12 @@ func progName(h Hook, version string) string {
 }
 
 // spec is hook h's program for maps svc and rev.
-func spec(h Hook, svc, rev *bpf.Map, version string) bpf.ProgramSpec {
-	return bpf.ProgramSpec{
-		Name:       progName(h, version),
-		Type:       bpf.CGroupSockAddr,
-		AttachType: h.Attach,
-		Insns:      program(h, svc.FD(), rev.FD()),
-		License:    "Apache-2.0",
+func spec(h Hook, svc, rev *ebpf.Map, version string) *ebpf.ProgramSpec {
+	return &ebpf.ProgramSpec{
+		Name:         progName(h, version),
+		Type:         ebpf.CGroupSockAddr,
+		AttachType:   h.Attach,
+		Instructions: program(h, svc.FD(), rev.FD()),
+		License:      "Apache-2.0",
 	}
 }

@@ -9,7 +9,8 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/bpf"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -118,8 +119,8 @@ type kernelSite struct {
 	cfg    plan.Socket
 	dir    string // <pinDir>/<Layout>
 	cgroup string // resolved cgroup path, once resolveCgroup ran
-	svc    *bpf.Map
-	owners *bpf.Map
+	svc    *ebpf.Map
+	owners *ebpf.Map
 }
 
 // OpenSite returns the site of cfg on the running kernel; nothing is
@@ -174,7 +175,7 @@ func (s *kernelSite) Ready() error {
 	if s.Exists() {
 		return nil // installed: the kernel and the privilege were there
 	}
-	if err := bpf.HaveProgramHelper(bpf.CGroupSockAddr, bpf.AttachInet4Connect, bpf.FnGetNetnsCookie); err != nil {
+	if err := haveNetnsCookie(); err != nil {
 		return fmt.Errorf("socket path: the kernel lacks cgroup socket-address programs with bpf_get_netns_cookie (Linux 5.8 or later, CAP_BPF or CAP_SYS_ADMIN): %w", err)
 	}
 	return nil
@@ -198,11 +199,11 @@ func (s *kernelSite) open() error {
 	if s.svc != nil {
 		return nil
 	}
-	svc, err := loadMap(s.pin(svcMap), bpf.Hash, keySize, valueSize)
+	svc, err := loadMap(s.pin(svcMap), ebpf.Hash, keySize, valueSize)
 	if err != nil {
 		return err
 	}
-	owners, err := loadMap(s.pin(ownersMap), bpf.Hash, ownerKey, ownerSize)
+	owners, err := loadMap(s.pin(ownersMap), ebpf.Hash, ownerKey, ownerSize)
 	if err != nil {
 		svc.Close()
 		return err
@@ -212,20 +213,29 @@ func (s *kernelSite) open() error {
 }
 
 // loadMap opens a pinned map and checks its layout.
-func loadMap(path string, typ, k, v uint32) (*bpf.Map, error) {
-	m, err := bpf.LoadPinnedMap(path)
+func loadMap(path string, typ ebpf.MapType, k, v uint32) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("socket path: %w", err)
 	}
-	info, err := m.Info()
-	if err == nil && (info.Type != typ || info.KeySize != k || info.ValueSize != v) {
-		err = fmt.Errorf("socket path: %s is a map of type %d with %d/%d-byte keys/values, want type %d with %d/%d", path, info.Type, info.KeySize, info.ValueSize, typ, k, v)
-	}
-	if err != nil {
+	if m.Type() != typ || m.KeySize() != k || m.ValueSize() != v {
 		m.Close()
-		return nil, err
+		return nil, fmt.Errorf("socket path: %s is a %s map with %d/%d-byte keys/values, want %s with %d/%d", path, m.Type(), m.KeySize(), m.ValueSize(), typ, k, v)
 	}
 	return m, nil
+}
+
+// haveNetnsCookie loads, and closes, a program of the socket path's kind
+// calling bpf_get_netns_cookie.
+func haveNetnsCookie() error {
+	return lockedMemory(func() error {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "pm_probe", Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect,
+			License: "Apache-2.0", Instructions: asm.Instructions{asm.FnGetNetnsCookie.Call(), asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+		if err == nil {
+			p.Close()
+		}
+		return err
+	})
 }
 
 func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
@@ -236,7 +246,7 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
-	keys, vals, err := bpf.Dump[rawKey, rawValue](s.svc)
+	keys, vals, err := dump[rawKey, rawValue](s.svc)
 	if err != nil {
 		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(svcMap), err)
 	}
@@ -245,7 +255,7 @@ func (s *kernelSite) Read(netns uint64, f plan.Family) (*State, error) {
 			st.Entries[k] = vals[i].value()
 		}
 	}
-	oks, recs, err := bpf.Dump[rawOwnKey, rawOwner](s.owners)
+	oks, recs, err := dump[rawOwnKey, rawOwner](s.owners)
 	if err != nil {
 		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
@@ -268,8 +278,8 @@ func (s *kernelSite) ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64
 	for _, k := range keys {
 		rk := k.raw()
 		var rv rawValue
-		err := s.svc.Lookup(rk[:], rv[:])
-		if errors.Is(err, bpf.ErrKeyNotExist) {
+		err := s.svc.Lookup(&rk, &rv)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			continue
 		}
 		if err != nil {
@@ -279,10 +289,10 @@ func (s *kernelSite) ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64
 	}
 	ok := ownerKeyOf(netns, f, id)
 	var rec rawOwner
-	switch err := s.owners.Lookup(ok[:], rec[:]); {
+	switch err := s.owners.Lookup(&ok, &rec); {
 	case err == nil:
 		st.Owners[id] = rec.owner()
-	case !errors.Is(err, bpf.ErrKeyNotExist):
+	case !errors.Is(err, ebpf.ErrKeyNotExist):
 		return nil, fmt.Errorf("socket path: read %s: %w", s.pin(ownersMap), err)
 	}
 	return st, nil
@@ -301,7 +311,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for id, o := range w.PutOwners {
 			ids, recs = append(ids, ownerKeyOf(netns, f, id)), append(recs, ownerRecord(o))
 		}
-		if err := bpf.BatchUpdate(s.owners, ids, recs); err != nil {
+		if err := batchUpdate(s.owners, ids, recs); err != nil {
 			return fmt.Errorf("socket path: write owners: %w", err)
 		}
 	}
@@ -310,7 +320,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, e := range w.Put {
 			keys[i], vals[i] = e.Key.raw(), e.Value.raw()
 		}
-		if err := bpf.BatchUpdate(s.svc, keys, vals); err != nil {
+		if err := batchUpdate(s.svc, keys, vals); err != nil {
 			return fmt.Errorf("socket path: write entries: %w", err)
 		}
 	}
@@ -319,7 +329,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, k := range w.Delete {
 			keys[i] = k.raw()
 		}
-		if err := bpf.DeleteAll(s.svc, keys); err != nil {
+		if err := deleteAll(s.svc, keys); err != nil {
 			return fmt.Errorf("socket path: delete entries: %w", err)
 		}
 	}
@@ -328,9 +338,48 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		for i, id := range w.DelOwners {
 			keys[i] = ownerKeyOf(netns, f, id)
 		}
-		if err := bpf.DeleteAll(s.owners, keys); err != nil {
+		if err := deleteAll(s.owners, keys); err != nil {
 			return fmt.Errorf("socket path: delete owners: %w", err)
 		}
+	}
+	return nil
+}
+
+// dump reads every element of m, in batches.
+func dump[K, V any](m *ebpf.Map) ([]K, []V, error) {
+	const chunk = 4096
+	var keys []K
+	var vals []V
+	kb, vb := make([]K, chunk), make([]V, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, kb, vb, nil)
+		keys, vals = append(keys, kb[:n]...), append(vals, vb[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return keys, vals, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+func batchUpdate[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	_, err := m.BatchUpdate(keys, vals, nil)
+	return err
+}
+
+// deleteAll deletes keys; a key already gone is not an error.
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	for len(keys) > 0 {
+		n, err := m.BatchDelete(keys, nil)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		keys = keys[n+1:] // the batch stopped at keys[n], which is gone
 	}
 	return nil
 }

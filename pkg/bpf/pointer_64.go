@@ -1,7 +1,0 @@
-//go:build !(386 || arm || mipsle || mips)
-
-package bpf
-
-import "unsafe"
-
-type pointer struct{ p unsafe.Pointer }
