@@ -214,16 +214,7 @@ func readOne(file string, fi os.FileInfo, pluginType string, lists *listCache) (
 
 var errNoPlugin = errors.New("no portmap plugin in the network configuration")
 
-// PluginConfig rebuilds what libcni passes on stdin to the first plugin of
-// type pluginType in the configuration list conflist: the plugin's keys
-// with the list's name and cniVersion, runtimeConfig holding the
-// capability arguments the plugin declares, and prevResult (when result
-// is not empty) — libcni's buildOneConfig and injectRuntimeConfig.
-func PluginConfig(conflist []byte, pluginType string, capArgs map[string]json.RawMessage, result json.RawMessage) ([]byte, error) {
-	return (&listCache{m: map[string]*parsedList{}}).pluginConfig(conflist, pluginType, capArgs, result)
-}
-
-// parsedList is the part of a configuration list PluginConfig needs.
+// parsedList is the part of a configuration list pluginConfig needs.
 type parsedList struct {
 	name, cniVersion string
 	keys             map[string]json.RawMessage // the plugin's own keys

@@ -22,7 +22,7 @@ func TestPluginConfigAsLibcniBuildsIt(t *testing.T) {
 		"ips":          json.RawMessage(`["192.0.2.9"]`),
 	}
 	rawResult, _ := json.Marshal(result)
-	stdin, err := PluginConfig([]byte(conflist), "portmap", caps, rawResult)
+	stdin, err := pluginConfigOf([]byte(conflist), "portmap", caps, rawResult)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +42,12 @@ func TestPluginConfigAsLibcniBuildsIt(t *testing.T) {
 	}
 
 	// A plugin without the capability gets no runtimeConfig.
-	stdin, _ = PluginConfig([]byte(strings.Replace(conflist, `"portMappings":true`, `"portMappings":false`, 1)), "portmap", caps, rawResult)
+	stdin, _ = pluginConfigOf([]byte(strings.Replace(conflist, `"portMappings":true`, `"portMappings":false`, 1)), "portmap", caps, rawResult)
 	if strings.Contains(string(stdin), "runtimeConfig") {
 		t.Errorf("undeclared capability passed: %s", stdin)
 	}
 	// A single-plugin configuration, as AddNetwork caches it.
-	stdin, err = PluginConfig([]byte(`{"cniVersion":"0.4.0","name":"one","type":"portmap","capabilities":{"portMappings":true}}`), "portmap", caps, nil)
+	stdin, err = pluginConfigOf([]byte(`{"cniVersion":"0.4.0","name":"one","type":"portmap","capabilities":{"portMappings":true}}`), "portmap", caps, nil)
 	if err != nil || !strings.Contains(string(stdin), `"name":"one"`) || strings.Contains(string(stdin), "prevResult") {
 		t.Errorf("single config: %s, %v", stdin, err)
 	}
@@ -217,4 +217,10 @@ func TestMapped(t *testing.T) {
 			t.Errorf("Mapped(%s, %v) = %q, %v; want %q", c.network, c.fams, got, err, c.want)
 		}
 	}
+}
+
+// pluginConfigOf is what Read gives as an attachment's Stdin for
+// conflist, capArgs and result.
+func pluginConfigOf(conflist []byte, pluginType string, capArgs map[string]json.RawMessage, result json.RawMessage) ([]byte, error) {
+	return (&listCache{m: map[string]*parsedList{}}).pluginConfig(conflist, pluginType, capArgs, result)
 }

@@ -43,7 +43,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -93,7 +92,7 @@ func New(o plan.Owner, v Verb) Record {
 	return Record{Network: o.Network, ContainerID: o.ContainerID, IfName: o.IfName, Verb: v, Time: time.Now().UTC()}
 }
 
-// Ledger is where the records are kept: Dir on a node, Memory in tests.
+// Ledger is where the records are kept: Dir on a node, fakehost.Ledger in tests.
 type Ledger interface {
 	// Write replaces the owner's record. Callers hold the host-wide lock.
 	Write(r Record) error
@@ -316,71 +315,4 @@ func (d *Dir) Forget(o plan.Owner) (bool, error) {
 		return false, fmt.Errorf("ledger: %w", err)
 	}
 	return true, nil
-}
-
-// Memory is a ledger in memory, for tests.
-type Memory struct {
-	mu      sync.Mutex
-	records map[plan.Owner]Record
-	// Epoch is when the ledger began. The first Write sets it, when
-	// zero, to a second before: a file the test writes after that Write
-	// has a later modification time even on the kernel's coarse clock,
-	// as it has after the epoch file of a Dir.
-	Epoch time.Time
-	// Fail, when set, fails every call.
-	Fail error
-}
-
-var _ Ledger = (*Memory)(nil)
-
-func (m *Memory) Write(r Record) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.Fail != nil {
-		return m.Fail
-	}
-	if m.records == nil {
-		m.records = map[plan.Owner]Record{}
-	}
-	if m.Epoch.IsZero() {
-		m.Epoch = time.Now().Add(-time.Second)
-	}
-	m.records[r.Owner()] = r
-	return nil
-}
-
-func (m *Memory) Read() (map[plan.Owner]Record, time.Time, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.Fail != nil {
-		return nil, time.Time{}, m.Fail
-	}
-	out := make(map[plan.Owner]Record, len(m.records))
-	for o, r := range m.records {
-		out[o] = r
-	}
-	return out, m.Epoch, nil
-}
-
-func (m *Memory) Forget(o plan.Owner) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.Fail != nil {
-		return false, m.Fail
-	}
-	_, ok := m.records[o]
-	delete(m.records, o)
-	return ok, nil
-}
-
-// String lists the records, one a line, sorted: "verb network/id/ifname".
-func (m *Memory) String() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var lines []string
-	for o, r := range m.records {
-		lines = append(lines, fmt.Sprintf("%s %s/%s/%s", r.Verb, o.Network, o.ContainerID, o.IfName))
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
 }

@@ -116,22 +116,6 @@ func TestDirReadRefusesWhatIsNotARecord(t *testing.T) {
 	}
 }
 
-func TestMemory(t *testing.T) {
-	var m Memory
-	if err := m.Write(New(o1, Add)); err != nil {
-		t.Fatal(err)
-	}
-	if recs, epoch, err := m.Read(); err != nil || len(recs) != 1 || epoch.IsZero() {
-		t.Errorf("read: %v %v %v", recs, epoch, err)
-	}
-	if m.String() != "add net1/c1/eth0" {
-		t.Errorf("String: %q", m.String())
-	}
-	if had, _ := m.Forget(o1); !had {
-		t.Error("Forget: had none")
-	}
-}
-
 // What the ledger adds to an ADD and a DEL (a record written, then
 // forgotten) and to a pass (the directory read) on this machine's /run:
 // go test -bench . ./pkg/ledger (figures in docs/node.md).

@@ -218,7 +218,6 @@ func (r *report) weightGoals(add func(goal, measured string, met bool)) {
 	if ours == nil || ours.Size == 0 {
 		return
 	}
-	add("binary ≤ 7 MB", fmt.Sprintf("%.2f MB", float64(ours.Size)/1e6), ours.Size <= 7e6)
 	add("resident memory of VERSION ≤ 6.5 MiB", fmt.Sprintf("%.1f MiB", float64(ours.RSS)/1024), ours.RSS <= 6656)
 	for _, be := range []string{"nftables", "iptables"} {
 		if o, u := r.findMany("ours", be, "spread", "ADD", 1), r.findMany("upstream", be, "spread", "ADD", 1); o != nil && u != nil && u.RSS > 0 && up != nil {

@@ -51,7 +51,7 @@ type Host struct {
 	Installed map[string][]plan.Installed
 	// Ledger is the host's ledger; its writes and forgets are recorded
 	// ("ledger add net1/c1/eth0", "ledger forget net1/c1/eth0").
-	Ledger ledger.Memory
+	Ledger Ledger
 }
 
 // New returns a host whose registry holds recording fakes of the

@@ -28,15 +28,17 @@ import (
 )
 
 // node is this namespace as a node whose plugin and agent share one
-// host: both backends and the forwardAccept layer on the real kernel,
-// the socket path's site in memory (test/kernel's socket tests judge
-// the programs), the sysctls, conntrack and ledger of a fake host. Its
+// host: both backends, the forwardAccept layer and the socket path's site
+// (in a cgroup and bpf filesystem of the test's own; its entries are kept
+// under a namespace cookie no socket has, as the socket tests judge the
+// programs) on the real kernel, the sysctls, conntrack and ledger of a
+// fake host. Its
 // lock runs onLock once, the next time it is taken: the runtime's verb
 // that lands between a pass's read of the cache and its lock.
 type node struct {
 	agent  *agent.Agent
 	plugin *portmap.Plugin
-	sock   *socket.Memory
+	sock   socket.Site
 	onLock func()
 	fh     *fakehost.Host
 }
@@ -46,7 +48,14 @@ func newNode(t *testing.T) *node {
 	t.Helper()
 	resetTables(t)
 	h, fh := fakehost.New()
-	n := &node{sock: socket.NewMemory(), fh: fh}
+	cg := nettest.NewCgroupSite(t)
+	cfg := plan.Socket{CgroupPath: cg.Cgroup, PinDir: cg.PinDir}
+	site, err := socket.OpenSite(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = socket.Uninstall(cfg) })
+	n := &node{sock: site, fh: fh}
 	free := func() (func(), error) { return func() {}, nil }
 	h.Lock = func() (func(), error) {
 		if f := n.onLock; f != nil {
@@ -87,7 +96,7 @@ func newNode(t *testing.T) *node {
 			}
 		case "localhost":
 			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (pmbackend.Backend, error) {
-				return &socket.Layer{Family: f, Site: n.sock, Netns: func() (uint64, error) { return 4097, nil }, Lock: free}, nil
+				return &socket.Layer{Family: f, Site: n.sock, Netns: func() (uint64, error) { return nodeNetns, nil }, Lock: free}, nil
 			}
 		}
 	}
@@ -139,7 +148,10 @@ func (n *node) state(t *testing.T) string {
 		out, _ := exec.Command("nft", "list", "table", fam, nftables.Table).Output()
 		b.Write(out)
 	}
-	fmt.Fprintf(&b, "socket entries: %v\nsocket owners: %v\n", n.sock.Entries, n.sock.Owners)
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		st := n.socketState(t, f)
+		fmt.Fprintf(&b, "socket entries: %v\nsocket owners: %v\n", st.Entries, st.Owners)
+	}
 	return b.String()
 }
 
@@ -163,13 +175,28 @@ func (n *node) holds(t *testing.T, id, ip string) bool {
 	if forwards(s, ip) {
 		return true
 	}
-	for _, ow := range n.sock.Owners {
-		if ow.ContainerID == id {
-			return true
+	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
+		for _, ow := range n.socketState(t, f).Owners {
+			if ow.ContainerID == id {
+				return true
+			}
 		}
 	}
 	return false
 }
+
+// socketState is the socket site's entries and owners of family f.
+func (n *node) socketState(t *testing.T, f plan.Family) *socket.State {
+	t.Helper()
+	st, err := n.sock.Read(nodeNetns, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// nodeNetns is the namespace cookie the node's socket layer writes under.
+const nodeNetns = 4097
 
 func jsonValue(t *testing.T, s string) any {
 	var v any
