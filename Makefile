@@ -209,7 +209,7 @@ KUBE_LDFLAGS := -s $(foreach p,k8s.io/component-base/version k8s.io/client-go/pk
 kubelet:
 	@start=$$(date +%s); cd test/kube/kubelet && CGO_ENABLED=0 $(GO) build -trimpath -ldflags="$(KUBE_LDFLAGS)" -o $(KUBE_BIN)/ \
 		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl && \
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl && \
 		echo "kubelet, control plane and kubectl $(KUBE_VERSION) built in $$(($$(date +%s) - start)) s"
 
 # The kube suite's second runtime: containerd 2.x (its daemon, shim and

@@ -38,6 +38,9 @@ type controlPlane struct {
 	nodeIP string
 }
 
+// serviceRange is the cluster's Service addresses.
+const serviceRange = "10.96.0.0/24"
+
 func kubeBin(prog string) string { return filepath.Join(os.Getenv(kubeBinEnv), prog) }
 
 // startControlPlane writes the cluster's keys and starts its control
@@ -82,7 +85,7 @@ current-context: local
 		"--client-ca-file", p("ca.crt"), "--token-auth-file", p("tokens.csv"), "--authorization-mode", "RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", p("sa.key"), "--service-account-signing-key-file", p("sa.key"),
-		"--service-cluster-ip-range", "10.96.0.0/24", "--allow-privileged",
+		"--service-cluster-ip-range", serviceRange, "--allow-privileged",
 		"--enable-priority-and-fairness=false", "--profiling=false"))
 	if !nettest.Eventually(90*time.Second, func() bool { _, err := c.kubectl("get", "--raw", "/readyz"); return err == nil }) {
 		t.Fatalf("the API server was not ready in 90 s:\n%s", n.log("kube-apiserver"))
@@ -107,6 +110,18 @@ current-context: local
 		t.Fatalf("no default service account 60 s after the controller manager started:\n%s", n.log("kube-controller-manager"))
 	}
 	return c
+}
+
+// waitReady waits, up to 90 s, for node1 to be Ready.
+func (c *controlPlane) waitReady(t *testing.T, n *node) {
+	t.Helper()
+	if !nettest.Eventually(90*time.Second, func() bool {
+		out, err := c.kubectl("get", "node", "node1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "True"
+	}) {
+		out, _ := c.kubectl("get", "node", "node1", "-o", "yaml")
+		t.Fatalf("node1 not Ready 90 s after the kubelet started:\n%s\n%s", out, n.log("kubelet"))
+	}
 }
 
 // kubectl runs the release's kubectl against the cluster and returns its

@@ -36,13 +36,7 @@ func TestCluster(t *testing.T) {
 	start := time.Now()
 	n, c := startClusterNode(t, containerd16, node4)
 	n.setNetwork(t, map[string]any{"backend": "iptables"})
-	if !nettest.Eventually(90*time.Second, func() bool {
-		out, err := c.kubectl("get", "node", "node1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		return err == nil && out == "True"
-	}) {
-		out, _ := c.kubectl("get", "node", "node1", "-o", "yaml")
-		t.Fatalf("node1 not Ready 90 s after the kubelet started:\n%s", out)
-	}
+	c.waitReady(t, n)
 	t.Logf("control plane up and node1 Ready %s after the start", time.Since(start).Round(100*time.Millisecond))
 
 	plugin := n.importDaemonSetImage(t, ds.Spec.Template.Spec.InitContainers[0].Image)

@@ -126,6 +126,12 @@ func fingerprint() string {
 		v, err := os.ReadFile("/proc/sys/" + s)
 		fmt.Fprintf(&b, "sysctl %s = %s %v\n", s, strings.TrimSpace(string(v)), err)
 	}
+	// kube-proxy's conntrack settings, left alone by the suite's flags:
+	// the table's size is the machine's
+	for _, f := range []string{"/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize"} {
+		v, err := os.ReadFile(f)
+		fmt.Fprintf(&b, "%s = %s %v\n", f, strings.TrimSpace(string(v)), err)
+	}
 	for _, args := range [][]string{{"ip", "-o", "link"}, {"ip", "-o", "addr"}, {"iptables-save"}, {"ip6tables-save"}, {"nft", "list", "ruleset"}} {
 		out, err := exec.Command(args[0], args[1:]...).Output()
 		for _, l := range strings.Split(string(out), "\n") {
