@@ -233,7 +233,7 @@ bench: deps plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100,1000 -samples 20 -conns 5000 -conn-n 1000 -out $(BENCH_OUT)
 
 bench-quick: deps plugins
-	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100 -samples 5 -m 1,100 -conns 1000 -conn-n 100 -sync-n 100 -agent-idle 5s -out $(CURDIR)/build/bench-quick
+	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) run ./test/bench -n 0,100 -samples 5 -m 1,100 -conns 1000 -conn-n 100 -sync-n 100 -services 0,100 -agent-idle 5s -out $(CURDIR)/build/bench-quick
 
 install: build
 	install -D -m 0755 bin/portmap $(DESTDIR)/opt/cni/bin/portmap

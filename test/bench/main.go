@@ -31,6 +31,7 @@ type options struct {
 	backends []string
 	syncN    []int
 	ms       []int
+	services []int
 	socket   bool
 	idle     time.Duration
 }
@@ -48,10 +49,12 @@ func main() {
 	mList := flag.String("m", "1,100,1000,5000", "numbers of mappings of one container for the M axis (empty: none)")
 	flag.DurationVar(&o.idle, "agent-idle", 30*time.Second, "how long the agent is watched idle (CPU per idle minute)")
 	flag.BoolVar(&o.socket, "socket", true, "measure the socket path (\"localhost\": \"socket\") beside the NAT path")
+	svcList := flag.String("services", "0,1000", "numbers of kube-proxy Services (its iptables rules) to measure the verbs beside (empty: none)")
 	flag.Parse()
 	o.ns = intList(*nList)
 	o.syncN = intList(*syncList)
 	o.ms = intList(*mList)
+	o.services = intList(*svcList)
 	o.backends = strings.Split(*backends, ",")
 
 	if !nettest.Isolated() {
@@ -123,11 +126,14 @@ type report struct {
 	Sync     []syncTiming `json:"sync,omitempty"`
 	Many     []manyRow    `json:"many,omitempty"`
 	// SocketRates and SocketAdds are the socket path's (issue #16).
-	SocketRates []socketRate  `json:"socket_connections,omitempty"`
-	SocketAdds  []socketAdd   `json:"socket_add,omitempty"`
-	Notes       []string      `json:"notes,omitempty"`
-	start       time.Time     `json:"-"`
-	elapsed     time.Duration `json:"-"`
+	SocketRates []socketRate `json:"socket_connections,omitempty"`
+	SocketAdds  []socketAdd  `json:"socket_add,omitempty"`
+	// KubeProxy are the verbs beside kube-proxy's rules; N is the
+	// number of Services (issue #47).
+	KubeProxy []latency     `json:"beside_kube_proxy,omitempty"`
+	Notes     []string      `json:"notes,omitempty"`
+	start     time.Time     `json:"-"`
+	elapsed   time.Duration `json:"-"`
 }
 
 type floor struct {
@@ -189,6 +195,13 @@ func run(tb *benchTB, o options) *report {
 	for _, be := range o.backends {
 		for _, p := range plugins {
 			r.Latency = append(r.Latency, measureVerbs(p, be, o.ns, o.samples)...)
+		}
+	}
+	if len(o.services) > 0 {
+		for _, be := range o.backends {
+			for _, p := range plugins {
+				r.KubeProxy = append(r.KubeProxy, measureBesideKubeProxy(p, be, o.services, o.samples)...)
+			}
 		}
 	}
 	for _, be := range o.backends {

@@ -139,12 +139,21 @@ func fill(bin, backend string, n int) {
 // ratios between the Ns compare runs made side by side.
 func measureVerbs(plugin, backend string, ns []int, samples int) []latency {
 	bin := binary(plugin)
+	return sampleHosts(plugin, backend, ns, samples, func(n int) {
+		progress("latency %s %s: fill N=%d", plugin, backend, n)
+		fill(bin, backend, n)
+	})
+}
+
+// sampleHosts is measureVerbs' measurement: a host for every n of ns,
+// readied by prepare(n) in it, then the samples round the hosts.
+func sampleHosts(plugin, backend string, ns []int, samples int, prepare func(n int)) []latency {
+	bin := binary(plugin)
 	hosts := make([]*nsHost, len(ns))
 	for i, n := range ns {
 		hosts[i] = newHost(n)
 		defer hosts[i].close()
-		progress("latency %s %s: fill N=%d", plugin, backend, n)
-		hosts[i].do(func() { fill(bin, backend, n) })
+		hosts[i].do(func() { prepare(n) })
 	}
 	probe := conf(backend, probeIP, probePort)
 	tcp := confTCP(backend, probeIP, probePort)
@@ -152,7 +161,7 @@ func measureVerbs(plugin, backend string, ns []int, samples int) []latency {
 	for i := range times {
 		times[i] = map[string][]float64{}
 	}
-	progress("latency %s %s: %d samples at N=%v in turn", plugin, backend, samples, ns)
+	progress("latency %s %s: %d samples at %v in turn", plugin, backend, samples, ns)
 	for s := range samples {
 		for k := range hosts {
 			i := (s + k) % len(hosts)

@@ -131,6 +131,7 @@ func (r *report) text() string {
 		b.WriteString("\nThe node agent (portmap-agent sync --watch) and STATUS with N cached attachments\n")
 		b.WriteString(textTable(agentHead, r.agentRows()))
 	}
+	b.WriteString(kubeProxyText(r))
 	b.WriteString(manyText(r))
 	if len(r.Conns) > 0 {
 		b.WriteString("\nNew TCP connections per second from a client namespace\n")
@@ -161,6 +162,7 @@ func (r *report) markdown() string {
 		b.WriteString("\n### The node agent (portmap-agent sync --watch) and STATUS with N cached attachments\n\n")
 		b.WriteString(mdTable(agentHead, r.agentRows()))
 	}
+	b.WriteString(kubeProxyMarkdown(r))
 	b.WriteString(manyMarkdown(r))
 	if len(r.Conns) > 0 {
 		b.WriteString("\n### New TCP connections per second\n\n")
