@@ -3,7 +3,6 @@
 package kube
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -73,32 +72,8 @@ func TestCluster(t *testing.T) {
 	first := agentPod()
 
 	// A Deployment's pod with a host port, scheduled onto node1.
-	web := map[string]any{
-		"apiVersion": "apps/v1", "kind": "Deployment",
-		"metadata": map[string]any{"name": "web", "namespace": "default"},
-		"spec": map[string]any{
-			"replicas": 1,
-			"selector": map[string]any{"matchLabels": map[string]string{"app": "web"}},
-			"template": map[string]any{
-				"metadata": map[string]any{"labels": map[string]string{"app": "web"}},
-				"spec": map[string]any{
-					"terminationGracePeriodSeconds": 1,
-					"containers": []any{map[string]any{
-						"name": "server", "image": serverImage, "imagePullPolicy": "Never",
-						"args":  []string{"serve", "web", "8080"},
-						"ports": []port{{ContainerPort: 8080, HostPort: 18200, Protocol: "TCP"}, {ContainerPort: 8080, HostPort: 18200, Protocol: "UDP"}},
-					}},
-				},
-			},
-		},
-	}
-	data, _ := json.Marshal(web)
-	webFile := filepath.Join(n.dir, "web.json")
-	if err := os.WriteFile(webFile, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	start = time.Now()
-	c.mustKubectl(t, "apply", "-f", webFile)
+	c.apply(t, n, "web", webDeployment(port{ContainerPort: 8080, HostPort: 18200, Protocol: "TCP"}, port{ContainerPort: 8080, HostPort: 18200, Protocol: "UDP"}))
 	who := "web sees " + cl.IP[0].String()
 	reply(t, cl, "tcp", at(18200), who, 90*time.Second)
 	t.Logf("the Deployment's pod answered on its host port %s after kubectl apply", time.Since(start).Round(100*time.Millisecond))

@@ -45,6 +45,8 @@ const (
 	webHostPort = 18300
 )
 
+var webPort = port{ContainerPort: 8080, HostPort: webHostPort, Protocol: "TCP"}
+
 func kubeProxy(t *testing.T, mode string) {
 	cl := nettest.NewClient(t, clientNet)
 	node4 := cl.HostIP[0].String()
@@ -84,7 +86,7 @@ func kubeProxy(t *testing.T, mode string) {
 	for _, backend := range backends {
 		n.setNetwork(t, map[string]any{"backend": backend})
 		start := time.Now()
-		c.apply(t, n, "web", webDeployment(webHostPort))
+		c.apply(t, n, "web", webDeployment(webPort))
 		reply(t, cl, "tcp", at(node4, webHostPort), who+cl.IP[0].String(), 90*time.Second)
 		t.Logf("%s mode, %s backend: the pod answered on its host port %s after kubectl apply", mode, backend, time.Since(start).Round(100*time.Millisecond))
 		reply(t, cl, "tcp", at(node4, nodePort), who, 30*time.Second)
@@ -99,7 +101,7 @@ func kubeProxy(t *testing.T, mode string) {
 	n.setNetwork(t, map[string]any{"backend": "iptables", "externalSetMarkChain": "KUBE-MARK-MASQ"})
 	if mode == "iptables" {
 		start := time.Now()
-		c.apply(t, n, "web", webDeployment(webHostPort))
+		c.apply(t, n, "web", webDeployment(webPort))
 		reply(t, cl, "tcp", at(node4, webHostPort), who+cl.IP[0].String(), 90*time.Second)
 		t.Logf("externalSetMarkChain: the pod answered on its host port %s after kubectl apply", time.Since(start).Round(100*time.Millisecond))
 		// hairpin and localhost connections are masqueraded: the pod sees
@@ -127,7 +129,7 @@ func kubeProxy(t *testing.T, mode string) {
 		return
 	}
 	// nftables mode: kube-proxy keeps its masquerade mark in its own table
-	c.apply(t, n, "web", webDeployment(webHostPort))
+	c.apply(t, n, "web", webDeployment(webPort))
 	const want = `invalid externalSetMarkChain "KUBE-MARK-MASQ"`
 	var events string
 	if !nettest.Eventually(90*time.Second, func() bool {
@@ -140,7 +142,7 @@ func kubeProxy(t *testing.T, mode string) {
 		t.Errorf("the sandbox's error does not say why and what to do: %q", events)
 	}
 	c.deleteWeb(t)
-	plain := webDeployment(0)
+	plain := webDeployment()
 	plain["metadata"].(map[string]any)["name"] = "plain"
 	c.apply(t, n, "plain", plain)
 	if out, err := c.kubectl("rollout", "status", "deployment/plain", "--timeout=90s"); err != nil {
@@ -149,13 +151,8 @@ func kubeProxy(t *testing.T, mode string) {
 	c.mustKubectl(t, "delete", "deployment", "plain", "--wait=true", "--timeout=60s")
 }
 
-// webDeployment is Deployment web: one pod serving on 8080, with that
-// port on hostPort of the node when hostPort is not 0.
-func webDeployment(hostPort int) map[string]any {
-	var ports []port
-	if hostPort != 0 {
-		ports = []port{{ContainerPort: 8080, HostPort: hostPort, Protocol: "TCP"}}
-	}
+// webDeployment is Deployment web: one pod serving on 8080, with ports.
+func webDeployment(ports ...port) map[string]any {
 	return map[string]any{
 		"apiVersion": "apps/v1", "kind": "Deployment",
 		"metadata": map[string]any{"name": "web", "namespace": "default"},
