@@ -140,7 +140,9 @@ type floor struct {
 	Plugin string  `json:"plugin"`
 	P50    float64 `json:"p50_ms"`
 	RSS    int64   `json:"max_rss_kb"`
-	Size   int64   `json:"binary_bytes"`
+	// Private is the anonymous memory at exit (KiB; see memory).
+	Private int64 `json:"private_kb"`
+	Size    int64 `json:"binary_bytes"`
 }
 
 type latency struct {
@@ -186,7 +188,9 @@ func run(tb *benchTB, o options) *report {
 	}
 	for _, p := range plugins {
 		f := floor{Plugin: p}
-		f.P50, f.RSS = versionFloor(binary(p), o.samples)
+		var mem memory
+		f.P50, mem = versionFloor(binary(p), o.samples)
+		f.RSS, f.Private = mem.Peak, mem.Private
 		if st, err := os.Stat(binary(p)); err == nil {
 			f.Size = st.Size()
 		}

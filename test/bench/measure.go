@@ -93,15 +93,21 @@ func buildWrap(dir string) error {
 	return os.Setenv(wrapEnv, bin)
 }
 
-// peakRSS runs one verb as invoke does and returns the process's peak
-// resident memory (KiB). The plugin is started by rsswrap, which reads
-// it: a child of this process would carry this process's peak. It is not
-// timed: rsswrap adds about 1 ms to a start, so the timed runs are
-// invoke's.
-func peakRSS(bin, verb, id string, stdin []byte, env ...string) (int64, error) {
+// memory is one process's memory, in KiB: Peak its peak resident set,
+// which counts the pages of its binary that it touched (shared by every
+// process of that binary through the page cache), Private its anonymous
+// memory when it exited (heap, stacks, the runtime's data): what each
+// more process at once costs.
+type memory struct{ Peak, Private int64 }
+
+// peakRSS runs one verb as invoke does and returns the process's memory.
+// The plugin is started by rsswrap, which reads it: a child of this
+// process would carry this process's peak. It is not timed: rsswrap adds
+// about 1 ms to a start, so the timed runs are invoke's.
+func peakRSS(bin, verb, id string, stdin []byte, env ...string) (memory, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return 0, err
+		return memory{}, err
 	}
 	defer r.Close()
 	cmd := exec.Command(os.Getenv(wrapEnv), bin)
@@ -112,15 +118,16 @@ func peakRSS(bin, verb, id string, stdin []byte, env ...string) (int64, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	w.Close()
-	var ns, kb int64
+	var ns int64
+	var mem memory
 	report, _ := io.ReadAll(r)
-	if _, serr := fmt.Sscanf(string(report), "%d %d", &ns, &kb); serr != nil && err == nil {
+	if _, serr := fmt.Sscanf(string(report), "%d %d %d", &ns, &mem.Peak, &mem.Private); serr != nil && err == nil {
 		err = fmt.Errorf("no report from rsswrap (%q): %v", report, serr)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
+		return memory{}, fmt.Errorf("%s %s %s: %v: %s", filepath.Base(bin), verb, id, err, strings.TrimSpace(out.String()))
 	}
-	return kb, nil
+	return mem, nil
 }
 
 // fill maps n containers with the plugin under test.
@@ -211,7 +218,7 @@ func sample(bin string, probe, tcp []byte, times map[string][]float64) {
 }
 
 // versionFloor is the plugin's own start: VERSION does no work.
-func versionFloor(bin string, samples int) (p50 float64, rssKB int64) {
+func versionFloor(bin string, samples int) (p50 float64, mem memory) {
 	var t []float64
 	for range samples {
 		d, err := invoke(bin, "VERSION", "", nil)
@@ -221,13 +228,13 @@ func versionFloor(bin string, samples int) (p50 float64, rssKB int64) {
 		t = append(t, ms(d))
 	}
 	for range 5 {
-		kb, err := peakRSS(bin, "VERSION", "", nil)
+		m, err := peakRSS(bin, "VERSION", "", nil)
 		if err != nil {
 			fatalf("%v", err)
 		}
-		rssKB = max(rssKB, kb)
+		mem = memory{max(mem.Peak, m.Peak), max(mem.Private, m.Private)}
 	}
-	return percentile(t, 50), rssKB
+	return percentile(t, 50), mem
 }
 
 // counted are the tools either plugin runs.

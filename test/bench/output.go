@@ -12,7 +12,7 @@ func (r *report) header() string {
 		r.Date, r.Cores, r.Kernel, r.Tools, r.Upstream, r.Samples, r.elapsed.Round(1e9))
 	var fl []string
 	for _, f := range r.Floor {
-		fl = append(fl, fmt.Sprintf("%s %.1f ms, %.1f MiB resident, binary %.2f MB", f.Plugin, f.P50, float64(f.RSS)/1024, float64(f.Size)/1e6))
+		fl = append(fl, fmt.Sprintf("%s %.1f ms, %.1f MiB resident (%.1f private), binary %.2f MB", f.Plugin, f.P50, float64(f.RSS)/1024, float64(f.Private)/1024, float64(f.Size)/1e6))
 	}
 	fmt.Fprintf(&b, "no-op start (VERSION, p50): %s\n", strings.Join(fl, ", "))
 	return b.String()

@@ -81,14 +81,14 @@ func measureSocketAdd(backend string, samples int) socketAdd {
 		}
 	}
 	for _, mode := range []string{"nat", "socket"} {
-		kb, err := peakRSS(bin, "ADD", "probe", confs[mode])
+		use, err := peakRSS(bin, "ADD", "probe", confs[mode])
 		if err != nil {
 			fatalf("%v", err)
 		}
 		if mode == "nat" {
-			out.NATRSS = kb
+			out.NATRSS = use.Peak
 		} else {
-			out.SocketRSS = kb
+			out.SocketRSS = use.Peak
 		}
 		if _, err := invoke(bin, "DEL", "probe", confs[mode]); err != nil {
 			fatalf("%v", err)
