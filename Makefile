@@ -25,7 +25,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test guest-test cross-build cross-test release release-check kube-test kubelet containerd2 install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test guest-test cross-build cross-test release release-check kube-test kubelet containerd2 flannel install image clean
 
 all: build
 
@@ -223,8 +223,17 @@ containerd2:
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr && \
 		echo "containerd 2 built in $$(($$(date +%s) - start)) s"
 
-kube-test: deps plugins kubelet containerd2
-	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_KUBE_BIN=$(KUBE_BIN) PORTMAP_CONTAINERD2=$(CONTAINERD2) \
+# The kube suite's flanneld (two-node cluster, VXLAN), built from the Go
+# module proxy at the release test/kube/flannel/go.mod pins; with cgo, as
+# flannel releases it (its UDP backend needs it).
+FLANNELD := $(CURDIR)/build/kube/flanneld
+
+flannel:
+	@start=$$(date +%s); cd test/kube/flannel && CGO_ENABLED=1 $(GO) build -trimpath -ldflags=-s -o $(FLANNELD) github.com/flannel-io/flannel && \
+		echo "flanneld built in $$(($$(date +%s) - start)) s"
+
+kube-test: deps plugins kubelet containerd2 flannel
+	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_KUBELET=$(KUBELET) PORTMAP_KUBE_BIN=$(KUBE_BIN) PORTMAP_CONTAINERD2=$(CONTAINERD2) PORTMAP_FLANNELD=$(FLANNELD) \
 		$(GO) test -tags kube -count=1 -timeout 30m -v ./test/kube
 
 BENCH_OUT ?= test/bench/results

@@ -17,6 +17,8 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v etcd >/dev/null || need+=(etcd-server)
 # make compat-test makes Debian roots of other releases' iptables and nft.
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+# Its two-node test builds flanneld with cgo, as flannel releases it.
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
 # make guest-test boots Debian's kernels in QEMU (the emulator), from an
 # initramfs of busybox; depmod indexes their modules.
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)

@@ -38,8 +38,12 @@ type controlPlane struct {
 	nodeIP string
 }
 
-// serviceRange is the cluster's Service addresses.
-const serviceRange = "10.96.0.0/24"
+// serviceRange is the cluster's Service addresses; clusterCIDR its
+// pods' network, a /24 of it per node.
+const (
+	serviceRange = "10.96.0.0/24"
+	clusterCIDR  = "10.244.0.0/16"
+)
 
 func kubeBin(prog string) string { return filepath.Join(os.Getenv(kubeBinEnv), prog) }
 
@@ -98,6 +102,9 @@ current-context: local
 		// machine, once a pod's volumes reach the attach-detach
 		// controller: the suite's own instead
 		"--flex-volume-plugin-dir", p("flex-volume-plugins"),
+		// every node gets a subnet of the pods' network (flannel's kube
+		// subnet manager takes it from the node's spec)
+		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR, "--node-cidr-mask-size", "24",
 		"--use-service-account-credentials=false", "--profiling=false"))
 	n.control = append(n.control, n.daemon(t, "kube-scheduler", kubeBin("kube-scheduler"),
 		"--kubeconfig", c.kubeconfig, "--leader-elect=false", "--secure-port", "0", "--profiling=false"))
@@ -112,15 +119,15 @@ current-context: local
 	return c
 }
 
-// waitReady waits, up to 90 s, for node1 to be Ready.
+// waitReady waits, up to 90 s, for node n to be Ready.
 func (c *controlPlane) waitReady(t *testing.T, n *node) {
 	t.Helper()
 	if !nettest.Eventually(90*time.Second, func() bool {
-		out, err := c.kubectl("get", "node", "node1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		out, err := c.kubectl("get", "node", n.name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return err == nil && out == "True"
 	}) {
-		out, _ := c.kubectl("get", "node", "node1", "-o", "yaml")
-		t.Fatalf("node1 not Ready 90 s after the kubelet started:\n%s\n%s", out, n.log("kubelet"))
+		out, _ := c.kubectl("get", "node", n.name, "-o", "yaml")
+		t.Fatalf("%s not Ready 90 s after the kubelet started:\n%s\n%s", n.name, out, n.log("kubelet"))
 	}
 }
 

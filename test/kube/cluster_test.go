@@ -84,26 +84,12 @@ func TestCluster(t *testing.T) {
 
 	// A rolling update of the DaemonSet: the controller replaces its pod.
 	start = time.Now()
-	c.mustKubectl(t, "-n", ds.Namespace, "rollout", "restart", "daemonset/"+ds.Name)
-	failed, asked := 0, 0
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.kubectl("-n", ds.Namespace, "rollout", "status", "daemonset/"+ds.Name, "--timeout=120s")
-		done <- err
-	}()
-	var rolled error
-wait:
-	for {
-		select {
-		case rolled = <-done:
-			break wait
-		case <-time.After(100 * time.Millisecond):
-			asked++
-			if _, err := nettest.Dial(cl.NS, "tcp", at(18200)); err != nil {
-				failed++
-			}
+	failed := 0
+	asked, rolled := c.restartDaemonSet(ds.Namespace, ds.Name, func() {
+		if _, err := nettest.Dial(cl.NS, "tcp", at(18200)); err != nil {
+			failed++
 		}
-	}
+	})
 	if rolled != nil {
 		t.Fatalf("the DaemonSet's rolling update: %v\n%s", rolled, n.log("kubelet"))
 	}
@@ -145,5 +131,28 @@ wait:
 	c.mustKubectl(t, "-n", ds.Namespace, "delete", "daemonset", ds.Name, "--wait=true", "--timeout=60s")
 	if !nettest.Eventually(60*time.Second, func() bool { return agentPod() == "" && !httpOK("http://127.0.0.1:9765/healthz") }) {
 		t.Errorf("the DaemonSet's pod still runs 60 s after its deletion: %q", agentPod())
+	}
+}
+
+// restartDaemonSet restarts DaemonSet namespace/name (kubectl rollout
+// restart: the controller replaces its pods, one node at a time) and,
+// until the rollout is done, calls try every 100 ms; it returns how many
+// times, and the rollout's error.
+func (c *controlPlane) restartDaemonSet(namespace, name string, try func()) (int, error) {
+	if _, err := c.kubectl("-n", namespace, "rollout", "restart", "daemonset/"+name); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.kubectl("-n", namespace, "rollout", "status", "daemonset/"+name, "--timeout=120s")
+		done <- err
+	}()
+	for tries := 0; ; tries++ {
+		select {
+		case err := <-done:
+			return tries, err
+		case <-time.After(100 * time.Millisecond):
+			try()
+		}
 	}
 }

@@ -40,6 +40,13 @@ const (
 // links and sysctls, host directories) before and after.
 func TestMain(m *testing.M) {
 	nettest.RunClientIfAsked() // the socket path's clients, in a test cgroup
+	if os.Getenv(childEnv) == peerEnv {
+		if err := holdPeer(); err != nil {
+			fmt.Fprintf(os.Stderr, "kube: %s: %v\n", peerEnv, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(childEnv) == "1" {
 		if err := setupNode(); err != nil {
 			fmt.Fprintf(os.Stderr, "kube: %v\n", err)
@@ -48,7 +55,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	nettest.RequireRoot("the kube suite", "it runs containerd and a kubelet in namespaces of its own")
-	for _, env := range []string{kubeletEnv, kubeBinEnv, containerd2Env, nettest.BinEnv} {
+	for _, env := range []string{kubeletEnv, kubeBinEnv, containerd2Env, flanneldEnv, nettest.BinEnv} {
 		if os.Getenv(env) == "" {
 			if os.Getenv("CI") == "true" {
 				fmt.Fprintf(os.Stderr, "kube: %s is not set (make kube-test sets it)\n", env)
@@ -206,7 +213,9 @@ func makeCgroup(name string) ([]string, error) {
 	var made []string
 	for _, h := range cgroupHierarchies() {
 		d := filepath.Join(h, name)
-		if err := os.Mkdir(d, 0o755); err != nil {
+		if err := os.Mkdir(d, 0o755); os.IsExist(err) {
+			continue // made through another mount of the same hierarchy
+		} else if err != nil {
 			return made, fmt.Errorf("make cgroup %s: %w", d, err)
 		}
 		made = append(made, d)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -30,6 +32,7 @@ const (
 // directory, no API server) in the suite's namespaces, with the CNI
 // directories containerd uses.
 type node struct {
+	name      string // its Kubernetes name
 	dir       string // everything of the node's own
 	cniBin    string // containerd's CNI bin_dir
 	cniConf   string // containerd's CNI conf_dir
@@ -44,6 +47,14 @@ type node struct {
 	kubeletArgs []string
 	// control is the cluster's control plane, in the order it started.
 	control []*exec.Cmd
+	// peer is the process holding a second node's namespaces (see
+	// startPeerNode), netNS its network namespace; nil for the node of the
+	// suite's own namespaces.
+	peer  *exec.Cmd
+	netNS ns.NetNS
+	// kubeconfig is how the node's programs reach the API server; link is
+	// its LAN link in a cluster of two nodes.
+	kubeconfig, link string
 }
 
 // runtime is a container runtime the suite runs pods with.
@@ -90,6 +101,7 @@ func startClusterNode(t *testing.T, rt runtime, nodeIP string) (*node, *controlP
 	t.Helper()
 	n := prepareNode(t, rt)
 	c := startControlPlane(t, n, nodeIP)
+	n.kubeconfig = c.kubeconfig
 	n.kubeletArgs = []string{"--kubeconfig", c.kubeconfig, "--node-ip", nodeIP}
 	n.startKubelet(t)
 	return n, c
@@ -99,19 +111,20 @@ func startClusterNode(t *testing.T, rt runtime, nodeIP string) (*node, *controlP
 // CNI directories made and the CNI plugins in place.
 func prepareNode(t *testing.T, rt runtime) *node {
 	t.Helper()
+	return prepare(t, &node{name: "node1", cgroup: os.Getenv(cgroupEnv), rt: rt})
+}
+
+// prepare fills in n's directories, starts its runtime with the suite's
+// images imported and puts the CNI plugins in place.
+func prepare(t *testing.T, n *node) *node {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "kube-node-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{
-		dir:       dir,
-		cniBin:    "/opt/cni/bin",
-		cniConf:   "/etc/cni/net.d",
-		sock:      filepath.Join(dir, "containerd.sock"),
-		manifests: filepath.Join(dir, "manifests"),
-		cgroup:    os.Getenv(cgroupEnv),
-		rt:        rt,
-	}
+	n.dir = dir
+	n.cniBin, n.cniConf = "/opt/cni/bin", "/etc/cni/net.d"
+	n.sock, n.manifests = filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "manifests")
 	t.Cleanup(func() {
 		n.stop(t)
 		if t.Failed() {
@@ -119,13 +132,13 @@ func prepareNode(t *testing.T, rt runtime) *node {
 		}
 		os.RemoveAll(dir)
 	})
-	for _, d := range []string{n.cniBin, n.cniConf, n.manifests} {
+	for _, d := range []string{n.at(n.cniBin), n.at(n.cniConf), n.manifests} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
-		copyFile(t, filepath.Join(nettest.BinDir(), p), filepath.Join(n.cniBin, p))
+		copyFile(t, filepath.Join(nettest.BinDir(), p), filepath.Join(n.at(n.cniBin), p))
 	}
 	n.startContainerd(t)
 	n.importImages(t)
@@ -215,7 +228,7 @@ func (n *node) daemon(t *testing.T, name, path string, args ...string) *exec.Cmd
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(path, args...)
+	cmd := n.command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if n.rt.bin != "" { // the runtime's own shim first
 		cmd.Env = append(os.Environ(), "PATH="+n.rt.bin+":"+os.Getenv("PATH"))
@@ -358,8 +371,11 @@ func (n *node) startKubelet(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--config", cfg, "--hostname-override", "node1", "--v", "2"}, n.kubeletArgs...)
+	args := append([]string{"--config", cfg, "--hostname-override", n.name, "--v", "2"}, n.kubeletArgs...)
 	n.kubelet = n.daemon(t, "kubelet", os.Getenv(kubeletEnv), args...)
+	if n.peer != nil {
+		return // its 127.0.0.1 is not this one's: the cluster says when it is Ready
+	}
 	if !nettest.Eventually(60*time.Second, func() bool { return httpOK("http://127.0.0.1:10248/healthz") }) {
 		t.Fatalf("the kubelet was not healthy in 60 s:\n%s", n.log("kubelet"))
 	}
@@ -401,6 +417,9 @@ func (n *node) stop(t *testing.T) {
 		}
 	}
 	end(n.containerd)
+	if n.peer != nil {
+		end(n.peer)
+	}
 	// The daemons' logs are kept in a directory of their own on failure
 	// (keepLogs), not printed: pages of them would bury the failure's own
 	// message, and a CI run shows only the end of the output.
@@ -457,8 +476,15 @@ func (n *node) setNetwork(t *testing.T, portmap map[string]any) {
 			pm,
 		},
 	}
+	n.writeConflist(t, list)
+}
+
+// writeConflist writes the node's conflist and restarts containerd (see
+// setNetwork).
+func (n *node) writeConflist(t *testing.T, list map[string]any) {
+	t.Helper()
 	data, _ := json.MarshalIndent(list, "", "  ")
-	path := filepath.Join(n.cniConf, "10-kube.conflist")
+	path := filepath.Join(n.at(n.cniConf), "10-kube.conflist")
 	if err := os.WriteFile(path+".tmp", data, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -529,8 +555,11 @@ func (n *node) remove(t *testing.T, name string) {
 // cached lists libcni's cache entries of the node's network
 // (containerd's go-cni keeps them in /var/lib/cni, the node's own, beside
 // those of its loopback network).
-func cached() []string {
-	ents, _ := os.ReadDir("/var/lib/cni/results")
+func cached() []string { return (&node{}).cached() }
+
+// cached lists the node's libcni cache entries of its network.
+func (n *node) cached() []string {
+	ents, _ := os.ReadDir(n.at("/var/lib/cni/results"))
 	var names []string
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "kube-") {
@@ -661,4 +690,25 @@ func (n *node) status(name string, annotation ...string) podStatus {
 		return s
 	}
 	return podStatus{}
+}
+
+// at is path of the node's file system as this process reaches it: a
+// second node's own directories (its tmpfs on /run, /var/lib, /opt, …)
+// through its holder's root.
+func (n *node) at(path string) string {
+	if n.peer == nil {
+		return path
+	}
+	return fmt.Sprintf("/proc/%d/root%s", n.peer.Process.Pid, path)
+}
+
+// command is a command of the node: for a second node, run by nsenter in
+// its network and mount namespaces (the PID namespace is the suite's,
+// so it ends with the suite).
+func (n *node) command(path string, args ...string) *exec.Cmd {
+	if n.peer == nil {
+		return exec.Command(path, args...)
+	}
+	pre := []string{"--target", fmt.Sprint(n.peer.Process.Pid), "--net", "--mount", "--"}
+	return exec.Command("nsenter", append(append(pre, path), args...)...)
 }
