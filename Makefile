@@ -18,6 +18,10 @@
 #                  Debian's containerd 1.6 run hostPort pods and the DaemonSet through
 #                  the plugin, and a control plane of the kubelet's release rolls the
 #                  DaemonSet out, in namespaces of their own (root; part of make test)
+#   make firewalld-test firewalld 1.3 and 2.3 (Debian 12's and 13's, in roots made
+#                  with mmdebstrap, cached in build/firewalld), each with a bus of its
+#                  own, beside both backends: traffic, reloads with and without the
+#                  agent (root; part of make test)
 #   make install   bin/portmap -> $(DESTDIR)/opt/cni/bin/portmap,
 #                  bin/portmap-agent -> $(DESTDIR)/usr/local/sbin/portmap-agent
 #   make image     the container image (FROM scratch, static binary) with podman
@@ -25,7 +29,7 @@
 GO      ?= go
 CNI_BIN := $(CURDIR)/build/cni
 
-.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test guest-test cross-build cross-test release release-check kube-test kubelet containerd2 flannel install image clean
+.PHONY: all build plugins deps test unit lint fuzz demo bench bench-quick soak compat-test guest-test cross-build cross-test release release-check kube-test kubelet containerd2 flannel firewalld-test install image clean
 
 all: build
 
@@ -56,6 +60,7 @@ lint:
 	@out=$$(gofmt -l cmd pkg plugins test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags kube ./test/kube
+	$(GO) vet -tags firewalld ./test/firewalld
 
 unit:
 	$(GO) test -count=1 ./cmd/... ./pkg/... ./plugins/...
@@ -68,6 +73,16 @@ test: deps lint plugins
 	$(MAKE) cross-test
 	$(MAKE) release-check
 	$(MAKE) kube-test
+	$(MAKE) firewalld-test
+
+# firewalld as Debian 12 (1.3) and 13 (2.3) ship it, each from a root of
+# its own (test/firewalld/root.sh, made once), chrooted in the suite's
+# namespaces with a D-Bus system bus of the suite's own.
+FIREWALLD_DIR ?= $(CURDIR)/build/firewalld
+
+firewalld-test: deps plugins
+	@set -e; for s in bookworm trixie; do ./test/firewalld/root.sh $$s $(FIREWALLD_DIR)/$$s; done
+	PORTMAP_CNI_BIN=$(CNI_BIN) PORTMAP_FIREWALLD_ROOTS=$(FIREWALLD_DIR) $(GO) test -tags firewalld -count=1 -v ./test/firewalld
 
 # The iptables userlands a drop-in meets: Debian 11 (1.8.7, nft 0.9.8),
 # 12 (1.8.9, nft 1.0.6), 13 (1.8.11, nft 1.1.3). Each root is made once

@@ -35,13 +35,37 @@ type WatchOptions struct {
 	// and "STOPPING=1" at the end.
 	Notify   func(state string)
 	Watchdog time.Duration
+	// Firewall, when set, is the node's firewall manager (firewalld on
+	// the system bus), whose reloads flush the rules the agent repairs:
+	// every pass waits until no reload is under way, and a pass follows
+	// each reload it reports.
+	Firewall Firewall
+	// OnReload, when set, is told of every reload Firewall reports.
+	OnReload func()
 }
+
+// Firewall is a firewall manager that says when it reloaded and waits
+// out a reload under way.
+type Firewall interface {
+	// Reloaded receives a value after each reload; it is closed when the
+	// manager can no longer be followed.
+	Reloaded() <-chan struct{}
+	// Settle returns once no reload is under way, or after timeout with
+	// an error.
+	Settle(timeout time.Duration) error
+}
+
+// settleTimeout bounds a pass's wait for a reload under way (firewalld's
+// take a second or two).
+const settleTimeout = 30 * time.Second
 
 // The triggers of a pass.
 const (
 	TriggerStart    = "start"
 	TriggerEvent    = "event"
 	TriggerInterval = "interval"
+	// TriggerReload is the pass after the firewall manager's reload.
+	TriggerReload = "reload"
 )
 
 // PassInfo is one pass of the watcher, as Observe is told of it.
@@ -103,7 +127,12 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			settle = time.After(max(o.Debounce, o.MinPeriod-time.Since(w.lastStart)))
 		}
 	}
-	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "min-sync-period", o.MinPeriod.String(), "interval", o.Interval.String())
+	var reloaded <-chan struct{}
+	if o.Firewall != nil {
+		reloaded = o.Firewall.Reloaded()
+	}
+	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "min-sync-period", o.MinPeriod.String(), "interval", o.Interval.String(),
+		"firewalld", o.Firewall != nil)
 	if w.pass(TriggerStart) {
 		arm()
 	}
@@ -124,6 +153,20 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 				o.OnEvent()
 			}
 			arm()
+		case _, ok := <-reloaded:
+			if !ok {
+				log.Warn("the system bus connection ended; firewalld's reloads are seen through nf_tables events only")
+				reloaded = nil
+				continue
+			}
+			if o.OnReload != nil {
+				o.OnReload()
+			}
+			log.Info("firewalld reloaded")
+			settle = nil // this pass answers the reload's events too
+			if w.pass(TriggerReload) {
+				arm()
+			}
 		case <-settle:
 			settle = nil
 			if w.pass(TriggerEvent) {
@@ -157,6 +200,13 @@ type watcher struct {
 // pass runs one pass, logs and reports it, and says whether it changed
 // anything (then a pass to confirm follows).
 func (w *watcher) pass(trigger string) bool {
+	// a pass during a reload would repair what the reload is about to
+	// flush again, and its writes could fail the reload's
+	if w.o.Firewall != nil {
+		if err := w.o.Firewall.Settle(settleTimeout); err != nil {
+			w.log.Warn("firewalld did not say whether it is reloading; passing anyway", "err", err)
+		}
+	}
 	if w.drain != nil {
 		w.drain()
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,8 +24,9 @@ func watchFake(t *testing.T, writes int, events <-chan struct{}) (stop func() (p
 	return watchFakeWith(t, writes, events, 0)
 }
 
-// watchFakeWith is watchFake with passes minPeriod apart at the least.
-func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod time.Duration) (stop func() (passes int, log string)) {
+// watchFakeWith is watchFake with passes minPeriod apart at the least,
+// and firewall as the node's firewall manager (nil: none).
+func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod time.Duration, firewall ...Firewall) (stop func() (passes int, log string)) {
 	t.Helper()
 	a, h := newFake()
 	dir := t.TempDir()
@@ -48,9 +50,12 @@ func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod t
 	ctx, cancel := context.WithCancel(context.Background())
 	var log bytes.Buffer
 	done := make(chan error)
+	o := WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond, MinPeriod: minPeriod}
+	for _, fw := range firewall {
+		o.Firewall = fw
+	}
 	go func() {
-		done <- a.Watch(ctx, WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond, MinPeriod: minPeriod},
-			events, nil, slog.New(slog.NewTextHandler(&log, nil)))
+		done <- a.Watch(ctx, o, events, nil, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	return func() (int, string) {
 		cancel()
@@ -103,6 +108,48 @@ func TestWatchKeepsAMinimumPeriod(t *testing.T) {
 	passes, _ := stop()
 	if passes < 3 || passes > 5 {
 		t.Errorf("%d passes in 1 s of constant events, want 3 to 5 (the start, then one every 300 ms)", passes)
+	}
+}
+
+// fakeFirewall is a firewall manager whose reload is under way while
+// reloading is held.
+type fakeFirewall struct {
+	reloaded  chan struct{}
+	reloading sync.RWMutex
+	settled   atomic.Int32 // the passes Settle let go on
+}
+
+func (f *fakeFirewall) Reloaded() <-chan struct{} { return f.reloaded }
+
+func (f *fakeFirewall) Settle(time.Duration) error {
+	f.reloading.RLock()
+	defer f.reloading.RUnlock()
+	f.settled.Add(1)
+	return nil
+}
+
+// TestWatchWaitsOutAReload: the events of a reload under way bring no
+// pass until it is over; the reload's signal brings one pass at once
+// (not after the debounce), which answers the events too.
+func TestWatchWaitsOutAReload(t *testing.T) {
+	events := make(chan struct{}, 1)
+	fw := &fakeFirewall{reloaded: make(chan struct{}, 1)}
+	stop := watchFakeWith(t, 0, events, 0, fw)
+	time.Sleep(50 * time.Millisecond) // the start's pass
+	fw.reloading.Lock()
+	events <- struct{}{}
+	time.Sleep(200 * time.Millisecond) // 4 debounce periods: a pass waits
+	if n := fw.settled.Load(); n != 1 {
+		t.Errorf("%d passes went on, want 1 (the start's): a pass ran during the reload", n)
+	}
+	fw.reloading.Unlock()
+	fw.reloaded <- struct{}{}
+	time.Sleep(200 * time.Millisecond)
+	passes, log := stop()
+	// the start, the event's pass (it waited for the reload), the
+	// reload's
+	if passes != 3 || strings.Count(log, `msg="firewalld reloaded"`) != 1 {
+		t.Errorf("%d passes, want 3; log:\n%s", passes, log)
 	}
 }
 

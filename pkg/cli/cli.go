@@ -47,6 +47,7 @@ type Agent struct {
 type Observer interface {
 	Pass(agent.PassInfo)
 	Event()
+	Reload()
 	Serve(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cmdline"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/firewalld"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -158,7 +159,7 @@ func (a Agent) runWatch(p cmdline.Program, ag *agent.Agent, o agent.WatchOptions
 	defer stop()
 	if metricsAddr != "" {
 		obs := a.Metrics(o.Interval)
-		o.Observe, o.OnEvent = obs.Pass, obs.Event
+		o.Observe, o.OnEvent, o.OnReload = obs.Pass, obs.Event, obs.Reload
 		addr, err := obs.Serve(ctx, metricsAddr, log)
 		if err != nil {
 			log.Error("cannot serve metrics", "addr", metricsAddr, "err", err)
@@ -186,6 +187,12 @@ func (a Agent) runWatch(p cmdline.Program, ag *agent.Agent, o agent.WatchOptions
 	} else {
 		defer sub.Close()
 		events, drain = sub.C, sub.Drain
+	}
+	if fw, err := firewalld.Connect(); err != nil {
+		log.Info("no system bus: firewalld's reloads are seen through nf_tables events only", "err", err)
+	} else {
+		defer fw.Close()
+		o.Firewall = fw
 	}
 	if err := ag.Watch(ctx, o, events, drain, log); err != nil {
 		log.Error("watch ended", "err", err)

@@ -161,7 +161,8 @@ func (o *fakeObserver) Pass(pi agent.PassInfo) {
 	default: // the test has seen enough
 	}
 }
-func (o *fakeObserver) Event() {}
+func (o *fakeObserver) Event()  {}
+func (o *fakeObserver) Reload() {}
 func (o *fakeObserver) Serve(context.Context, string, *slog.Logger) (net.Addr, error) {
 	return fakeAddr{}, nil
 }

@@ -48,6 +48,7 @@ type metrics struct {
 	pruned      prometheus.Counter
 	corrupt     prometheus.Gauge
 	events      prometheus.Counter
+	reloads     prometheus.Counter
 	withheld    *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
 }
@@ -63,7 +64,7 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 	const ns = "portmap_agent"
 	a.m = metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "passes_total",
-			Help: "Passes of the watcher, by what triggered them: start, event (a firewall change, or the pass confirming a pass that wrote), interval."}, []string{"trigger"}),
+			Help: "Passes of the watcher, by what triggered them: start, event (a firewall change, or the pass confirming a pass that wrote), interval, reload (firewalld's Reloaded signal)."}, []string{"trigger"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "pass_duration_seconds",
 			Help: "How long a pass took.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "repairs_total",
@@ -82,14 +83,16 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 			Help: "Cached attachments a pass wrote nothing for, counted once each, by reason: deleted (the pass read the cache before their DEL began, or the runtime left the entry behind after DEL), gone (their network namespace no longer exists), superseded (the cache entry predates their last ADD)."}, []string{"reason"}),
 		events: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "nftables_events_total",
 			Help: "nf_tables change events received."}),
+		reloads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "firewalld_reloads_total",
+			Help: "firewalld reloads seen (its Reloaded signal on the system bus)."}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "last_success_timestamp_seconds",
 			Help: "When the last successful pass ended (Unix time)."}),
 	}
 	for _, c := range []prometheus.Collector{a.m.passes, a.m.duration, a.m.repairs, a.m.errors, a.m.attachments,
-		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.events, a.m.lastSuccess, a.m.withheld} {
+		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.events, a.m.reloads, a.m.lastSuccess, a.m.withheld} {
 		f(c)
 	}
-	for _, t := range []string{agent.TriggerStart, agent.TriggerEvent, agent.TriggerInterval} {
+	for _, t := range []string{agent.TriggerStart, agent.TriggerEvent, agent.TriggerInterval, agent.TriggerReload} {
 		a.m.passes.WithLabelValues(t)
 	}
 	for _, k := range []string{"attachment", "shared"} {
@@ -153,6 +156,9 @@ func (a *Agent) Pass(p agent.PassInfo) {
 
 // Event counts one nf_tables event (agent.WatchOptions.OnEvent).
 func (a *Agent) Event() { a.m.events.Inc() }
+
+// Reload counts one firewalld reload (agent.WatchOptions.OnReload).
+func (a *Agent) Reload() { a.m.reloads.Inc() }
 
 // Health is /healthz: true while the last pass succeeded and ended within
 // two intervals (and, before the first pass ends, for two intervals after

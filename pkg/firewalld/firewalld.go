@@ -1,0 +1,82 @@
+// Package firewalld follows firewalld on the system bus for the node
+// agent: its Reloaded signal, sent when a reload (which flushes the
+// iptables tables) is done, and whether a reload is under way.
+package firewalld
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+)
+
+// firewalld's bus name, object and interface.
+const (
+	name  = "org.fedoraproject.FirewallD1"
+	path  = dbus.ObjectPath("/org/fedoraproject/FirewallD1")
+	iface = "org.fedoraproject.FirewallD1"
+)
+
+// Bus is a connection to the system bus subscribed to firewalld's
+// Reloaded signal.
+type Bus struct {
+	conn     *dbus.Conn
+	reloaded chan struct{}
+}
+
+// Connect connects to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else
+// /run/dbus/system_bus_socket) and subscribes to firewalld's Reloaded
+// signal, whether or not firewalld runs now (it may start later).
+func Connect() (*Bus, error) {
+	conn, err := dbus.ConnectSystemBus()
+	if err != nil {
+		return nil, fmt.Errorf("system bus: %w", err)
+	}
+	if err := conn.AddMatchSignal(dbus.WithMatchObjectPath(path), dbus.WithMatchInterface(iface), dbus.WithMatchMember("Reloaded")); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("subscribe to firewalld's Reloaded signal: %w", err)
+	}
+	b := &Bus{conn: conn, reloaded: make(chan struct{}, 1)}
+	signals := make(chan *dbus.Signal, 16)
+	conn.Signal(signals)
+	go func() {
+		for s := range signals {
+			if s.Path == path && s.Name == iface+".Reloaded" {
+				select {
+				case b.reloaded <- struct{}{}:
+				default: // one pending is enough: the pass reads the state after it
+				}
+			}
+		}
+		close(b.reloaded)
+	}()
+	return b, nil
+}
+
+// Reloaded receives a value after firewalld finished a reload; it is
+// closed when the connection ends.
+func (b *Bus) Reloaded() <-chan struct{} { return b.reloaded }
+
+// Settle returns once firewalld is not reloading, waiting up to timeout:
+// firewalld serves the bus one call at a time, and a reload is one, so
+// it answers a call only after a reload under way. It returns at once
+// where firewalld is not on the bus.
+func (b *Bus) Settle(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	call := b.conn.Object(name, path).CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", dbus.FlagNoAutoStart, iface, "state")
+	var e dbus.Error
+	switch {
+	case call.Err == nil:
+		return nil
+	case errors.As(call.Err, &e) && (e.Name == "org.freedesktop.DBus.Error.ServiceUnknown" || e.Name == "org.freedesktop.DBus.Error.NameHasNoOwner"):
+		return nil // no firewalld: nothing to wait for
+	default:
+		return fmt.Errorf("ask firewalld whether it is reloading: %w", call.Err)
+	}
+}
+
+// Close ends the connection.
+func (b *Bus) Close() error { return b.conn.Close() }

@@ -1,0 +1,179 @@
+//go:build firewalld
+
+// Package firewalld runs the plugin under a real firewalld: Debian 12's
+// firewalld 1.3 and Debian 13's 2.3, each from a Debian root of its own
+// (root.sh), chrooted in the test's network and mount namespaces with a
+// D-Bus system bus of its own on a tmpfs over /run, never the machine's
+// bus, service manager or firewall.
+package firewalld
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// rootsEnv names the directory of the Debian roots (make firewalld-test
+// makes them with root.sh): rootsEnv/SUITE/root.
+const rootsEnv = "PORTMAP_FIREWALLD_ROOTS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(rootsEnv) == "" && !nettest.Isolated() {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintf(os.Stderr, "firewalld: %s is not set (make firewalld-test sets it)\n", rootsEnv)
+			os.Exit(1)
+		}
+		fmt.Printf("firewalld: SKIP: %s is not set: run make firewalld-test\n", rootsEnv)
+		os.Exit(0)
+	}
+	nettest.Main(m)
+}
+
+// releases are the firewalld releases the suite runs: Debian's suite of
+// each.
+var releases = []struct{ name, suite string }{{"firewalld-1.3", "bookworm"}, {"firewalld-2.3", "trixie"}}
+
+// firewalld is one firewalld, with its bus, in a root.
+type firewalld struct {
+	root     string
+	bus, fwd *exec.Cmd
+	log      string
+}
+
+var privateRun sync.Once
+
+// ownRun mounts a tmpfs over /run in the test's mount namespace, once:
+// the bus's socket, firewalld's state and /run/xtables.lock are the
+// test's, shared with the roots (mountRoot binds it into each).
+func ownRun(t *testing.T) {
+	t.Helper()
+	var err error
+	privateRun.Do(func() {
+		if err = unix.Mount("tmpfs", "/run", "tmpfs", 0, "mode=0755"); err == nil {
+			err = os.MkdirAll("/run/dbus", 0o755)
+		}
+	})
+	if err != nil {
+		t.Fatalf("a tmpfs over /run: %v", err)
+	}
+}
+
+var mounted sync.Map
+
+// mountRoot gives the root the test's /proc, /sys, /dev and /run, once.
+func mountRoot(t *testing.T, root string) {
+	t.Helper()
+	if _, done := mounted.LoadOrStore(root, true); done {
+		return
+	}
+	for _, m := range []struct{ src, dst, fs string }{
+		{"proc", "proc", "proc"}, {"sysfs", "sys", "sysfs"}, {"/dev", "dev", ""}, {"/run", "run", ""},
+	} {
+		flags := uintptr(0)
+		if m.fs == "" {
+			flags = unix.MS_BIND | unix.MS_REC
+		}
+		if err := unix.Mount(m.src, filepath.Join(root, m.dst), m.fs, flags, ""); err != nil {
+			t.Fatalf("mount %s on %s/%s: %v", m.src, root, m.dst, err)
+		}
+	}
+}
+
+// startFirewalld starts the release's bus and firewalld with backend
+// (nftables or iptables) and its other settings as Debian ships them,
+// plus conf's lines; both end with the test (firewalld removes its rules
+// as it exits: CleanupOnExit).
+func startFirewalld(t *testing.T, suite, backend string, conf ...string) *firewalld {
+	t.Helper()
+	ownRun(t)
+	root := filepath.Join(os.Getenv(rootsEnv), suite, "root")
+	mountRoot(t, root)
+	etc := filepath.Join(root, "etc/firewalld")
+	data, err := os.ReadFile(filepath.Join(etc, "firewalld.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf = append([]string{"FirewallBackend=" + backend}, conf...)
+	set := map[string]bool{}
+	for _, c := range conf {
+		k, _, _ := strings.Cut(c, "=")
+		set[k] = true
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if k, _, ok := strings.Cut(l, "="); !ok || !set[k] {
+			lines = append(lines, l)
+		}
+	}
+	lines = append(lines, conf...)
+	own := filepath.Join(t.TempDir(), "firewalld.conf")
+	if err := os.WriteFile(own, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(own, filepath.Join(etc, "firewalld.conf"), "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(filepath.Join(etc, "firewalld.conf"), 0) })
+
+	f := &firewalld{root: root, log: filepath.Join(t.TempDir(), "firewalld.log")}
+	_ = os.Remove("/run/dbus/system_bus_socket")
+	f.bus = exec.Command("chroot", root, "dbus-daemon", "--system", "--nopidfile", "--nofork")
+	if err := f.bus.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.bus.Process.Kill(); _ = f.bus.Wait() })
+	if !nettest.Eventually(10*time.Second, func() bool { _, err := os.Stat("/run/dbus/system_bus_socket"); return err == nil }) {
+		t.Fatal("no system bus 10 s after dbus-daemon's start")
+	}
+	logf, err := os.Create(f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	f.fwd = exec.Command("chroot", root, "/usr/sbin/firewalld", "--nofork", "--nopid")
+	f.fwd.Stdout, f.fwd.Stderr = logf, logf
+	if err := f.fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = f.fwd.Process.Signal(unix.SIGTERM)
+		_ = f.fwd.Wait()
+		if t.Failed() {
+			out, _ := os.ReadFile(f.log)
+			t.Logf("firewalld's log:\n%s", out)
+		}
+	})
+	if !nettest.Eventually(30*time.Second, func() bool { out, _ := f.cmd("--state"); return out == "running" }) {
+		out, _ := os.ReadFile(f.log)
+		t.Fatalf("firewalld not running 30 s after its start:\n%s", out)
+	}
+	return f
+}
+
+// cmd runs the root's firewall-cmd and returns its output.
+func (f *firewalld) cmd(args ...string) (string, error) {
+	out, err := exec.Command("chroot", append([]string{f.root, "firewall-cmd"}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+var clientNet = nettest.ClientNet{HostIf: "fw0", V4: "198.51.130", V6: "2001:db8:130:"}
+
+// The container's host port and its server's port; a port of the
+// node's own that no zone opens.
+const (
+	hostPort = 8080
+	srvPort  = 80
+	nodePort = 9999
+)
+
+func addr(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }

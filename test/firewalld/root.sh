@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# root.sh SUITE DIR: a Debian root of SUITE (bookworm: firewalld 1.3,
+# trixie: firewalld 2.3) with firewalld, its D-Bus system bus daemon and
+# the iptables and nft it drives, in DIR/root, made once with mmdebstrap
+# from Debian's archive (DIR/root.stamp marks a finished one). The
+# firewalld suite runs them chrooted in namespaces of its own; nothing is
+# installed on the machine, so nothing starts there.
+set -euo pipefail
+suite=$1 dir=$(realpath -m "$2")
+root=$dir/root
+if [ ! -e "$dir/root.stamp" ]; then
+  command -v mmdebstrap >/dev/null || {
+    echo "root.sh: mmdebstrap is missing (test/deps.sh installs it)" >&2
+    exit 1
+  }
+  rm -rf "$root"
+  mkdir -p "$dir"
+  mmdebstrap --quiet --variant=minbase \
+    --include=firewalld,dbus-daemon,iptables,nftables,iproute2,python3-nftables \
+    "$suite" "$root" >"$dir/mmdebstrap.log" 2>&1 || {
+    tail -20 "$dir/mmdebstrap.log" >&2
+    exit 1
+  }
+  touch "$dir/root.stamp"
+fi
+chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' firewalld

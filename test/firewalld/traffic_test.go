@@ -1,0 +1,149 @@
+//go:build firewalld
+
+package firewalld
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/portmap-dev/portmap/test/nettest"
+	"golang.org/x/sys/unix"
+)
+
+// TestDefaults: under firewalld as Debian ships it (the LAN interface in
+// the default zone, public), with each of its backends and each of ours,
+// a container's host port answers from a client on the LAN, from the
+// node's address and from 127.0.0.1.
+func TestDefaults(t *testing.T) {
+	for _, r := range releases {
+		for _, fw := range []string{"nftables", "iptables"} {
+			for _, ours := range []string{"iptables", "nftables"} {
+				t.Run(r.name+"/"+fw+"/"+ours, func(t *testing.T) {
+					startFirewalld(t, r.suite, fw)
+					cl := nettest.NewClient(t, clientNet)
+					node := cl.HostIP[0].String()
+					rt := nettest.NewRuntime(t, nettest.Net{Name: "fw", V4: "192.0.2.0/28", Extra: map[string]string{"backend": `"` + ours + `"`}})
+					c := rt.MustAdd(t, "c1", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+					nettest.Serve(t, c.NS, "c1", srvPort)
+					// firewalld filters: a port of the node's own that the
+					// default zone does not open is not reached from the LAN
+					self, err := ns.GetCurrentNS()
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer self.Close()
+					nettest.Serve(t, self, "node", nodePort)
+					if got, err := dial(cl, "tcp", addr(node, nodePort)); err == nil {
+						t.Errorf("the node's port %d answered the LAN (%q) under firewalld's default zone", nodePort, got)
+					}
+					for _, x := range []struct {
+						from *nettest.Client
+						addr string
+					}{{cl, addr(node, hostPort)}, {nil, addr(node, hostPort)}, {nil, addr("127.0.0.1", hostPort)}} {
+						got, err := dial(x.from, "tcp", x.addr)
+						if err != nil || !strings.HasPrefix(got, "c1 sees") {
+							t.Errorf("tcp %s: %q %v", x.addr, got, err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func dial(from *nettest.Client, proto, addr string) (string, error) {
+	if from == nil {
+		return nettest.Dial(nil, proto, addr)
+	}
+	return nettest.Dial(from.NS, proto, addr)
+}
+
+// TestReload: `firewall-cmd --reload` and `--complete-reload` with each
+// of firewalld's backends and ours. Where the reload flushes the iptables
+// tables (firewalld's iptables backend; 1.3 with its nftables backend
+// too) the host port of our iptables backend stops answering until
+// `portmap-agent sync` repairs it; our nftables backend's table is its
+// own, and every release leaves it. With the agent watching
+// (`sync --watch`), the host port answers again after every reload.
+func TestReload(t *testing.T) {
+	for _, r := range releases {
+		for _, fw := range []string{"nftables", "iptables"} {
+			for _, ours := range []string{"iptables", "nftables"} {
+				flushed := ours == "iptables" && (fw == "iptables" || r.suite == "bookworm")
+				t.Run(r.name+"/"+fw+"/"+ours, func(t *testing.T) { reload(t, r.suite, fw, ours, flushed) })
+			}
+		}
+	}
+}
+
+func reload(t *testing.T, suite, fw, ours string, flushed bool) {
+	f := startFirewalld(t, suite, fw)
+	cl := nettest.NewClient(t, clientNet)
+	at := addr(cl.HostIP[0].String(), hostPort)
+	rt := nettest.NewRuntime(t, nettest.Net{Name: "fw", V4: "192.0.2.0/28", Extra: map[string]string{"backend": `"` + ours + `"`}})
+	c := rt.MustAdd(t, "c1", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+	nettest.Serve(t, c.NS, "c1", srvPort)
+	want := "c1 sees " + cl.IP[0].String()
+	for _, how := range []string{"--reload", "--complete-reload"} {
+		if out, err := f.cmd(how); err != nil {
+			t.Fatalf("firewall-cmd %s: %v %s", how, err, out)
+		}
+		got, err := dial(cl, "tcp", at)
+		if answered := err == nil && got == want; answered == flushed {
+			t.Errorf("after %s: %q %v; want the host port flushed: %v", how, got, err, flushed)
+		}
+		out, stderr, status, err := nettest.Agent("sync", "--cache-dir", rt.CacheDir)
+		wantSync := "1 ok, 0 repaired"
+		if flushed {
+			wantSync = "0 ok, 1 repaired"
+		}
+		if err != nil || status != 0 || !strings.Contains(out, wantSync) {
+			t.Errorf("portmap-agent sync after %s: exit %d %v, want %q\n%s%s", how, status, err, wantSync, out, stderr)
+		}
+		if got, err := dial(cl, "tcp", at); err != nil || got != want {
+			t.Errorf("after %s and sync: %q %v", how, got, err)
+		}
+	}
+
+	// the agent watching: each reload repaired
+	logFile := filepath.Join(t.TempDir(), "agent.log")
+	out, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	log := func() string { data, _ := os.ReadFile(logFile); return string(data) }
+	agent := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "sync", "--watch", "--cache-dir", rt.CacheDir)
+	agent.Stdout, agent.Stderr = out, out
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = agent.Process.Signal(unix.SIGTERM); _ = agent.Wait() }()
+	if !nettest.Eventually(10*time.Second, func() bool { return strings.Contains(log(), "watching") }) {
+		t.Fatalf("the agent did not start watching in 10 s:\n%s", log())
+	}
+	for _, how := range []string{"--reload", "--complete-reload"} {
+		if out, err := f.cmd(how); err != nil {
+			t.Fatalf("firewall-cmd %s: %v %s", how, err, out)
+		}
+		start := time.Now()
+		var got string
+		if !nettest.Eventually(5*time.Second, func() bool { got, _ = dial(cl, "tcp", at); return got == want }) {
+			t.Errorf("with the agent, 5 s after %s: %q", how, got)
+		}
+		took := time.Since(start)
+		t.Logf("%s %s, ours %s: the host port answered %s after firewall-cmd %s returned", suite, fw, ours, took.Round(10*time.Millisecond), how)
+		if took > 500*time.Millisecond {
+			t.Errorf("with the agent, the host port answered %s after firewall-cmd %s returned, want within 0.5 s", took, how)
+		}
+	}
+	// both reloads seen on the bus, and no pass failed during one
+	if n := strings.Count(log(), "firewalld reloaded"); n != 2 || strings.Contains(log(), "level=ERROR") {
+		t.Errorf("the agent's log: %d reloads seen, want 2, and no error:\n%s", n, log())
+	}
+}
