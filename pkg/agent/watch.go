@@ -156,7 +156,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 		case _, ok := <-reloaded:
 			if !ok {
 				log.Warn("the system bus connection ended; firewalld's reloads are seen through nf_tables events only")
-				reloaded = nil
+				reloaded, w.o.Firewall = nil, nil // passes no longer ask it
 				continue
 			}
 			if o.OnReload != nil {

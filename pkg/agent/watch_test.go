@@ -153,6 +153,23 @@ func TestWatchWaitsOutAReload(t *testing.T) {
 	}
 }
 
+// TestWatchOutlivesTheBus: once the firewall manager can no longer be
+// followed (the bus connection ended), passes stop asking it.
+func TestWatchOutlivesTheBus(t *testing.T) {
+	events := make(chan struct{}, 1)
+	fw := &fakeFirewall{reloaded: make(chan struct{})}
+	stop := watchFakeWith(t, 0, events, 0, fw)
+	time.Sleep(50 * time.Millisecond)
+	close(fw.reloaded)
+	time.Sleep(50 * time.Millisecond)
+	events <- struct{}{}
+	time.Sleep(200 * time.Millisecond)
+	passes, log := stop()
+	if passes != 2 || fw.settled.Load() != 1 || !strings.Contains(log, "the system bus connection ended") {
+		t.Errorf("%d passes (want 2), %d asked the firewall manager (want 1, the start's); log:\n%s", passes, fw.settled.Load(), log)
+	}
+}
+
 func TestWatchFollowsAWritingPassOnce(t *testing.T) {
 	stop := watchFake(t, 1, nil)
 	time.Sleep(400 * time.Millisecond) // 8 debounce periods
