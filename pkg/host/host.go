@@ -16,6 +16,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
+	"github.com/portmap-dev/portmap/pkg/firewalld"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -61,6 +62,11 @@ type Host struct {
 	// req's site (the "localhost" layer's SiteReady on the real host);
 	// "localhost": "auto" uses it where it says nothing.
 	SocketReady func(req *plan.Request) error
+	// StrictForwardPorts says whether the node's firewall manager drops
+	// DNATed connections it did not configure itself (firewalld's
+	// StrictForwardPorts, firewalld.StrictForwardPorts on the real host);
+	// nil: none to ask.
+	StrictForwardPorts func() (bool, error)
 
 	mu     sync.Mutex
 	opened map[openKey]backend.Backend
@@ -110,6 +116,8 @@ func Real(log io.Writer) *Host {
 		Ledger:         &ledger.Dir{},
 		Log:            log,
 		SocketReady:    socketReady(),
+		// the plugin asks it for ADD with host ports only
+		StrictForwardPorts: firewalld.StrictForwardPorts,
 	}
 }
 

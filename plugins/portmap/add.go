@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -37,6 +38,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // records the ADD, so that DEL has a record to forget).
 func (p *Plugin) add(a *attach.Attachment, netnsPath string) error {
 	plans := a.Plans
+	if len(plans) > 0 {
+		if err := p.strictForwardPorts(a); err != nil {
+			return err
+		}
+	}
 	if a.Conflict == attach.ConflictReject && len(plans) > 0 {
 		if err := p.rejectConflicts(a); err != nil {
 			return err
@@ -94,4 +100,29 @@ func (p *Plugin) add(a *attach.Attachment, netnsPath string) error {
 	// After the rules: new packets must meet the new translation.
 	p.Host.Flush(plans...)
 	return nil
+}
+
+// strictForwardPorts refuses host ports that firewalld would drop: with
+// its StrictForwardPorts on (firewalld 2.3) it lets no connection through
+// that other software DNATed, so a host port would look published and
+// never answer. Asked before anything is written.
+func (p *Plugin) strictForwardPorts(a *attach.Attachment) error {
+	if p.Host.StrictForwardPorts == nil {
+		return nil
+	}
+	strict, err := p.Host.StrictForwardPorts()
+	if err != nil {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("cannot tell whether firewalld drops host ports: %v", err), "")
+	}
+	if !strict {
+		return nil
+	}
+	var ports []string
+	for _, r := range a.Request.Mappings.Stretches() {
+		ports = append(ports, r.Ports("-")+"/"+string(r.Protocol))
+	}
+	return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf(
+		"firewalld's StrictForwardPorts is on: it drops connections to host ports it did not forward itself, so host ports %s would never answer; "+
+			"forward them in firewalld instead (a forward port or a policy to the container), or set StrictForwardPorts=no in firewalld.conf and reload firewalld",
+		strings.Join(ports, ", ")), "")
 }

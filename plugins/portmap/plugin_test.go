@@ -501,3 +501,53 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		}
 	})
 }
+
+// TestAddUnderStrictForwardPorts: where firewalld drops DNATed connections
+// it did not configure, ADD with host ports fails with code 50 naming
+// the setting, the ports and the ways out, before anything is written;
+// ADD without host ports passes through; where firewalld does not answer
+// whether it does, ADD asks to be tried again (11).
+func TestAddUnderStrictForwardPorts(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		strict   bool
+		err      error
+		mappings bool
+		code     uint
+	}{
+		{"strict", true, nil, true, 50},
+		{"strict, no host ports", true, nil, false, 0},
+		{"not strict", false, nil, true, 0},
+		{"no answer", false, errors.New("timeout"), true, 11},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, h, _ := newFake()
+			asked := 0
+			p.Host.StrictForwardPorts = func() (bool, error) { asked++; return tt.strict, tt.err }
+			extra := map[string]string{"prevResult": prevDual}
+			if tt.mappings {
+				extra = withMappings(extra)
+			}
+			err := p.Add(args(t, extra))
+			if codeOf(err) != tt.code || (tt.code == 0) != (err == nil) {
+				t.Fatalf("error %v (code %d), want code %d", err, codeOf(err), tt.code)
+			}
+			if tt.mappings != (asked == 1) {
+				t.Errorf("firewalld asked %d times, want it asked once exactly for ADD with host ports", asked)
+			}
+			if tt.code == 0 {
+				return
+			}
+			if h.Calls() != "" {
+				t.Errorf("calls %v: want nothing", h.CallList())
+			}
+			if tt.code == 50 {
+				for _, want := range []string{"StrictForwardPorts is on", "8080/tcp", "8053/udp", "forward them in firewalld", "StrictForwardPorts=no"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not say %q", err, want)
+					}
+				}
+			}
+		})
+	}
+}

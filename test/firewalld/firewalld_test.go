@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	pmfirewalld "github.com/portmap-dev/portmap/pkg/firewalld"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -129,15 +130,7 @@ func startFirewalld(t *testing.T, suite, backend string, conf ...string) *firewa
 	t.Cleanup(func() { _ = unix.Unmount(filepath.Join(etc, "firewalld.conf"), 0) })
 
 	f := &firewalld{root: root, log: filepath.Join(t.TempDir(), "firewalld.log")}
-	_ = os.Remove("/run/dbus/system_bus_socket")
-	f.bus = exec.Command("chroot", root, "dbus-daemon", "--system", "--nopidfile", "--nofork")
-	if err := f.bus.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.bus.Process.Kill(); _ = f.bus.Wait() })
-	if !nettest.Eventually(10*time.Second, func() bool { _, err := os.Stat("/run/dbus/system_bus_socket"); return err == nil }) {
-		t.Fatal("no system bus 10 s after dbus-daemon's start")
-	}
+	f.bus = startBus(t, root)
 	logf, err := os.Create(f.log)
 	if err != nil {
 		t.Fatal(err)
@@ -163,6 +156,24 @@ func startFirewalld(t *testing.T, suite, backend string, conf ...string) *firewa
 	return f
 }
 
+// startBus starts the root's dbus-daemon as the system bus, on the
+// test's /run; it ends with the test.
+func startBus(t *testing.T, root string) *exec.Cmd {
+	t.Helper()
+	ownRun(t)
+	mountRoot(t, root)
+	_ = os.Remove("/run/dbus/system_bus_socket")
+	bus := exec.Command("chroot", root, "dbus-daemon", "--system", "--nopidfile", "--nofork")
+	if err := bus.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Process.Kill(); _ = bus.Wait() })
+	if !nettest.Eventually(10*time.Second, func() bool { _, err := os.Stat("/run/dbus/system_bus_socket"); return err == nil }) {
+		t.Fatal("no system bus 10 s after dbus-daemon's start")
+	}
+	return bus
+}
+
 // cmd runs the root's firewall-cmd and returns its output.
 func (f *firewalld) cmd(args ...string) (string, error) {
 	out, err := exec.Command("chroot", append([]string{f.root, "firewall-cmd"}, args...)...).CombinedOutput()
@@ -180,3 +191,25 @@ const (
 )
 
 func addr(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+
+// TestBusWithoutFirewalld: on a system bus where no firewalld runs (most
+// nodes with a bus), the plugin finds StrictForwardPorts off and the
+// agent's passes do not wait, each in a round trip.
+func TestBusWithoutFirewalld(t *testing.T) {
+	startBus(t, filepath.Join(os.Getenv(rootsEnv), "trixie", "root"))
+	start := time.Now()
+	strict, err := pmfirewalld.StrictForwardPorts()
+	t.Logf("StrictForwardPorts asked in %s", time.Since(start))
+	if strict || err != nil {
+		t.Errorf("StrictForwardPorts without firewalld: %v %v, want false and no error", strict, err)
+	}
+	b, err := pmfirewalld.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	start = time.Now()
+	if err := b.Settle(10 * time.Second); err != nil || time.Since(start) > time.Second {
+		t.Errorf("Settle without firewalld: %v after %s, want nil at once", err, time.Since(start))
+	}
+}

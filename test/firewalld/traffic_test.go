@@ -3,6 +3,8 @@
 package firewalld
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/portmap-dev/portmap/test/nettest"
 	"golang.org/x/sys/unix"
@@ -145,5 +149,45 @@ func reload(t *testing.T, suite, fw, ours string, flushed bool) {
 	// both reloads seen on the bus, and no pass failed during one
 	if n := strings.Count(log(), "firewalld reloaded"); n != 2 || strings.Contains(log(), "level=ERROR") {
 		t.Errorf("the agent's log: %d reloads seen, want 2, and no error:\n%s", n, log())
+	}
+}
+
+// TestStrictForwardPorts: firewalld 2.3 with StrictForwardPorts=yes drops
+// the connections other software DNATs to containers. ADD with host
+// ports fails there with code 50 naming the setting and writes nothing;
+// ADD without host ports, DEL, GC and STATUS answer as usual. (With it
+// off, as shipped, TestDefaults' host ports answer; firewalld 1.3 has no
+// such setting.)
+func TestStrictForwardPorts(t *testing.T) {
+	for _, fw := range []string{"nftables", "iptables"} {
+		for _, ours := range []string{"iptables", "nftables"} {
+			t.Run(fw+"/"+ours, func(t *testing.T) {
+				startFirewalld(t, "trixie", fw, "StrictForwardPorts=yes")
+				rt := nettest.NewRuntime(t, nettest.Net{Name: "fw", CNIVersion: "1.1.0", V4: "192.0.2.0/28",
+					Extra: map[string]string{"backend": `"` + ours + `"`}})
+				c, err := rt.Add(t, "c1", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+				if nettest.Code(err) != 50 || !strings.Contains(fmt.Sprint(err), "StrictForwardPorts is on") || !strings.Contains(fmt.Sprint(err), "8080/tcp") {
+					t.Errorf("ADD with a host port under StrictForwardPorts=yes: %v (code %d), want code 50 naming the setting and the port", err, nettest.Code(err))
+				}
+				if out, stderr, status, err := nettest.Agent("list", "--json"); err != nil || status != 0 || strings.TrimSpace(out) != "[]" {
+					t.Errorf("portmap-agent list after the refused ADD: exit %d %v %q %s, want no mapping", status, err, out, stderr)
+				}
+				if err := rt.Del(c); err != nil {
+					t.Errorf("DEL of the refused attachment: %v", err)
+				}
+				plain := rt.MustAdd(t, "c2")
+				ctx := context.Background()
+				if err := rt.CNI.GetStatusNetworkList(ctx, rt.List); err != nil {
+					t.Errorf("STATUS: %v", err)
+				}
+				valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: plain.ID, IfName: "eth0"}}}
+				if err := rt.CNI.GCNetworkList(ctx, rt.List, valid); err != nil {
+					t.Errorf("GC: %v", err)
+				}
+				if err := rt.Del(plain); err != nil {
+					t.Errorf("DEL without host ports: %v", err)
+				}
+			})
+		}
 	}
 }
