@@ -70,7 +70,7 @@ func newLAN(t *testing.T) *lan {
 	cl := nettest.NewNS(t)
 	l.plug(t, "klc", cl)
 	ip := lanPrefix + ".2"
-	if err := cl.Do(func(ns.NetNS) error { return configureLink("klc", ip+"/24") }); err != nil {
+	if err := cl.Do(func(ns.NetNS) error { return nettest.Configure("klc", []string{ip + "/24"}, nil) }); err != nil {
 		t.Fatalf("the LAN's client: %v", err)
 	}
 	l.client = &nettest.Client{NS: cl, IP: []net.IP{net.ParseIP(ip)}}
@@ -119,27 +119,6 @@ func (l *lan) plug(t *testing.T, name string, to ns.NetNS) {
 	}
 }
 
-// configureLink gives link addr (no duplicate address detection) and
-// brings it and loopback up.
-func configureLink(link, addr string) error {
-	l, err := netlink.LinkByName(link)
-	if err != nil {
-		return err
-	}
-	a, err := netlink.ParseAddr(addr)
-	if err != nil {
-		return err
-	}
-	a.Flags = syscall.IFA_F_NODAD
-	if err := netlink.AddrAdd(l, a); err != nil {
-		return fmt.Errorf("add %s to %s: %w", addr, link, err)
-	}
-	if lo, err := netlink.LinkByName("lo"); err == nil {
-		_ = netlink.LinkSetUp(lo)
-	}
-	return netlink.LinkSetUp(l)
-}
-
 // startPeerNode starts a second node of c's cluster, named name, at ip on
 // the LAN: a holder of new network and mount namespaces (holdPeer), its
 // link to the LAN, a cgroup of its own under the suite's, containerd with
@@ -185,7 +164,7 @@ func startPeerNode(t *testing.T, c *controlPlane, l *lan, rt runtime, name, ip s
 	t.Cleanup(func() { netNS.Close() })
 	link := "kl" + strings.TrimPrefix(name, "node")
 	l.plug(t, link, netNS)
-	if err := netNS.Do(func(ns.NetNS) error { return configureLink(link, ip+"/24") }); err != nil {
+	if err := netNS.Do(func(ns.NetNS) error { return nettest.Configure(link, []string{ip + "/24"}, nil) }); err != nil {
 		t.Fatalf("%s's link: %v", name, err)
 	}
 	n := prepare(t, &node{name: name, cgroup: "/" + cg, rt: rt, peer: holder, link: link, netNS: netNS})

@@ -42,7 +42,7 @@ func twoNodes(t *testing.T, mode string) {
 	l := newLAN(t)
 	ip1, ip2 := lanPrefix+".1", lanPrefix+".3"
 	l.plug(t, "kl1", nil)
-	if err := configureLink("kl1", ip1+"/24"); err != nil {
+	if err := nettest.Configure("kl1", []string{ip1 + "/24"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	n1, c := startClusterNode(t, containerd16, ip1)

@@ -70,11 +70,11 @@ func NewClient(tb TB, cn ClientNet) *Client {
 	}
 	hostAddrs := []string{cn.V4 + ".1/24", cn.V6 + ":1/64"}
 	clientAddrs := []string{cn.V4 + ".2/24", cn.V6 + ":2/64"}
-	if err := configure(cn.HostIf, hostAddrs, nil); err != nil {
+	if err := Configure(cn.HostIf, hostAddrs, nil); err != nil {
 		tb.Fatalf("host side: %v", err)
 	}
 	err = c.NS.Do(func(ns.NetNS) error {
-		return configure(peer, clientAddrs, []string{cn.V4 + ".1", cn.V6 + ":1"})
+		return Configure(peer, clientAddrs, []string{cn.V4 + ".1", cn.V6 + ":1"})
 	})
 	if err != nil {
 		tb.Fatalf("client side: %v", err)
@@ -88,9 +88,9 @@ func NewClient(tb TB, cn ClientNet) *Client {
 	return c
 }
 
-// configure brings link up with addrs (no duplicate address detection) and
-// default routes via gws.
-func configure(name string, addrs, gws []string) error {
+// Configure brings link up with addrs (no duplicate address detection),
+// and loopback, and default routes via gws.
+func Configure(name string, addrs, gws []string) error {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
 		return err
