@@ -44,6 +44,8 @@ type Attachment struct {
 	State string `json:"state"`
 	What  string `json:"what,omitempty"`
 	File  string `json:"file"`
+	// HostPorts are its host ports, as "8080/tcp, 9000-9010/udp".
+	HostPorts string `json:"hostPorts"`
 }
 
 // Orphan is kernel state of an owner without a cache entry.
@@ -157,7 +159,7 @@ func (r *Report) addUnit(backend string, f plan.Family, u *converge.Report) {
 func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 	for i, w := range ws {
 		a := Attachment{Network: w.Network, ContainerID: w.att.ContainerID, IfName: w.att.IfName,
-			Backend: string(w.Backend), State: string(converge.OK), File: w.att.File}
+			Backend: string(w.Backend), State: string(converge.OK), File: w.att.File, HostPorts: w.Request.Mappings.HostPorts()}
 		switch {
 		case len(out.failed[i]) > 0:
 			a.State, a.What = string(converge.Error), strings.Join(append(out.failed[i], out.repaired[i]...), "; ")

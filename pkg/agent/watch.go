@@ -53,6 +53,10 @@ type Firewall interface {
 	// Settle returns once no reload is under way, or after timeout with
 	// an error.
 	Settle(timeout time.Duration) error
+	// StrictForwardPorts says whether the manager drops connections
+	// other software DNATed to containers (firewalld's setting of that
+	// name): it then drops the host ports of every attachment.
+	StrictForwardPorts() (bool, error)
 }
 
 // settleTimeout bounds a pass's wait for a reload under way (firewalld's
@@ -195,6 +199,7 @@ type watcher struct {
 	withheld, kept map[string]bool
 	failing        string // the error of the last pass, logged once
 	lastStart      time.Time
+	strict         bool // the firewall manager dropped host ports at the last question
 }
 
 // pass runs one pass, logs and reports it, and says whether it changed
@@ -242,6 +247,9 @@ func (w *watcher) pass(trigger string) bool {
 	if rep != nil {
 		fresh = logHeld(w.log, rep, &w.withheld, &w.kept)
 		logChanges(w.log, rep, trigger, took, w.logged)
+		if trigger == TriggerStart || trigger == TriggerReload {
+			w.checkStrict(rep)
+		}
 	}
 	if w.o.Observe != nil {
 		w.o.Observe(PassInfo{Trigger: trigger, Start: start, Took: took, Report: rep, Err: err, NewlyWithheld: fresh})
@@ -253,6 +261,30 @@ func (w *watcher) pass(trigger string) bool {
 	// 30).
 	debug.FreeOSMemory()
 	return rep != nil && rep.Changed()
+}
+
+// checkStrict asks the firewall manager whether it drops host ports, and
+// warns of every attachment whose host ports it drops: after the first
+// pass and after each reload, the only times the setting changes. (ADD
+// refuses host ports while it is on; these are attachments made before.)
+func (w *watcher) checkStrict(rep *Report) {
+	if w.o.Firewall == nil {
+		return
+	}
+	strict, err := w.o.Firewall.StrictForwardPorts()
+	switch {
+	case err != nil:
+		w.log.Warn("firewalld did not say whether its StrictForwardPorts is on", "err", err)
+		return
+	case !strict && w.strict:
+		w.log.Info("firewalld's StrictForwardPorts is off: it lets host ports through again")
+	case strict:
+		for _, a := range rep.Attachments {
+			w.log.Warn("firewalld's StrictForwardPorts drops these host ports: forward them in firewalld, or set it off",
+				"network", a.Network, "container", a.ContainerID, "ifname", a.IfName, "hostPorts", a.HostPorts)
+		}
+	}
+	w.strict = strict
 }
 
 // logChanges logs what a pass found wrong or did, one record each, and a

@@ -117,6 +117,13 @@ type fakeFirewall struct {
 	reloaded  chan struct{}
 	reloading sync.RWMutex
 	settled   atomic.Int32 // the passes Settle let go on
+	strict    atomic.Bool  // StrictForwardPorts' answer
+	asked     atomic.Int32 // how often it was asked
+}
+
+func (f *fakeFirewall) StrictForwardPorts() (bool, error) {
+	f.asked.Add(1)
+	return f.strict.Load(), nil
 }
 
 func (f *fakeFirewall) Reloaded() <-chan struct{} { return f.reloaded }
@@ -150,6 +157,28 @@ func TestWatchWaitsOutAReload(t *testing.T) {
 	// reload's
 	if passes != 3 || strings.Count(log, `msg="firewalld reloaded"`) != 1 {
 		t.Errorf("%d passes, want 3; log:\n%s", passes, log)
+	}
+}
+
+// TestWatchWarnsOfStrictForwardPorts: with StrictForwardPorts on, the
+// start's pass warns of each attachment's host ports, a reload's pass
+// again; once a reload turned it off, the agent says so. Only those
+// passes ask (the setting changes with a reload only).
+func TestWatchWarnsOfStrictForwardPorts(t *testing.T) {
+	events := make(chan struct{}, 1)
+	fw := &fakeFirewall{reloaded: make(chan struct{}, 1)}
+	fw.strict.Store(true)
+	stop := watchFakeWith(t, 0, events, 0, fw)
+	time.Sleep(50 * time.Millisecond)
+	events <- struct{}{} // a pass that does not ask
+	time.Sleep(150 * time.Millisecond)
+	fw.strict.Store(false)
+	fw.reloaded <- struct{}{}
+	time.Sleep(100 * time.Millisecond)
+	_, log := stop()
+	warn := `level=WARN msg="firewalld's StrictForwardPorts drops these host ports: forward them in firewalld, or set it off" network=net1 container=a ifname=eth0 hostPorts=8080/tcp`
+	if strings.Count(log, warn) != 1 || !strings.Contains(log, "firewalld's StrictForwardPorts is off") || fw.asked.Load() != 2 {
+		t.Errorf("asked %d times (want 2: the start, the reload); log (want one warning, then off):\n%s", fw.asked.Load(), log)
 	}
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fakehost"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
 
@@ -17,11 +19,69 @@ func TestWriteTableGolden(t *testing.T) {
 		{HostIP: "*", HostPort: 8080, Protocol: "tcp", ContainerIP: "192.0.2.2", ContainerPort: 80, Network: "net1", ContainerID: "c1", Backend: "iptables"},
 		{HostIP: "198.51.100.1", HostPort: 8053, Protocol: "udp", ContainerIP: "2001:db8::2", ContainerPort: 53, Network: "a-longer-network", ContainerID: "0123456789abcdef", Backend: "nftables"},
 	}
+	rows := make([]listed, len(entries))
+	for i, e := range entries {
+		rows[i].Entry = e
+	}
 	var b bytes.Buffer
-	if err := writeTable(&b, entries); err != nil {
+	if err := writeTable(&b, rows); err != nil {
 		t.Fatal(err)
 	}
 	fixture.Golden(t, "testdata/list.golden", b.String())
+	rows[0].DroppedBy = strictNote
+	b.Reset()
+	if err := writeTable(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	fixture.Golden(t, "testdata/list-dropped.golden", b.String())
+}
+
+// TestListUnderStrictForwardPorts: where firewalld's StrictForwardPorts
+// is on, the entries of the DNAT backends are marked dropped, in JSON
+// and in the table, with a note why; not the socket path's; where it is
+// off, nothing is; where firewalld does not answer, list says so.
+func TestListUnderStrictForwardPorts(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		strict         bool
+		err            error
+		dropped, notes bool
+	}{
+		{"on", true, nil, true, true},
+		{"off", false, nil, false, false},
+		{"no answer", false, errors.New("ask firewalld for StrictForwardPorts: ?: timeout"), false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, fh := fakehost.New()
+			in := plan.Installed{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2").To4(), ContainerPort: 80,
+				Owner: plan.Owner{Network: "net1", ContainerID: "c1"}}
+			fh.Installed = map[string][]plan.Installed{"iptables ipv4": {in}, "localhost ipv4": {in}}
+			h.StrictForwardPorts = func() (bool, error) { return c.strict, c.err }
+			var js, table, notes bytes.Buffer
+			err := list(&js, &notes, h, true, nil)
+			if (err != nil) != (c.err != nil) {
+				t.Errorf("list: %v, want %v", err, c.err)
+			}
+			var got []listed
+			if err := json.Unmarshal(js.Bytes(), &got); err != nil || len(got) != 2 {
+				t.Fatalf("list --json: %v %s", err, js.String())
+			}
+			for _, e := range got {
+				want := ""
+				if c.dropped && e.Backend == "iptables" {
+					want = strictNote
+				}
+				if e.DroppedBy != want {
+					t.Errorf("%s entry dropped by %q, want %q", e.Backend, e.DroppedBy, want)
+				}
+			}
+			notes.Reset()
+			_ = list(&table, &notes, h, false, nil)
+			if strings.Contains(table.String(), "DROPPED BY") != c.dropped || strings.Contains(notes.String(), "StrictForwardPorts is on") != c.notes {
+				t.Errorf("table:\n%s\nnotes: %s", table.String(), notes.String())
+			}
+		})
+	}
 }
 
 // list in process: every backend's and layer's mappings of both

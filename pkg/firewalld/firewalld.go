@@ -1,14 +1,13 @@
-// Package firewalld follows firewalld on the system bus for the node
-// agent: its Reloaded signal, sent when a reload (which flushes the
-// iptables tables) is done, and whether a reload is under way.
+// Package firewalld is what portmap needs of firewalld: for the node
+// agent, its Reloaded signal on the system bus, sent when a reload (which
+// flushes the iptables tables) is done, and whether a reload is under
+// way; for ADD, whether its StrictForwardPorts drops host ports.
 package firewalld
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -81,53 +80,6 @@ func (b *Bus) Settle(timeout time.Duration) error {
 
 // Close ends the connection.
 func (b *Bus) Close() error { return b.conn.Close() }
-
-// defaultBus is the system bus's socket where DBUS_SYSTEM_BUS_ADDRESS
-// names none.
-const defaultBus = "/run/dbus/system_bus_socket"
-
-// StrictForwardPorts says whether a firewalld on the system bus has
-// StrictForwardPorts on (firewalld 2.3 and later): it then drops
-// connections that other software DNATed to containers, unless its own
-// forward ports or policies let them through. false where no bus is
-// reachable, no firewalld is on it, or firewalld has no such setting
-// (before 2.3); an error where firewalld is there but does not answer.
-func StrictForwardPorts() (bool, error) {
-	if os.Getenv("DBUS_SYSTEM_BUS_ADDRESS") == "" {
-		if _, err := os.Stat(defaultBus); err != nil {
-			return false, nil // no bus: nothing to ask
-		}
-	}
-	conn, err := dbus.ConnectSystemBus()
-	if err != nil {
-		return false, nil // no bus reachable: no firewalld on it either
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var v dbus.Variant
-	err = conn.Object(name, path+"/config").CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", dbus.FlagNoAutoStart,
-		iface+".config", "StrictForwardPorts").Store(&v)
-	switch errName(err) {
-	case "":
-		s, _ := v.Value().(string)
-		return s == "yes", nil
-	case "org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner":
-		return false, nil // no firewalld
-	case "org.freedesktop.DBus.Error.InvalidArgs":
-		return false, nil // a firewalld without the setting
-	case "org.freedesktop.DBus.Python.dbus.exceptions.DBusException":
-		// firewalld 1.3 raises InvalidArgs through dbus-python:
-		// "org.freedesktop.DBus.Error.InvalidArgs: Property
-		// 'StrictForwardPorts' does not exist"
-		if strings.HasPrefix(err.Error(), "org.freedesktop.DBus.Error.InvalidArgs:") {
-			return false, nil
-		}
-		fallthrough
-	default:
-		return false, fmt.Errorf("ask firewalld for StrictForwardPorts: %s: %w", errName(err), err)
-	}
-}
 
 // errName is the D-Bus error name of err: "" for nil, "?" for an error
 // that is not a D-Bus error reply (a timeout, a closed connection).

@@ -1,6 +1,9 @@
 package plan
 
-import "iter"
+import (
+	"iter"
+	"strings"
+)
 
 // Mappings are mappings in the order a request gave them, held as the
 // stretches their consecutive entries make: an entry that continues the
@@ -84,4 +87,20 @@ func (l Mappings) Ascending() bool {
 		}
 	}
 	return true
+}
+
+// HostPorts spells the host ports as "8080/tcp, 20000-20999/udp" in
+// order, each stretch once (stretches that differ only in host IP or
+// container port are one).
+func (l Mappings) HostPorts() string {
+	var out []string
+	seen := map[string]bool{}
+	for _, r := range l.seq {
+		s := r.Ports("-") + "/" + string(r.Protocol)
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, ", ")
 }

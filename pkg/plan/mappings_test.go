@@ -82,3 +82,22 @@ func TestFingerprintUnchanged(t *testing.T) {
 		}
 	}
 }
+
+func TestHostPorts(t *testing.T) {
+	v4, v6 := net.ParseIP("198.51.100.1").To4(), net.ParseIP("2001:db8::1")
+	for _, c := range []struct {
+		ms   []Mapping
+		want string
+	}{
+		{nil, ""},
+		{[]Mapping{{Protocol: TCP, HostPort: 8080, ContainerPort: 80}}, "8080/tcp"},
+		{[]Mapping{{Protocol: TCP, HostPort: 8080, ContainerPort: 80}, {Protocol: TCP, HostPort: 8081, ContainerPort: 81},
+			{Protocol: UDP, HostPort: 53, ContainerPort: 53}}, "8080-8081/tcp, 53/udp"},
+		{[]Mapping{{HostIP: v4, Protocol: TCP, HostPort: 8080, ContainerPort: 80}, {HostIP: v6, Protocol: TCP, HostPort: 8080, ContainerPort: 80}},
+			"8080/tcp"},
+	} {
+		if got := MappingsOf(c.ms...).HostPorts(); got != c.want {
+			t.Errorf("HostPorts(%v) = %q, want %q", c.ms, got, c.want)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package portmap
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -117,12 +116,8 @@ func (p *Plugin) strictForwardPorts(a *attach.Attachment) error {
 	if !strict {
 		return nil
 	}
-	var ports []string
-	for _, r := range a.Request.Mappings.Stretches() {
-		ports = append(ports, r.Ports("-")+"/"+string(r.Protocol))
-	}
 	return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf(
 		"firewalld's StrictForwardPorts is on: it drops connections to host ports it did not forward itself, so host ports %s would never answer; "+
 			"forward them in firewalld instead (a forward port or a policy to the container), or set StrictForwardPorts=no in firewalld.conf and reload firewalld",
-		strings.Join(ports, ", ")), "")
+		a.Request.Mappings.HostPorts()), "")
 }

@@ -49,13 +49,42 @@ type firewalld struct {
 	root     string
 	bus, fwd *exec.Cmd
 	log      string
+	// conf is its firewalld.conf (bind-mounted over the root's): the one
+	// Debian ships (shipped) with backend and the test's settings.
+	conf, shipped, backend string
+}
+
+// configure writes firewalld.conf: as shipped, with the backend and
+// settings ("KEY=VALUE") in place of the shipped ones. firewalld reads
+// it as it starts and reloads.
+func (f *firewalld) configure(t *testing.T, settings ...string) {
+	t.Helper()
+	settings = append([]string{"FirewallBackend=" + f.backend}, settings...)
+	set := map[string]bool{}
+	for _, c := range settings {
+		k, _, _ := strings.Cut(c, "=")
+		set[k] = true
+	}
+	var lines []string
+	for _, l := range strings.Split(f.shipped, "\n") {
+		if k, _, ok := strings.Cut(l, "="); !ok || !set[k] {
+			lines = append(lines, l)
+		}
+	}
+	lines = append(lines, settings...)
+	if err := os.WriteFile(f.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 var privateRun sync.Once
 
 // ownRun mounts a tmpfs over /run in the test's mount namespace, once:
 // the bus's socket, firewalld's state and /run/xtables.lock are the
-// test's, shared with the roots (mountRoot binds it into each).
+// test's, shared with the roots (mountRoot binds it into each). It lays
+// an overlay over /etc too, its changes on that tmpfs, so that the
+// firewalld settings of a root can show at /etc/firewalld, where the
+// plugin and the agent look for them (showSettings).
 func ownRun(t *testing.T) {
 	t.Helper()
 	var err error
@@ -66,10 +95,44 @@ func ownRun(t *testing.T) {
 		if err == nil { // the suite's own bus, for the agents it runs
 			err = os.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
 		}
+		up, work := "/run/portmap-etc/upper", "/run/portmap-etc/work"
+		for _, d := range []string{up, work} {
+			if err == nil {
+				err = os.MkdirAll(d, 0o755)
+			}
+		}
+		if err == nil {
+			err = unix.Mount("overlay", "/etc", "overlay", 0, "lowerdir=/etc,upperdir="+up+",workdir="+work)
+		}
 	})
 	if err != nil {
-		t.Fatalf("a tmpfs over /run: %v", err)
+		t.Fatalf("a tmpfs over /run, an overlay over /etc: %v", err)
 	}
+}
+
+// showSettings shows the root's /etc/firewalld at /etc/firewalld until
+// the test ends: firewalld is installed there, as far as the plugin
+// and the agent can tell.
+func showSettings(t *testing.T, root string) {
+	t.Helper()
+	ownRun(t)
+	if _, err := os.Stat("/run/portmap-etc/upper"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir("/etc/firewalld", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(filepath.Join(root, "etc/firewalld"), "/etc/firewalld", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount("/etc/firewalld", unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+		if err := os.Remove("/etc/firewalld"); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 var mounted sync.Map
@@ -107,29 +170,15 @@ func startFirewalld(t *testing.T, suite, backend string, conf ...string) *firewa
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf = append([]string{"FirewallBackend=" + backend}, conf...)
-	set := map[string]bool{}
-	for _, c := range conf {
-		k, _, _ := strings.Cut(c, "=")
-		set[k] = true
-	}
-	var lines []string
-	for _, l := range strings.Split(string(data), "\n") {
-		if k, _, ok := strings.Cut(l, "="); !ok || !set[k] {
-			lines = append(lines, l)
-		}
-	}
-	lines = append(lines, conf...)
-	own := filepath.Join(t.TempDir(), "firewalld.conf")
-	if err := os.WriteFile(own, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(own, filepath.Join(etc, "firewalld.conf"), "", unix.MS_BIND, ""); err != nil {
+	f := &firewalld{root: root, log: filepath.Join(t.TempDir(), "firewalld.log"), shipped: string(data),
+		conf: filepath.Join(t.TempDir(), "firewalld.conf"), backend: backend}
+	f.configure(t, conf...)
+	if err := unix.Mount(f.conf, filepath.Join(etc, "firewalld.conf"), "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(filepath.Join(etc, "firewalld.conf"), 0) })
+	showSettings(t, root)
 
-	f := &firewalld{root: root, log: filepath.Join(t.TempDir(), "firewalld.log")}
 	f.bus = startBus(t, root)
 	logf, err := os.Create(f.log)
 	if err != nil {
@@ -193,22 +242,31 @@ const (
 func addr(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
 
 // TestBusWithoutFirewalld: on a system bus where no firewalld runs (most
-// nodes with a bus), the plugin finds StrictForwardPorts off and the
-// agent's passes do not wait, each in a round trip.
+// nodes with a bus), the plugin finds StrictForwardPorts off, without a
+// question where firewalld is not installed, after one where it is; the
+// agent's passes do not wait.
 func TestBusWithoutFirewalld(t *testing.T) {
-	startBus(t, filepath.Join(os.Getenv(rootsEnv), "trixie", "root"))
-	start := time.Now()
-	strict, err := pmfirewalld.StrictForwardPorts()
-	t.Logf("StrictForwardPorts asked in %s", time.Since(start))
-	if strict || err != nil {
-		t.Errorf("StrictForwardPorts without firewalld: %v %v, want false and no error", strict, err)
+	root := filepath.Join(os.Getenv(rootsEnv), "trixie", "root")
+	startBus(t, root)
+	ask := func(what string) {
+		start := time.Now()
+		strict, err := pmfirewalld.StrictForwardPorts()
+		t.Logf("StrictForwardPorts, %s: %s", what, time.Since(start))
+		if strict || err != nil {
+			t.Errorf("StrictForwardPorts, %s: %v %v, want false and no error", what, strict, err)
+		}
 	}
+	ask("firewalld not installed")
+	t.Run("installed", func(t *testing.T) {
+		showSettings(t, root)
+		ask("firewalld installed, not running")
+	})
 	b, err := pmfirewalld.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	start = time.Now()
+	start := time.Now()
 	if err := b.Settle(10 * time.Second); err != nil || time.Since(start) > time.Second {
 		t.Errorf("Settle without firewalld: %v after %s, want nil at once", err, time.Since(start))
 	}

@@ -115,22 +115,7 @@ func reload(t *testing.T, suite, fw, ours string, flushed bool) {
 	}
 
 	// the agent watching: each reload repaired
-	logFile := filepath.Join(t.TempDir(), "agent.log")
-	out, err := os.Create(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
-	log := func() string { data, _ := os.ReadFile(logFile); return string(data) }
-	agent := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "sync", "--watch", "--cache-dir", rt.CacheDir)
-	agent.Stdout, agent.Stderr = out, out
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = agent.Process.Signal(unix.SIGTERM); _ = agent.Wait() }()
-	if !nettest.Eventually(10*time.Second, func() bool { return strings.Contains(log(), "watching") }) {
-		t.Fatalf("the agent did not start watching in 10 s:\n%s", log())
-	}
+	log := startAgent(t, rt.CacheDir)
 	for _, how := range []string{"--reload", "--complete-reload"} {
 		if out, err := f.cmd(how); err != nil {
 			t.Fatalf("firewall-cmd %s: %v %s", how, err, out)
@@ -175,6 +160,17 @@ func TestStrictForwardPorts(t *testing.T) {
 				if err := rt.Del(c); err != nil {
 					t.Errorf("DEL of the refused attachment: %v", err)
 				}
+				// a runtime that cannot reach the bus: firewalld.conf says
+				t.Run("without the bus", func(t *testing.T) {
+					t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/portmap-no-bus")
+					c, err := rt.Add(t, "c3", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+					if nettest.Code(err) != 50 || !strings.Contains(fmt.Sprint(err), "StrictForwardPorts is on") {
+						t.Errorf("ADD with a host port, StrictForwardPorts=yes in firewalld.conf, no bus: %v (code %d), want code 50", err, nettest.Code(err))
+					}
+					if err := rt.Del(c); err != nil {
+						t.Errorf("DEL of the refused attachment: %v", err)
+					}
+				})
 				plain := rt.MustAdd(t, "c2")
 				ctx := context.Background()
 				if err := rt.CNI.GetStatusNetworkList(ctx, rt.List); err != nil {
@@ -190,4 +186,103 @@ func TestStrictForwardPorts(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestStrictTurnedOn: host ports made before StrictForwardPorts was
+// turned on (firewalld.conf, then a reload) stop answering, the LAN and
+// the node alike (firewalld checks DNATed connections on output too);
+// `portmap-agent list` marks them dropped and the agent names them; once
+// it is off again (and reloaded), they answer again.
+func TestStrictTurnedOn(t *testing.T) {
+	for _, fw := range []string{"nftables", "iptables"} {
+		for _, ours := range []string{"iptables", "nftables"} {
+			t.Run(fw+"/"+ours, func(t *testing.T) {
+				f := startFirewalld(t, "trixie", fw)
+				cl := nettest.NewClient(t, clientNet)
+				node := cl.HostIP[0].String()
+				rt := nettest.NewRuntime(t, nettest.Net{Name: "fw", V4: "192.0.2.0/28", Extra: map[string]string{"backend": `"` + ours + `"`}})
+				c := rt.MustAdd(t, "c1", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+				nettest.Serve(t, c.NS, "c1", srvPort)
+				log := startAgent(t, rt.CacheDir)
+				answers := func(from *nettest.Client, ip string) bool {
+					got, err := dial(from, "tcp", addr(ip, hostPort))
+					return err == nil && strings.HasPrefix(got, "c1 sees")
+				}
+				if !answers(cl, node) {
+					t.Fatal("the host port does not answer the LAN before StrictForwardPorts")
+				}
+
+				f.configure(t, "StrictForwardPorts=yes")
+				if out, err := f.cmd("--reload"); err != nil {
+					t.Fatalf("firewall-cmd --reload: %v %s", err, out)
+				}
+				warn := "firewalld's StrictForwardPorts drops these host ports"
+				if !nettest.Eventually(5*time.Second, func() bool {
+					l := log()
+					return strings.Contains(l, warn) && strings.Contains(l, "container="+c.ID) && strings.Contains(l, "hostPorts=8080/tcp")
+				}) {
+					t.Errorf("the agent did not name the dropped host ports in 5 s:\n%s", log())
+				}
+				for _, x := range []struct {
+					from *nettest.Client
+					ip   string
+				}{{cl, node}, {nil, node}, {nil, "127.0.0.1"}} {
+					if answers(x.from, x.ip) {
+						t.Errorf("the host port answers at %s (from the LAN: %v) under StrictForwardPorts=yes: firewalld should drop it", x.ip, x.from != nil)
+					}
+				}
+				out, stderr, status, err := nettest.Agent("list")
+				if err != nil || status != 0 || !strings.Contains(out, "DROPPED BY") || !strings.Contains(out, "firewalld StrictForwardPorts") ||
+					!strings.Contains(stderr, "StrictForwardPorts is on") {
+					t.Errorf("portmap-agent list: exit %d %v\n%s%s", status, err, out, stderr)
+				}
+
+				f.configure(t)
+				if out, err := f.cmd("--reload"); err != nil {
+					t.Fatalf("firewall-cmd --reload: %v %s", err, out)
+				}
+				if !nettest.Eventually(5*time.Second, func() bool { return answers(cl, node) }) {
+					t.Error("the host port does not answer the LAN 5 s after StrictForwardPorts=no and a reload")
+				}
+				if !nettest.Eventually(5*time.Second, func() bool { return strings.Contains(log(), "StrictForwardPorts is off") }) {
+					t.Errorf("the agent did not say StrictForwardPorts is off:\n%s", log())
+				}
+				if out, _, _, _ := nettest.Agent("list"); strings.Contains(out, "DROPPED BY") {
+					t.Errorf("portmap-agent list with StrictForwardPorts off:\n%s", out)
+				}
+				if strings.Contains(log(), "level=ERROR") {
+					t.Errorf("the agent logged an error:\n%s", log())
+				}
+			})
+		}
+	}
+}
+
+// startAgent starts `portmap-agent sync --watch` on the cache, until the
+// test ends, and returns its log so far.
+func startAgent(t *testing.T, cacheDir string) (log func() string) {
+	t.Helper()
+	logFile := filepath.Join(t.TempDir(), "agent.log")
+	out, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log = func() string { data, _ := os.ReadFile(logFile); return string(data) }
+	agent := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "sync", "--watch", "--cache-dir", cacheDir)
+	agent.Stdout, agent.Stderr = out, out
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = agent.Process.Signal(unix.SIGTERM)
+		_ = agent.Wait()
+		out.Close()
+		if t.Failed() {
+			t.Logf("the agent's log:\n%s", log())
+		}
+	})
+	if !nettest.Eventually(10*time.Second, func() bool { return strings.Contains(log(), "watching") }) {
+		t.Fatalf("the agent did not start watching in 10 s:\n%s", log())
+	}
+	return log
 }
