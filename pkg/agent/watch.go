@@ -40,16 +40,19 @@ type WatchOptions struct {
 	// every pass waits until no reload is under way, and a pass follows
 	// each reload it reports.
 	Firewall Firewall
-	// OnReload, when set, is told of every reload Firewall reports.
+	// OnReload, when set, is told of every reload (and start) Firewall
+	// reports.
 	OnReload func()
 }
 
 // Firewall is a firewall manager that says when it reloaded and waits
 // out a reload under way.
 type Firewall interface {
-	// Reloaded receives a value after each reload; it is closed when the
-	// manager can no longer be followed.
-	Reloaded() <-chan struct{}
+	// Reloaded receives what happened ("reloaded", "started") after
+	// each reload and each start of the manager, both of which write its
+	// rules anew; it is closed when the manager can no longer be
+	// followed.
+	Reloaded() <-chan string
 	// Settle returns once no reload is under way, or after timeout with
 	// an error.
 	Settle(timeout time.Duration) error
@@ -68,7 +71,8 @@ const (
 	TriggerStart    = "start"
 	TriggerEvent    = "event"
 	TriggerInterval = "interval"
-	// TriggerReload is the pass after the firewall manager's reload.
+	// TriggerReload is the pass after the firewall manager's reload or
+	// start.
 	TriggerReload = "reload"
 )
 
@@ -131,7 +135,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			settle = time.After(max(o.Debounce, o.MinPeriod-time.Since(w.lastStart)))
 		}
 	}
-	var reloaded <-chan struct{}
+	var reloaded <-chan string
 	if o.Firewall != nil {
 		reloaded = o.Firewall.Reloaded()
 	}
@@ -157,7 +161,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 				o.OnEvent()
 			}
 			arm()
-		case _, ok := <-reloaded:
+		case what, ok := <-reloaded:
 			if !ok {
 				log.Warn("the system bus connection ended; firewalld's reloads are seen through nf_tables events only")
 				reloaded, w.o.Firewall = nil, nil // passes no longer ask it
@@ -166,7 +170,7 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			if o.OnReload != nil {
 				o.OnReload()
 			}
-			log.Info("firewalld reloaded")
+			log.Info("firewalld " + what)
 			settle = nil // this pass answers the reload's events too
 			if w.pass(TriggerReload) {
 				arm()

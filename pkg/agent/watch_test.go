@@ -114,7 +114,7 @@ func TestWatchKeepsAMinimumPeriod(t *testing.T) {
 // fakeFirewall is a firewall manager whose reload is under way while
 // reloading is held.
 type fakeFirewall struct {
-	reloaded  chan struct{}
+	reloaded  chan string
 	reloading sync.RWMutex
 	settled   atomic.Int32 // the passes Settle let go on
 	strict    atomic.Bool  // StrictForwardPorts' answer
@@ -126,7 +126,7 @@ func (f *fakeFirewall) StrictForwardPorts() (bool, error) {
 	return f.strict.Load(), nil
 }
 
-func (f *fakeFirewall) Reloaded() <-chan struct{} { return f.reloaded }
+func (f *fakeFirewall) Reloaded() <-chan string { return f.reloaded }
 
 func (f *fakeFirewall) Settle(time.Duration) error {
 	f.reloading.RLock()
@@ -140,7 +140,7 @@ func (f *fakeFirewall) Settle(time.Duration) error {
 // (not after the debounce), which answers the events too.
 func TestWatchWaitsOutAReload(t *testing.T) {
 	events := make(chan struct{}, 1)
-	fw := &fakeFirewall{reloaded: make(chan struct{}, 1)}
+	fw := &fakeFirewall{reloaded: make(chan string, 1)}
 	stop := watchFakeWith(t, 0, events, 0, fw)
 	time.Sleep(50 * time.Millisecond) // the start's pass
 	fw.reloading.Lock()
@@ -150,7 +150,7 @@ func TestWatchWaitsOutAReload(t *testing.T) {
 		t.Errorf("%d passes went on, want 1 (the start's): a pass ran during the reload", n)
 	}
 	fw.reloading.Unlock()
-	fw.reloaded <- struct{}{}
+	fw.reloaded <- "reloaded"
 	time.Sleep(200 * time.Millisecond)
 	passes, log := stop()
 	// the start, the event's pass (it waited for the reload), the
@@ -166,14 +166,14 @@ func TestWatchWaitsOutAReload(t *testing.T) {
 // passes ask (the setting changes with a reload only).
 func TestWatchWarnsOfStrictForwardPorts(t *testing.T) {
 	events := make(chan struct{}, 1)
-	fw := &fakeFirewall{reloaded: make(chan struct{}, 1)}
+	fw := &fakeFirewall{reloaded: make(chan string, 1)}
 	fw.strict.Store(true)
 	stop := watchFakeWith(t, 0, events, 0, fw)
 	time.Sleep(50 * time.Millisecond)
 	events <- struct{}{} // a pass that does not ask
 	time.Sleep(150 * time.Millisecond)
 	fw.strict.Store(false)
-	fw.reloaded <- struct{}{}
+	fw.reloaded <- "reloaded"
 	time.Sleep(100 * time.Millisecond)
 	_, log := stop()
 	warn := `level=WARN msg="firewalld's StrictForwardPorts drops these host ports: forward them in firewalld, or set it off" network=net1 container=a ifname=eth0 hostPorts=8080/tcp`
@@ -186,7 +186,7 @@ func TestWatchWarnsOfStrictForwardPorts(t *testing.T) {
 // followed (the bus connection ended), passes stop asking it.
 func TestWatchOutlivesTheBus(t *testing.T) {
 	events := make(chan struct{}, 1)
-	fw := &fakeFirewall{reloaded: make(chan struct{})}
+	fw := &fakeFirewall{reloaded: make(chan string)}
 	stop := watchFakeWith(t, 0, events, 0, fw)
 	time.Sleep(50 * time.Millisecond)
 	close(fw.reloaded)

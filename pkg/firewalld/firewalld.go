@@ -21,15 +21,23 @@ const (
 )
 
 // Bus is a connection to the system bus subscribed to firewalld's
-// Reloaded signal.
+// Reloaded signal and to its starts.
 type Bus struct {
 	conn     *dbus.Conn
-	reloaded chan struct{}
+	reloaded chan string
 }
+
+// What Reloaded says: firewalld reloaded, or started (it applies its
+// rules as it starts, flushing as a reload does).
+const (
+	Reloaded = "reloaded"
+	Started  = "started"
+)
 
 // Connect connects to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else
 // /run/dbus/system_bus_socket) and subscribes to firewalld's Reloaded
-// signal, whether or not firewalld runs now (it may start later).
+// signal and to the bus's word that firewalld took its name (a start),
+// whether or not firewalld runs now (it may start later).
 func Connect() (*Bus, error) {
 	conn, err := dbus.ConnectSystemBus()
 	if err != nil {
@@ -39,16 +47,28 @@ func Connect() (*Bus, error) {
 		conn.Close()
 		return nil, fmt.Errorf("subscribe to firewalld's Reloaded signal: %w", err)
 	}
-	b := &Bus{conn: conn, reloaded: make(chan struct{}, 1)}
+	if err := conn.AddMatchSignal(dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, name)); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("subscribe to firewalld's starts: %w", err)
+	}
+	b := &Bus{conn: conn, reloaded: make(chan string, 1)}
 	signals := make(chan *dbus.Signal, 16)
 	conn.Signal(signals)
 	go func() {
 		for s := range signals {
-			if s.Path == path && s.Name == iface+".Reloaded" {
-				select {
-				case b.reloaded <- struct{}{}:
-				default: // one pending is enough: the pass reads the state after it
-				}
+			what := ""
+			switch {
+			case s.Path == path && s.Name == iface+".Reloaded":
+				what = Reloaded
+			case s.Name == "org.freedesktop.DBus.NameOwnerChanged" && len(s.Body) == 3 && s.Body[0] == name && s.Body[2] != "":
+				what = Started
+			default:
+				continue
+			}
+			select {
+			case b.reloaded <- what:
+			default: // one pending is enough: the pass reads the state after it
 			}
 		}
 		close(b.reloaded)
@@ -56,9 +76,11 @@ func Connect() (*Bus, error) {
 	return b, nil
 }
 
-// Reloaded receives a value after firewalld finished a reload; it is
-// closed when the connection ends.
-func (b *Bus) Reloaded() <-chan struct{} { return b.reloaded }
+// Reloaded receives Reloaded after firewalld finished a reload, Started
+// once it took its name on the bus as it starts (a pass then waits in
+// Settle until it has applied its rules); it is closed when the
+// connection ends.
+func (b *Bus) Reloaded() <-chan string { return b.reloaded }
 
 // Settle returns once firewalld is not reloading, waiting up to timeout:
 // firewalld serves the bus one call at a time, and a reload is one, so

@@ -64,7 +64,7 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 	const ns = "portmap_agent"
 	a.m = metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "passes_total",
-			Help: "Passes of the watcher, by what triggered them: start, event (a firewall change, or the pass confirming a pass that wrote), interval, reload (firewalld's Reloaded signal)."}, []string{"trigger"}),
+			Help: "Passes of the watcher, by what triggered them: start, event (a firewall change, or the pass confirming a pass that wrote), interval, reload (firewalld's Reloaded signal, or its start)."}, []string{"trigger"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "pass_duration_seconds",
 			Help: "How long a pass took.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "repairs_total",
@@ -84,7 +84,7 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 		events: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "nftables_events_total",
 			Help: "nf_tables change events received."}),
 		reloads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "firewalld_reloads_total",
-			Help: "firewalld reloads seen (its Reloaded signal on the system bus)."}),
+			Help: "firewalld reloads and starts seen on the system bus (its Reloaded signal; its taking its bus name)."}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "last_success_timestamp_seconds",
 			Help: "When the last successful pass ended (Unix time)."}),
 	}

@@ -180,29 +180,41 @@ func startFirewalld(t *testing.T, suite, backend string, conf ...string) *firewa
 	showSettings(t, root)
 
 	f.bus = startBus(t, root)
-	logf, err := os.Create(f.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	f.fwd = exec.Command("chroot", root, "/usr/sbin/firewalld", "--nofork", "--nopid")
-	f.fwd.Stdout, f.fwd.Stderr = logf, logf
-	if err := f.fwd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	f.start(t)
 	t.Cleanup(func() {
-		_ = f.fwd.Process.Signal(unix.SIGTERM)
-		_ = f.fwd.Wait()
+		f.stop()
 		if t.Failed() {
 			out, _ := os.ReadFile(f.log)
 			t.Logf("firewalld's log:\n%s", out)
 		}
 	})
+	return f
+}
+
+// start starts firewalld and waits until it runs.
+func (f *firewalld) start(t *testing.T) {
+	t.Helper()
+	logf, err := os.OpenFile(f.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	f.fwd = exec.Command("chroot", f.root, "/usr/sbin/firewalld", "--nofork", "--nopid")
+	f.fwd.Stdout, f.fwd.Stderr = logf, logf
+	if err := f.fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	if !nettest.Eventually(30*time.Second, func() bool { out, _ := f.cmd("--state"); return out == "running" }) {
 		out, _ := os.ReadFile(f.log)
 		t.Fatalf("firewalld not running 30 s after its start:\n%s", out)
 	}
-	return f
+}
+
+// stop ends firewalld as its service does (SIGTERM: it removes its rules
+// as it exits).
+func (f *firewalld) stop() {
+	_ = f.fwd.Process.Signal(unix.SIGTERM)
+	_ = f.fwd.Wait()
 }
 
 // startBus starts the root's dbus-daemon as the system bus, on the

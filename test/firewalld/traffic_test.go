@@ -137,6 +137,55 @@ func reload(t *testing.T, suite, fw, ours string, flushed bool) {
 	}
 }
 
+// TestRestart: firewalld stopped and started again (as `systemctl
+// restart firewalld` does) writes its rules anew, and, with its iptables
+// backend or as 1.3, flushes the iptables tables as it goes and comes.
+// The agent follows its start on the bus: our iptables backend's host
+// port answers again within 0.5 s of firewalld running, and a start with
+// StrictForwardPorts on is warned of as a reload is.
+func TestRestart(t *testing.T) {
+	for _, r := range releases {
+		for _, fw := range []string{"nftables", "iptables"} {
+			t.Run(r.name+"/"+fw, func(t *testing.T) {
+				f := startFirewalld(t, r.suite, fw)
+				cl := nettest.NewClient(t, clientNet)
+				at := addr(cl.HostIP[0].String(), hostPort)
+				rt := nettest.NewRuntime(t, nettest.Net{Name: "fw", V4: "192.0.2.0/28", Extra: map[string]string{"backend": `"iptables"`}})
+				c := rt.MustAdd(t, "c1", nettest.Mapping{HostPort: hostPort, ContainerPort: srvPort})
+				nettest.Serve(t, c.NS, "c1", srvPort)
+				log := startAgent(t, rt.CacheDir)
+				answers := func() bool { got, err := dial(cl, "tcp", at); return err == nil && strings.HasPrefix(got, "c1 sees") }
+
+				f.stop()
+				f.start(t)
+				start := time.Now()
+				if !nettest.Eventually(5*time.Second, answers) {
+					t.Fatal("the host port does not answer 5 s after firewalld's restart")
+				}
+				took := time.Since(start)
+				t.Logf("%s %s: the host port answered %s after firewalld ran again", r.suite, fw, took.Round(10*time.Millisecond))
+				if took > 500*time.Millisecond {
+					t.Errorf("the host port answered %s after firewalld ran again, want within 0.5 s", took)
+				}
+				if !strings.Contains(log(), `msg="firewalld started"`) || strings.Contains(log(), "level=ERROR") {
+					t.Errorf("the agent's log: want firewalld's start seen and no error:\n%s", log())
+				}
+				if r.suite != "trixie" {
+					return
+				}
+				f.configure(t, "StrictForwardPorts=yes")
+				f.stop()
+				f.start(t)
+				if !nettest.Eventually(5*time.Second, func() bool {
+					return strings.Contains(log(), "firewalld's StrictForwardPorts drops these host ports") && strings.Contains(log(), "container="+c.ID)
+				}) {
+					t.Errorf("the agent did not name the dropped host ports 5 s after a start with StrictForwardPorts=yes:\n%s", log())
+				}
+			})
+		}
+	}
+}
+
 // TestStrictForwardPorts: firewalld 2.3 with StrictForwardPorts=yes drops
 // the connections other software DNATs to containers. ADD with host
 // ports fails there with code 50 naming the setting and writes nothing;
