@@ -8,7 +8,8 @@ package nfevents
 import (
 	"errors"
 	"fmt"
-	"sync/atomic"
+	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,15 +17,14 @@ import (
 // Subscription delivers a token on C after one or more changes; changes
 // that arrive while a token is pending coalesce into it.
 type Subscription struct {
-	C    <-chan struct{}
-	fd   int
-	done atomic.Bool
+	C <-chan struct{}
+	f *os.File
 }
 
 // Subscribe opens the subscription in the calling thread's network
 // namespace.
 func Subscribe() (*Subscription, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("open netfilter netlink socket: %w", err)
 	}
@@ -33,31 +33,38 @@ func Subscribe() (*Subscription, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("subscribe to nf_tables events: %w", err)
 	}
-	// The reader wakes up twice a second to see whether it was closed:
-	// closing a socket does not end a blocked recvfrom.
-	tv := unix.Timeval{Usec: 500000}
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("set receive timeout: %w", err)
+	// A non-blocking socket as an *os.File waits in Go's poller: the
+	// reader sleeps until a message comes or Close, with no thread of its
+	// own and no timer.
+	f := os.NewFile(uintptr(fd), "nf_tables events")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("nf_tables events: %w", err)
 	}
 	c := make(chan struct{}, 1)
-	s := &Subscription{C: c, fd: fd}
-	go s.read(c)
+	s := &Subscription{C: c, f: f}
+	go s.read(rc, c)
 	return s, nil
 }
 
-// read blocks on the socket and turns every message (or an overrun, which
-// means messages were lost) into a pending token.
-func (s *Subscription) read(c chan struct{}) {
+// read waits on the socket and turns every message (or an overrun, which
+// means messages were lost) into a pending token, until Close.
+func (s *Subscription) read(rc syscall.RawConn, c chan struct{}) {
 	buf := make([]byte, 1<<16)
 	defer close(c)
-	defer unix.Close(s.fd)
-	for !s.done.Load() {
-		_, _, err := unix.Recvfrom(s.fd, buf, 0)
+	for {
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			_, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return !errors.Is(rerr, unix.EAGAIN)
+		}); err != nil {
+			return // closed
+		}
 		switch {
-		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+		case errors.Is(rerr, unix.EINTR):
 			continue
-		case err != nil && !errors.Is(err, unix.ENOBUFS):
+		case rerr != nil && !errors.Is(rerr, unix.ENOBUFS):
 			return
 		}
 		select {
@@ -75,6 +82,5 @@ func (s *Subscription) Drain() {
 	}
 }
 
-// Close ends the subscription; C is closed (and the socket) once the
-// reader sees it, within half a second.
-func (s *Subscription) Close() { s.done.Store(true) }
+// Close ends the subscription; C is closed once the reader returns.
+func (s *Subscription) Close() { s.f.Close() }
