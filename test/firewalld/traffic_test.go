@@ -311,14 +311,24 @@ func TestStrictTurnedOn(t *testing.T) {
 // test ends, and returns its log so far.
 func startAgent(t *testing.T, cacheDir string) (log func() string) {
 	t.Helper()
+	log, _ = startAgentWith(t, nil, "--cache-dir", cacheDir)
+	return log
+}
+
+// startAgentWith starts `portmap-agent sync --watch` with args, and env
+// beside the test's, until the test ends; it returns its log so far and
+// the process.
+func startAgentWith(t *testing.T, env []string, args ...string) (log func() string, p *os.Process) {
+	t.Helper()
 	logFile := filepath.Join(t.TempDir(), "agent.log")
 	out, err := os.Create(logFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	log = func() string { data, _ := os.ReadFile(logFile); return string(data) }
-	agent := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), "sync", "--watch", "--cache-dir", cacheDir)
+	agent := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), append([]string{"sync", "--watch"}, args...)...)
 	agent.Stdout, agent.Stderr = out, out
+	agent.Env = append(os.Environ(), env...)
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -333,5 +343,5 @@ func startAgent(t *testing.T, cacheDir string) (log func() string) {
 	if !nettest.Eventually(10*time.Second, func() bool { return strings.Contains(log(), "watching") }) {
 		t.Fatalf("the agent did not start watching in 10 s:\n%s", log())
 	}
-	return log
+	return log, agent.Process
 }
