@@ -37,7 +37,15 @@ func TestMain(m *testing.M) {
 		fmt.Printf("firewalld: SKIP: %s is not set: run make firewalld-test\n", rootsEnv)
 		os.Exit(0)
 	}
-	nettest.Main(m)
+	nettest.MainUnchanged(m, machine)
+}
+
+// machine is what the suite must leave as it found it: besides the
+// rules and links, no firewalld settings, no bus, no firewalld state and
+// no forwarding switched on in the machine's namespaces.
+func machine() string {
+	return nettest.Fingerprint([]string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"},
+		[]string{"/etc/firewalld", "/run/dbus", "/run/firewalld", "/run/netns", "/run/cni-portmap", "/var/lib/cni"})
 }
 
 // releases are the firewalld releases the suite runs: Debian's suite of

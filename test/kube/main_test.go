@@ -102,11 +102,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "kube: %v\n", err)
 		status = 1
 	}
-	if after := fingerprint(); after != before {
-		d := diffLines(before, after)
-		if d == "" { // the same lines in another order
-			d = "before:\n" + before + "after:\n" + after
-		}
+	if d := nettest.Changed(before, fingerprint()); d != "" {
 		fmt.Fprintf(os.Stderr, "kube: the node touched the machine:\n%s", d)
 		status = 1
 	}
@@ -128,64 +124,19 @@ var shadowed = []string{"/run", "/var/lib", "/var/log", "/opt", "/etc/cni"}
 
 // fingerprint is what the node must leave as it found it, as text.
 func fingerprint() string {
-	var b strings.Builder
+	var files []string
 	for _, s := range kubeletSysctls {
-		v, err := os.ReadFile("/proc/sys/" + s)
-		fmt.Fprintf(&b, "sysctl %s = %s %v\n", s, strings.TrimSpace(string(v)), err)
+		files = append(files, "/proc/sys/"+s)
 	}
 	// kube-proxy's conntrack settings, left alone by the suite's flags:
 	// the table's size is the machine's
-	for _, f := range []string{"/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize"} {
-		v, err := os.ReadFile(f)
-		fmt.Fprintf(&b, "%s = %s %v\n", f, strings.TrimSpace(string(v)), err)
-	}
-	for _, args := range [][]string{{"ip", "-o", "link"}, {"ip", "-o", "addr"}, {"iptables-save"}, {"ip6tables-save"}, {"nft", "list", "ruleset"}} {
-		out, err := exec.Command(args[0], args[1:]...).Output()
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(l, "#") {
-				continue // iptables-save's dates
-			}
-			fmt.Fprintf(&b, "%s: %s\n", args[0], l)
-		}
-		if err != nil {
-			fmt.Fprintf(&b, "%s: %v\n", args[0], err)
-		}
-	}
-	for _, d := range []string{"/run/containerd", "/run/netns", "/run/cni-portmap", "/var/lib/cni", "/var/lib/kubelet", "/var/lib/containerd",
-		"/var/log/pods", "/var/log/containers", "/opt/cni", "/etc/cni/net.d", "/usr/libexec/kubernetes"} {
-		ents, err := os.ReadDir(d)
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		fmt.Fprintf(&b, "dir %s: %s %v\n", d, strings.Join(names, " "), err != nil)
-	}
+	files = append(files, "/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize")
+	fp := nettest.Fingerprint(files, []string{"/run/containerd", "/run/netns", "/run/cni-portmap", "/var/lib/cni", "/var/lib/kubelet",
+		"/var/lib/containerd", "/var/log/pods", "/var/log/containers", "/opt/cni", "/etc/cni/net.d", "/usr/libexec/kubernetes"})
 	// The suite's own temporary directories (kube-node-, kube-sysctl-,
 	// …): other programs share the temporary directory, so only these.
 	tmp, err := filepath.Glob(filepath.Join(os.TempDir(), "kube-*"))
-	fmt.Fprintf(&b, "temp: %s %v\n", strings.Join(tmp, " "), err)
-	return b.String()
-}
-
-func diffLines(a, b string) string {
-	in := map[string]int{}
-	for _, l := range strings.Split(a, "\n") {
-		in[l]++
-	}
-	var d strings.Builder
-	for _, l := range strings.Split(b, "\n") {
-		if in[l] > 0 {
-			in[l]--
-			continue
-		}
-		fmt.Fprintf(&d, "+ %s\n", l)
-	}
-	for l, n := range in {
-		for ; n > 0; n-- {
-			fmt.Fprintf(&d, "- %s\n", l)
-		}
-	}
-	return d.String()
+	return fp + fmt.Sprintf("temp: %s %v\n", strings.Join(tmp, " "), err)
 }
 
 // cgroupHierarchies are the mounted cgroup hierarchies (v1 controllers,

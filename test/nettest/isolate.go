@@ -49,6 +49,27 @@ func Main(m *testing.M) {
 	os.Exit(Reexec(os.Args))
 }
 
+// MainUnchanged is Main that also fails the run where fingerprint,
+// taken in the machine's namespaces before and after the isolated run,
+// changed (see Fingerprint), printing how.
+func MainUnchanged(m *testing.M, fingerprint func() string) {
+	if Isolated() {
+		Main(m)
+	}
+	RequireRoot("privileged tests", "they make their own network namespaces")
+	if err := ensureBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
+		os.Exit(1)
+	}
+	before := fingerprint()
+	status := Reexec(os.Args)
+	if d := Changed(before, fingerprint()); d != "" {
+		fmt.Fprintf(os.Stderr, "nettest: the tests changed the machine:\n%s", d)
+		status = 1
+	}
+	os.Exit(status)
+}
+
 // MainInPlace is TestMain for privileged packages that must stay in the
 // node's namespaces (the image tests: podman needs the node's cgroup
 // mounts): the same root rule as Main, without the re-run.
