@@ -16,20 +16,7 @@ set -euo pipefail
 suite=$1 dir=$(realpath -m "$2")
 root=$dir/root
 
-if [ ! -e "$dir/root-v2.stamp" ]; then
-  command -v mmdebstrap >/dev/null || {
-    echo "userland.sh: mmdebstrap is missing (test/deps.sh installs it)" >&2
-    exit 1
-  }
-  rm -rf "$root"
-  mkdir -p "$dir"
-  mmdebstrap --quiet --variant=minbase --include=iptables,nftables,iproute2,kmod \
-    "$suite" "$root" >"$dir/mmdebstrap.log" 2>&1 || {
-    tail -20 "$dir/mmdebstrap.log" >&2
-    exit 1
-  }
-  touch "$dir/root-v2.stamp"
-fi
+"$(dirname "$0")/../debroot.sh" "$suite" "$dir" root-v2.stamp iptables,nftables,iproute2,kmod
 
 lib=x86_64-linux-gnu
 case "$(uname -m)" in

@@ -8,19 +8,6 @@
 set -euo pipefail
 suite=$1 dir=$(realpath -m "$2")
 root=$dir/root
-if [ ! -e "$dir/root.stamp" ]; then
-  command -v mmdebstrap >/dev/null || {
-    echo "root.sh: mmdebstrap is missing (test/deps.sh installs it)" >&2
-    exit 1
-  }
-  rm -rf "$root"
-  mkdir -p "$dir"
-  mmdebstrap --quiet --variant=minbase \
-    --include=firewalld,dbus-daemon,iptables,nftables,iproute2,python3-nftables \
-    "$suite" "$root" >"$dir/mmdebstrap.log" 2>&1 || {
-    tail -20 "$dir/mmdebstrap.log" >&2
-    exit 1
-  }
-  touch "$dir/root.stamp"
-fi
+"$(dirname "$0")/../debroot.sh" "$suite" "$dir" root.stamp \
+  firewalld,dbus-daemon,iptables,nftables,iproute2,python3-nftables
 chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' firewalld
