@@ -2,7 +2,12 @@
 // SCTP flow that started before the port was mapped keeps its old
 // translation (often none) for as long as packets keep coming, so ADD, DEL
 // and a repairing sync flush the entries whose original destination is a
-// host port.
+// host port: its port, at an address of the node (the mapping's hostIP
+// where it names one). The node's and its pods' flows to other hosts on
+// the same port number are not the host port's, and are kept: an address
+// is the node's when the kernel's route to it is of type local, which is
+// what the DNAT rules' "fib daddr type local" and "--dst-type LOCAL" ask,
+// looked up once per destination among the entries of a flushed port.
 //
 // Finding them means reading the namespace's table, and the kernel's hash
 // is shared by every namespace (262144 buckets on a small machine). Over
@@ -30,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/netns"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -48,6 +54,9 @@ type Port struct {
 	Family   plan.Family
 	Protocol plan.Protocol
 	Port     int
+	// Addr is the mapping's hostIP; the zero Addr is every address of
+	// the node. An Addr that is not the node's flushes nothing.
+	Addr netip.Addr
 }
 
 // key is what a conntrack entry is matched on: its family, and the
@@ -92,27 +101,41 @@ func (Host) FlushDstPorts(ports []Port) error {
 }
 
 // table is a conntrack table: one dump of every entry (messages as the
-// kernel sends them: nfgenmsg, then attributes), one deletion.
+// kernel sends them: nfgenmsg, then attributes), one deletion, and the
+// node's answer to whether an address is its own.
 type table interface {
 	dump() ([][]byte, error)
 	remove(family uint8, msg []byte) error
+	local(addr netip.Addr) bool
 }
 
-// flush deletes the entries of t that ports name, after one dump; an
+// flush deletes the entries of t that ports name, after one dump: those
+// of a port's family, protocol and port whose original destination is an
+// address of the node, and the port's own address where it names one. An
 // entry gone meanwhile is no failure.
 func flush(t table, ports []Port) error {
-	want := map[key]bool{}
+	// per key, the addresses it names; an invalid one is any of the node's
+	want := map[key][]netip.Addr{}
 	for _, p := range ports {
-		want[keyOf(p)] = true
+		want[keyOf(p)] = append(want[keyOf(p)], p.Addr.Unmap())
 	}
 	msgs, err := t.dump()
 	if err != nil {
 		return fmt.Errorf("dump conntrack entries: %w", err)
 	}
+	locals := map[netip.Addr]bool{}
+	isLocal := func(a netip.Addr) bool {
+		l, seen := locals[a]
+		if !seen {
+			l = t.local(a)
+			locals[a] = l
+		}
+		return l
+	}
 	var errs []error
 	for _, m := range msgs {
-		k, ok := origKey(m)
-		if !ok || !want[k] {
+		k, dst, ok := origTuple(m)
+		if !ok || !named(want[k], dst) || !isLocal(dst) {
 			continue
 		}
 		if err := t.remove(k.family, m); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -125,6 +148,17 @@ func flush(t table, ports []Port) error {
 	return nil
 }
 
+// named reports whether one of addrs, the addresses a flushed port names,
+// is dst: the same address, or the invalid Addr (any of the node's).
+func named(addrs []netip.Addr, dst netip.Addr) bool {
+	for _, a := range addrs {
+		if !a.IsValid() || a == dst {
+			return true
+		}
+	}
+	return false
+}
+
 // ctnetlink's messages and attributes (linux/netfilter/nfnetlink_conntrack.h).
 const (
 	ctGet         = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
@@ -133,6 +167,9 @@ const (
 	ctaTupleProto = 2
 	ctaProtoNum   = 1
 	ctaProtoDport = 3
+	ctaTupleIP    = 1
+	ctaIPv4Dst    = 2
+	ctaIPv6Dst    = 4
 )
 
 // kernelTable is the table of the calling thread's namespace, through
@@ -155,28 +192,49 @@ func (t kernelTable) remove(family uint8, m []byte) error {
 	return err
 }
 
+// local asks the kernel whether addr is the node's (the calling thread's
+// namespace; see netns.Local). No answer is "not the node's", so nothing
+// is flushed on it.
+func (kernelTable) local(addr netip.Addr) bool { return netns.Local(addr) }
+
 // origKey reads an entry's family and its original direction's protocol
 // and destination port from a dump message (nfgenmsg, then attributes).
 func origKey(m []byte) (key, bool) {
+	k, _, ok := origTuple(m)
+	return k, ok
+}
+
+// origTuple reads an entry's key and its original destination address.
+func origTuple(m []byte) (key, netip.Addr, bool) {
 	if len(m) < 4 {
-		return key{}, false
+		return key{}, netip.Addr{}, false
 	}
 	k := key{family: m[0]}
 	orig, ok := nfnl.Find(m[4:], ctaTupleOrig)
 	if !ok {
-		return k, false
+		return k, netip.Addr{}, false
 	}
 	proto, ok := nfnl.Find(orig, ctaTupleProto)
 	if !ok {
-		return k, false
+		return k, netip.Addr{}, false
 	}
 	num, ok1 := nfnl.Find(proto, ctaProtoNum)
 	port, ok2 := nfnl.Find(proto, ctaProtoDport)
 	if !ok1 || !ok2 || len(num) < 1 || len(port) < 2 {
-		return k, false
+		return k, netip.Addr{}, false
 	}
 	k.proto, k.port = num[0], binary.BigEndian.Uint16(port)
-	return k, true
+	var dst netip.Addr
+	if ip, ok := nfnl.Find(orig, ctaTupleIP); ok {
+		attr := uint16(ctaIPv4Dst)
+		if k.family == unix.AF_INET6 {
+			attr = ctaIPv6Dst
+		}
+		if b, ok := nfnl.Find(ip, attr); ok {
+			dst, _ = netip.AddrFromSlice(b)
+		}
+	}
+	return k, dst, true
 }
 
 // countPath is this namespace's number of conntrack entries.
@@ -244,7 +302,6 @@ var errDirZone = errors.New("conntrack entry zoned in one direction")
 
 // ctnetlink's attributes of an address tuple and of the zone.
 const (
-	ctaTupleIP    = 1
 	ctaIPv4Src    = 1
 	ctaIPv6Src    = 3
 	ctaProtoSport = 2

@@ -41,7 +41,19 @@ func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
 // entry is a dump message as the kernel sends it: nfgenmsg, the original
 // tuple (addresses, then protocol and ports), then more attributes.
 func entry(family, proto uint8, dport uint16) []byte {
-	ip := nla(nl.CTA_TUPLE_IP, true, nla(nl.CTA_IP_V4_SRC, false, []byte{198, 51, 100, 2}))
+	return entryTo(family, proto, netip.Addr{}, dport)
+}
+
+// entryTo is entry with an original destination address (none where dst
+// is the zero Addr).
+func entryTo(family, proto uint8, dst netip.Addr, dport uint16) []byte {
+	addrs := nla(nl.CTA_IP_V4_SRC, false, []byte{198, 51, 100, 2})
+	if dst.Is4() {
+		addrs = append(addrs, nla(nl.CTA_IP_V4_DST, false, dst.AsSlice())...)
+	} else if dst.Is6() {
+		addrs = append(addrs, nla(nl.CTA_IP_V6_DST, false, dst.AsSlice())...)
+	}
+	ip := nla(nl.CTA_TUPLE_IP, true, addrs)
 	pr := nla(nl.CTA_TUPLE_PROTO, true, append(append(nla(nl.CTA_PROTO_NUM, false, []byte{proto}),
 		nla(nl.CTA_PROTO_SRC_PORT, false, be16(40001))...), nla(nl.CTA_PROTO_DST_PORT, false, be16(dport))...))
 	m := []byte{family, nl.NFNETLINK_V0, 0, 0}
@@ -67,6 +79,15 @@ func TestOrigKey(t *testing.T) {
 	}
 	if k := keyOf(Port{Family: plan.IPv6, Protocol: plan.UDP, Port: 53}); k != (key{unix.AF_INET6, unix.IPPROTO_UDP, 53}) {
 		t.Errorf("keyOf: %+v", k)
+	}
+	for _, dst := range []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1"), {}} {
+		fam := uint8(unix.AF_INET)
+		if dst.Is6() {
+			fam = unix.AF_INET6
+		}
+		if _, got, ok := origTuple(entryTo(fam, unix.IPPROTO_UDP, dst, 53)); !ok || got != dst {
+			t.Errorf("origTuple's destination = %v, %v; want %v", got, ok, dst)
+		}
 	}
 }
 
@@ -159,16 +180,28 @@ type memTable struct {
 	dumpErr error
 	fail    map[uint16]error // deletion of an entry of this port fails
 	removed []string
+	// locals are the node's addresses (nil: every address is);
+	// asked counts the questions
+	locals map[netip.Addr]bool
+	asked  int
 }
 
 func (m *memTable) dump() ([][]byte, error) { return m.msgs, m.dumpErr }
 func (m *memTable) remove(family uint8, msg []byte) error {
-	k, _ := origKey(msg)
+	k, dst, _ := origTuple(msg)
 	if err := m.fail[k.port]; err != nil {
 		return err
 	}
-	m.removed = append(m.removed, fmt.Sprintf("%d/%d/%d", family, k.proto, k.port))
+	r := fmt.Sprintf("%d/%d/%d", family, k.proto, k.port)
+	if dst.IsValid() {
+		r = fmt.Sprintf("%d/%d/%s", family, k.proto, netip.AddrPortFrom(dst, k.port))
+	}
+	m.removed = append(m.removed, r)
 	return nil
+}
+func (m *memTable) local(a netip.Addr) bool {
+	m.asked++
+	return m.locals == nil || m.locals[a]
 }
 
 // One dump, then a deletion for each entry of a flushed family,
@@ -185,7 +218,7 @@ func TestFlush(t *testing.T) {
 			{2, 0},
 		}}
 	}
-	ports := []Port{{plan.IPv4, plan.UDP, 53}, {plan.IPv4, plan.SCTP, 9000}}
+	ports := []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53}, {Family: plan.IPv4, Protocol: plan.SCTP, Port: 9000}}
 	m := tbl()
 	if err := flush(m, ports); err != nil || strings.Join(m.removed, " ") != "2/17/53 2/132/9000" {
 		t.Errorf("flush: %v, removed %q", err, m.removed)
@@ -210,6 +243,55 @@ func TestFlush(t *testing.T) {
 	}
 	if err := (Host{}).FlushDstPorts(nil); err != nil {
 		t.Errorf("no ports: %v", err)
+	}
+}
+
+// A flush deletes a host port's flows only where their original
+// destination is an address of the node, and the port's own hostIP where
+// it names one: the node's and its pods' flows to other hosts on the
+// same port number are kept, and so are flows to a hostIP that is not
+// the node's (a pod spec naming another host's address). The node is
+// asked once per destination, and only about entries of a flushed port.
+func TestFlushOnlyTheNodesAddresses(t *testing.T) {
+	a := netip.MustParseAddr
+	node, node2, lo := a("192.0.2.1"), a("192.0.2.2"), a("127.0.0.1")
+	remote, node6, remote6 := a("203.0.113.9"), a("2001:db8::1"), a("2001:db8:ff::9")
+	udp4 := func(dst netip.Addr, port uint16) []byte { return entryTo(unix.AF_INET, unix.IPPROTO_UDP, dst, port) }
+	udp6 := func(dst netip.Addr, port uint16) []byte { return entryTo(unix.AF_INET6, unix.IPPROTO_UDP, dst, port) }
+	msgs := [][]byte{
+		udp4(node, 4433), udp4(node2, 4433), udp4(lo, 4433), udp4(remote, 4433),
+		udp4(remote, 4433), udp4(remote, 53), udp4(node, 53),
+		udp6(node6, 4433), udp6(remote6, 4433),
+		udp4(netip.Addr{}, 4433), // no destination read: not judged the node's
+	}
+	locals := map[netip.Addr]bool{node: true, node2: true, lo: true, node6: true}
+	for _, tt := range []struct {
+		name  string
+		ports []Port
+		want  string
+		asked int
+	}{
+		{"wildcard", []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 4433}, {Family: plan.IPv6, Protocol: plan.UDP, Port: 4433}},
+			"2/17/192.0.2.1:4433 2/17/192.0.2.2:4433 2/17/127.0.0.1:4433 10/17/[2001:db8::1]:4433", 7},
+		{"hostIP of the node", []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 4433, Addr: node2}}, "2/17/192.0.2.2:4433", 1},
+		{"hostIP of another host", []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 4433, Addr: remote}}, "", 1},
+		{"hostIP of another host, v6", []Port{{Family: plan.IPv6, Protocol: plan.UDP, Port: 4433, Addr: remote6}}, "", 1},
+		{"a wildcard and a hostIP of the same port", []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53, Addr: node2}, {Family: plan.IPv4, Protocol: plan.UDP, Port: 53}},
+			"2/17/192.0.2.1:53", 2},
+		{"a port no entry has", []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 9}}, "", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &memTable{msgs: msgs, locals: locals}
+			if err := flush(m, tt.ports); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(m.removed, " "); got != tt.want {
+				t.Errorf("removed %q, want %q", got, tt.want)
+			}
+			if m.asked != tt.asked {
+				t.Errorf("asked the node about %d addresses, want %d", m.asked, tt.asked)
+			}
+		})
 	}
 }
 
@@ -241,7 +323,7 @@ func TestKernelTable(t *testing.T) {
 	if err := kt.remove(unix.AF_INET, msg); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("remove of an entry the table lacks: %v, want ENOENT", err)
 	}
-	if err := flush(kt, []Port{{plan.IPv4, plan.UDP, 53}}); err != nil {
+	if err := flush(kt, []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53}}); err != nil {
 		t.Errorf("flush of an empty table: %v", err)
 	}
 }
@@ -254,6 +336,8 @@ func udpEntry(t *testing.T, src, dst string, sport, dport uint16) {
 	fam := uint8(unix.AF_INET)
 	if s.To4() == nil {
 		fam = unix.AF_INET6
+	} else {
+		s, d = s.To4(), d.To4() // the library writes an address's first 4 bytes
 	}
 	flow := &netlink.ConntrackFlow{
 		FamilyType: fam,
@@ -291,19 +375,51 @@ func entryKey(t *testing.T, m []byte) string {
 	return fmt.Sprintf("%d/%d/%d", k.family, k.proto, k.port)
 }
 
+// nodeAddrs makes 192.0.2.1 and 2001:db8::1 addresses of the test's own
+// namespace (on its loopback, brought up), and routes 203.0.113.0/24 and
+// 2001:db8:ff::/48 out of it, as a node has its addresses and reaches
+// other hosts.
+func nodeAddrs(t *testing.T) {
+	t.Helper()
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"192.0.2.1/32", "2001:db8::1/128"} {
+		addr, _ := netlink.ParseAddr(a)
+		if err := netlink.AddrAdd(lo, addr); err != nil {
+			t.Fatalf("address %s: %v", a, err)
+		}
+	}
+	for _, d := range []string{"203.0.113.0/24", "2001:db8:ff::/48"} {
+		_, dst, _ := net.ParseCIDR(d)
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst}); err != nil {
+			t.Fatalf("route %s: %v", d, err)
+		}
+	}
+}
+
 // On the real kernel, in a namespace of the test's own: the procfs
 // listing holds what the ctnetlink dump holds; a flush through it deletes
 // the entries of the flushed ports (each by the message built from its
-// line) and keeps the others; a listing that is not there is dumped.
+// line) whose destination is the node's, and keeps the others (the
+// node's flows to other hosts on the same port among them); a listing
+// that is not there is dumped.
 func TestProcTable(t *testing.T) {
 	kt := openKernelTable(t)
+	nodeAddrs(t)
 	pt := procTable{kt, procPath}
 	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 53)
 	udpEntry(t, "198.51.100.2", "192.0.2.1", 40001, 54)
 	udpEntry(t, "198.51.100.3", "192.0.2.1", 40002, 53)
+	udpEntry(t, "192.0.2.1", "203.0.113.9", 40003, 53) // the node's own, to another host
 	udpEntry(t, "2001:db8::2", "2001:db8::1", 40001, 53)
 	udpEntry(t, "2001:db8::2", "2001:db8::1", 40001, 6701)
-	all := []string{"10/17/53", "10/17/6701", "2/17/53", "2/17/53", "2/17/54"}
+	udpEntry(t, "2001:db8::1", "2001:db8:ff::9", 40003, 6701) // the same, IPv6
+	all := []string{"10/17/53", "10/17/6701", "10/17/6701", "2/17/53", "2/17/53", "2/17/53", "2/17/54"}
 	if got := keys(t, kt); !slices.Equal(got, all) {
 		t.Fatalf("dump: %v, want %v", got, all)
 	}
@@ -313,29 +429,60 @@ func TestProcTable(t *testing.T) {
 	if n, known := count(countPath); n != len(all) || !known {
 		t.Errorf("count: %d, %v; want %d", n, known, len(all))
 	}
-	if err := flush(pt, []Port{{plan.IPv4, plan.UDP, 53}, {plan.IPv6, plan.UDP, 6701}}); err != nil {
+	if !kt.local(netip.MustParseAddr("192.0.2.1")) || !kt.local(netip.MustParseAddr("127.0.0.1")) || !kt.local(netip.MustParseAddr("2001:db8::1")) ||
+		kt.local(netip.MustParseAddr("203.0.113.9")) || kt.local(netip.MustParseAddr("198.51.100.9")) || kt.local(netip.Addr{}) {
+		t.Error("local: the namespace's addresses and 127.0.0.1 are local, a routed, an unroutable and no address are not")
+	}
+	if err := flush(pt, []Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53}, {Family: plan.IPv6, Protocol: plan.UDP, Port: 6701}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := keys(t, kt), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
-		t.Errorf("after a flush of 4/udp/53 and 6/udp/6701 through the listing: %v, want %v", got, want)
+	left := []string{"10/17/53", "10/17/6701", "2/17/53", "2/17/54"}
+	if got := keys(t, kt); !slices.Equal(got, left) {
+		t.Errorf("after a flush of 4/udp/53 and 6/udp/6701 through the listing: %v, want %v (the flows to other hosts kept)", got, left)
+	}
+	if got := dsts(t, kt); !slices.Equal(got, []string{"192.0.2.1:54", "203.0.113.9:53", "[2001:db8::1]:53", "[2001:db8:ff::9]:6701"}) {
+		t.Errorf("left: %v", got)
 	}
 	absent := procTable{kt, filepath.Join(t.TempDir(), "nf_conntrack")}
-	if got, want := keys(t, absent), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
-		t.Errorf("without a listing: %v, want the dump's %v", got, want)
+	if got := keys(t, absent); !slices.Equal(got, left) {
+		t.Errorf("without a listing: %v, want the dump's %v", got, left)
 	}
 	garbled := filepath.Join(t.TempDir(), "nf_conntrack")
 	if err := os.WriteFile(garbled, []byte("ipv4     2 udp      x 29 src=198.51.100.2 dst=192.0.2.1 sport=1 dport=2\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := keys(t, procTable{kt, garbled}), []string{"10/17/53", "2/17/54"}; !slices.Equal(got, want) {
-		t.Errorf("with a line it cannot read: %v, want the dump's %v", got, want)
+	if got := keys(t, procTable{kt, garbled}); !slices.Equal(got, left) {
+		t.Errorf("with a line it cannot read: %v, want the dump's %v", got, left)
 	}
-	if err := (Host{}).FlushDstPorts([]Port{{plan.IPv4, plan.UDP, 54}, {plan.IPv6, plan.UDP, 53}}); err != nil {
+	// a hostIP that is not the node's flushes nothing, not even its own flow
+	if err := (Host{}).FlushDstPorts([]Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53, Addr: netip.MustParseAddr("203.0.113.9")}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := keys(t, kt); len(got) != 0 {
-		t.Errorf("after FlushDstPorts of the rest: %v left", got)
+	if got := keys(t, kt); !slices.Equal(got, left) {
+		t.Errorf("after a flush of a hostIP of another host: %v, want %v", got, left)
 	}
+	if err := (Host{}).FlushDstPorts([]Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 54}, {Family: plan.IPv6, Protocol: plan.UDP, Port: 53}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := dsts(t, kt); !slices.Equal(got, []string{"203.0.113.9:53", "[2001:db8:ff::9]:6701"}) {
+		t.Errorf("after FlushDstPorts of the rest: %v, want the flows to other hosts alone", got)
+	}
+}
+
+// dsts lists the original destinations of a table's entries, sorted.
+func dsts(t *testing.T, tb table) []string {
+	t.Helper()
+	msgs, err := tb.dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range msgs {
+		k, dst, _ := origTuple(m)
+		out = append(out, netip.AddrPortFrom(dst, k.port).String())
+	}
+	slices.Sort(out)
+	return out
 }
 
 func TestMain(m *testing.M) { userns.Main(m) }

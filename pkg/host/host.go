@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os/exec"
 	"sort"
 	"sync"
@@ -64,9 +65,10 @@ type Host struct {
 	SocketReady func(req *plan.Request) error
 	// StrictForwardPorts says whether the node's firewall manager drops
 	// DNATed connections it did not configure itself (firewalld's
-	// StrictForwardPorts, firewalld.StrictForwardPorts on the real host);
-	// nil: none to ask.
-	StrictForwardPorts func() (bool, error)
+	// StrictForwardPorts, firewalld.StrictForwardPorts on the real host),
+	// and a note for the log when the answer came another way than asked
+	// (the bus did not answer in time); nil: none to ask.
+	StrictForwardPorts func() (strict bool, note string, err error)
 
 	mu     sync.Mutex
 	opened map[openKey]backend.Backend
@@ -197,7 +199,7 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 				continue // a TCP range: nothing of it is read
 			}
 			for port := r.HostPort; port <= r.Last(); port++ {
-				cp := conntrack.Port{Family: pl.Family, Protocol: r.Protocol, Port: port}
+				cp := conntrack.Port{Family: pl.Family, Protocol: r.Protocol, Port: port, Addr: hostAddr(r.HostIP)}
 				if !seen[cp] {
 					seen[cp] = true
 					ports = append(ports, cp)
@@ -210,11 +212,21 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	}
 	sort.Slice(ports, func(i, j int) bool {
 		a, b := ports[i], ports[j]
-		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port)) < 0
+		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port), a.Addr.Compare(b.Addr)) < 0
 	})
 	if err := h.Conntrack.FlushDstPorts(ports); err != nil {
 		fmt.Fprintf(h.Log, "portmap: %v\n", err)
 	}
+}
+
+// hostAddr is a mapping's hostIP as conntrack matches it: the zero Addr
+// for every address of the node (no hostIP, or an unspecified one).
+func hostAddr(ip net.IP) netip.Addr {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok || a.Unmap().IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a.Unmap()
 }
 
 // NotInstalled reports whether err says a backend's tools are missing

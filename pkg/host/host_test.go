@@ -32,6 +32,9 @@ func TestStackTakesTheLayersTheRequestTurnsOn(t *testing.T) {
 	}
 }
 
+// One walk of the table for every UDP and SCTP host port of the plans,
+// each port with the address it names (a hostIP; an unspecified one is
+// every address of the node), TCP left out.
 func TestFlushOnceAWalkOnlyUDPAndSCTP(t *testing.T) {
 	h, fh := fakehost.New()
 	_, n, _ := net.ParseCIDR("192.0.2.2/24")
@@ -40,14 +43,15 @@ func TestFlushOnceAWalkOnlyUDPAndSCTP(t *testing.T) {
 		{HostPort: 53, ContainerPort: 53, Protocol: plan.UDP, HostIP: net.ParseIP("198.51.100.1")},
 		{HostPort: 80, ContainerPort: 80, Protocol: plan.TCP},
 		{HostPort: 9, ContainerPort: 9, Protocol: plan.SCTP},
+		{HostPort: 9, ContainerPort: 9, Protocol: plan.SCTP, HostIP: net.IPv4zero},
 	}
 	req := plan.Request{Mappings: plan.MappingsOf(ms...)}
 	h.Flush(plan.Build(req, plan.IPv4, n), plan.Build(req, plan.IPv4, n))
-	if got, want := fh.Calls(), "flush ipv4 sctp 9\nflush ipv4 udp 53\nflushed"; got != want {
+	if got, want := fh.Calls(), "flush ipv4 sctp 9\nflush ipv4 udp 53\nflush ipv4 udp 53 at 198.51.100.1\nflushed"; got != want {
 		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 	}
 	h.Flush(plan.Build(plan.Request{Mappings: plan.MappingsOf(ms[2:3]...)}, plan.IPv4, n))
-	if got := fh.Calls(); got != "flush ipv4 sctp 9\nflush ipv4 udp 53\nflushed" {
+	if got := fh.Calls(); got != "flush ipv4 sctp 9\nflush ipv4 udp 53\nflush ipv4 udp 53 at 198.51.100.1\nflushed" {
 		t.Errorf("a TCP-only flush walked the table: %s", got)
 	}
 }

@@ -214,6 +214,10 @@ func (h *Host) RouteLocalnet(ifName string) (bool, error) {
 }
 func (h *Host) FlushDstPorts(ports []conntrack.Port) error {
 	for _, pp := range ports {
+		if pp.Addr.IsValid() {
+			h.Record(fmt.Sprintf("flush %s %s %d at %s", pp.Family, pp.Protocol, pp.Port, pp.Addr))
+			continue
+		}
 		h.Record(fmt.Sprintf("flush %s %s %d", pp.Family, pp.Protocol, pp.Port))
 	}
 	h.Record("flushed")
