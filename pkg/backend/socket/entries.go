@@ -163,11 +163,20 @@ type Entry struct {
 // path).
 func Served(m plan.Mapping) bool { _, ok := protoNumbers[m.Protocol]; return ok }
 
+// Local reports whether ip is one of the node's own addresses (see
+// netns.Local). The socket path serves a mapping's host IP only where it
+// is loopback or one of them: a connect() to any other address leaves
+// the node for another host, and is not the pod's to take (the DNAT
+// rules, which match only local destinations, never take it either).
+type Local func(ip net.IP) bool
+
 // Entries are the keys p's attachment wants in the namespace whose
 // cookie is netns, with their values; the values' addresses are zero
 // when p has no container address (DEL without prevResult). A key
-// wanted twice keeps its first mapping, as the first DNAT rule wins.
-func Entries(p *plan.Plan, netns uint64) []Entry {
+// wanted twice keeps its first mapping, as the first DNAT rule wins. A
+// host IP that is neither loopback nor local (nil local: none is) has
+// no entry.
+func Entries(p *plan.Plan, netns uint64, local Local) []Entry {
 	owner, network := OwnerID(p.Owner), NetworkID(p.Owner.Network)
 	var caddr [16]byte
 	if p.ContainerNet != nil {
@@ -182,6 +191,9 @@ func Entries(p *plan.Plan, netns uint64) []Entry {
 		k := Key{Netns: netns, Port: uint16(m.HostPort), Protocol: m.Protocol}
 		rank := RankWildcard
 		if m.HostIP != nil {
+			if !m.HostIP.IsLoopback() && (local == nil || !local(m.HostIP)) {
+				continue
+			}
 			k.Addr, rank = addr16(m.HostIP), RankExact
 		} else {
 			k.Addr = addr16(loopback[p.Family])

@@ -31,6 +31,8 @@ package socket
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -48,6 +50,9 @@ type Layer struct {
 	Netns func() (uint64, error)
 	// Lock takes the host-wide lock.
 	Lock func() (release func(), err error)
+	// Local reports whether an address is the node's, as the kernel
+	// routes it now; nil: none is (loopback is served all the same).
+	Local func(netip.Addr) bool
 }
 
 // New returns the socket path of family f at the site of cfg on the
@@ -57,7 +62,23 @@ func New(f plan.Family, cfg plan.Socket) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host}, nil
+	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host, Local: netns.Local}, nil
+}
+
+// local is Local for one verb or pass: the node is asked once per
+// address, however many mappings name it.
+func (l *Layer) local() Local {
+	seen := map[netip.Addr]bool{}
+	return func(ip net.IP) bool {
+		a, _ := netip.AddrFromSlice(ip)
+		a = a.Unmap()
+		v, ok := seen[a]
+		if !ok {
+			v = l.Local != nil && l.Local(a)
+			seen[a] = v
+		}
+		return v
+	}
 }
 
 // NetnsCookie is the cookie of the calling thread's network namespace.
@@ -114,10 +135,11 @@ func (l *Layer) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
-	read := func(netns uint64) (*State, error) { return l.readFor(p, netns) }
+	local := l.local()
+	read := func(netns uint64) (*State, error) { return l.readFor(p, netns, local) }
 	return l.lockedRead(read, func(st *State, netns uint64) error {
-		w := apply(st, p, netns)
-		if len(Entries(p, netns)) > 0 {
+		w := apply(st, p, netns, local)
+		if len(Entries(p, netns, local)) > 0 {
 			states, err := l.Site.Hooks()
 			if err != nil {
 				return err
@@ -140,8 +162,8 @@ func (l *Layer) Apply(p *plan.Plan) error {
 // another attachment holds) the family's entries and records whole: a
 // dump walks every bucket of the entries map, which has room for a
 // million, about a millisecond whatever it holds.
-func (l *Layer) readFor(p *plan.Plan, netns uint64) (*State, error) {
-	want := Entries(p, netns)
+func (l *Layer) readFor(p *plan.Plan, netns uint64, local Local) (*State, error) {
+	want := Entries(p, netns, local)
 	keys := make([]Key, len(want))
 	for i, e := range want {
 		keys[i] = e.Key
@@ -175,7 +197,8 @@ func (l *Layer) Check(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	if len(Entries(p, netns)) == 0 {
+	local := l.local()
+	if len(Entries(p, netns, local)) == 0 {
 		return nil
 	}
 	s := l.Site
@@ -190,7 +213,7 @@ func (l *Layer) Check(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	return check(st, p, netns)
+	return check(st, p, netns, local)
 }
 
 // GC removes the entries of network's attachments that are not in
@@ -241,13 +264,14 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, e
 		st *State
 		d  entryDiff
 	}
+	local := l.local()
 	rep, err := converge.Run(len(want), o, converge.Pass[read, Key]{
 		Read: func() (read, error) {
 			st, err := l.Site.Read(netns, l.Family)
 			if err != nil {
 				return read{}, err
 			}
-			return read{st, diffEntries(st, want, netns, l.Family)}, nil
+			return read{st, diffEntries(st, want, netns, local, l.Family)}, nil
 		},
 		Decide: func(r read) converge.Verdict[Key] {
 			v := converge.Verdict[Key]{Whys: r.d.whys}
