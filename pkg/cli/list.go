@@ -89,7 +89,7 @@ func droppedByFirewall(h *host.Host) (map[string]bool, error) {
 	if h.StrictForwardPorts == nil {
 		return nil, nil
 	}
-	strict, err := h.StrictForwardPorts()
+	strict, _, err := h.StrictForwardPorts()
 	if err != nil || !strict {
 		return nil, err
 	}

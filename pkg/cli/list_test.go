@@ -56,7 +56,7 @@ func TestListUnderStrictForwardPorts(t *testing.T) {
 			in := plan.Installed{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2").To4(), ContainerPort: 80,
 				Owner: plan.Owner{Network: "net1", ContainerID: "c1"}}
 			fh.Installed = map[string][]plan.Installed{"iptables ipv4": {in}, "localhost ipv4": {in}}
-			h.StrictForwardPorts = func() (bool, error) { return c.strict, c.err }
+			h.StrictForwardPorts = func() (bool, string, error) { return c.strict, "", c.err }
 			var js, table, notes bytes.Buffer
 			err := list(&js, &notes, h, true, nil)
 			if (err != nil) != (c.err != nil) {

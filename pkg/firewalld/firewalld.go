@@ -24,6 +24,7 @@ const (
 // Reloaded signal and to its starts.
 type Bus struct {
 	conn     *dbus.Conn
+	done     func()
 	reloaded chan string
 }
 
@@ -37,22 +38,26 @@ const (
 // Connect connects to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else
 // /run/dbus/system_bus_socket) and subscribes to firewalld's Reloaded
 // signal and to the bus's word that firewalld took its name (a start),
-// whether or not firewalld runs now (it may start later).
+// whether or not firewalld runs now (it may start later). A bus that
+// has not answered all of it within ConnectTimeout is an error.
 func Connect() (*Bus, error) {
-	conn, err := dbus.ConnectSystemBus()
+	deadline := time.Now().Add(ConnectTimeout)
+	conn, done, err := connect(deadline)
 	if err != nil {
-		return nil, fmt.Errorf("system bus: %w", err)
+		return nil, err
 	}
-	if err := conn.AddMatchSignal(dbus.WithMatchObjectPath(path), dbus.WithMatchInterface(iface), dbus.WithMatchMember("Reloaded")); err != nil {
-		conn.Close()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := conn.AddMatchSignalContext(ctx, dbus.WithMatchObjectPath(path), dbus.WithMatchInterface(iface), dbus.WithMatchMember("Reloaded")); err != nil {
+		done()
 		return nil, fmt.Errorf("subscribe to firewalld's Reloaded signal: %w", err)
 	}
-	if err := conn.AddMatchSignal(dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+	if err := conn.AddMatchSignalContext(ctx, dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
 		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, name)); err != nil {
-		conn.Close()
+		done()
 		return nil, fmt.Errorf("subscribe to firewalld's starts: %w", err)
 	}
-	b := &Bus{conn: conn, reloaded: make(chan string, 1)}
+	b := &Bus{conn: conn, done: done, reloaded: make(chan string, 1)}
 	signals := make(chan *dbus.Signal, 16)
 	conn.Signal(signals)
 	go func() {
@@ -101,7 +106,7 @@ func (b *Bus) Settle(timeout time.Duration) error {
 }
 
 // Close ends the connection.
-func (b *Bus) Close() error { return b.conn.Close() }
+func (b *Bus) Close() error { b.done(); return nil }
 
 // errName is the D-Bus error name of err: "" for nil, "?" for an error
 // that is not a D-Bus error reply (a timeout, a closed connection).

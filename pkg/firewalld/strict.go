@@ -26,27 +26,34 @@ var (
 // names none.
 const defaultBus = "/run/dbus/system_bus_socket"
 
-// askTimeout bounds the question on the bus.
+// askTimeout bounds a question to firewalld on a bus the agent holds.
 const askTimeout = 2 * time.Second
 
 // StrictForwardPorts says whether firewalld's StrictForwardPorts is on
 // (firewalld 2.3 and later): firewalld then drops the connections other
 // software DNATed to containers, unless its own forward ports or
-// policies let them through. It asks firewalld on the system bus; where
-// no bus is reachable (a runtime without /run/dbus), it reads
-// firewalld.conf instead. false, without a question, where firewalld is
-// not installed; false where it is installed and does not run, or has no
-// such setting (before 2.3); an error where firewalld is on the bus and
-// does not answer, or its settings cannot be read.
-func StrictForwardPorts() (bool, error) {
+// policies let them through. It asks firewalld on the system bus, all of
+// it (connect, authenticate, Hello, the property) within ConnectTimeout;
+// where no bus is reachable (a runtime without /run/dbus), or the bus or
+// firewalld did not answer in that time, it reads firewalld.conf instead,
+// which is what firewalld itself applies at its next start or reload, and
+// note says why. false, without a question, where firewalld is not
+// installed; false where it is installed and does not run, or has no
+// such setting (before 2.3); an error where firewalld answers with an
+// error of its own, or its settings cannot be read.
+func StrictForwardPorts() (strict bool, note string, err error) {
 	if !installed() {
-		return false, nil
+		return false, "", nil
 	}
-	strict, reached, err := askBus()
-	if reached {
-		return strict, err
+	strict, reached, err := askBus(time.Now().Add(ConnectTimeout))
+	if reached && !errors.Is(err, errSilent) {
+		return strict, "", err
 	}
-	return confStrict(filepath.Join(etcDir, "firewalld.conf"))
+	if err != nil {
+		note = fmt.Sprintf("firewalld's StrictForwardPorts read from firewalld.conf: %v", err)
+	}
+	strict, err = confStrict(filepath.Join(etcDir, "firewalld.conf"))
+	return strict, note, err
 }
 
 // installed says whether firewalld's directories are there: two stats,
@@ -60,35 +67,43 @@ func installed() bool {
 	return false
 }
 
-// askBus asks firewalld on the system bus; reached is false where no bus
-// is reachable.
-func askBus() (strict, reached bool, err error) {
+// askBus asks firewalld on the system bus before deadline; reached is
+// false where no bus is reachable (with the error of the connection
+// where there was one to make), and an error is errSilent where
+// firewalld did not answer in time.
+func askBus(deadline time.Time) (strict, reached bool, err error) {
 	if os.Getenv("DBUS_SYSTEM_BUS_ADDRESS") == "" {
 		if _, err := os.Stat(defaultBus); err != nil {
 			return false, false, nil
 		}
 	}
-	conn, err := dbus.ConnectSystemBus()
-	if err != nil {
-		return false, false, nil
+	conn, done, err := connect(deadline)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, false, nil // no bus where the address says
 	}
-	defer conn.Close()
-	strict, err = ask(conn)
+	if err != nil {
+		return false, false, err
+	}
+	defer done()
+	strict, err = ask(conn, deadline)
 	return strict, true, err
 }
 
 // StrictForwardPorts asks firewalld whether its StrictForwardPorts is on,
 // as the package's StrictForwardPorts does, over the bus's connection.
-func (b *Bus) StrictForwardPorts() (bool, error) { return ask(b.conn) }
+func (b *Bus) StrictForwardPorts() (bool, error) { return ask(b.conn, time.Now().Add(askTimeout)) }
 
-// ask asks firewalld on conn for StrictForwardPorts: false where it does
-// not run or has no such setting.
-func ask(conn *dbus.Conn) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), askTimeout)
+// ask asks firewalld on conn for StrictForwardPorts before deadline:
+// false where it does not run or has no such setting.
+func ask(conn *dbus.Conn, deadline time.Time) (bool, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var v dbus.Variant
 	err := conn.Object(name, path+"/config").CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", dbus.FlagNoAutoStart,
 		iface+".config", "StrictForwardPorts").Store(&v)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false, fmt.Errorf("firewalld: %w", errSilent)
+	}
 	switch errName(err) {
 	case "":
 		s, _ := v.Value().(string)

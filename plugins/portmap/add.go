@@ -109,7 +109,10 @@ func (p *Plugin) strictForwardPorts(a *attach.Attachment) error {
 	if p.Host.StrictForwardPorts == nil {
 		return nil
 	}
-	strict, err := p.Host.StrictForwardPorts()
+	strict, note, err := p.Host.StrictForwardPorts()
+	if note != "" && p.Host.Log != nil {
+		fmt.Fprintf(p.Host.Log, "portmap: %s\n", note)
+	}
 	if err != nil {
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("cannot tell whether firewalld drops host ports: %v", err), "")
 	}

@@ -505,25 +505,32 @@ func TestForwardAcceptVerbs(t *testing.T) {
 // TestAddUnderStrictForwardPorts: where firewalld drops DNATed connections
 // it did not configure, ADD with host ports fails with code 50 naming
 // the setting, the ports and the ways out, before anything is written;
-// ADD without host ports passes through; where firewalld does not answer
-// whether it does, ADD asks to be tried again (11).
+// ADD without host ports passes through; where firewalld answers with an
+// error, ADD asks to be tried again (11); where the answer came from
+// firewalld.conf because the bus did not answer in time, ADD follows it
+// and says so in the log.
 func TestAddUnderStrictForwardPorts(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
 		strict   bool
+		note     string
 		err      error
 		mappings bool
 		code     uint
 	}{
-		{"strict", true, nil, true, 50},
-		{"strict, no host ports", true, nil, false, 0},
-		{"not strict", false, nil, true, 0},
-		{"no answer", false, errors.New("timeout"), true, 11},
+		{"strict", true, "", nil, true, 50},
+		{"strict, no host ports", true, "", nil, false, 0},
+		{"not strict", false, "", nil, true, 0},
+		{"an error of firewalld's", false, "", errors.New("org.freedesktop.DBus.Error.AccessDenied"), true, 11},
+		{"no answer, the file says off", false, "read from firewalld.conf: system bus: no answer in 2s", nil, true, 0},
+		{"no answer, the file says on", true, "read from firewalld.conf: system bus: no answer in 2s", nil, true, 50},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p, h, _ := newFake()
+			var log strings.Builder
+			p.Host.Log = &log
 			asked := 0
-			p.Host.StrictForwardPorts = func() (bool, error) { asked++; return tt.strict, tt.err }
+			p.Host.StrictForwardPorts = func() (bool, string, error) { asked++; return tt.strict, tt.note, tt.err }
 			extra := map[string]string{"prevResult": prevDual}
 			if tt.mappings {
 				extra = withMappings(extra)
@@ -534,6 +541,9 @@ func TestAddUnderStrictForwardPorts(t *testing.T) {
 			}
 			if tt.mappings != (asked == 1) {
 				t.Errorf("firewalld asked %d times, want it asked once exactly for ADD with host ports", asked)
+			}
+			if tt.note != "" && !strings.Contains(log.String(), "portmap: "+tt.note+"\n") {
+				t.Errorf("log %q: want the note %q", log.String(), tt.note)
 			}
 			if tt.code == 0 {
 				return

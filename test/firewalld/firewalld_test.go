@@ -270,7 +270,7 @@ func TestBusWithoutFirewalld(t *testing.T) {
 	startBus(t, root)
 	ask := func(what string) {
 		start := time.Now()
-		strict, err := pmfirewalld.StrictForwardPorts()
+		strict, _, err := pmfirewalld.StrictForwardPorts()
 		t.Logf("StrictForwardPorts, %s: %s", what, time.Since(start))
 		if strict || err != nil {
 			t.Errorf("StrictForwardPorts, %s: %v %v, want false and no error", what, strict, err)
