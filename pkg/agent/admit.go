@@ -21,6 +21,9 @@ const (
 	// WithheldSuperseded: the owner was ADDed again after the cache entry
 	// the pass read was written, with other addresses or mappings.
 	WithheldSuperseded = "superseded"
+	// WithheldNewer: the owner's ledger record is of a verb a newer
+	// release wrote: this one cannot judge it, and leaves it to that one.
+	WithheldNewer = "newer"
 )
 
 // admission is what the ledger, read under the host-wide lock, says of a
@@ -30,7 +33,8 @@ const (
 // for gone, which looks at namespace files.
 type admission struct {
 	records map[plan.Owner]ledger.Record
-	// byID indexes the Add records by container ID.
+	// byID indexes the Add records, and those of verbs a newer release
+	// wrote, by container ID.
 	byID map[string][]ledger.Record
 	// epoch is when the ledger began; zero: no plugin kept one yet.
 	epoch time.Time
@@ -48,7 +52,7 @@ func newAdmission(records map[plan.Owner]ledger.Record, epoch time.Time, atts []
 		cachedOn: make(map[[2]string]string, len(atts)), cached: make(map[plan.Owner]bool, len(atts)), gone: gone,
 		deleted: map[plan.Owner]bool{}}
 	for _, r := range records {
-		if r.Verb == ledger.Add {
+		if r.Verb == ledger.Add || !r.Verb.Known() {
 			ad.byID[r.ContainerID] = append(ad.byID[r.ContainerID], r)
 		}
 	}
@@ -65,6 +69,8 @@ func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reaso
 	o := plan.Owner{Network: at.Network, ContainerID: at.ContainerID, IfName: at.IfName}
 	r, ok := ad.records[o]
 	switch {
+	case ok && !r.Verb.Known():
+		return WithheldNewer, fmt.Sprintf("its ledger record says %q, a verb of a newer release, which judges it", r.Verb)
 	case ok && r.Verb == ledger.Del:
 		return WithheldDeleted, "its DEL has begun: the cache entry is the runtime's, to remove"
 	case !ok && !ad.epoch.IsZero() && !at.ModTime.Before(ad.epoch):
@@ -102,6 +108,9 @@ func (ad *admission) hold(network, containerID string) string {
 		if network != "" && r.Network != network {
 			continue
 		}
+		if !r.Verb.Known() {
+			return fmt.Sprintf("its ledger record says %q, a verb of a newer release, which judges it", r.Verb)
+		}
 		if on, ok := ad.cachedOn[[2]string{r.ContainerID, r.IfName}]; ok && on != r.Network {
 			continue // the interface is the runtime's on another network now
 		}
@@ -122,8 +131,8 @@ func (ad *admission) hold(network, containerID string) string {
 func (ad *admission) stale() []plan.Owner {
 	var out []plan.Owner
 	for o, r := range ad.records {
-		if ad.cached[o] {
-			continue
+		if ad.cached[o] || !r.Verb.Known() {
+			continue // a newer release's record is that release's to forget
 		}
 		if r.Verb == ledger.Del || ad.gone(r.NetNS) {
 			out = append(out, o)

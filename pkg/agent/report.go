@@ -30,7 +30,10 @@ type Report struct {
 	// entry the runtime has not written yet. Never pruned.
 	Kept    []Orphan  `json:"kept"`
 	Skipped []Skipped `json:"skipped"`
-	Summary Summary   `json:"summary"`
+	// NotPruned says why a pass asked to prune removed nothing: it had
+	// no evidence that anything is gone.
+	NotPruned string  `json:"notPruned,omitempty"`
+	Summary   Summary `json:"summary"`
 }
 
 // Attachment is one cached attachment with port mappings.
@@ -263,6 +266,9 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	}
 	for _, s := range r.Skipped {
 		fmt.Fprintln(w, s.line())
+	}
+	if r.NotPruned != "" {
+		fmt.Fprintf(w, "orphans not pruned: %s\n", r.NotPruned)
 	}
 	sm := r.Summary
 	dry := ""

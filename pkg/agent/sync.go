@@ -105,6 +105,11 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		}
 	}
 	copts := converge.Options{InScope: inScope, Fresh: keep, Prune: o.Prune, DryRun: o.DryRun}
+	if o.Prune {
+		if why := noEvidence(o.CacheDir); why != "" {
+			copts.Prune, rep.NotPruned = false, why
+		}
+	}
 
 	if !o.DryRun {
 		release, err := a.Host.Lock()
@@ -114,9 +119,16 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		defer release()
 	}
 	// Under the lock: what the ledger says now holds when the pass writes.
-	ad, err := a.admission(atts)
+	ad, unread, err := a.admission(atts)
 	if err != nil {
 		return nil, err
+	}
+	for _, u := range unread {
+		rep.Skipped = append(rep.Skipped, Skipped{File: u.File, Why: "not a ledger record: " + u.Why, Error: true})
+	}
+	if len(unread) > 0 && copts.Prune {
+		// whose record it was is not known: it may be any orphan's
+		copts.Prune, rep.NotPruned = false, fmt.Sprintf("the ledger holds %d files that are not records (%s): any orphan may be the attachment one names", len(unread), unread[0].File)
 	}
 	ws = ad.admit(ws, rep)
 	copts.Hold = ad.hold
@@ -146,8 +158,9 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 }
 
 // admission reads the ledger (under the host-wide lock, but for a dry
-// run) and judges the cache read against it.
-func (a *Agent) admission(atts []cnicache.Attachment) (*admission, error) {
+// run) and judges the cache read against it; unread are the ledger's
+// files that are not records, which the pass reports.
+func (a *Agent) admission(atts []cnicache.Attachment) (ad *admission, unread []ledger.Unread, err error) {
 	gone := a.Gone
 	if gone == nil {
 		gone = netns.Gone
@@ -155,12 +168,16 @@ func (a *Agent) admission(atts []cnicache.Attachment) (*admission, error) {
 	var records map[plan.Owner]ledger.Record
 	var epoch time.Time
 	if a.Host.Ledger != nil {
-		var err error
-		if records, epoch, err = a.Host.Ledger.Read(); err != nil {
-			return nil, fmt.Errorf("read the ledger: %w", err)
+		records, epoch, err = a.Host.Ledger.Read()
+		var ue *ledger.UnreadError
+		if errors.As(err, &ue) {
+			unread, err = ue.Files, nil
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("read the ledger: %w", err)
 		}
 	}
-	return newAdmission(records, epoch, atts, gone), nil
+	return newAdmission(records, epoch, atts, gone), unread, nil
 }
 
 // admit keeps the attachments the pass may write for; the others go to
@@ -269,12 +286,29 @@ func (a *Agent) readWanted(dir string, inScope func(string) bool, rep *Report) (
 	return ws, atts, initial, nil
 }
 
+// noEvidence says why the cache under dir is no evidence that anything
+// is gone, or "" when it is: libcni makes its results directory at its
+// first ADD, so a cache without one has never been written here (a cache
+// directory another runtime's, or a wiped one), and the rules of
+// attachments it never recorded (upstream's, an older agent's) are not
+// orphans for it.
+func noEvidence(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, "results")); err != nil {
+		return fmt.Sprintf("%s holds no cache entries: %v", dir, err)
+	}
+	return ""
+}
+
 // fresh reports whether the cache now holds a file of the owner that the
-// pass's first read did not see (network "" matches any network).
+// pass's first read did not see (network "" matches any network); a
+// cache it cannot read now tells nothing, and keeps every owner.
 func fresh(dir string, initial map[string]bool, network, id string) bool {
 	des, err := os.ReadDir(filepath.Join(dir, "results"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false // none yet (noEvidence), or removed since: no entry
+	}
 	if err != nil {
-		return false
+		return true
 	}
 	for _, de := range des {
 		n := de.Name()

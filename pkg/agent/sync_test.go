@@ -15,6 +15,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fakehost"
 )
@@ -222,4 +223,119 @@ func TestPassesKeepParsedEntries(t *testing.T) {
 	if got := pass(1); !strings.Contains(strings.Join(got, "\n"), "9191") {
 		t.Errorf("after a rewrite the pass wants %q", got)
 	}
+}
+
+// A pass prunes only on evidence: a cache directory that is not there is
+// an error of the pass (nothing read, nothing written); one without
+// results, where libcni has written no entry, prunes nothing and says
+// why; a ledger file that is not a record is reported and prunes
+// nothing (it may be any orphan's) without failing the pass; a record of
+// a newer release's verb withholds its cached attachment and keeps its
+// objects.
+func TestSyncPrunesOnlyOnEvidence(t *testing.T) {
+	orphan := func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		r := converge.NewReport(len(want))
+		if be == "iptables" && f == plan.IPv4 {
+			r.AddOrphan(o, "net1", "upstreams", "chain CNI-DN-1")
+			r.AddOrphan(o, "net2", "newer", "chain CNI-DN-2")
+		}
+		return r
+	}
+	tcp := `[{"hostPort":8080,"containerPort":80}]`
+
+	t.Run("no cache directory", func(t *testing.T) {
+		a, h := newFake()
+		rep, err := a.Sync(Options{CacheDir: filepath.Join(t.TempDir(), "typo"), Prune: true})
+		if !errors.Is(err, cnicache.ErrNoCache) || rep != nil || len(h.CallList()) != 0 {
+			t.Errorf("pass: %v, %+v, calls %q; want ErrNoCache and nothing done", err, rep, h.CallList())
+		}
+	})
+	t.Run("no results yet", func(t *testing.T) {
+		a, h := newFake()
+		h.SyncAnswer = orphan
+		dir := t.TempDir()
+		rep, err := a.Sync(Options{CacheDir: dir, Prune: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(h.CallList(), "sync iptables ipv4 [] prune=false dry=false") || rep.Summary.Pruned != 0 || rep.Summary.Orphans != 2 {
+			t.Errorf("calls %q, summary %+v: want orphans reported, not pruned", h.CallList(), rep.Summary)
+		}
+		var out bytes.Buffer
+		rep.Write(&out, false)
+		if !strings.Contains(out.String(), "orphans not pruned: "+dir+" holds no cache entries") {
+			t.Errorf("report does not say why nothing was pruned:\n%s", out.String())
+		}
+	})
+	t.Run("a ledger file that is not a record", func(t *testing.T) {
+		a, h := newFake()
+		h.SyncAnswer = orphan
+		dir := t.TempDir()
+		cacheEntry(t, dir, "net1", "c1", "", tcp, time.Hour)
+		l := &ledger.Dir{Root: t.TempDir()}
+		a.Host.Ledger = l
+		garbage := writeLedgerFile(t, l, "0123456789abcdef0123456789abcdef", "{cut sho")
+		rep, err := a.Sync(Options{CacheDir: dir, Prune: true})
+		if err != nil {
+			t.Fatalf("the pass failed on a ledger file: %v", err)
+		}
+		if !slices.Contains(h.CallList(), "sync iptables ipv4 [c1] prune=false dry=false") || rep.Summary.Pruned != 0 {
+			t.Errorf("calls %q: want c1 synced and nothing pruned", h.CallList())
+		}
+		if len(rep.Skipped) != 1 || rep.Skipped[0].File != garbage || !rep.Skipped[0].Error || !rep.Failed() || !strings.Contains(rep.NotPruned, garbage) {
+			t.Errorf("skipped %+v, not pruned %q: want the file reported", rep.Skipped, rep.NotPruned)
+		}
+	})
+	t.Run("a record of a newer release", func(t *testing.T) {
+		a, h := newFake()
+		h.SyncAnswer = orphan
+		dir := t.TempDir()
+		cacheEntry(t, dir, "net1", "c1", "", tcp, time.Hour)
+		cacheEntry(t, dir, "net2", "newer", "", tcp, time.Hour)
+		l := &ledger.Dir{Root: t.TempDir()}
+		r := ledger.New(plan.Owner{Network: "net2", ContainerID: "newer", IfName: "eth0"}, "pause")
+		if err := l.Write(r); err != nil {
+			t.Fatal(err)
+		}
+		a.Host.Ledger = l
+		rep, err := a.Sync(Options{CacheDir: dir, Prune: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Withheld) != 1 || rep.Withheld[0].ContainerID != "newer" || rep.Withheld[0].Reason != WithheldNewer {
+			t.Errorf("withheld %+v: want net2/newer, a newer release's", rep.Withheld)
+		}
+		if !slices.Contains(h.CallList(), "sync iptables ipv4 [c1] prune=true dry=false") || rep.Summary.Orphans != 1 || rep.Orphans[0].ContainerID != "upstreams" ||
+			len(rep.Kept) != 1 || rep.Kept[0].ContainerID != "newer" {
+			t.Errorf("calls %q, orphans %+v, kept %+v: want upstream's orphan pruned, the newer record's kept", h.CallList(), rep.Orphans, rep.Kept)
+		}
+		if recs, _, _ := l.Read(); recs[r.Owner()].Verb != "pause" {
+			t.Errorf("the newer release's record was forgotten: %v", recs)
+		}
+	})
+}
+
+// writeLedgerFile writes a file named name among l's records (made, by
+// a record written and forgotten, where there is none).
+func writeLedgerFile(t *testing.T, l *ledger.Dir, name, content string) string {
+	t.Helper()
+	o := plan.Owner{Network: "net0", ContainerID: "c0", IfName: "eth0"}
+	if err := l.Write(ledger.New(o, ledger.Add)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Forget(o); err != nil {
+		t.Fatal(err)
+	}
+	var dir string
+	filepath.WalkDir(l.Root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == ".epoch" {
+			dir = filepath.Dir(p)
+		}
+		return nil
+	})
+	file := filepath.Join(dir, name)
+	if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }

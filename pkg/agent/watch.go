@@ -340,6 +340,11 @@ func logChanges(log *slog.Logger, r *Report, trigger string, took time.Duration,
 			log.Warn("cache entry skipped", "file", s.File, "why", s.Why)
 		}
 	}
+	if k := "not pruned: " + r.NotPruned; r.NotPruned != "" && !logged[k] {
+		logged[k] = true
+		n++
+		log.Warn("orphans not pruned", "why", r.NotPruned)
+	}
 	if n == 0 {
 		return
 	}

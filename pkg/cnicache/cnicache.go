@@ -73,7 +73,10 @@ type entry struct {
 // Read returns the cached attachments under dir whose configuration list
 // holds a plugin of type pluginType, oldest first (by the cache file's
 // modification time, which libcni writes on ADD), and the files it skipped.
-// A missing results directory is an empty cache.
+// A cache directory that is not there (a wrong flag, a hostPath that
+// mounts another directory, a wiped cache) or cannot be read is an error
+// (ErrNoCache where it is not there), never an empty cache; a missing
+// results directory inside it is one (libcni makes it at its first ADD).
 func Read(dir, pluginType string) ([]Attachment, []Skipped, error) {
 	return (&Reader{PluginType: pluginType}).Read(dir)
 }
@@ -112,9 +115,19 @@ func stampOf(fi os.FileInfo) Stamp {
 	return s
 }
 
+// ErrNoCache is a cache directory that is not there.
+var ErrNoCache = errors.New("no such cache directory")
+
 // Read returns the cached attachments under dir, as the function Read.
 func (r *Reader) Read(dir string) ([]Attachment, []Skipped, error) {
 	pluginType := r.PluginType
+	if fi, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("read cache %s: %w", dir, ErrNoCache)
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("read cache: %w", err)
+	} else if !fi.IsDir() {
+		return nil, nil, fmt.Errorf("read cache %s: not a directory", dir)
+	}
 	results := filepath.Join(dir, "results")
 	des, err := os.ReadDir(results)
 	if errors.Is(err, os.ErrNotExist) {

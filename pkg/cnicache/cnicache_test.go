@@ -2,6 +2,7 @@ package cnicache
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,8 +97,24 @@ func TestRead(t *testing.T) {
 			t.Errorf("%s: skipped %v %+v, want corrupt=%v with a reason", name, ok, s, corrupt)
 		}
 	}
-	if atts, skipped, err := Read(filepath.Join(dir, "missing"), "portmap"); err != nil || atts != nil || skipped != nil {
-		t.Errorf("a missing cache: %v %v %v, want empty", atts, skipped, err)
+	// a cache directory that is not there is no evidence of an empty
+	// cache; one whose results libcni has not made yet is empty
+	if atts, _, err := Read(filepath.Join(dir, "missing"), "portmap"); !errors.Is(err, ErrNoCache) || atts != nil || !strings.Contains(err.Error(), filepath.Join(dir, "missing")) {
+		t.Errorf("a missing cache directory: %v %v, want ErrNoCache naming it", atts, err)
+	}
+	if _, _, err := Read(filepath.Join(results, "net1-new-eth0"), "portmap"); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("a file for a cache directory: %v", err)
+	}
+	if atts, skipped, err := Read(t.TempDir(), "portmap"); err != nil || atts != nil || skipped != nil {
+		t.Errorf("a cache without results: %v %v %v, want empty", atts, skipped, err)
+	}
+	// results that cannot be read: an error, not an empty cache
+	broken := t.TempDir()
+	if err := os.WriteFile(filepath.Join(broken, "results"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if atts, _, err := Read(broken, "portmap"); err == nil || atts != nil {
+		t.Errorf("unreadable results: %v %v, want an error", atts, err)
 	}
 }
 

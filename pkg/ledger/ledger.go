@@ -194,8 +194,30 @@ func (d *Dir) Write(r Record) error {
 	return nil
 }
 
-// Read returns every record. A file that does not parse is an error
-// (the agent then writes nothing); a temporary file is skipped. A Dir
+// Unread is a ledger file Read could not take as a record of its own: a
+// file that does not parse, or whose record is not of its name's owner.
+// (A record of a verb this release does not know, a newer release's, is
+// read: its owner is known, and its Verb says it is none of Add, Del.)
+type Unread struct {
+	File string
+	Why  string
+}
+
+// UnreadError is the error of a Read that found files it could not read
+// as records; the records it could read come with it.
+type UnreadError struct{ Files []Unread }
+
+func (e *UnreadError) Error() string {
+	return fmt.Sprintf("ledger: %s is not a record (%s), and %d more", e.Files[0].File, e.Files[0].Why, len(e.Files)-1)
+}
+
+// Known reports whether v is a verb this release writes.
+func (v Verb) Known() bool { return v == Add || v == Del }
+
+// Read returns every record. A file that does not parse is left out and
+// named by an *UnreadError that comes with the records that did (a
+// caller judges what it may do without knowing whose it is); a
+// temporary file is skipped. A Dir
 // keeps what it read of each file by name, inode, size and modification
 // time, and reads again only the files that changed: a pass of the agent
 // at 1000 attachments lists the directory and stats each file, and reads
@@ -222,10 +244,11 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 	// Each file is judged, and read when it changed, by one worker per
 	// core: a first read parses every record.
 	type one struct {
-		m    memo
-		ok   bool // a record (not a directory, dot file or vanished file)
-		read bool
-		err  error
+		m      memo
+		ok     bool // a record (not a directory, dot file or vanished file)
+		read   bool
+		err    error
+		unread *Unread
 	}
 	res := make([]one, len(des))
 	workers.Each(len(des), func(i int) {
@@ -257,18 +280,25 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 			return
 		}
 		var r Record
-		if err := json.Unmarshal(data, &r); err != nil || (r.Verb != Add && r.Verb != Del) || fileName(r.Owner()) != name {
-			o.err = fmt.Errorf("ledger: %s is not a record: %q", filepath.Join(dir, name), data)
-			return
+		switch err := json.Unmarshal(data, &r); {
+		case err != nil:
+			o.unread = &Unread{File: filepath.Join(dir, name), Why: err.Error()}
+		case r.Verb == "" || fileName(r.Owner()) != name:
+			o.unread = &Unread{File: filepath.Join(dir, name), Why: "no record of the owner its name says"}
+		default:
+			o.m, o.ok = memo{st, r}, true
 		}
-		o.m, o.ok = memo{st, r}, true
 	})
 	memos := make(map[string]memo, len(des))
 	out := make(map[plan.Owner]Record, len(des))
+	var unread []Unread
 	d.Parsed = 0
 	for i, o := range res {
 		if o.err != nil {
 			return nil, time.Time{}, o.err
+		}
+		if o.unread != nil {
+			unread = append(unread, *o.unread)
 		}
 		if o.read {
 			d.Parsed++
@@ -278,6 +308,9 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 		}
 	}
 	d.memo = memos
+	if len(unread) > 0 {
+		return out, epoch, &UnreadError{Files: unread}
+	}
 	return out, epoch, nil
 }
 

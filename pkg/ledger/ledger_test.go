@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -82,9 +83,15 @@ func TestDirWriteReadForget(t *testing.T) {
 	}
 }
 
-func TestDirReadRefusesWhatIsNotARecord(t *testing.T) {
+// A file that is not a record is named by an *UnreadError that comes
+// with the records read beside it; a record of a verb this release does
+// not know (a newer release's) is read, owner and verb as written.
+func TestDirReadNamesWhatIsNotARecord(t *testing.T) {
 	d := &Dir{Root: t.TempDir()}
 	if err := d.Write(New(o1, Add)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write(New(o2, Add)); err != nil {
 		t.Fatal(err)
 	}
 	dir, _ := d.path()
@@ -92,27 +99,41 @@ func TestDirReadRefusesWhatIsNotARecord(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, tmpPrefix+"123"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if recs, _, err := d.Read(); err != nil || len(recs) != 1 {
+	if recs, _, err := d.Read(); err != nil || len(recs) != 2 {
 		t.Fatalf("with a temporary file: %v %v", recs, err)
 	}
 	for name, content := range map[string]string{
-		"garbage":      "not json",
-		"wrong name":   `{"network":"net1","containerID":"c2","ifName":"eth0","verb":"add"}`,
-		"unknown verb": `{"network":"net1","containerID":"c1","ifName":"eth0","verb":"check"}`,
+		"garbage":    "not json",
+		"wrong name": `{"network":"net1","containerID":"c3","ifName":"eth0","verb":"add"}`,
+		"no verb":    `{"network":"net1","containerID":"c1","ifName":"eth0"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			file := filepath.Join(dir, fileName(o1))
 			if name == "wrong name" {
 				file = filepath.Join(dir, "0123456789abcdef0123456789abcdef")
 				defer os.Remove(file)
+			} else {
+				defer d.Write(New(o1, Add))
 			}
 			if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := d.Read(); err == nil || !strings.Contains(err.Error(), "is not a record") {
-				t.Errorf("read: %v, want the file named as not a record", err)
+			recs, _, err := d.Read()
+			var ue *UnreadError
+			if !errors.As(err, &ue) || len(ue.Files) != 1 || ue.Files[0].File != file || !strings.Contains(err.Error(), "is not a record") {
+				t.Fatalf("read: %v, want the file named as not a record", err)
+			}
+			if _, ok := recs[o2]; !ok {
+				t.Errorf("the record beside it was not read: %v", recs)
 			}
 		})
+	}
+	if err := os.WriteFile(filepath.Join(dir, fileName(o1)), []byte(`{"network":"net1","containerID":"c1","ifName":"eth0","verb":"pause"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, _, err := d.Read()
+	if err != nil || recs[o1].Verb != "pause" || recs[o1].Verb.Known() || !recs[o2].Verb.Known() {
+		t.Errorf("a newer release's verb: %v %v, want the record read as written", recs, err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package portmap
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -65,7 +66,8 @@ func (p *Plugin) forgetInvalid(network string, valid []plan.Owner) error {
 	}
 	return p.inLedger(func(l ledger.Ledger) error {
 		recs, _, err := l.Read()
-		if err != nil {
+		var ue *ledger.UnreadError
+		if err != nil && !errors.As(err, &ue) { // files that are no records are not forgotten here
 			return err
 		}
 		for o := range recs {
