@@ -40,6 +40,11 @@ type WatchOptions struct {
 	// every pass waits until no reload is under way, and a pass follows
 	// each reload it reports.
 	Firewall Firewall
+	// ConnectFirewall, when set and Firewall is not, finds the firewall
+	// manager in the background as the watch starts (firewalld's bus,
+	// which may be slow or not answer): passes neither wait for it nor
+	// hold readiness; once it answers, it is Firewall from then on.
+	ConnectFirewall func() (Firewall, error)
 	// OnReload, when set, is told of every reload (and start) Firewall
 	// reports.
 	OnReload func()
@@ -139,6 +144,18 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 	if o.Firewall != nil {
 		reloaded = o.Firewall.Reloaded()
 	}
+	type connected struct {
+		fw  Firewall
+		err error
+	}
+	var connecting chan connected
+	if o.Firewall == nil && o.ConnectFirewall != nil {
+		connecting = make(chan connected, 1)
+		go func() {
+			fw, err := o.ConnectFirewall()
+			connecting <- connected{fw, err}
+		}()
+	}
 	log.Info("watching", "cache", o.CacheDir, "debounce", o.Debounce.String(), "min-sync-period", o.MinPeriod.String(), "interval", o.Interval.String(),
 		"firewalld", o.Firewall != nil)
 	if w.pass(TriggerStart) {
@@ -161,6 +178,17 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 				o.OnEvent()
 			}
 			arm()
+		case c := <-connecting:
+			connecting = nil
+			if c.err != nil {
+				log.Info("no system bus: firewalld's reloads are seen through nf_tables events only", "err", c.err)
+				continue
+			}
+			log.Info("following firewalld on the system bus")
+			w.o.Firewall, reloaded = c.fw, c.fw.Reloaded()
+			if w.last != nil {
+				w.checkStrict(w.last)
+			}
 		case what, ok := <-reloaded:
 			if !ok {
 				log.Warn("the system bus connection ended; firewalld's reloads are seen through nf_tables events only")
@@ -203,7 +231,8 @@ type watcher struct {
 	withheld, kept map[string]bool
 	failing        string // the error of the last pass, logged once
 	lastStart      time.Time
-	strict         bool // the firewall manager dropped host ports at the last question
+	strict         bool    // the firewall manager dropped host ports at the last question
+	last           *Report // the last pass's report
 }
 
 // pass runs one pass, logs and reports it, and says whether it changed
@@ -249,6 +278,7 @@ func (w *watcher) pass(trigger string) bool {
 	}
 	var fresh map[string]int
 	if rep != nil {
+		w.last = rep
 		fresh = logHeld(w.log, rep, &w.withheld, &w.kept)
 		logChanges(w.log, rep, trigger, took, w.logged)
 		if trigger == TriggerStart || trigger == TriggerReload {

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -52,6 +53,10 @@ func watchFakeWith(t *testing.T, writes int, events <-chan struct{}, minPeriod t
 	done := make(chan error)
 	o := WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: 50 * time.Millisecond, MinPeriod: minPeriod}
 	for _, fw := range firewall {
+		if c, ok := fw.(*slowFirewall); ok {
+			o.ConnectFirewall = c.connect
+			continue
+		}
 		o.Firewall = fw
 	}
 	go func() {
@@ -179,6 +184,61 @@ func TestWatchWarnsOfStrictForwardPorts(t *testing.T) {
 	warn := `level=WARN msg="firewalld's StrictForwardPorts drops these host ports: forward them in firewalld, or set it off" network=net1 container=a ifname=eth0 hostPorts=8080/tcp`
 	if strings.Count(log, warn) != 1 || !strings.Contains(log, "firewalld's StrictForwardPorts is off") || fw.asked.Load() != 2 {
 		t.Errorf("asked %d times (want 2: the start, the reload); log (want one warning, then off):\n%s", fw.asked.Load(), log)
+	}
+}
+
+// slowFirewall is a firewall manager found in the background
+// (WatchOptions.ConnectFirewall) once answer is closed: a bus that is
+// slow to answer, or, with err, never does.
+type slowFirewall struct {
+	*fakeFirewall
+	answer chan struct{}
+	err    error
+}
+
+func (s *slowFirewall) connect() (Firewall, error) {
+	<-s.answer
+	if s.err != nil {
+		return nil, s.err
+	}
+	return s.fakeFirewall, nil
+}
+
+// TestWatchDoesNotWaitForTheBus: a firewall manager found in the
+// background holds neither the first pass nor readiness; once found,
+// its reloads are followed and it is asked about StrictForwardPorts for
+// the attachments the passes before it found; one that is never found
+// leaves the passes to nf_tables events.
+func TestWatchDoesNotWaitForTheBus(t *testing.T) {
+	events := make(chan struct{}, 1)
+	fw := &slowFirewall{fakeFirewall: &fakeFirewall{reloaded: make(chan string, 1)}, answer: make(chan struct{})}
+	fw.strict.Store(true)
+	stop := watchFakeWith(t, 0, events, 0, fw)
+	time.Sleep(100 * time.Millisecond)
+	if n := fw.settled.Load(); n != 0 {
+		t.Fatalf("%d passes asked a firewall manager not found yet", n)
+	}
+	close(fw.answer)
+	time.Sleep(50 * time.Millisecond)
+	fw.reloaded <- "reloaded"
+	time.Sleep(100 * time.Millisecond)
+	passes, log := stop()
+	// the start's (without it), the reload's (with it)
+	if passes != 2 || fw.settled.Load() != 1 || fw.asked.Load() != 2 ||
+		!strings.Contains(log, "following firewalld on the system bus") || strings.Count(log, "StrictForwardPorts drops these host ports") != 2 {
+		t.Errorf("%d passes (want 2), %d settled (want 1), asked %d times (want 2: when found, after the reload); log:\n%s",
+			passes, fw.settled.Load(), fw.asked.Load(), log)
+	}
+
+	never := &slowFirewall{fakeFirewall: &fakeFirewall{}, answer: make(chan struct{}), err: errors.New("system bus: no answer in 2s")}
+	close(never.answer)
+	stop = watchFakeWith(t, 0, events, 0, never)
+	time.Sleep(50 * time.Millisecond)
+	events <- struct{}{}
+	time.Sleep(150 * time.Millisecond)
+	passes, log = stop()
+	if passes != 2 || !strings.Contains(log, "no system bus: firewalld's reloads are seen through nf_tables events only") {
+		t.Errorf("%d passes (want 2: the start's, the event's); log:\n%s", passes, log)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -188,12 +189,30 @@ func (a Agent) runWatch(p cmdline.Program, ag *agent.Agent, o agent.WatchOptions
 		defer sub.Close()
 		events, drain = sub.C, sub.Drain
 	}
-	if fw, err := firewalld.Connect(); err != nil {
-		log.Info("no system bus: firewalld's reloads are seen through nf_tables events only", "err", err)
-	} else {
-		defer fw.Close()
-		o.Firewall = fw
+	// firewalld's bus is found in the background: a bus that is slow or
+	// does not answer (firewalld.ConnectTimeout) holds no pass and not
+	// the agent's readiness
+	var bus struct {
+		sync.Mutex
+		b *firewalld.Bus
 	}
+	o.ConnectFirewall = func() (agent.Firewall, error) {
+		b, err := firewalld.Connect()
+		if err != nil {
+			return nil, err
+		}
+		bus.Lock()
+		defer bus.Unlock()
+		bus.b = b
+		return b, nil
+	}
+	defer func() {
+		bus.Lock()
+		defer bus.Unlock()
+		if bus.b != nil {
+			bus.b.Close()
+		}
+	}()
 	if err := ag.Watch(ctx, o, events, drain, log); err != nil {
 		log.Error("watch ended", "err", err)
 		return 1
