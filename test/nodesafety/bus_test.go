@@ -1,0 +1,148 @@
+package nodesafety
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/firewalld"
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// firewalldInstalled shows a directory of the test's at /etc/firewalld
+// (an overlay over /etc in the test's own mount namespace, its changes
+// on a tmpfs of the test's) until the test ends, so that the plugin and
+// the agent take firewalld for installed; it returns that directory.
+func firewalldInstalled(t *testing.T) string {
+	t.Helper()
+	if !nettest.Isolated() {
+		t.Fatal("an overlay over /etc outside the test's own mount namespace")
+	}
+	tmp := t.TempDir()
+	if err := unix.Mount("tmpfs", tmp, "tmpfs", 0, "mode=0755"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(tmp, unix.MNT_DETACH) })
+	up, work := filepath.Join(tmp, "upper"), filepath.Join(tmp, "work")
+	for _, d := range []string{filepath.Join(up, "firewalld"), work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount("overlay", "/etc", "overlay", 0, "lowerdir=/etc,upperdir="+up+",workdir="+work); err != nil {
+		t.Fatalf("an overlay over /etc: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount("/etc", unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount the overlay over /etc: %v", err)
+		}
+	})
+	return "/etc/firewalld"
+}
+
+// wedgedBus is a system bus that accepts connections and never answers
+// (a stopped dbus-daemon, a hung dbus-broker), named by
+// DBUS_SYSTEM_BUS_ADDRESS until the test ends.
+func wedgedBus(t *testing.T) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bus") // a D-Bus address takes no comma: not t.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "system_bus_socket")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 64); err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan int, 64)
+	go func() {
+		for {
+			c, _, err := unix.Accept(fd)
+			if err != nil {
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	t.Cleanup(func() {
+		unix.Shutdown(fd, unix.SHUT_RDWR)
+		unix.Close(fd)
+		for {
+			select {
+			case c := <-accepted:
+				unix.Close(c)
+			default:
+				return
+			}
+		}
+	})
+	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+sock)
+}
+
+// TestWedgedBus: where firewalld is installed and the system bus accepts
+// connections and never answers, ADD of a host port answers within
+// firewalld.ConnectTimeout and a second more, with either backend: it
+// takes firewalld.conf's word (none: off, the port is mapped and
+// answers; StrictForwardPorts=yes: refused, code 50). The agent is ready
+// (its first pass done) without waiting for the bus.
+func TestWedgedBus(t *testing.T) {
+	etc := firewalldInstalled(t)
+	wedgedBus(t)
+	bound := firewalld.ConnectTimeout + time.Second
+	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
+		cl := lan(t)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "bus", V4: "192.0.2.64/28", Extra: extra})
+		start := time.Now()
+		c, err := rt.Add(t, "c1", nettest.Mapping{HostPort: 6200, ContainerPort: srvPort})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("ADD beside a wedged bus: %v", err)
+		}
+		t.Cleanup(func() { _ = rt.Del(c) })
+		t.Logf("ADD beside a wedged bus, no firewalld.conf: mapped after %s", took.Round(time.Millisecond))
+		if took > bound {
+			t.Errorf("ADD took %s, want at most %s", took, bound)
+		}
+		nettest.Serve(t, c.NS, "c1", srvPort)
+		if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6200)); err != nil || !strings.HasPrefix(got, "c1 sees ") {
+			t.Errorf("the host port: %q, %v", got, err)
+		}
+
+		conf := filepath.Join(etc, "firewalld.conf")
+		if err := os.WriteFile(conf, []byte("StrictForwardPorts=yes\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(conf)
+		start = time.Now()
+		_, err = rt.Add(t, "c2", nettest.Mapping{HostPort: 6201, ContainerPort: srvPort})
+		took = time.Since(start)
+		if nettest.Code(err) != 50 || !strings.Contains(err.Error(), "StrictForwardPorts") {
+			t.Errorf("ADD beside a wedged bus, StrictForwardPorts=yes in firewalld.conf: %v (code %d), want code 50", err, nettest.Code(err))
+		}
+		t.Logf("ADD beside a wedged bus, StrictForwardPorts=yes in firewalld.conf: refused after %s", took.Round(time.Millisecond))
+		if took > bound {
+			t.Errorf("ADD took %s, want at most %s", took, bound)
+		}
+	})
+	t.Run("agent", func(t *testing.T) {
+		start := time.Now()
+		w := nettest.StartWatch(t, "portmap-agent", nil, `msg=watching`, "--cache-dir", t.TempDir())
+		ready := time.Since(start)
+		w.WaitFor(t, "no system bus", bound+time.Second)
+		t.Logf("the agent was watching after %s, and gave up on the bus after %s", ready.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		if ready > firewalld.ConnectTimeout/2 {
+			t.Errorf("the agent took %s to start watching: it waited for the bus", ready)
+		}
+	})
+}
