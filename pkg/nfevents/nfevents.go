@@ -3,9 +3,17 @@
 // notifies on every committed change — nft, iptables-nft (iptables over
 // nf_tables) and firewalld's nftables backend all commit through it.
 // iptables-legacy does not; a watcher needs a timer for it.
+//
+// Only changes that can touch what portmap writes or reads give a token
+// (Relevant): the nat and filter tables of ip and ip6 (where iptables-nft
+// keeps the rules of both iptables layouts, ours and upstream's), the
+// cni_portmap and cni_hostport tables of any family, and the deletion of
+// any table (a flush of the ruleset). kube-proxy's, firewalld's and
+// Calico's own tables commit often and wake nobody.
 package nfevents
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -48,15 +56,17 @@ func Subscribe() (*Subscription, error) {
 	return s, nil
 }
 
-// read waits on the socket and turns every message (or an overrun, which
-// means messages were lost) into a pending token, until Close.
+// read waits on the socket and turns every relevant message (or an
+// overrun, which means messages were lost) into a pending token, until
+// Close.
 func (s *Subscription) read(rc syscall.RawConn, c chan struct{}) {
 	buf := make([]byte, 1<<16)
 	defer close(c)
 	for {
 		var rerr error
+		var n int
 		if err := rc.Read(func(fd uintptr) bool {
-			_, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
 			return !errors.Is(rerr, unix.EAGAIN)
 		}); err != nil {
 			return // closed
@@ -66,6 +76,8 @@ func (s *Subscription) read(rc syscall.RawConn, c chan struct{}) {
 			continue
 		case rerr != nil && !errors.Is(rerr, unix.ENOBUFS):
 			return
+		case rerr == nil && !Relevant(buf[:n]):
+			continue
 		}
 		select {
 		case c <- struct{}{}:
@@ -84,3 +96,83 @@ func (s *Subscription) Drain() {
 
 // Close ends the subscription; C is closed once the reader returns.
 func (s *Subscription) Close() { s.f.Close() }
+
+// nf_tables' messages (linux/netfilter/nf_tables.h) that name no table or
+// delete one; every other object message carries its table's name as its
+// first attribute (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE,
+// NFTA_SET_TABLE, NFTA_SET_ELEM_LIST_TABLE, NFTA_OBJ_TABLE,
+// NFTA_FLOWTABLE_TABLE are all 1).
+const (
+	msgDelTable     = unix.NFT_MSG_DELTABLE
+	msgNewGen       = unix.NFT_MSG_NEWGEN
+	msgDestroyTable = 26 // NFT_MSG_DESTROYTABLE, Linux 6.3
+	attrTable       = 1
+)
+
+// Relevant reports whether a datagram of nf_tables events holds a change
+// a pass may have to answer: one to a table portmap writes or reads, or
+// the deletion of any table. A datagram it cannot read is relevant.
+func Relevant(b []byte) bool {
+	for len(b) >= unix.SizeofNlMsghdr {
+		l := int(nlUint32(b[0:4]))
+		if l < unix.SizeofNlMsghdr || l > len(b) {
+			return true
+		}
+		typ := nlUint16(b[4:6])
+		if msgRelevant(typ, b[unix.SizeofNlMsghdr:l]) {
+			return true
+		}
+		b = b[min(len(b), (l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1)):]
+	}
+	return false
+}
+
+// msgRelevant judges one message of type typ and body (nfgenmsg, then
+// attributes).
+func msgRelevant(typ uint16, body []byte) bool {
+	if typ>>8 != unix.NFNL_SUBSYS_NFTABLES {
+		return false
+	}
+	switch m := typ & 0xff; m {
+	case msgNewGen:
+		return false // the end of a batch: its objects came before it
+	case msgDelTable, msgDestroyTable:
+		return true
+	}
+	if len(body) < 4 {
+		return true
+	}
+	table, ok := firstString(body[4:], attrTable)
+	if !ok {
+		return true
+	}
+	switch table {
+	case "cni_portmap", "cni_hostport":
+		return true
+	case "nat", "filter":
+		return body[0] == unix.NFPROTO_IPV4 || body[0] == unix.NFPROTO_IPV6
+	}
+	return false
+}
+
+// firstString finds attribute typ among attrs, as a string.
+func firstString(attrs []byte, typ uint16) (string, bool) {
+	for len(attrs) >= 4 {
+		l := int(nlUint16(attrs[0:2]))
+		if l < 4 || l > len(attrs) {
+			return "", false
+		}
+		if nlUint16(attrs[2:4])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER) == typ {
+			v := attrs[4:l]
+			for len(v) > 0 && v[len(v)-1] == 0 {
+				v = v[:len(v)-1]
+			}
+			return string(v), true
+		}
+		attrs = attrs[min(len(attrs), (l+3)&^3):]
+	}
+	return "", false
+}
+
+func nlUint16(b []byte) uint16 { return binary.NativeEndian.Uint16(b) }
+func nlUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
