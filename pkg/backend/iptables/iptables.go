@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -156,10 +157,13 @@ func missingMarkChain(f plan.Family, chain string) *plan.ConfigError {
 func (b *Backend) fastAdd(p *plan.Plan) error {
 	w, _ := Witness(p)
 	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
-	// EPROTONOSUPPORT: the kernel has the DNAT target but not the
-	// revision native.go writes (2, Linux 4.19); iptables-restore
-	// writes one it has
-	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) || errors.Is(err, unix.EPROTONOSUPPORT) {
+	// the kernel's no to what native.go encodes (EINVAL, EOPNOTSUPP: an
+	// expression or an xt revision it takes otherwise) is no failure
+	// where iptables-restore, which picks what the kernel has, would have
+	// worked: it writes the same. A missing xt revision itself nft_compat
+	// answers with ENOENT, which Refused already sends down the slow
+	// path; permission is refused to the tool as well.
+	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) || kernelNo(err) {
 		pl := addPayload(p)
 		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
 			return b.restoreError("apply", pl, err)
@@ -169,6 +173,14 @@ func (b *Backend) fastAdd(p *plan.Plan) error {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return err
+}
+
+// kernelNo reports whether err is the kernel refusing the native path's
+// batch for a reason of its own: neither the fast path's assumption
+// broken (Refused) nor a want of permission.
+func kernelNo(err error) bool {
+	var ne *nfnl.Error
+	return errors.As(err, &ne) && !Refused(err) && !errors.Is(ne, unix.EPERM) && !errors.Is(ne, unix.EACCES)
 }
 
 // skeletonStands reports whether the shared rules ADD's fast path takes

@@ -163,32 +163,60 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	}
 }
 
-// noDNATRev2 is a kernel whose DNAT target lacks the revision the native
-// path writes: nft_compat answers EPROTONOSUPPORT (a kernel before 4.19).
-type noDNATRev2 struct{ Kernel }
-
-func (noDNATRev2) AddChain(string, string, []Rule, []Rule, ...string) error {
-	return &nfnl.Error{Errno: unix.EPROTONOSUPPORT}
+// refusing is a kernel that refuses the native path's batch with errno.
+type refusing struct {
+	Kernel
+	errno unix.Errno
 }
 
-// TestNativeWithoutDNATRev2: where the kernel refuses the native path's
-// DNAT revision, ADD's fast path is iptables-restore's, which picks a
-// revision the kernel has; the attachment is made and passes CHECK.
-func TestNativeWithoutDNATRev2(t *testing.T) {
-	b, m := memBackend()
-	first, second := fixture.Attachment("a", "192.0.2.2/24", 8080), fixture.Attachment("b", "192.0.2.3/24", 8081)
-	if err := b.Apply(first); err != nil {
-		t.Fatal(err)
-	}
-	b.Kernel = noDNATRev2{b.Kernel}
-	restores := m.Restores
-	if err := b.Apply(second); err != nil {
-		t.Fatalf("ADD where the native DNAT revision is refused: %v", err)
-	}
-	if m.Restores != restores+1 {
-		t.Errorf("ADD ran %d restores, want 1 (the fast path's)", m.Restores-restores)
-	}
-	if err := b.Check(second); err != nil {
-		t.Errorf("CHECK: %v", err)
+func (r refusing) AddChain(string, string, []Rule, []Rule, ...string) error {
+	return &nfnl.Error{Errno: r.errno}
+}
+
+// TestNativeRefusedByTheKernel: where the kernel refuses the native
+// path's batch (EINVAL, EOPNOTSUPP: an expression or revision it takes
+// otherwise), ADD's fast path is iptables-restore's, which writes what
+// the kernel has; a missing xt revision (nft_compat answers ENOENT) or
+// a chain already there (EEXIST) takes the slow path; both make the
+// attachment, which passes CHECK. Permission refused is an error: the
+// tool would be refused too.
+func TestNativeRefusedByTheKernel(t *testing.T) {
+	for _, tt := range []struct {
+		errno    unix.Errno
+		restores int // more than the first attachment's
+		fails    bool
+	}{
+		{unix.EINVAL, 1, false},
+		{unix.EOPNOTSUPP, 1, false},
+		{unix.ENOENT, 1, false}, // the slow path's one restore
+		{unix.EEXIST, 1, false},
+		{unix.EPERM, 0, true},
+		{unix.EACCES, 0, true},
+	} {
+		t.Run(tt.errno.Error(), func(t *testing.T) {
+			b, m := memBackend()
+			first, second := fixture.Attachment("a", "192.0.2.2/24", 8080), fixture.Attachment("b", "192.0.2.3/24", 8081)
+			if err := b.Apply(first); err != nil {
+				t.Fatal(err)
+			}
+			b.Kernel = refusing{b.Kernel, tt.errno}
+			restores := m.Restores
+			err := b.Apply(second)
+			if tt.fails {
+				if !errors.Is(err, tt.errno) || m.Restores != restores {
+					t.Errorf("ADD: %v after %d restores, want the kernel's %v and no restore", err, m.Restores-restores, tt.errno)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ADD where the kernel refuses the native batch with %v: %v", tt.errno, err)
+			}
+			if m.Restores != restores+tt.restores {
+				t.Errorf("ADD ran %d restores, want %d", m.Restores-restores, tt.restores)
+			}
+			if err := b.Check(second); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+		})
 	}
 }
