@@ -45,6 +45,8 @@ func (c *Conn) dump(req Msg) ([]Reply, error) {
 // returns every answer until the end of the dump; what an interrupted
 // dump returned comes with ErrInterrupted.
 func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("send netlink dump request: %w", err)
 	}
@@ -67,6 +69,9 @@ func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
 			}
 			switch m.typ {
 			case unix.NLMSG_DONE:
+				if e := m.doneErr(); e != nil {
+					return nil, e
+				}
 				if interrupted {
 					return out, ErrInterrupted
 				}
@@ -82,6 +87,9 @@ func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
 	}
 }
 
+// ErrNoAnswer is a read that waited ReadTimeout for the kernel.
+var ErrNoAnswer = fmt.Errorf("no answer from the kernel in %s", ReadTimeout)
+
 // ErrTruncated says a netlink datagram was larger than the buffer it
 // was read into: what it held is lost, and what was read is incomplete.
 var ErrTruncated = errors.New("netlink message larger than the read buffer")
@@ -91,6 +99,9 @@ var ErrTruncated = errors.New("netlink message larger than the read buffer")
 // rather than a cut-off answer read as a whole one.
 func recv(fd int, buf []byte, flags int) (int, error) {
 	n, _, err := unix.Recvfrom(fd, buf, flags|unix.MSG_TRUNC)
+	if err != nil && flags&unix.MSG_DONTWAIT == 0 && errors.Is(err, unix.EAGAIN) {
+		return 0, fmt.Errorf("%w: %w", ErrNoAnswer, err)
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -177,6 +179,78 @@ func TestAnswersOfOthers(t *testing.T) {
 	c.readSize = 1024
 	if rules, err := c.Dump(dump); !errors.Is(err, ErrTruncated) {
 		t.Errorf("dump into 1 KiB: %d rules, %v; want ErrTruncated", len(rules), err)
+	}
+}
+
+// One Conn shared by goroutines: each request gets its own answers (a
+// get's ENOENT, a dump's end), none takes another's, none waits for
+// ever.
+func TestSharedConn(t *testing.T) {
+	userns.Require(t)
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Batch([]Msg{tableMsg(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE), chainMsg("a")}, true); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Batch([]Msg{tableMsg(unix.NFT_MSG_DELTABLE, 0)}, true) }()
+	var a Attrs
+	a.String(unix.NFTA_CHAIN_TABLE, testTable)
+	chains := Msg{Type: NftType(unix.NFT_MSG_GETCHAIN), Family: unix.NFPROTO_IPV4, Attrs: a.Bytes()}
+	var missing Attrs
+	missing.String(unix.NFTA_TABLE_NAME, "no-such-table")
+	get := Msg{Type: NftType(unix.NFT_MSG_GETTABLE), Family: unix.NFPROTO_IPV4, Attrs: missing.Bytes()}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := range 200 {
+				if g%2 == 0 {
+					if _, err := c.GetOne(get); !errors.Is(err, unix.ENOENT) {
+						errs <- fmt.Errorf("get %d: %v, want ENOENT", i, err)
+						return
+					}
+				} else if out, err := c.Dump(chains); err != nil || len(out) != 1 {
+					errs <- fmt.Errorf("dump %d: %d chains, %v; want 1", i, len(out), err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(3 * ReadTimeout):
+			t.Fatal("a request of a shared Conn did not return")
+		}
+	}
+}
+
+// A read that the kernel does not answer ends after ReadTimeout (here
+// a receive with nothing sent, on a socket whose timeout is shortened).
+func TestReadDeadline(t *testing.T) {
+	userns.Require(t)
+	c, err := Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if tv, err := unix.GetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err != nil || time.Duration(tv.Nano()) != ReadTimeout {
+		t.Errorf("the socket's read timeout: %v %v, want %s", tv, err, ReadTimeout)
+	}
+	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = recv(c.fd, make([]byte, 4096), 0)
+	if !errors.Is(err, ErrNoAnswer) || time.Since(start) > 2*time.Second {
+		t.Errorf("a read with nothing to answer: %v after %s, want ErrNoAnswer at the timeout", err, time.Since(start))
 	}
 }
 

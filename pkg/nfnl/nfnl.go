@@ -11,7 +11,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,9 +43,13 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Errno }
 
-// Conn is a netlink socket of the netfilter family.
+// Conn is a netlink socket of the netfilter family. It is safe for
+// goroutines to share: one request and its answers at a time (a reader
+// must not take another's answers), and no read waits longer than
+// ReadTimeout.
 type Conn struct {
 	fd  int
+	mu  sync.Mutex // one request and its answers at a time
 	seq atomic.Uint32
 	// readSize, when set, is the dumps' read buffer (tests).
 	readSize int
@@ -74,10 +80,20 @@ func OpenProtocol(proto int) (*Conn, error) {
 	if proto == unix.NETLINK_NETFILTER && unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
 	}
+	// No read waits without a bound: the kernel answers at once, so a
+	// read that has waited ReadTimeout is an error, not a hang.
+	tv := unix.NsecToTimeval(ReadTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("netlink socket read timeout: %w", err)
+	}
 	c := &Conn{fd: fd}
 	c.seq.Store(1)
 	return c, nil
 }
+
+// ReadTimeout bounds every read of a Conn.
+const ReadTimeout = 10 * time.Second
 
 // Close closes the socket.
 func (c *Conn) Close() error { return unix.Close(c.fd) }
@@ -113,6 +129,8 @@ func appendMsg(b []byte, m Msg, flags uint16, seq uint32, resID uint16) []byte {
 // the send, so its answers are queued when the send returns; messages
 // carry no NLM_F_ACK and only failures answer.
 func (c *Conn) Batch(msgs []Msg, commit bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	n := uint32(len(msgs))
 	begin := c.seq.Add(n+2) - n - 1 // begin, the messages, end
 	first := begin + 1
@@ -228,6 +246,8 @@ func groups(reqs []Msg, limit int) [][2]int {
 }
 
 func (c *Conn) get(reqs []Msg, replies []Reply, errs []error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	first := c.seq.Add(uint32(len(reqs))) - uint32(len(reqs)) + 1
 	var b []byte
 	for i, m := range reqs {
@@ -286,6 +306,28 @@ type rawMsg struct {
 	attrs      []byte // after nfgenmsg
 	body       []byte // after the netlink header
 	errSeq     uint32 // NLMSG_ERROR: the failed message's seq
+}
+
+// doneErr decodes an NLMSG_DONE body: the dump's error (a dump the
+// kernel could not finish, ending in an error of its own), nil when it
+// ended well; with NLM_F_ACK_TLVS the extended ack's message follows.
+func (m rawMsg) doneErr() *Error {
+	if len(m.body) < 4 {
+		return nil
+	}
+	errno := -int32(binary.NativeEndian.Uint32(m.body[0:4]))
+	if errno == 0 {
+		return nil
+	}
+	e := &Error{Errno: unix.Errno(errno)}
+	if m.flags&unix.NLM_F_ACK_TLVS != 0 {
+		for _, a := range Parse(m.body[4:]) {
+			if a.Type == unix.NLMSGERR_ATTR_MSG {
+				e.Text = a.String()
+			}
+		}
+	}
+	return e
 }
 
 // err decodes an NLMSG_ERROR body: errno, the echoed header, and the

@@ -113,3 +113,58 @@ func TestGroups(t *testing.T) {
 		})
 	}
 }
+
+// doneMsg frames an NLMSG_DONE with errno (0: a dump that ended well)
+// and, with text, the extended ack's message.
+func doneMsg(errno unix.Errno, text string) []byte {
+	var body []byte
+	body = binary.NativeEndian.AppendUint32(body, uint32(-int32(errno)))
+	flags := uint16(unix.NLM_F_MULTI)
+	if text != "" {
+		var tlv Attrs
+		tlv.String(unix.NLMSGERR_ATTR_MSG, text)
+		body = append(body, tlv.Bytes()...)
+		flags |= unix.NLM_F_ACK_TLVS
+	}
+	var b []byte
+	b = binary.NativeEndian.AppendUint32(b, uint32(nlmsgHdrLen+len(body)))
+	b = binary.NativeEndian.AppendUint16(b, unix.NLMSG_DONE)
+	b = binary.NativeEndian.AppendUint16(b, flags)
+	b = binary.NativeEndian.AppendUint32(b, 5)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	return append(b, body...)
+}
+
+// bodyless is the header of message b alone.
+func bodyless(b []byte) []byte {
+	b = b[:nlmsgHdrLen:nlmsgHdrLen]
+	binary.NativeEndian.PutUint32(b[0:4], nlmsgHdrLen)
+	return b
+}
+
+// The end of a dump carries the dump's error: a dump the kernel could
+// not finish is an error, not a short answer.
+func TestDoneError(t *testing.T) {
+	for _, tt := range []struct {
+		b    []byte
+		want error
+		text string
+	}{
+		{doneMsg(0, ""), nil, ""},
+		{doneMsg(unix.EINTR, ""), unix.EINTR, ""},
+		{doneMsg(unix.ENOMEM, "no room"), unix.ENOMEM, "no room"},
+		{bodyless(doneMsg(unix.EINTR, "")), nil, ""}, // a DONE without a body
+	} {
+		msgs := split(tt.b)
+		if len(msgs) != 1 {
+			t.Fatalf("split: %d messages", len(msgs))
+		}
+		e := msgs[0].doneErr()
+		switch {
+		case tt.want == nil && e != nil:
+			t.Errorf("doneErr = %v, want none", e)
+		case tt.want != nil && (e == nil || !errors.Is(e, tt.want) || e.Text != tt.text):
+			t.Errorf("doneErr = %v, want %v (%q)", e, tt.want, tt.text)
+		}
+	}
+}

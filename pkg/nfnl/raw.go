@@ -49,6 +49,8 @@ func (c *Conn) DumpRaw(typ uint16, body []byte) ([][]byte, error) {
 // returns the body of its reply (nil when the kernel only acknowledged
 // it) or the kernel's error (an *Error).
 func (c *Conn) Exec(typ uint16, body []byte) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	seq := c.seq.Add(1)
 	if err := unix.Sendto(c.fd, appendRaw(nil, typ, unix.NLM_F_ACK, seq, body), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("send netlink request: %w", err)
