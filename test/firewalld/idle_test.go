@@ -44,7 +44,7 @@ func TestAgentIdle(t *testing.T) {
 		}
 		a.metric = "http://" + serving.FindStringSubmatch(a.log())[1] + "/metrics"
 	}
-	if !strings.Contains(agents[0].log(), "firewalld=true") || !strings.Contains(agents[1].log(), "firewalld=false") {
+	if !strings.Contains(agents[0].log(), "following firewalld on the system bus") || !strings.Contains(agents[1].log(), "no system bus") {
 		t.Fatalf("the agents do not follow firewalld as set up:\n%s\n%s", agents[0].log(), agents[1].log())
 	}
 	time.Sleep(time.Second) // the start's passes
