@@ -5,9 +5,11 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/lock"
 )
 
 // WatchOptions are the flags of `portmap-agent sync --watch`.
@@ -31,8 +33,10 @@ type WatchOptions struct {
 	OnEvent func()
 	// Notify, when set, gets the service manager's states (systemd's
 	// sd_notify): "READY=1" after the first pass, "WATCHDOG=1" every
-	// Watchdog from the loop itself — a loop stuck in a pass sends none —
-	// and "STOPPING=1" at the end.
+	// Watchdog while no pass runs or the pass that runs is within
+	// passBound (it may wait out a firewalld reload, then the host lock)
+	// — a pass stuck past that gets none — and "STOPPING=1" at the end.
+	// Notify may be called from two goroutines at once.
 	Notify   func(state string)
 	Watchdog time.Duration
 	// Firewall, when set, is the node's firewall manager (firewalld on
@@ -70,6 +74,12 @@ type Firewall interface {
 // settleTimeout bounds a pass's wait for a reload under way (firewalld's
 // take a second or two).
 const settleTimeout = 30 * time.Second
+
+// passBound is the longest a pass that makes progress takes: it waits
+// out a reload (settleTimeout), then the host lock (lock.Timeout), then
+// works (seconds at thousands of attachments). The watchdog is fed
+// while a pass runs within it, and not after: that pass is stuck.
+var passBound = settleTimeout + lock.Timeout + 30*time.Second
 
 // The triggers of a pass.
 const (
@@ -128,11 +138,10 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 	w := &watcher{a: a, o: o, drain: drain, log: log, seen: map[string]bool{}, logged: map[string]bool{}}
 	interval := time.NewTicker(o.Interval)
 	defer interval.Stop()
-	var watchdog <-chan time.Time
 	if o.Watchdog > 0 {
-		t := time.NewTicker(o.Watchdog)
-		defer t.Stop()
-		watchdog = t.C
+		stop, fed := make(chan struct{}), make(chan struct{})
+		defer func() { close(stop); <-fed }()
+		go func() { w.feedWatchdog(o.Watchdog, passBound, notify, stop); close(fed) }()
 	}
 	var settle <-chan time.Time
 	arm := func() {
@@ -212,8 +221,6 @@ func (a *Agent) Watch(ctx context.Context, o WatchOptions, events <-chan struct{
 			if w.pass(TriggerInterval) {
 				arm()
 			}
-		case <-watchdog:
-			notify("WATCHDOG=1")
 		}
 	}
 }
@@ -231,8 +238,9 @@ type watcher struct {
 	withheld, kept map[string]bool
 	failing        string // the error of the last pass, logged once
 	lastStart      time.Time
-	strict         bool    // the firewall manager dropped host ports at the last question
-	last           *Report // the last pass's report
+	running        atomic.Int64 // when the pass that runs started (unix ns), 0 between passes
+	strict         bool         // the firewall manager dropped host ports at the last question
+	last           *Report      // the last pass's report
 }
 
 // pass runs one pass, logs and reports it, and says whether it changed
@@ -263,7 +271,9 @@ func (w *watcher) pass(trigger string) bool {
 	}
 	start := time.Now()
 	w.lastStart = start
+	w.running.Store(start.UnixNano())
 	rep, err := w.a.Sync(so)
+	w.running.Store(0)
 	took := time.Since(start)
 	if so.Prune {
 		w.seen = current
@@ -295,6 +305,24 @@ func (w *watcher) pass(trigger string) bool {
 	// 30).
 	debug.FreeOSMemory()
 	return rep != nil && rep.Changed()
+}
+
+// feedWatchdog sends WATCHDOG=1 every period until stop, unless a pass
+// has run longer than bound (passBound): a stuck pass lets the service manager
+// restart the agent, a pass waiting within its bounds does not.
+func (w *watcher) feedWatchdog(period, bound time.Duration, notify func(string), stop <-chan struct{}) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if started := w.running.Load(); started == 0 || time.Since(time.Unix(0, started)) < bound {
+				notify("WATCHDOG=1")
+			}
+		}
+	}
 }
 
 // checkStrict asks the firewall manager whether it drops host ports, and

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -318,4 +320,62 @@ func TestWatchLogsAFailureOnce(t *testing.T) {
 	if passes[0].Trigger != TriggerStart || passes[0].Err == nil || passes[1].Trigger != TriggerInterval || passes[len(passes)-1].Err != nil {
 		t.Errorf("passes: %+v, want start (failed), interval…, the last ok", passes)
 	}
+}
+
+// The watchdog is fed while a pass waits within its bounds (here a pass
+// of 600 ms, the watchdog's period 50 ms), and not once a pass has run
+// longer than passBound: then it is stuck, and the service manager may
+// restart the agent.
+func TestWatchdogThroughALongPass(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		bound time.Duration
+		min   int // WATCHDOG=1 during the first pass, at least
+		max   int // and at most
+	}{
+		{"within its bound", 10 * time.Second, 5, 13},
+		{"past its bound", 150 * time.Millisecond, 1, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			old := passBound
+			passBound = tt.bound
+			t.Cleanup(func() { passBound = old })
+			a, h := newFake()
+			dir := t.TempDir()
+			cacheEntry(t, dir, "net1", "a", "", `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+			h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+				if be == "iptables" && f == plan.IPv4 {
+					time.Sleep(600 * time.Millisecond)
+				}
+				return converge.NewReport(len(want))
+			}
+			var mu sync.Mutex
+			var states []string
+			o := WatchOptions{Options: Options{CacheDir: dir}, Interval: time.Hour, Debounce: time.Hour, Watchdog: 50 * time.Millisecond,
+				Notify: func(s string) { mu.Lock(); defer mu.Unlock(); states = append(states, s) }}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- a.Watch(ctx, o, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+			if !eventually(3*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return slices.Contains(states, "READY=1") }) {
+				t.Fatal("not ready 3 s after the start")
+			}
+			cancel()
+			<-done
+			mu.Lock()
+			defer mu.Unlock()
+			during := slices.Index(states, "READY=1") // the first pass ends before READY=1
+			if during < tt.min || during > tt.max {
+				t.Errorf("%d WATCHDOG=1 during a 600 ms pass, want %d to %d: %q", during, tt.min, tt.max, states)
+			}
+		})
+	}
+}
+
+func eventually(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
 }
