@@ -88,3 +88,34 @@ func onBPFFS(path string) (string, bool) {
 		}
 	}
 }
+
+// initMountNS reports whether this process is in the mount namespace of
+// the node's init (PID 1 as this process sees it): a mount it makes is
+// then the node's. A runtime with a mount namespace of its own would
+// mount a bpf filesystem that dies with it, and the links pinned there
+// with it. A variable for tests.
+var initMountNS = func() (bool, error) {
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return false, err
+	}
+	init, err := os.Readlink("/proc/1/ns/mnt")
+	if err != nil {
+		return false, err
+	}
+	return self == init, nil
+}
+
+// mountHere says why what (a filesystem the host lacks, where) cannot
+// be mounted by this process, or nil where it can: in the mount
+// namespace the node's init is in.
+func mountHere(what, fix string) error {
+	same, err := initMountNS()
+	switch {
+	case err != nil:
+		return fmt.Errorf("socket path: no %s, and whether this process may mount one where the node's init sees it cannot be told (%v): %s", what, err, fix)
+	case !same:
+		return fmt.Errorf("socket path: no %s where the node's init sees it, and this process runs in a mount namespace of its own, where a mount would die with it: %s", what, fix)
+	}
+	return nil
+}

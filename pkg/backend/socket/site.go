@@ -163,7 +163,11 @@ func (s *kernelSite) Ready() error {
 		if !cgroup2Supported() {
 			return errors.New("socket path: the kernel has no cgroup v2 (no cgroup2 in /proc/filesystems)")
 		}
-		// Install mounts the hierarchy at PrivateCgroup2
+		// Install mounts the hierarchy at PrivateCgroup2, where the
+		// node's init sees it
+		if err := mountHere("cgroup v2 hierarchy mounted", "mount one on the node (mount -t cgroup2 none /sys/fs/cgroup), or set cgroupPath"); err != nil {
+			return err
+		}
 	} else if t, err := fsType(s.cgroup); err != nil {
 		return fmt.Errorf("socket path: cgroupPath %q: %w", s.cgroup, err)
 	} else if t != cgroup2Magic {
@@ -171,6 +175,11 @@ func (s *kernelSite) Ready() error {
 	}
 	if at, ok := onBPFFS(s.dir); !ok && !s.mountsBPFFS() {
 		return fmt.Errorf("socket path: bpfPinDir %q is not on a bpf filesystem (%s is not bpffs)", filepath.Dir(s.dir), at)
+	} else if !ok {
+		// Install mounts one at /sys/fs/bpf, where the node's init sees it
+		if err := mountHere("bpf filesystem at "+bpffsRoot, "mount one on the node (mount -t bpf bpffs "+bpffsRoot+"), or set bpfPinDir to a directory on one"); err != nil {
+			return err
+		}
 	}
 	if s.Exists() {
 		return nil // installed: the kernel and the privilege were there
