@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 // no forwarding switched on in the machine's namespaces.
 func machine() string {
 	return nettest.Fingerprint([]string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"},
-		[]string{"/etc/firewalld", "/run/dbus", "/run/firewalld", "/run/netns", "/run/cni-portmap", "/var/lib/cni"})
+		[]string{"/etc/firewalld", "/run/dbus", "/run/firewalld", "/run/netns/cni-*", "/run/netns/cnitest-*", "/run/cni-portmap", "/var/lib/cni"})
 }
 
 // releases are the firewalld releases the suite runs: Debian's suite of

@@ -131,7 +131,9 @@ func fingerprint() string {
 	// kube-proxy's conntrack settings, left alone by the suite's flags:
 	// the table's size is the machine's
 	files = append(files, "/proc/sys/net/netfilter/nf_conntrack_max", "/sys/module/nf_conntrack/parameters/hashsize")
-	fp := nettest.Fingerprint(files, []string{"/run/containerd", "/run/netns", "/run/cni-portmap", "/var/lib/cni", "/var/lib/kubelet",
+	// /run/netns: the names containerd gives (cni-…) and the harness's
+	// (cnitest-…), not every other program's namespace
+	fp := nettest.Fingerprint(files, []string{"/run/containerd", "/run/netns/cni-*", "/run/netns/cnitest-*", "/run/cni-portmap", "/var/lib/cni", "/var/lib/kubelet",
 		"/var/lib/containerd", "/var/log/pods", "/var/log/containers", "/opt/cni", "/etc/cni/net.d", "/usr/libexec/kubernetes"})
 	// The suite's own temporary directories (kube-node-, kube-sysctl-,
 	// …): other programs share the temporary directory, so only these.

@@ -4,13 +4,16 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 )
 
 // Fingerprint is the machine's state a suite must leave as it found it,
 // as text: the root network namespace's links, addresses and rules (both
 // iptables families, the nftables ruleset), then each of files (its
-// content) and dirs (its names; a missing one says so).
+// content) and dirs (its names; a missing one says so). A dir with a
+// pattern ("/run/netns/cni-*") is the names that match it: a suite lists
+// only what it could have made where other software makes names too.
 func Fingerprint(files, dirs []string) string {
 	var b strings.Builder
 	for _, args := range [][]string{{"ip", "-o", "link"}, {"ip", "-o", "addr"}, {"iptables-save"}, {"ip6tables-save"}, {"nft", "list", "ruleset"}} {
@@ -30,10 +33,16 @@ func Fingerprint(files, dirs []string) string {
 		fmt.Fprintf(&b, "file %s = %s %v\n", f, strings.TrimSpace(string(v)), err)
 	}
 	for _, d := range dirs {
-		ents, err := os.ReadDir(d)
 		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
+		var err error
+		if strings.ContainsAny(d, "*?[") {
+			names, err = filepath.Glob(d)
+		} else {
+			var ents []os.DirEntry
+			ents, err = os.ReadDir(d)
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
 		}
 		fmt.Fprintf(&b, "dir %s: %s %v\n", d, strings.Join(names, " "), err != nil)
 	}
