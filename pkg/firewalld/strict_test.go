@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/portmap-dev/portmap/test/nettest"
 )
 
 func TestConfStrict(t *testing.T) {
@@ -72,56 +72,6 @@ func TestStrictForwardPortsFallsBackToTheFile(t *testing.T) {
 	}
 }
 
-// wedgedBus is a system bus socket that never answers: one that accepts
-// connections and says nothing (a stopped dbus-daemon), or, with accept
-// false, one whose backlog is full, so that connecting itself waits.
-func wedgedBus(t *testing.T, accept bool) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "bus") // a D-Bus address takes no comma
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "system_bus_socket")
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
-		t.Fatal(err)
-	}
-	backlog := 16
-	if !accept {
-		backlog = 0
-	}
-	if err := unix.Listen(fd, backlog); err != nil {
-		t.Fatal(err)
-	}
-	if accept {
-		go func() {
-			for {
-				c, _, err := unix.Accept(fd)
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { unix.Close(c) })
-			}
-		}()
-		return sock
-	}
-	// fill the backlog: the next connect waits for an accept that never comes
-	for range 3 {
-		c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { unix.Close(c) })
-		_ = unix.Connect(c, &unix.SockaddrUnix{Name: sock}) // EAGAIN once full
-	}
-	return sock
-}
-
 // TestStrictForwardPortsOnAWedgedBus: where firewalld is installed and the
 // system bus never answers (it accepts and says nothing, or does not
 // accept: the kernel refuses the connection at once), ADD's question
@@ -136,7 +86,11 @@ func TestStrictForwardPortsOnAWedgedBus(t *testing.T) {
 	}
 	for _, accept := range []bool{true, false} {
 		t.Run(map[bool]string{true: "accepts, never answers", false: "never accepts"}[accept], func(t *testing.T) {
-			t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+wedgedBus(t, accept))
+			bus := nettest.FullBus
+			if accept {
+				bus = nettest.WedgedBus
+			}
+			t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+bus(t))
 			start := time.Now()
 			strict, note, err := StrictForwardPorts()
 			took := time.Since(start)

@@ -44,52 +44,6 @@ func firewalldInstalled(t *testing.T) string {
 	return "/etc/firewalld"
 }
 
-// wedgedBus is a system bus that accepts connections and never answers
-// (a stopped dbus-daemon, a hung dbus-broker), named by
-// DBUS_SYSTEM_BUS_ADDRESS until the test ends.
-func wedgedBus(t *testing.T) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "bus") // a D-Bus address takes no comma: not t.TempDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "system_bus_socket")
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 64); err != nil {
-		t.Fatal(err)
-	}
-	accepted := make(chan int, 64)
-	go func() {
-		for {
-			c, _, err := unix.Accept(fd)
-			if err != nil {
-				return
-			}
-			accepted <- c // held open, never answered
-		}
-	}()
-	t.Cleanup(func() {
-		unix.Shutdown(fd, unix.SHUT_RDWR)
-		unix.Close(fd)
-		for {
-			select {
-			case c := <-accepted:
-				unix.Close(c)
-			default:
-				return
-			}
-		}
-	})
-	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+sock)
-}
-
 // TestWedgedBus: where firewalld is installed and the system bus accepts
 // connections and never answers, ADD of a host port answers within
 // firewalld.ConnectTimeout and a second more, with either backend: it
@@ -98,7 +52,7 @@ func wedgedBus(t *testing.T) {
 // (its first pass done) without waiting for the bus.
 func TestWedgedBus(t *testing.T) {
 	etc := firewalldInstalled(t)
-	wedgedBus(t)
+	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+nettest.WedgedBus(t))
 	bound := firewalld.ConnectTimeout + time.Second
 	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
 		cl := lan(t)

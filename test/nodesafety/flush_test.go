@@ -6,60 +6,12 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/test/nettest"
 )
-
-// udpFlow is a UDP client that keeps its 5-tuple (a QUIC connection, a
-// DNS resolver's socket): one socket, asked again and again.
-type udpFlow struct {
-	conn net.PacketConn
-	to   net.Addr
-}
-
-func newFlow(t *testing.T, n ns.NetNS, local, to string) *udpFlow {
-	t.Helper()
-	f := &udpFlow{}
-	do := func(ns.NetNS) error {
-		var err error
-		f.conn, err = net.ListenPacket("udp", local)
-		return err
-	}
-	var err error
-	if n == nil {
-		err = do(nil)
-	} else {
-		err = n.Do(do)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.conn.Close() })
-	if f.to, err = net.ResolveUDPAddr("udp", to); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-// ask sends one datagram and returns the reply, "" after a short wait.
-func (f *udpFlow) ask(t *testing.T) string {
-	t.Helper()
-	if _, err := f.conn.WriteTo([]byte("hi\n"), f.to); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 200)
-	_ = f.conn.SetReadDeadline(time.Now().Add(time.Second))
-	n, _, err := f.conn.ReadFrom(buf)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(buf[:n]))
-}
 
 // flowIDs lists the node's conntrack entries of UDP flows to dst:port by
 // their original source. (A flow's next datagram would make a deleted
@@ -95,15 +47,15 @@ func TestFlushKeepsOtherHostsFlows(t *testing.T) {
 		// a node with a mapping tracks connections
 		pod := rt.MustAdd(t, "client-pod", nettest.Mapping{HostPort: 6702, ContainerPort: srvPort})
 
-		node := newFlow(t, nil, addr(nodeIP, 40001), addr(remoteIP, 4433))
-		podFlow := newFlow(t, pod.NS, ":40002", addr(remoteIP, 4433))
-		stale := newFlow(t, cl.NS, addr(remoteIP, 40003), addr(nodeIP, 4433))
-		for name, f := range map[string]*udpFlow{"the node's": node, "the pod's": podFlow} {
-			if got := f.ask(t); !strings.HasPrefix(got, "remote sees ") {
+		node := nettest.NewUDPFlow(t, nil, addr(nodeIP, 40001), addr(remoteIP, 4433))
+		podFlow := nettest.NewUDPFlow(t, pod.NS, ":40002", addr(remoteIP, 4433))
+		stale := nettest.NewUDPFlow(t, cl.NS, addr(remoteIP, 40003), addr(nodeIP, 4433))
+		for name, f := range map[string]*nettest.UDPFlow{"the node's": node, "the pod's": podFlow} {
+			if got := f.Ask(t); !strings.HasPrefix(got, "remote sees ") {
 				t.Fatalf("%s flow to the other host: %q", name, got)
 			}
 		}
-		if got := stale.ask(t); got != "" {
+		if got := stale.Ask(t); got != "" {
 			t.Fatalf("the node's unmapped 4433 answered %q", got)
 		}
 		outbound := flowIDs(t, remoteIP, 4433)
@@ -117,8 +69,8 @@ func TestFlushKeepsOtherHostsFlows(t *testing.T) {
 				t.Errorf("%s: the outbound flows to %s are %v, were %v: a flow to another host was flushed", when, addr(remoteIP, 4433), got, outbound)
 				return
 			}
-			for name, f := range map[string]*udpFlow{"the node's": node, "the pod's": podFlow} {
-				if got := f.ask(t); !strings.HasPrefix(got, "remote sees ") {
+			for name, f := range map[string]*nettest.UDPFlow{"the node's": node, "the pod's": podFlow} {
+				if got := f.Ask(t); !strings.HasPrefix(got, "remote sees ") {
 					t.Errorf("%s: %s flow to the other host: %q", when, name, got)
 				}
 			}
@@ -128,7 +80,7 @@ func TestFlushKeepsOtherHostsFlows(t *testing.T) {
 		c := rt.MustAdd(t, "quic", nettest.Mapping{HostPort: 4433, ContainerPort: srvPort, Protocol: "udp"})
 		nettest.Serve(t, c.NS, "quic", srvPort)
 		kept("after ADD of 4433/udp")
-		if got, want := stale.ask(t), "quic sees "+remoteIP; got != want {
+		if got, want := stale.Ask(t), "quic sees "+remoteIP; got != want {
 			t.Errorf("the flow that reached the node's 4433 before ADD: %q, want %q (flushed, so it meets the DNAT)", got, want)
 		}
 
