@@ -22,7 +22,7 @@ var hostile = []struct{ what, ip string }{
 
 // TestHostileHostIPs: a pod whose mappings name host IPs that are not the
 // node's (another host's, another node's, the metadata address, IPv6,
-// multicast, broadcast) at the port the node itself talks to them on
+// multicast, broadcast), and the wildcards 0.0.0.0 and ::, at the port the node itself talks to them on
 // never receives the node's own connections, with either backend and
 // with localhost served by NAT or by the socket path: the node's
 // connect() and sendto() to each still reach the other host. The pod's
@@ -52,6 +52,9 @@ func hostileHostIPs(t *testing.T, backend, localhost string, extra map[string]st
 			ms = append(ms, nettest.Mapping{HostPort: 8090, ContainerPort: srvPort, Protocol: proto, HostIP: h.ip})
 		}
 	}
+	// the wildcards of both families, spelled out: the node's addresses only
+	ms = append(ms, nettest.Mapping{HostPort: 8090, ContainerPort: srvPort, Protocol: "udp", HostIP: "0.0.0.0"},
+		nettest.Mapping{HostPort: 8090, ContainerPort: srvPort, Protocol: "udp", HostIP: "::"})
 	ms = append(ms, nettest.Mapping{HostPort: 5353, ContainerPort: srvPort, Protocol: "udp", HostIP: "224.0.0.251"},
 		nettest.Mapping{HostPort: 67, ContainerPort: srvPort, Protocol: "udp", HostIP: "255.255.255.255"},
 		nettest.Mapping{HostPort: 8090, ContainerPort: srvPort, HostIP: "198.51.100.255"}) // the LAN's broadcast
