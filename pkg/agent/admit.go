@@ -70,7 +70,7 @@ func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reaso
 	r, ok := ad.records[o]
 	switch {
 	case ok && !r.Verb.Known():
-		return WithheldNewer, fmt.Sprintf("its ledger record says %q, a verb of a newer release, which judges it", r.Verb)
+		return WithheldNewer, newerRecord(r.Verb)
 	case ok && r.Verb == ledger.Del:
 		return WithheldDeleted, "its DEL has begun: the cache entry is the runtime's, to remove"
 	case !ok && !ad.epoch.IsZero() && !at.ModTime.Before(ad.epoch):
@@ -87,6 +87,12 @@ func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reaso
 		return WithheldSuperseded, "the cache entry predates the attachment's last ADD, which mapped something else"
 	}
 	return "", ""
+}
+
+// newerRecord says why a record of verb v, which a newer release wrote,
+// keeps this one's hands off its owner.
+func newerRecord(v ledger.Verb) string {
+	return fmt.Sprintf("its ledger record says %q, a verb of a newer release, which judges it", v)
 }
 
 // hold says why the objects of an owner (network "" for any) that no
@@ -109,7 +115,7 @@ func (ad *admission) hold(network, containerID string) string {
 			continue
 		}
 		if !r.Verb.Known() {
-			return fmt.Sprintf("its ledger record says %q, a verb of a newer release, which judges it", r.Verb)
+			return newerRecord(r.Verb)
 		}
 		if on, ok := ad.cachedOn[[2]string{r.ContainerID, r.IfName}]; ok && on != r.Network {
 			continue // the interface is the runtime's on another network now

@@ -353,13 +353,19 @@ func udpEntry(t *testing.T, src, dst string, sport, dport uint16) {
 // keys lists what a table's dump holds, sorted.
 func keys(t *testing.T, tb table) []string {
 	t.Helper()
+	return listed(t, tb, func(m []byte) string { return entryKey(t, m) })
+}
+
+// listed is each entry of a table's dump as show spells it, sorted.
+func listed(t *testing.T, tb table, show func([]byte) string) []string {
+	t.Helper()
 	msgs, err := tb.dump()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, m := range msgs {
-		out = append(out, entryKey(t, m))
+		out = append(out, show(m))
 	}
 	slices.Sort(out)
 	return out
@@ -472,17 +478,10 @@ func TestProcTable(t *testing.T) {
 // dsts lists the original destinations of a table's entries, sorted.
 func dsts(t *testing.T, tb table) []string {
 	t.Helper()
-	msgs, err := tb.dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, m := range msgs {
+	return listed(t, tb, func(m []byte) string {
 		k, dst, _ := origTuple(m)
-		out = append(out, netip.AddrPortFrom(dst, k.port).String())
-	}
-	slices.Sort(out)
-	return out
+		return netip.AddrPortFrom(dst, k.port).String()
+	})
 }
 
 func TestMain(m *testing.M) { userns.Main(m) }
