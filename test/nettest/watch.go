@@ -28,8 +28,8 @@ type Watcher struct {
 
 // StartWatch runs `bin sync --watch args` (bin: portmap or
 // portmap-agent, from BinDir) with env added to the environment, waits
-// for it to log started, and kills it at the end of the test, logging
-// its log.
+// for it to log started (the agent: and what it found of the system
+// bus), and kills it at the end of the test, logging its log.
 func StartWatch(tb LogTB, bin string, env []string, started string, args ...string) *Watcher {
 	tb.Helper()
 	w := &Watcher{done: make(chan error, 1)}
@@ -57,6 +57,12 @@ func StartWatch(tb LogTB, bin string, env []string, started string, args ...stri
 		tb.Logf("watch log:\n%s", w.Text())
 	})
 	w.WaitFor(tb, started, 5*time.Second)
+	if bin == "portmap-agent" {
+		// it looks for firewalld's bus in the background and says what it
+		// found ("following firewalld on the system bus", "no system
+		// bus"): after that, its log is quiet while nothing changes
+		w.WaitFor(tb, "system bus", 5*time.Second)
+	}
 	return w
 }
 
