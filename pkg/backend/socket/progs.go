@@ -52,25 +52,54 @@ var Hooks = []Hook{
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, false, true},
 }
 
-// loadAddr copies the socket address of ctx (r6) into the 16 bytes at
+// word is one 4-byte write to the stack at off: the instructions that
+// load the value (into r7, a scratch register) and store it.
+type word struct {
+	off   int16
+	insns asm.Instructions
+}
+
+// stackWords emits independent word writes with, in every 8-byte stack
+// slot, the one at the slot's start last. A 4-byte store of a register
+// there is a spill the verifier tracks, and before Linux 6.6 it refuses
+// a later narrower write into that slot ("attempt to corrupt spilled
+// pointer on stack") unless the loader has CAP_PERFMON: with CAP_BPF
+// alone, on Debian 12's 6.1, it did. The writes must not read what the
+// others write.
+func stackWords(ws ...word) asm.Instructions {
+	var out asm.Instructions
+	for _, atStart := range []bool{false, true} {
+		for _, w := range ws {
+			if (w.off%8 == 0) == atStart {
+				out = append(out, w.insns...)
+			}
+		}
+	}
+	return out
+}
+
+// imm writes v at off.
+func imm(off int16, v int32) word {
+	return word{off, asm.Instructions{asm.StoreImm(asm.RFP, off, int64(v), asm.Word)}}
+}
+
+// load writes the word at src+from to off.
+func load(src asm.Register, from, off int16) word {
+	return word{off, asm.Instructions{asm.LoadMem(asm.R7, src, from, asm.Word), asm.StoreMem(asm.RFP, off, asm.R7, asm.Word)}}
+}
+
+// addrWords copy the socket address of ctx (r6) into the 16 bytes at
 // stack offset off, IPv4 as ::ffff:a.b.c.d.
-func loadAddr(v6 bool, off int16) asm.Instructions {
+func addrWords(v6 bool, off int16) []word {
 	if v6 {
-		var out asm.Instructions
+		var out []word
 		for i := int16(0); i < 4; i++ {
-			out = append(out,
-				asm.LoadMem(asm.R7, asm.R6, ctxUserIP6+4*i, asm.Word),
-				asm.StoreMem(asm.RFP, off+4*i, asm.R7, asm.Word))
+			out = append(out, load(asm.R6, ctxUserIP6+4*i, off+4*i))
 		}
 		return out
 	}
-	return asm.Instructions{
-		asm.StoreImm(asm.RFP, off, 0, asm.Word),
-		asm.StoreImm(asm.RFP, off+4, 0, asm.Word),
-		asm.StoreImm(asm.RFP, off+8, 0xffff0000, asm.Word), // 00 00 ff ff
-		asm.LoadMem(asm.R7, asm.R6, ctxUserIP4, asm.Word),
-		asm.StoreMem(asm.RFP, off+12, asm.R7, asm.Word),
-	}
+	return []word{imm(off, 0), imm(off+4, 0), imm(off+8, -0x10000), // 00 00 ff ff
+		load(asm.R6, ctxUserIP4, off+12)}
 }
 
 // storeAddr writes the address and port at r8 (a map value: address,
@@ -94,13 +123,11 @@ func storeAddr(v6 bool) asm.Instructions {
 		asm.StoreMem(asm.R6, ctxUserPort, asm.R7, asm.Word))
 }
 
-// copyWords copies n 4-byte words from src+from to the stack at to.
-func copyWords(src asm.Register, from, to int16, n int) asm.Instructions {
-	var out asm.Instructions
+// copyWords copy n 4-byte words from src+from to the stack at to.
+func copyWords(src asm.Register, from, to int16, n int) []word {
+	var out []word
 	for i := int16(0); i < int16(n); i++ {
-		out = append(out,
-			asm.LoadMem(asm.R7, src, from+4*i, asm.Word),
-			asm.StoreMem(asm.RFP, to+4*i, asm.R7, asm.Word))
+		out = append(out, load(src, from+4*i, to+4*i))
 	}
 	return out
 }
@@ -117,22 +144,17 @@ func copyWords(src asm.Register, from, to int16, n int) asm.Instructions {
 func program(h Hook, svc, rev int) asm.Instructions {
 	// the key: {cookie, address, port, protocol or zero}
 	cookie, table := asm.FnGetSocketCookie, rev
-	last := asm.Instructions{asm.StoreImm(asm.RFP, stKey+28, 0, asm.Word)}
+	last := imm(stKey+28, 0)
 	if h.Forward {
 		cookie, table = asm.FnGetNetnsCookie, svc
-		last = asm.Instructions{
-			asm.LoadMem(asm.R7, asm.R6, ctxProtocol, asm.Word),
-			asm.StoreMem(asm.RFP, stKey+28, asm.R7, asm.Word)}
+		last = load(asm.R6, ctxProtocol, stKey+28)
 	}
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		cookie.Call(),
 		asm.StoreMem(asm.RFP, stKey, asm.R0, asm.DWord)}
-	insns = append(insns, loadAddr(h.V6, stKey+8)...)
-	insns = append(insns,
-		asm.LoadMem(asm.R7, asm.R6, ctxUserPort, asm.Word),
-		asm.StoreMem(asm.RFP, stKey+24, asm.R7, asm.Word))
-	insns = append(insns, last...)
+	key := append(addrWords(h.V6, stKey+8), load(asm.R6, ctxUserPort, stKey+24), last)
+	insns = append(insns, stackWords(key...)...)
 	insns = append(insns,
 		asm.LoadMapPtr(asm.R1, table),
 		asm.Mov.Reg(asm.R2, asm.RFP),
@@ -146,11 +168,9 @@ func program(h Hook, svc, rev int) asm.Instructions {
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.FnGetSocketCookie.Call(),
 			asm.StoreMem(asm.RFP, stRevKey, asm.R0, asm.DWord))
-		insns = append(insns, copyWords(asm.R8, 0, stRevKey+8, 5)...)          // target address, port
-		insns = append(insns, asm.StoreImm(asm.RFP, stRevKey+28, 0, asm.Word)) // zero
-		insns = append(insns, copyWords(asm.RFP, stKey+8, stRevVal, 5)...)     // dialled address, port
+		insns = append(insns, stackWords(append(copyWords(asm.R8, 0, stRevKey+8, 5), imm(stRevKey+28, 0))...)...)      // target address, port, zero
+		insns = append(insns, stackWords(append(copyWords(asm.RFP, stKey+8, stRevVal, 5), imm(stRevVal+20, 0))...)...) // dialled address, port, zero
 		insns = append(insns,
-			asm.StoreImm(asm.RFP, stRevVal+20, 0, asm.Word),
 			asm.LoadMapPtr(asm.R1, rev),
 			asm.Mov.Reg(asm.R2, asm.RFP),
 			asm.Add.Imm(asm.R2, stRevKey),
