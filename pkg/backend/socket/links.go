@@ -57,50 +57,76 @@ func (s *kernelSite) Hooks() ([]HookState, error) {
 		return nil, err
 	}
 	for i, h := range Hooks {
-		out[i] = s.hook(h, cg)
+		if out[i], err = s.hook(h, cg); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
 
-func (s *kernelSite) hook(h Hook, cg uint64) HookState {
+// hook judges h's link from the pins alone: the link's cgroup and
+// program, and the program pinned beside it, whose name carries the
+// build. Nothing is loaded, and no program is looked up by its ID (which
+// takes CAP_SYS_ADMIN): an agent with CAP_BPF finds a steady site steady.
+// A link whose program is not pinned beside it (a build that did not pin
+// programs, a pin lost) is stale: updating it pins the program.
+// The kernel's refusal to open a pin is an error, not a missing link.
+func (s *kernelSite) hook(h Hook, cg uint64) (HookState, error) {
 	st := HookState{Hook: h}
 	l, err := link.LoadPinnedLink(s.pin(h.Name), nil)
+	if denied(err) {
+		return st, fmt.Errorf("socket path: open %s: %w", s.pin(h.Name), err)
+	}
 	if err != nil {
 		st.Problem = HookMissing
 		if !errors.Is(err, os.ErrNotExist) {
 			st.Detail = err.Error()
 		}
-		return st
+		return st, nil
 	}
 	defer l.Close()
 	info, err := l.Info()
 	if err != nil {
 		st.Problem, st.Detail = HookDetached, err.Error()
-		return st
+		return st, nil
 	}
 	on := info.Cgroup()
 	switch {
 	case info.Type != link.CgroupType || on == nil || on.CgroupId == 0:
 		st.Problem = HookDetached
-		return st
+		return st, nil
 	case on.CgroupId != cg:
 		st.Problem, st.Detail = HookMoved, fmt.Sprintf("cgroup id %d, want %d (%s)", on.CgroupId, cg, s.cgroup)
-		return st
+		return st, nil
 	}
-	p, err := ebpf.NewProgramFromID(info.Program)
-	if err != nil {
+	p, err := ebpf.LoadPinnedProgram(s.pin(progPin(h)), nil)
+	switch {
+	case denied(err):
+		return st, fmt.Errorf("socket path: open %s: %w", s.pin(progPin(h)), err)
+	case errors.Is(err, os.ErrNotExist):
+		st.Problem, st.Detail = HookStale, "program not pinned"
+		return st, nil
+	case err != nil:
 		st.Problem, st.Detail = HookStale, err.Error()
-		return st
+		return st, nil
 	}
 	defer p.Close()
 	pi, err := p.Info()
 	if err != nil {
 		st.Problem, st.Detail = HookStale, err.Error()
+		return st, nil
+	}
+	if id, _ := pi.ID(); id != info.Program {
+		st.Problem, st.Detail = HookStale, fmt.Sprintf("the link runs program %d, %d is pinned", info.Program, id)
 	} else if want := progName(h, Version()); pi.Name != want {
 		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", pi.Name, want)
 	}
-	return st
+	return st, nil
 }
+
+// denied reports whether err is the kernel's refusal for want of a
+// privilege.
+func denied(err error) bool { return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) }
 
 // Install creates the pin directory and the maps where missing and
 // brings each hook of states to this build's program on the cgroup:
@@ -192,6 +218,15 @@ func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version 
 		return err
 	}
 	defer prog.Close()
+	if err := s.attach(st, prog, cg); err != nil {
+		return err
+	}
+	return pinAs(prog, s.pin(progPin(st.Hook)))
+}
+
+// attach puts prog on st's hook: the pinned link updated in place where
+// stale, else a new link pinned in its place.
+func (s *kernelSite) attach(st HookState, prog *ebpf.Program, cg *os.File) error {
 	path := s.pin(st.Hook.Name)
 	if st.Problem == HookStale {
 		l, err := link.LoadPinnedLink(path, nil)
@@ -212,6 +247,22 @@ func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version 
 	}
 	defer l.Close()
 	return l.Pin(path)
+}
+
+// pinAs pins prog at path in one step, replacing what is pinned there:
+// a reader finds the old program or the new one, never none.
+func pinAs(prog *ebpf.Program, path string) error {
+	tmp := path + "_new"
+	if err := removePin(tmp); err != nil {
+		return err
+	}
+	if err := prog.Pin(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return errors.Join(err, removePin(tmp))
+	}
+	return nil
 }
 
 func (s *kernelSite) Retire() (bool, error) {
@@ -247,7 +298,7 @@ func (s *kernelSite) unpin() error {
 	}
 	var errs []error
 	for _, h := range Hooks {
-		errs = append(errs, detachPin(s.pin(h.Name)), removePin(s.pin(h.Name)))
+		errs = append(errs, detachPin(s.pin(h.Name)), removePin(s.pin(h.Name)), removePin(s.pin(progPin(h))))
 	}
 	for _, m := range []string{svcMap, revMap, ownersMap} {
 		errs = append(errs, removePin(s.pin(m)))

@@ -24,7 +24,7 @@ const DefaultPinDir = "/sys/fs/bpf/cni-portmap"
 const Layout = "v1"
 
 // Pin names under <pinDir>/<Layout>; links are pinned under the hook's
-// name.
+// name, their programs as prog_<hook> (progPin).
 const (
 	svcMap    = "svc"
 	revMap    = "rev"
@@ -134,6 +134,11 @@ func OpenSite(cfg plan.Socket) (Site, error) {
 }
 
 func (s *kernelSite) pin(name string) string { return filepath.Join(s.dir, name) }
+
+// progPin is the pin name of hook h's program, beside its link: a pass
+// compares the two without looking the program up by its ID. (bpffs
+// refuses names with a dot.)
+func progPin(h Hook) string { return "prog_" + h.Name }
 
 func (s *kernelSite) Exists() bool {
 	_, err := os.Stat(s.pin(svcMap))
