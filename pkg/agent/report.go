@@ -32,8 +32,12 @@ type Report struct {
 	Skipped []Skipped `json:"skipped"`
 	// NotPruned says why a pass asked to prune removed nothing: it had
 	// no evidence that anything is gone.
-	NotPruned string  `json:"notPruned,omitempty"`
-	Summary   Summary `json:"summary"`
+	NotPruned string `json:"notPruned,omitempty"`
+	// NotRun are the units (a backend or layer of one family) the pass
+	// skipped because this process lacks a capability they need (an
+	// agent's container given fewer): a warning, not a failed pass.
+	NotRun  []Shared `json:"notRun,omitempty"`
+	Summary Summary  `json:"summary"`
 }
 
 // Attachment is one cached attachment with port mappings.
@@ -176,6 +180,10 @@ func (r *Report) finish(ws []*wanted, out *outcomes, dryRun bool) {
 		default:
 			r.Summary.OK++
 		}
+		if len(out.notRun[i]) > 0 && a.State != string(converge.Error) {
+			a.What = strings.Join(append(out.notRun[i], a.What), "; ")
+			a.What = strings.TrimSuffix(a.What, "; ")
+		}
 		r.Attachments = append(r.Attachments, a)
 	}
 	sortOrphans(r.Orphans)
@@ -269,6 +277,9 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 	}
 	if r.NotPruned != "" {
 		fmt.Fprintf(w, "orphans not pruned: %s\n", r.NotPruned)
+	}
+	for _, s := range r.NotRun {
+		fmt.Fprintf(w, "shared %s %s: not run: %s\n", s.Backend, s.Family, s.What)
 	}
 	sm := r.Summary
 	dry := ""

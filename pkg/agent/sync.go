@@ -132,7 +132,7 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	}
 	ws = ad.admit(ws, rep)
 	copts.Hold = ad.hold
-	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws))}
+	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws)), notRun: make([][]string, len(ws))}
 	units := a.units(ws, o.Sites)
 	errs := a.runUnits(units, ws, copts, rep, out)
 	if o.Prune && o.Retire && !o.DryRun && len(errs) == 0 {
@@ -210,12 +210,13 @@ func (a *Agent) forget(owners []plan.Owner) []error {
 	return errs
 }
 
-// outcomes are, per wanted attachment, what a pass repaired and what
-// failed.
+// outcomes are, per wanted attachment, what a pass repaired, what
+// failed, and which units it could not run for want of a capability.
 type outcomes struct {
 	mu       sync.Mutex
 	repaired [][]string
 	failed   [][]string
+	notRun   [][]string
 }
 
 // readWanted reads the cache and loads each entry's attachment as ADD

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/caps"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/ledger"
@@ -184,6 +187,43 @@ func TestSyncReportsBackendErrors(t *testing.T) {
 	}
 	if rep == nil || len(rep.Attachments) != 1 || rep.Attachments[0].State != "error" || !rep.Failed() {
 		t.Errorf("report %+v, want the attachment in error", rep)
+	}
+}
+
+// A unit the agent was never given the means to run (the socket path in
+// a container without CAP_BPF) is skipped with a warning: the pass goes
+// on with the others and does not fail, and the attachment says what was
+// not checked.
+func TestSyncSkipsAUnitWithoutItsCapabilities(t *testing.T) {
+	a, h := newFake()
+	dir := t.TempDir()
+	cacheEntry(t, dir, "net1", "a", `,"localhost":"socket"`, `[{"hostPort":8080,"containerPort":80}]`, time.Hour)
+	lacks := &caps.Error{Missing: []caps.Any{{caps.BPF, caps.SysAdmin}}, Err: fmt.Errorf("socket path: load program: %w", unix.EPERM)}
+	h.FailSync["localhost ipv4"] = fmt.Errorf("ipv4: %w", lacks)
+	h.FailSync["localhost ipv6"] = fmt.Errorf("ipv6: %w", lacks)
+	h.SyncAnswer = func(name string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+		r := converge.NewReport(len(want))
+		if name == "iptables" && f == plan.IPv4 && len(want) == 1 {
+			r.Results[0] = converge.Result{State: converge.Repaired, What: "chain missing"}
+		}
+		return r
+	}
+	rep, err := a.Sync(Options{CacheDir: dir})
+	if err != nil || rep.Failed() {
+		t.Fatalf("pass: %v, failed %v; want a warning, not a failure", err, rep != nil && rep.Failed())
+	}
+	if len(rep.NotRun) != 2 || rep.NotRun[0].Backend != "localhost" || !strings.Contains(rep.NotRun[0].What, "lacks CAP_BPF or CAP_SYS_ADMIN") {
+		t.Errorf("not run: %+v, want both families of the socket path, naming the capability", rep.NotRun)
+	}
+	if len(rep.Attachments) != 1 || rep.Attachments[0].State != "repaired" || !strings.Contains(rep.Attachments[0].What, "localhost ipv4 not run (lacks CAP_BPF or CAP_SYS_ADMIN)") {
+		t.Errorf("attachments %+v, want the iptables repair and the socket path not run", rep.Attachments)
+	}
+	if !strings.Contains(h.Calls(), "sync iptables ipv4 [a]") {
+		t.Errorf("the iptables unit did not run:\n%s", h.Calls())
+	}
+	var out bytes.Buffer
+	if err := rep.Write(&out, false); err != nil || !strings.Contains(out.String(), "shared localhost ipv4: not run: ") {
+		t.Errorf("report:\n%s", out.String())
 	}
 }
 

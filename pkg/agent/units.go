@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"slices"
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/caps"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -106,6 +108,16 @@ func (a *Agent) runUnits(units []unit, ws []*wanted, copts converge.Options, rep
 			r, err := be.Sync(want, copts)
 			out.mu.Lock()
 			defer out.mu.Unlock()
+			var lacks *caps.Error
+			if errors.As(err, &lacks) {
+				// never given the means: a warning, and the other units
+				// go on; the attachments say what was not checked
+				rep.NotRun = append(rep.NotRun, Shared{Backend: u.name, Family: u.f.String(), What: err.Error()})
+				for _, i := range idx {
+					out.notRun[i] = append(out.notRun[i], fmt.Sprintf("%s %s not run (lacks %s)", u.name, u.f, lacks.Missing[0]))
+				}
+				return
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s backend: %w", u.name, err))
 				for _, i := range idx {
@@ -146,6 +158,11 @@ func retire(units []unit, ws []*wanted, rep *Report) []error {
 			continue
 		}
 		what, err := r.Retire()
+		var lacks *caps.Error
+		if errors.As(err, &lacks) {
+			rep.NotRun = append(rep.NotRun, Shared{Backend: u.name, Family: u.f.String(), What: "retire: " + err.Error()})
+			continue
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", u.name, err))
 			continue

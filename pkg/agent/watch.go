@@ -403,6 +403,13 @@ func logChanges(log *slog.Logger, r *Report, trigger string, took time.Duration,
 		n++
 		log.Warn("orphans not pruned", "why", r.NotPruned)
 	}
+	for _, s := range r.NotRun {
+		if k := "not run: " + s.Backend + s.Family; !logged[k] {
+			logged[k] = true
+			n++
+			log.Warn("unit not run", "backend", s.Backend, "family", s.Family, "why", s.What)
+		}
+	}
 	if n == 0 {
 		return
 	}

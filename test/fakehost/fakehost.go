@@ -32,6 +32,8 @@ type Host struct {
 	// ipv6"); FailAll fails every backend call.
 	FailApply map[string]error
 	FailAll   error
+	// FailSync fails a pass's Sync by backend or layer and family.
+	FailSync map[string]error
 	// FailReady fails Ready alone (a layer the host cannot serve, say).
 	FailReady error
 	// FailOpen fails opening the backend or layer of that name.
@@ -57,7 +59,7 @@ type Host struct {
 // New returns a host whose registry holds recording fakes of the
 // real backends and layers (same names, same Wants), and the recorder.
 func New() (*host.Host, *Host) {
-	fh := &Host{FailApply: map[string]error{}, FailOpen: map[string]error{}, Missing: map[string]string{}, Traces: map[string]bool{}, Localnet: map[string]bool{}}
+	fh := &Host{FailApply: map[string]error{}, FailSync: map[string]error{}, FailOpen: map[string]error{}, Missing: map[string]string{}, Traces: map[string]bool{}, Localnet: map[string]bool{}}
 	h := &host.Host{
 		DefaultBackend: func() backend.Name { return backend.IPTables },
 		Sysctl:         fh,
@@ -131,6 +133,9 @@ func (b fakeBackend) Sync(want []*plan.Plan, o converge.Options) (*converge.Repo
 	b.h.Record(fmt.Sprintf("sync %s %s [%s] prune=%v dry=%v", b.name, b.f, strings.Join(ids, " "), o.Prune, o.DryRun))
 	if b.h.FailAll != nil {
 		return nil, b.h.FailAll
+	}
+	if err := b.h.FailSync[b.name+" "+b.f.String()]; err != nil {
+		return nil, err
 	}
 	if b.h.SyncAnswer != nil {
 		return b.h.SyncAnswer(b.name, b.f, want, o), nil

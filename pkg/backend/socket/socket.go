@@ -36,6 +36,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/portmap-dev/portmap/pkg/caps"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/netns"
@@ -131,7 +132,9 @@ func broken(states []HookState) []HookState {
 // Apply installs the programs where they are not (the first ADD of the
 // site, a detached link, another build's programs), then writes the
 // attachment's entries, replacing what it held in this family.
-func (l *Layer) Apply(p *plan.Plan) error {
+func (l *Layer) Apply(p *plan.Plan) error { return explain(l.apply(p)) }
+
+func (l *Layer) apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
@@ -177,7 +180,9 @@ func (l *Layer) readFor(p *plan.Plan, netns uint64, local Local) (*State, error)
 
 // Remove deletes the entries of this family that name the attachment;
 // idempotent, and a site never installed has none.
-func (l *Layer) Remove(p *plan.Plan) error {
+func (l *Layer) Remove(p *plan.Plan) error { return explain(l.remove(p)) }
+
+func (l *Layer) remove(p *plan.Plan) error {
 	if !l.Site.Exists() {
 		return nil
 	}
@@ -189,7 +194,9 @@ func (l *Layer) Remove(p *plan.Plan) error {
 // Check verifies that every hook's link is attached at the cgroup with
 // this build's program, and that the attachment's entries send their
 // keys to the container.
-func (l *Layer) Check(p *plan.Plan) error {
+func (l *Layer) Check(p *plan.Plan) error { return explain(l.check(p)) }
+
+func (l *Layer) check(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to check against")
 	}
@@ -218,7 +225,9 @@ func (l *Layer) Check(p *plan.Plan) error {
 
 // GC removes the entries of network's attachments that are not in
 // valid.
-func (l *Layer) GC(network string, valid []plan.Owner) error {
+func (l *Layer) GC(network string, valid []plan.Owner) error { return explain(l.gc(network, valid)) }
+
+func (l *Layer) gc(network string, valid []plan.Owner) error {
 	if !l.Site.Exists() {
 		return nil
 	}
@@ -236,6 +245,20 @@ func (l *Layer) Ready(p *plan.Plan) error {
 	return err
 }
 
+// needs are what the socket path asks of the kernel: bpf() (CAP_BPF, or
+// CAP_SYS_ADMIN before Linux 5.8) and links on a cgroup (CAP_NET_ADMIN).
+var needs = []caps.Any{{caps.BPF, caps.SysAdmin}, {caps.NetAdmin}}
+
+// explain names the capabilities this process lacks where the kernel
+// refused it for want of one (an agent's container given fewer than the
+// socket path needs skips it and says which).
+func explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	return caps.Explain(err, needs...)
+}
+
 // hooksMu serializes Sync's look at the hooks and their repair within
 // the process (the host-wide lock keeps other processes out).
 var hooksMu sync.Mutex
@@ -245,6 +268,11 @@ var hooksMu sync.Mutex
 // one for the entries, read once and written at most once. The caller
 // holds the host-wide lock.
 func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	rep, err := l.sync(want, o)
+	return rep, explain(err)
+}
+
+func (l *Layer) sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
 	netns, err := l.Netns()
 	if err != nil {
 		return nil, err
@@ -330,7 +358,7 @@ func (l *Layer) syncHooks(wanted, dryRun bool) ([]string, bool, error) {
 func (l *Layer) Retire() (string, error) {
 	removed, err := l.Site.Retire()
 	if err != nil || !removed {
-		return "", err
+		return "", explain(err)
 	}
 	return "socket path: no entry left; programs detached, pins removed", nil
 }
