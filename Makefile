@@ -120,12 +120,14 @@ compat-test: deps plugins
 # soaks: they fail for speed alone under the emulator) and the agent's
 # races with the runtime (60 cases of the agent's logic, no kernel API of
 # their own: 3 minutes a kernel under the emulator), about 2 minutes a
-# kernel here; GUEST_TESTS=api the kernel-API ones alone; and a traffic
-# test per backend.
+# kernel here; GUEST_TESTS=api the kernel-API ones alone; and, of the
+# end-to-end suite, a traffic test per backend and the DaemonSet's agent
+# with exactly its capabilities (GUEST_E2E).
 GUEST_KERNELS ?= bullseye bookworm trixie
 GUEST_API     := TestBPFMap|TestBPFLink|TestNFTApplyCheckRemove|TestNFTFastPathMisses|TestNFTReAddReplaces|TestNFTSamePortAndIP|TestApplyCheckRemove|TestNativeAddAsRestore|TestCheckOverNetlink|TestIPTablesFastPathMisses|TestReadyCommitsNothing|TestReadyReadsTheSkeleton|TestSocketPath
 GUEST_SLOW    := $(COMPAT_SKIP)|TestFiftyParallelAddsThenDels|TestKilledMidwayRecovers|TestSyncPassesKeepSockets|TestPassAfterARuntimeVerb
 GUEST_TESTS   ?= all
+GUEST_E2E     := TestTraffic|TestSocketPathCapabilities
 
 guest-test: deps plugins
 	@mkdir -p build/guest-bin
@@ -137,7 +139,7 @@ guest-test: deps plugins
 		if [ "$(GUEST_TESTS)" = all ]; then sel="-test.skip '$(GUEST_SLOW)'"; else sel="-test.run '^($(GUEST_API))$$'"; fi; \
 		echo "== guest: Debian $$k's kernel"; \
 		GUEST_ROOT=$(COMPAT_DIR)/trixie/root PORTMAP_CNI_BIN=$(CNI_BIN) ./test/compat/guest.sh $$k $(CURDIR)/build/guest/$$k -- \
-			sh -c "cd test/kernel && ../../build/guest-bin/kernel.test -test.count=1 $$sel && cd ../e2e && ../../build/guest-bin/e2e.test -test.count=1 -test.run '^TestTraffic$$'"; \
+			sh -c "cd test/kernel && ../../build/guest-bin/kernel.test -test.count=1 $$sel && cd ../e2e && ../../build/guest-bin/e2e.test -test.count=1 -test.run '^($(GUEST_E2E))$$'"; \
 		echo "== guest: $$k passed in $$(($$(date +%s) - start)) s"; \
 	done
 

@@ -49,3 +49,26 @@ func Decode(data []byte) (*appsv1.DaemonSet, error) {
 	}
 	return &ds, nil
 }
+
+// AgentCapabilities are the capabilities the manifest adds to the agent's
+// container (the runtime's defaults are given besides).
+func AgentCapabilities() ([]string, error) {
+	ds, err := Read()
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name != "sync" {
+			continue
+		}
+		if c.SecurityContext == nil || c.SecurityContext.Capabilities == nil {
+			return nil, errors.New("the sync container adds no capabilities")
+		}
+		var out []string
+		for _, cp := range c.SecurityContext.Capabilities.Add {
+			out = append(out, string(cp))
+		}
+		return out, nil
+	}
+	return nil, errors.New("no sync container in " + Manifest)
+}

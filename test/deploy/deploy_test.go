@@ -119,8 +119,8 @@ func TestPromises(t *testing.T) {
 		caps = append(caps, string(cp))
 	}
 	slices.Sort(caps)
-	if strings.Join(caps, " ") != "NET_ADMIN NET_RAW SYS_CHROOT" || (sc.Privileged != nil && *sc.Privileged) {
-		t.Errorf("capabilities %v, privileged %v; want NET_ADMIN, NET_RAW, SYS_CHROOT and no more", caps, sc.Privileged)
+	if strings.Join(caps, " ") != "BPF NET_ADMIN NET_RAW SYS_CHROOT" || (sc.Privileged != nil && *sc.Privileged) {
+		t.Errorf("capabilities %v, privileged %v; want BPF, NET_ADMIN, NET_RAW, SYS_CHROOT and no more", caps, sc.Privileged)
 	}
 }
 

@@ -31,19 +31,27 @@ type syncReport struct {
 		File, Why string
 		Error     bool
 	}
+	NotRun  []struct{ Backend, Family, What string }
+	Summary struct{ OK, Repaired, Errors int }
 }
 
 // runSync runs `portmap-agent sync --json` with args and returns the report and
 // the exit status.
 func runSync(t *testing.T, args ...string) (syncReport, int) {
 	t.Helper()
+	return runSyncWith(t, nil, args...)
+}
+
+// runSyncWith is runSync with exactly the capabilities caps (nil: all).
+func runSyncWith(t *testing.T, caps []string, args ...string) (syncReport, int) {
+	t.Helper()
 	args = append([]string{"sync", "--json"}, args...)
-	out, stderr, status, err := nettest.Agent(args...)
+	out, stderr, status, err := nettest.AgentWith(caps, args...)
 	if err != nil {
 		t.Fatalf("portmap-agent sync: %v\n%s", err, stderr)
 	}
 	var r syncReport
-	t.Logf("portmap-agent sync %s: exit %d\n%s%s", strings.Join(args, " "), status, out, stderr)
+	t.Logf("portmap-agent %s: exit %d\n%s%s", strings.Join(args, " "), status, out, stderr)
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("portmap-agent sync %v: exit %d, output is not a report: %v\n%s\n%s", args, status, err, out, stderr)
 	}

@@ -41,7 +41,21 @@ func execPlugin(plugin, command, containerID, netns string, stdin []byte) ([]byt
 // would, e.g. Agent("sync", "--cache-dir", dir), and returns its stdout,
 // its stderr and its exit status.
 func Agent(args ...string) (stdout, stderr string, status int, err error) {
+	return AgentWith(nil, args...)
+}
+
+// AgentWith is Agent with exactly the capabilities caps ("NET_ADMIN",
+// ...) in its bounding set, and so in effect (it runs as root), as in a
+// container given them: setpriv --bounding-set. Nil: every capability.
+func AgentWith(caps []string, args ...string) (stdout, stderr string, status int, err error) {
 	cmd := exec.Command(filepath.Join(BinDir(), "portmap-agent"), args...)
+	if caps != nil {
+		set := "-all"
+		for _, c := range caps {
+			set += ",+" + strings.ToLower(c)
+		}
+		cmd = exec.Command("setpriv", append([]string{"--bounding-set", set, "--", cmd.Path}, args...)...)
+	}
 	cmd.Env = PluginEnv("", "", "", "")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
