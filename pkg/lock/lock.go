@@ -5,10 +5,13 @@
 package lock
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,8 +27,10 @@ const Timeout = 30 * time.Second
 // what the plugin, the agent and both backends take.
 func Host() (release func(), err error) { return Acquire(DefaultPath, Timeout) }
 
-// ErrTimeout is returned when the lock could not be taken in time.
-var ErrTimeout = errors.New("timed out waiting for the portmap lock")
+// ErrTimeout is returned when a lock could not be taken in time: the
+// portmap lock here, or the xtables lock an iptables tool gave up on
+// (the iptables backend wraps it). Callers answer "try again later".
+var ErrTimeout = errors.New("timed out waiting for a lock")
 
 // Acquire takes the exclusive lock on path, polling until timeout. The
 // returned function releases it.
@@ -50,9 +55,45 @@ func Acquire(path string, timeout time.Duration) (release func(), err error) {
 		}
 		if time.Now().After(deadline) {
 			f.Close()
-			return nil, fmt.Errorf("%w %q after %s", ErrTimeout, path, timeout)
+			return nil, fmt.Errorf("%w: the portmap lock %q after %s%s", ErrTimeout, path, timeout, HeldBy(path))
 		}
 		time.Sleep(delay)
 		delay = min(delay*2, 50*time.Millisecond)
 	}
+}
+
+// HeldBy names the process holding a lock on the file at path as the
+// kernel lists it in /proc/locks: ", held by pid 1234 (portmap-agent)";
+// "" where it cannot tell (no lock now, a lock without an owner such as
+// an open file description's, a process of another PID namespace).
+func HeldBy(path string) string {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return ""
+	}
+	file := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	f, err := os.Open("/proc/locks")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// 1: FLOCK  ADVISORY  WRITE 1234 00:19:5678 0 EOF
+		// (a waiter's line has "->" after the number)
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || fields[1] == "->" || fields[5] != file {
+			continue
+		}
+		pid, err := strconv.Atoi(fields[4])
+		if err != nil || pid <= 0 {
+			return ""
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil { // a process it started holds the file open
+			return fmt.Sprintf(", held since pid %d (exited) took it", pid)
+		}
+		return fmt.Sprintf(", held by pid %d (%s)", pid, strings.TrimSpace(string(comm)))
+	}
+	return ""
 }

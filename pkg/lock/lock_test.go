@@ -2,9 +2,12 @@ package lock
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -28,6 +31,37 @@ func TestAcquireExcludesAndTimesOut(t *testing.T) {
 		t.Fatalf("acquire after release: %v", err)
 	}
 	release2()
+}
+
+// A lock held past the timeout names its holder as /proc/locks does:
+// another process here (flock(1) holding it while it sleeps).
+func TestTimeoutNamesTheHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "portmap.lock")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// -o: sleep does not inherit the lock, flock(1) holds it alone
+	holder := exec.Command("flock", "-o", path, "sleep", "30")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := holder.Start(); err != nil {
+		t.Fatalf("flock(1): %v", err)
+	}
+	stop := func() { syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); holder.Wait() }
+	defer stop()
+	want := fmt.Sprintf(", held by pid %d (flock)", holder.Process.Pid)
+	for i := 0; HeldBy(path) != want; i++ { // until flock(1) has it
+		if i == 200 {
+			t.Fatalf("flock(1) did not take the lock in 4 s: HeldBy %q", HeldBy(path))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := Acquire(path, 50*time.Millisecond); !errors.Is(err, ErrTimeout) || !strings.HasSuffix(err.Error(), want) {
+		t.Errorf("acquire while flock(1) holds it: %v, want ErrTimeout ending %q", err, want)
+	}
+	stop()
+	if got := HeldBy(path); got != "" {
+		t.Errorf("HeldBy after the holder exited: %q", got)
+	}
 }
 
 // A lock whose directory or file cannot be made says where.

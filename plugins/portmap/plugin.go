@@ -56,8 +56,9 @@ func (p *Plugin) load(args *skel.CmdArgs) (*attach.Attachment, error) {
 	return attach.Of(p.Host, c, args.ContainerID, args.IfName), nil
 }
 
-// cniError gives an error its spec code at the boundary: lock timeouts are
-// "try again later"; *types.Error passes through; the rest is skel's 999.
+// cniError gives an error its spec code at the boundary: lock timeouts
+// (ours, and the xtables lock an iptables tool gave up on) are "try
+// again later"; *types.Error passes through; the rest is skel's 999.
 func cniError(a *attach.Attachment, err error) error {
 	if err == nil {
 		return nil

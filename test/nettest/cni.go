@@ -20,7 +20,10 @@ type Net struct {
 	CNIVersion string // default 1.0.0
 	Main       string // "ptp" (default) or "bridge"
 	Bridge     string // bridge name, with Main "bridge"
-	V4, V6     string // container subnets; V6 may be empty
+	// NoMasq turns the main plugin's ipMasq off: its iptables calls wait
+	// for the xtables lock without a bound (go-iptables' bare --wait).
+	NoMasq bool
+	V4, V6 string // container subnets; V6 may be empty
 	// Portmap is the portmap plugin's type: "portmap" (ours, default) or
 	// "portmap-upstream".
 	Portmap string
@@ -44,9 +47,10 @@ func (n Net) Conflist() []byte {
 		ranges = append(ranges, fmt.Sprintf(`[{"subnet":%q}]`, n.V6))
 		routes = append(routes, `{"dst":"::/0"}`)
 	}
-	main := `"type":"ptp","ipMasq":true`
+	masq := !n.NoMasq
+	main := fmt.Sprintf(`"type":"ptp","ipMasq":%v`, masq)
 	if n.Main == "bridge" {
-		main = fmt.Sprintf(`"type":"bridge","bridge":%q,"isGateway":true,"ipMasq":true,"hairpinMode":true`, n.Bridge)
+		main = fmt.Sprintf(`"type":"bridge","bridge":%q,"isGateway":true,"ipMasq":%v,"hairpinMode":true`, n.Bridge, masq)
 	}
 	pm := []string{fmt.Sprintf(`"type":%q`, n.Portmap), `"capabilities":{"portMappings":true}`}
 	for k, v := range n.Extra {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
 
+	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -143,9 +145,41 @@ func (k *execKernel) run(payload []byte, extra ...string) error {
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		refused := errors.As(err, &ee) && (ee.ExitCode() == 1 || ee.ExitCode() == 2)
-		return &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
+		re := &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
+		if held := xtablesHolder(re.Output); held != "" {
+			re.Output = strings.TrimSpace(re.Output) + held
+			re.Err = fmt.Errorf("%s: %w (%w)", k.restore, err, lock.ErrTimeout)
+		}
+		return re
 	}
 	return nil
+}
+
+// listError is a listing's failure with what the tool printed; one that
+// gave up waiting for the xtables lock names its holder and is a
+// lock.ErrTimeout.
+func listError(cmd string, err error, stderr string) error {
+	if held := xtablesHolder(stderr); held != "" {
+		return fmt.Errorf("%s: %w: %s%s (%w)", cmd, err, strings.TrimSpace(stderr), held, lock.ErrTimeout)
+	}
+	return fmt.Errorf("%s: %w: %s", cmd, err, strings.TrimSpace(stderr))
+}
+
+// xtablesHolder names who holds the xtables lock when a tool's output
+// says it gave up waiting for it (iptables-legacy: "Another app is
+// currently holding the xtables lock"): " (the xtables lock
+// /run/xtables.lock, held by pid 1234 (iptables-restor))", or "".
+// XTABLES_LOCKFILE moves the lock (iptables 1.8.7 and later), for the
+// tools as for this.
+func xtablesHolder(output string) string {
+	if !strings.Contains(output, "xtables lock") {
+		return ""
+	}
+	path := os.Getenv("XTABLES_LOCKFILE")
+	if path == "" {
+		path = "/run/xtables.lock"
+	}
+	return fmt.Sprintf(" (the xtables lock %s%s)", path, lock.HeldBy(path))
 }
 
 func (k *execKernel) handle() (*goiptables.IPTables, error) {
@@ -167,7 +201,7 @@ func (k *execKernel) ListTable() ([]string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s -t %s -S: %w: %s", k.list, k.table, err, strings.TrimSpace(stderr.String()))
+		return nil, listError(fmt.Sprintf("%s -t %s -S", k.list, k.table), err, stderr.String())
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
@@ -178,7 +212,7 @@ func (k *execKernel) ListChain(chain string) ([]string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s -t %s -S %s: %w: %s", k.list, k.table, chain, err, strings.TrimSpace(stderr.String()))
+		return nil, listError(fmt.Sprintf("%s -t %s -S %s", k.list, k.table, chain), err, stderr.String())
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
