@@ -1,0 +1,144 @@
+package nodesafety
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/test/nettest"
+)
+
+// pass is the part of `portmap-agent sync --json` this test reads.
+type pass struct {
+	Shared  []struct{ What string }
+	Orphans []struct{ ContainerID, State string }
+	Summary struct{ OK, Repaired, Errors, Orphans, Pruned int }
+}
+
+func syncPass(t *testing.T, args ...string) pass {
+	t.Helper()
+	out, stderr, status, err := nettest.Agent(append([]string{"sync", "--json"}, args...)...)
+	var p pass
+	if err != nil || status != 0 || json.Unmarshal([]byte(out), &p) != nil {
+		t.Fatalf("portmap-agent sync %s: exit %d, %v\n%s%s", strings.Join(args, " "), status, err, out, stderr)
+	}
+	return p
+}
+
+// killedAfter starts `portmap-agent sync args...` and kills it (SIGKILL)
+// after delay; it reports whether the pass was still running, and its
+// pid.
+func killedAfter(t *testing.T, delay time.Duration, args ...string) (bool, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), append([]string{"sync"}, args...)...)
+	cmd.Env = nettest.PluginEnv("", "", "", "")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		return false, cmd.Process.Pid
+	case <-time.After(delay):
+		_ = cmd.Process.Kill()
+		<-done
+		return true, cmd.Process.Pid
+	}
+}
+
+// TestAgentKilledMidPass: `portmap-agent sync --prune`, killed (SIGKILL)
+// at a random moment of a pass that repairs twelve attachments after a
+// firewall flush and prunes an orphan (a container of upstream's plugin
+// that the cache does not name), ten times per backend. After each kill
+// the host lock is free at once, and the next pass, run whole, leaves the
+// node as it should be: every cached container CHECKs and its host port
+// answers, the orphan is gone, and a pass after it finds nothing to do.
+func TestAgentKilledMidPass(t *testing.T) {
+	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
+		nettest.ResetNAT(t)
+		cl := lan(t)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "kill", V4: "192.0.2.96/27", Extra: extra})
+		up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "killup", V4: "192.0.2.128/27", Portmap: "portmap-upstream", NoMasq: true}, t.TempDir())
+		var live []*nettest.Container
+		for i := range 12 {
+			c := rt.MustAdd(t, fmt.Sprintf("k%d", i), nettest.Mapping{HostPort: 6400 + i, ContainerPort: srvPort})
+			nettest.Serve(t, c.NS, c.ID, srvPort)
+			live = append(live, c)
+		}
+		flush := func() {
+			if backend == "nftables" {
+				nettest.Run(t, "nft", "flush", "table", "ip", "cni_portmap")
+			} else {
+				nettest.Run(t, "iptables", "-t", "nat", "-F")
+			}
+		}
+		args := []string{"--prune", "--cache-dir", rt.CacheDir}
+		flush()
+		start := time.Now()
+		syncPass(t, args...)
+		whole := time.Since(start)
+		t.Logf("a whole pass repairing 12 attachments: %s", whole.Round(time.Millisecond))
+
+		killed, before := 0, 0
+		const trials = 10
+		for trial := range trials {
+			orphan := up.MustAdd(t, fmt.Sprintf("orphan%d", trial), nettest.Mapping{HostPort: 6500 + trial, ContainerPort: srvPort, Protocol: "tcp"})
+			nettest.Serve(t, orphan.NS, orphan.ID, srvPort)
+			if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6500+trial)); err != nil || !strings.HasPrefix(got, orphan.ID+" sees ") {
+				t.Fatalf("trial %d: the orphan's host port before the passes: %q, %v", trial, got, err)
+			}
+			flush()
+			delay := time.Duration(rand.Int64N(int64(whole)))
+			was, pid := killedAfter(t, delay, args...)
+			if was {
+				killed++
+			}
+			// the lock goes with the process (another suite's plugin
+			// may hold it meanwhile: the file is the machine's)
+			if held := lock.HeldBy(lock.DefaultPath); strings.Contains(held, fmt.Sprintf(" pid %d ", pid)) {
+				t.Errorf("trial %d (killed after %s): the killed pass still holds the host lock%s", trial, delay, held)
+			}
+			release, err := lock.Acquire(lock.DefaultPath, 5*time.Second)
+			if err != nil {
+				t.Fatalf("trial %d (killed after %s): the host lock: %v", trial, delay, err)
+			}
+			release()
+			p := syncPass(t, args...)
+			if p.Summary.Errors != 0 {
+				t.Fatalf("trial %d (killed after %s): the next pass: %+v", trial, delay, p)
+			}
+			if p.Summary.Repaired > 0 {
+				before++ // killed before its write
+			}
+			for _, c := range live {
+				if err := rt.Check(c); err != nil {
+					t.Fatalf("trial %d (killed after %s): CHECK %s after the next pass: %v", trial, delay, c.ID, err)
+				}
+			}
+			port := 6400 + trial
+			if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, port)); err != nil || !strings.HasPrefix(got, fmt.Sprintf("k%d sees ", trial)) {
+				t.Errorf("trial %d: host port %d: %q, %v", trial, port, got, err)
+			}
+			if save := nettest.Save(t, 4); strings.Contains(save, fmt.Sprintf("--dport %d ", 6500+trial)) {
+				t.Errorf("trial %d (killed after %s): the orphan's rules are still there after the next pass %+v", trial, delay, p)
+			}
+			if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6500+trial)); err == nil {
+				t.Errorf("trial %d: the orphan's host port still answers %q", trial, got)
+			}
+			if p := syncPass(t, args...); p.Summary.Repaired+p.Summary.Orphans+len(p.Shared) != 0 {
+				t.Errorf("trial %d: the pass after the next: %+v, want nothing to do", trial, p)
+			}
+		}
+		t.Logf("%d trials, %d passes killed before they finished, %d of them before they wrote", trials, killed, before)
+		if killed < trials/2 {
+			t.Errorf("only %d of %d passes were killed midway: the delays miss the pass", killed, trials)
+		}
+	})
+}
