@@ -47,6 +47,7 @@ type metrics struct {
 	orphans     prometheus.Gauge
 	pruned      prometheus.Counter
 	corrupt     prometheus.Gauge
+	notRun      prometheus.Gauge
 	events      prometheus.Counter
 	reloads     prometheus.Counter
 	withheld    *prometheus.CounterVec
@@ -79,6 +80,8 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 			Help: "Orphans removed (--prune)."}),
 		corrupt: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cache_entries_corrupt",
 			Help: "Cache entries the last pass skipped as unusable (corrupt, or an invalid portmap configuration)."}),
+		notRun: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "units_not_run",
+			Help: "Units (a backend or layer of one family) the last pass skipped because the agent lacks a capability they need (the socket path without CAP_BPF): a warning, /healthz passes."}),
 		withheld: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "withheld_total",
 			Help: "Cached attachments a pass wrote nothing for, counted once each, by reason: deleted (the pass read the cache before their DEL began, or the runtime left the entry behind after DEL), gone (their network namespace no longer exists), superseded (the cache entry predates their last ADD)."}, []string{"reason"}),
 		events: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "nftables_events_total",
@@ -89,7 +92,7 @@ func New(interval time.Duration, now func() time.Time) *Agent {
 			Help: "When the last successful pass ended (Unix time)."}),
 	}
 	for _, c := range []prometheus.Collector{a.m.passes, a.m.duration, a.m.repairs, a.m.errors, a.m.attachments,
-		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.events, a.m.reloads, a.m.lastSuccess, a.m.withheld} {
+		a.m.orphans, a.m.pruned, a.m.corrupt, a.m.notRun, a.m.events, a.m.reloads, a.m.lastSuccess, a.m.withheld} {
 		f(c)
 	}
 	for _, t := range []string{agent.TriggerStart, agent.TriggerEvent, agent.TriggerInterval, agent.TriggerReload} {
@@ -141,6 +144,7 @@ func (a *Agent) Pass(p agent.PassInfo) {
 		a.m.orphans.Set(float64(r.Summary.Orphans))
 		a.m.pruned.Add(float64(r.Summary.Pruned))
 		a.m.corrupt.Set(float64(corrupt))
+		a.m.notRun.Set(float64(len(r.NotRun)))
 	}
 	end := p.Start.Add(p.Took)
 	a.mu.Lock()

@@ -66,6 +66,7 @@ func TestMetricsCount(t *testing.T) {
 		Shared:  []agent.Shared{{Backend: "nftables", Family: "ipv4", What: "table missing"}},
 		Orphans: []agent.Orphan{{State: "pruned"}, {State: "error"}},
 		Skipped: []agent.Skipped{{File: "x", Error: true}, {File: "y"}},
+		NotRun:  []agent.Shared{{Backend: "localhost", Family: "ipv4", What: "lacks CAP_BPF"}},
 		Summary: agent.Summary{Attachments: 3, OK: 1, Repaired: 1, Errors: 1, Orphans: 2, Pruned: 1},
 	}
 	a.Pass(agent.PassInfo{Trigger: agent.TriggerEvent, Start: start, Took: 50 * time.Millisecond, Report: rep})
@@ -85,6 +86,7 @@ func TestMetricsCount(t *testing.T) {
 		`portmap_agent_orphans 2`,
 		`portmap_agent_orphans_pruned_total 1`,
 		`portmap_agent_cache_entries_corrupt 1`,
+		`portmap_agent_units_not_run 1`,
 		`portmap_agent_nftables_events_total 2`,
 		`portmap_agent_last_success_timestamp_seconds 1.80000000005e+09`,
 		`portmap_build_info{goversion="go1.`,
