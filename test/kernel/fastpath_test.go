@@ -152,7 +152,7 @@ func TestIPTablesFastPathMisses(t *testing.T) {
 	if err := b.Apply(a); err != nil {
 		t.Fatalf("re-ADD: %v", err)
 	}
-	if len(k.errs) < 2 || !iptables.Refused(k.errs[0]) {
+	if len(k.errs) < 2 || !iptables.Missed(k.errs[0]) {
 		t.Fatalf("re-ADD (the chain exists): first transaction %v, want refused (EEXIST from the native one) and a slow path after it", k.errs)
 	}
 	if err := b.Remove(a); err != nil {

@@ -243,7 +243,7 @@ func TestNativeAddRefusals(t *testing.T) {
 		}
 		before := saveNoise.ReplaceAllString(nettest.Save(t, 4), "")
 		err := c.Kernel.AddChain(w.Name, iptables.ChainName(p.Owner), iptables.ChainRules(p), iptables.EntryRules(p), iptables.SetMarkChain)
-		if !errors.Is(err, step.want) || !iptables.Refused(err) {
+		if !errors.Is(err, step.want) || !iptables.Missed(err) {
 			t.Errorf("%s: native ADD: %v, want %v as a refusal", step.name, err, step.want)
 		}
 		if after := saveNoise.ReplaceAllString(nettest.Save(t, 4), ""); after != before {

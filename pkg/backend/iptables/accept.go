@@ -111,7 +111,7 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 	pl.rule("-A", forwardEntry(p.Owner))
 	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
-	} else if !Refused(err) {
+	} else if !Missed(err) {
 		return fmt.Errorf("forwardAccept: %w", err)
 	}
 	release, err := fw.Lock()
@@ -155,7 +155,7 @@ func (fw *Accept) Remove(p *plan.Plan) error {
 	pl.drop(chain, nil)
 	if err := fw.Kernel.Restore(pl.bytes()); err == nil {
 		return nil
-	} else if !Refused(err) {
+	} else if !Missed(err) {
 		return fmt.Errorf("forwardAccept: remove chain %s: %w", chain, err)
 	}
 	// No jump (or no CNI-HOSTPORT-FWD at all): declaring the chain makes

@@ -121,7 +121,7 @@ func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]str
 		if err == nil {
 			continue
 		}
-		if !Refused(err) {
+		if !Missed(err) {
 			return "", nil, fmt.Errorf("check: %w", err)
 		}
 		what := describe(it.rule) + " missing"

@@ -72,7 +72,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	if b.skeletonStands(p) {
-		if err := b.fastAdd(p); err == nil || !Refused(err) {
+		if err := b.fastAdd(p); err == nil || !Missed(err) {
 			return err
 		}
 	}
@@ -165,11 +165,11 @@ func (b *Backend) fastAdd(p *plan.Plan) error {
 	// path; permission is refused to the tool as well.
 	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) || kernelNo(err) {
 		pl := addPayload(p)
-		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Refused(err) {
+		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Missed(err) {
 			return b.restoreError("apply", pl, err)
 		}
 	}
-	if err != nil && !Refused(err) {
+	if err != nil && !Missed(err) {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return err
@@ -180,7 +180,7 @@ func (b *Backend) fastAdd(p *plan.Plan) error {
 // broken (Refused) nor a want of permission.
 func kernelNo(err error) bool {
 	var ne *nfnl.Error
-	return errors.As(err, &ne) && !Refused(err) && !errors.Is(ne, unix.EPERM) && !errors.Is(ne, unix.EACCES)
+	return errors.As(err, &ne) && !Missed(err) && !errors.Is(ne, unix.EPERM) && !errors.Is(ne, unix.EACCES)
 }
 
 // skeletonStands reports whether the shared rules ADD's fast path takes
@@ -212,7 +212,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			pl := delPayload(p, EntryRules(p), nil)
 			if err := b.Kernel.Restore(pl.bytes()); err == nil {
 				return nil
-			} else if !Refused(err) {
+			} else if !Missed(err) {
 				return b.restoreError("remove", pl, err)
 			}
 		}

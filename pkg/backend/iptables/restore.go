@@ -252,12 +252,13 @@ type RestoreError struct {
 	Refused bool
 }
 
-// Refused reports whether err is iptables-restore refusing a line: how a
-// fast path fails when the node is not in the state it assumes (a fresh
-// node, a re-ADD, a missing witness), so the slow path may run. Any other
-// error is returned to the caller as it is (a kernel test holds the exit
-// statuses to this).
-func Refused(err error) bool {
+// Missed reports whether a fast path's write failed the way it does when
+// the node is not in the state it assumes (a fresh node, a re-ADD, a
+// missing witness), so the slow path may run: iptables-restore refusing
+// a line, or the native writer's EEXIST or ENOENT. Any other error is
+// returned to the caller as it is (a kernel test holds the exit statuses
+// to this). The nftables backend's word for the same is missed.
+func Missed(err error) bool {
 	var re *RestoreError
 	if errors.As(err, &re) {
 		return re.Refused

@@ -40,7 +40,8 @@ func (tx *Tx) describe(err error) string {
 // (EEXIST: a re-ADD, a takeover), an object it uses is missing (ENOENT: a
 // fresh node, a missing skeleton), or a chain it deletes is still
 // referenced (EBUSY). Anything else — no permission, a batch too large —
-// goes back to the caller. A kernel test holds the errnos to this.
+// goes back to the caller. A kernel test holds the errnos to this. The
+// iptables backend's word for the same is Missed.
 func missed(err error) bool {
 	return errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY) ||
 		errors.Is(err, ErrNftRefused)
