@@ -27,7 +27,7 @@ const (
 type Kind struct {
 	Name Name
 	// Open returns the backend of family f on the real kernel; an error
-	// wrapping exec.ErrNotFound means its tools are not installed, so
+	// that is ErrNotInstalled means its tools are not installed, so
 	// nothing of it can exist on this host.
 	Open func(f plan.Family, log io.Writer) (Backend, error)
 	// BadConditionToken says why tok cannot be one token of
@@ -85,8 +85,23 @@ func Default(kinds []Kind) Name {
 
 func openIPTables(f plan.Family, _ io.Writer) (Backend, error) {
 	b, err := iptables.New(f)
+	if errors.Is(err, exec.ErrNotFound) {
+		err = notInstalled{err}
+	}
 	return opened(f, b, err)
 }
+
+// ErrNotInstalled marks the error of opening a backend whose tools are not
+// installed (iptables without iptables-restore on PATH): nothing of that
+// backend can exist on the host, so DEL, GC and the agent pass over it. A
+// tool missing elsewhere (nft for conditions) is an error like any other.
+var ErrNotInstalled = errors.New("the backend's tools are not installed")
+
+// notInstalled is err marked ErrNotInstalled, its text unchanged.
+type notInstalled struct{ error }
+
+func (e notInstalled) Is(target error) bool { return target == ErrNotInstalled }
+func (e notInstalled) Unwrap() error        { return e.error }
 
 func openNFTables(f plan.Family, log io.Writer) (Backend, error) {
 	b, err := nftables.New(f, log)

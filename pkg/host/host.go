@@ -11,7 +11,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"sort"
 	"sync"
 
@@ -164,7 +163,7 @@ func (h *Host) OpenLayer(l backend.Layer, f plan.Family, req *plan.Request) (bac
 
 // Stack returns what a CNI verb of a request drives in family f: the
 // backend called name and the layers req turns on. An error wrapping
-// exec.ErrNotFound says the backend's tools are not installed.
+// backend.ErrNotInstalled says the backend's tools are not installed.
 func (h *Host) Stack(name backend.Name, f plan.Family, req *plan.Request) (backend.Stack, error) {
 	base, err := h.Open(name, f)
 	if err != nil {
@@ -231,4 +230,4 @@ func hostAddr(ip net.IP) netip.Addr {
 
 // NotInstalled reports whether err says a backend's tools are missing
 // (then nothing of it can exist on this host).
-func NotInstalled(err error) bool { return errors.Is(err, exec.ErrNotFound) }
+func NotInstalled(err error) bool { return errors.Is(err, backend.ErrNotInstalled) }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
@@ -95,7 +96,16 @@ func TestReal(t *testing.T) {
 	if d := h.DefaultBackend(); d != backend.IPTables && d != backend.NFTables {
 		t.Errorf("default backend %q", d)
 	}
-	if !host.NotInstalled(fmt.Errorf("ipv4: %w", exec.ErrNotFound)) || host.NotInstalled(errors.New("permission denied")) {
-		t.Error("NotInstalled does not tell a missing tool from another error")
+	t.Setenv("PATH", t.TempDir()) // no iptables
+	_, err := h.Open(backend.IPTables, plan.IPv4)
+	if !host.NotInstalled(err) || !strings.Contains(err.Error(), "iptables-restore") {
+		t.Errorf("opening iptables without its tools: %v, want it not installed, naming the tool", err)
+	}
+	// nft missing for conditions is an error of its own, not a backend
+	// that cannot exist here; nor is anything else
+	for _, err := range []error{fmt.Errorf("conditionsV4/V6 are nft syntax, compiled by nft: %w", exec.ErrNotFound), errors.New("permission denied")} {
+		if host.NotInstalled(err) {
+			t.Errorf("NotInstalled(%v)", err)
+		}
 	}
 }

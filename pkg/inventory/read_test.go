@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fakehost"
 )
@@ -34,7 +34,7 @@ func TestRead(t *testing.T) {
 	}{
 		{name: "all", ports: "80/localhost 8080/iptables 8443/nftables 9000/nftables", opens: 2},
 		{name: "a site twice and the default", sites: []*plan.Request{site, site, {}}, ports: "80/localhost 80/localhost 8080/iptables 8443/nftables 9000/nftables", opens: 4},
-		{name: "iptables not installed", failOpen: map[string]error{"iptables": fmt.Errorf("ipv4: %w", exec.ErrNotFound)},
+		{name: "iptables not installed", failOpen: map[string]error{"iptables": fmt.Errorf("ipv4: %w", backend.ErrNotInstalled)},
 			ports: "80/localhost 8443/nftables 9000/nftables", opens: 2},
 		{name: "nftables fails", failOpen: map[string]error{"nftables": errors.New("netlink: permission denied")},
 			ports: "80/localhost 8080/iptables", opens: 2, err: "netlink: permission denied"},
