@@ -156,7 +156,7 @@ func (r *Report) addUnit(backend string, f plan.Family, u *converge.Report) {
 		}
 		r.Orphans = append(r.Orphans, so)
 	}
-	for _, h := range u.Held {
+	for _, h := range u.Kept {
 		r.Kept = append(r.Kept, Orphan{Network: h.Network, ContainerID: h.ContainerID, Backend: backend,
 			Family: f.String(), Object: h.Object, State: "kept", Error: h.Err})
 	}

@@ -72,7 +72,8 @@ type Options struct {
 	DryRun bool
 	JSON   bool
 	// protect, when set, is asked of each orphan before it is pruned
-	// (watch mode: only orphans seen twice go); true keeps it.
+	// (watch mode: only orphans seen twice go); true keeps it
+	// (converge.ByLastPass).
 	protect func(network, containerID string) bool
 }
 
@@ -96,15 +97,7 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	// An ADD that finished after the cache was read has a cache file the
-	// first read did not see: its objects are not orphans.
-	keep := func(network, id string) bool { return fresh(o.CacheDir, initial, network, id) }
-	if o.protect != nil {
-		keep = func(network, id string) bool {
-			return o.protect(network, id) || fresh(o.CacheDir, initial, network, id)
-		}
-	}
-	copts := converge.Options{InScope: inScope, Fresh: keep, Prune: o.Prune, DryRun: o.DryRun}
+	copts := converge.Options{InScope: inScope, Prune: o.Prune, DryRun: o.DryRun}
 	if o.Prune {
 		if why := noEvidence(o.CacheDir); why != "" {
 			copts.Prune, rep.NotPruned = false, why
@@ -131,7 +124,20 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		copts.Prune, rep.NotPruned = false, fmt.Sprintf("the ledger holds %d files that are not records (%s): any orphan may be the attachment one names", len(unread), unread[0].File)
 	}
 	ws = ad.admit(ws, rep)
-	copts.Hold = ad.hold
+	copts.Keep = func(network, id string) converge.Keep {
+		if o.protect != nil && o.protect(network, id) {
+			return converge.Keep{By: converge.ByLastPass, Why: "no pass before this one saw it orphaned"}
+		}
+		// an ADD that finished after the cache was read has a cache file
+		// the first read did not see
+		if fresh(o.CacheDir, initial, network, id) {
+			return converge.Keep{By: converge.ByCache, Why: "its cache entry appeared during the pass"}
+		}
+		if why := ad.hold(network, id); why != "" {
+			return converge.Keep{By: converge.ByLedger, Why: why}
+		}
+		return converge.Keep{}
+	}
 	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws)), notRun: make([][]string, len(ws))}
 	units := a.units(ws, o.Sites)
 	errs := a.runUnits(units, ws, copts, rep, out)

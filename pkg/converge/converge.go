@@ -17,20 +17,35 @@ type Options struct {
 	// iptables chain without entry rule, upstream's nftables rules, which
 	// name only the container).
 	InScope func(network string) bool
-	// Fresh reports whether a cache entry of the owner appeared after the
-	// wanted plans were read (network "" matches any network): an ADD that
-	// finished meanwhile, whose objects must not be pruned.
-	Fresh func(network, containerID string) bool
-	// Hold, when set, says why the objects of the owner (network "" for
-	// any) must stay although no wanted plan owns them — an ADD returned
-	// whose cache entry the runtime has not written yet — or "" when
-	// they are an orphan. A held owner is reported, never pruned.
-	Hold func(network, containerID string) string
+	// Keep says why the objects of an owner no wanted plan owns stay
+	// (network "" for any), and which clock said so; the zero Keep: they
+	// are an orphan.
+	Keep func(network, containerID string) Keep
 	// Prune removes orphans; without it they are only reported.
 	Prune bool
 	// DryRun writes nothing and reports what a pass would do.
 	DryRun bool
 }
+
+// Keep is why an owner's objects that look orphaned stay, and the clock
+// that answered: its cache entry appeared while the pass ran (ByCache),
+// its ADD or DEL is on record (ByLedger), or no pass before this one saw
+// it orphaned (ByLastPass: the watcher prunes what two passes saw). Only
+// the ledger's are reported (Report.Kept): the others are no orphans
+// yet.
+type Keep struct {
+	By  Clock
+	Why string
+}
+
+// Clock is what answered a Keep.
+type Clock string
+
+const (
+	ByCache    Clock = "cache"
+	ByLedger   Clock = "ledger"
+	ByLastPass Clock = "last pass"
+)
 
 // State is what a pass found of one wanted attachment.
 type State string
@@ -65,9 +80,9 @@ type Orphan struct {
 type Report struct {
 	Results []Result
 	Orphans []Orphan
-	// Held are owners' objects no wanted plan owns that the pass kept
-	// (Options.Hold); Err says why.
-	Held []Orphan
+	// Kept are owners' objects no wanted plan owns that the ledger kept
+	// (Options.Keep, ByLedger); Err says why.
+	Kept []Orphan
 	// Shared names shared objects (base chains, jumps, maps) the pass
 	// found missing or wrong; they were repaired unless DryRun.
 	Shared []string
@@ -86,17 +101,20 @@ func NewReport(n int) *Report {
 
 // AddOrphan adds kernel state of the owner (network, containerID; "" where
 // the state records none) that no wanted plan owns — unless the pass must
-// leave it alone: its network is out of scope, or its owner's cache entry
-// appeared during the pass. It reports whether it added it. The one orphan
-// rule of every backend and layer. An owner that Options.Hold holds goes
-// to Held instead, and AddOrphan reports false: it is not pruned.
+// leave it alone: its network is out of scope, or Options.Keep keeps it
+// (kept by the ledger, it goes to Kept). It reports whether it added it:
+// the one orphan rule of every backend and layer.
 func (r *Report) AddOrphan(o Options, network, containerID, object string) bool {
-	if (o.InScope != nil && !o.InScope(network)) || (o.Fresh != nil && containerID != "" && o.Fresh(network, containerID)) {
+	if o.InScope != nil && !o.InScope(network) {
 		return false
 	}
-	if o.Hold != nil && containerID != "" {
-		if why := o.Hold(network, containerID); why != "" {
-			r.Held = append(r.Held, Orphan{Network: orUnknown(network), ContainerID: containerID, Object: object, Err: why})
+	if o.Keep != nil && containerID != "" {
+		switch k := o.Keep(network, containerID); k.By {
+		case "":
+		case ByLedger:
+			r.Kept = append(r.Kept, Orphan{Network: orUnknown(network), ContainerID: containerID, Object: object, Err: k.Why})
+			return false
+		default:
 			return false
 		}
 	}

@@ -45,13 +45,11 @@ func TestRun(t *testing.T) {
 		{name: "orphans without prune: reported, not written", st: state{owners: [][2]string{{"n", "c"}}}, orphans: "n/c"},
 		{name: "orphans pruned", st: state{owners: [][2]string{{"n", "c"}, {"", "d"}}}, o: Options{Prune: true}, wrote: true,
 			asked: "shared=false broken=[] prune=[n/c /d]", orphans: "n/c pruned,?/d pruned", pass: true},
-		{name: "the orphan rule: out of scope, fresh, held", st: state{owners: [][2]string{{"other", "a"}, {"n", "fresh"}, {"n", "held"}, {"n", "c"}}},
-			o: Options{Prune: true, InScope: func(n string) bool { return n != "other" }, Fresh: func(_, id string) bool { return id == "fresh" },
-				Hold: func(_, id string) string {
-					if id == "held" {
-						return "ADD in flight"
-					}
-					return ""
+		{name: "the orphan rule: out of scope, kept by each clock", st: state{owners: [][2]string{{"other", "a"}, {"n", "fresh"}, {"n", "once"}, {"n", "held"}, {"n", "c"}}},
+			o: Options{Prune: true, InScope: func(n string) bool { return n != "other" },
+				Keep: func(_, id string) Keep {
+					return map[string]Keep{"fresh": {ByCache, "cached during the pass"}, "once": {ByLastPass, "seen once"},
+						"held": {ByLedger, "ADD in flight"}}[id]
 				}},
 			wrote: true, asked: "shared=false broken=[] prune=[n/c]", orphans: "n/c pruned", held: "n/held ADD in flight", pass: true},
 		{name: "bookkeeping alone is written", st: state{tidy: true}, wrote: true, asked: "shared=false broken=[] prune=[]", pass: true},
@@ -105,7 +103,7 @@ func TestRun(t *testing.T) {
 				}
 				orphans = append(orphans, s)
 			}
-			for _, o := range rep.Held {
+			for _, o := range rep.Kept {
 				held = append(held, o.Network+"/"+o.ContainerID+" "+o.Err)
 			}
 			got := []string{asked, strings.Join(results, ","), strings.Join(orphans, ","), strings.Join(held, ",")}

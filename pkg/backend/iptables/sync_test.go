@@ -164,7 +164,12 @@ func TestSyncPrune(t *testing.T) {
 	// Out of scope, or cached meanwhile: not an orphan.
 	for _, o := range []converge.Options{
 		{Prune: true, InScope: func(n string) bool { return n == "net1" }},
-		{Prune: true, Fresh: func(n, id string) bool { return n == "old" && id == "o" }},
+		{Prune: true, Keep: func(n, id string) converge.Keep {
+			if n == "old" && id == "o" {
+				return converge.Keep{By: converge.ByCache, Why: "cached during the pass"}
+			}
+			return converge.Keep{}
+		}},
 	} {
 		b, k := syncBackend(t, "")
 		rep, _ := b.Sync([]*plan.Plan{a, bb}, o)
