@@ -59,7 +59,7 @@ func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 				add(&w.Request)
 			}
 		}
-		if l.Site != nil {
+		if l.Sites != nil {
 			for _, req := range extra {
 				add(req)
 			}

@@ -240,7 +240,7 @@ func TestRegistryRows(t *testing.T) {
 		t.Errorf("Choices() = %s", got)
 	}
 	l, ok := LayerNamed("localhost")
-	if !ok || l.Canon == nil || l.SiteReady == nil || !l.ReadyFirst {
+	if !ok || l.Sites == nil || l.Sites.Canon == nil || l.Sites.Ready == nil || !l.ReadyFirst {
 		t.Fatalf("LayerNamed(localhost) = %+v, %v", l, ok)
 	}
 	if _, ok := LayerNamed("nothing"); ok {
@@ -251,7 +251,7 @@ func TestRegistryRows(t *testing.T) {
 		t.Errorf("sites: wants %v, %q %q %q", l.Wants(req), l.SiteOf(req), l.SiteOf(nil), Layers[0].SiteOf(req))
 	}
 	// A pin directory on no bpf filesystem: the site cannot be served.
-	if err := l.SiteReady(&plan.Request{Socket: plan.Socket{PinDir: t.TempDir(), CgroupPath: t.TempDir()}}); err == nil {
+	if err := l.Sites.Ready(&plan.Request{Socket: plan.Socket{PinDir: t.TempDir(), CgroupPath: t.TempDir()}}); err == nil {
 		t.Error("SiteReady of a temporary directory: nil, want what the host lacks")
 	}
 	ipt, _ := Lookup(IPTables)

@@ -126,10 +126,10 @@ type Layer struct {
 	Name string
 	// Wants reports whether attachments of req use the layer.
 	Wants func(req *plan.Request) bool
-	// Site names the instance of the layer that req's attachments use,
-	// for a layer whose configuration places it (the socket path's cgroup
-	// and pin directory); nil for a layer with one instance.
-	Site func(req *plan.Request) string
+	// Sites tells the instances of a layer whose configuration places
+	// it apart (the socket path's cgroup and pin directory); nil for a
+	// layer with one instance.
+	Sites *Sites
 	// ReadyFirst makes ADD ask the layer's Ready before anything is
 	// written, so that a host that cannot serve it fails ADD with nothing
 	// changed (a cheap Ready: no process).
@@ -137,29 +137,36 @@ type Layer struct {
 	// Open returns the layer of family f on the real kernel, at req's
 	// site (req is nil for the default site).
 	Open func(f plan.Family, log io.Writer, req *plan.Request) (Backend, error)
-	// Canon, for a placed layer, writes req's site in its one spelling
-	// (the default site named by its path becomes ""), so that two
-	// spellings of one site are one instance.
-	Canon func(req *plan.Request)
-	// SiteReady says what the host lacks to serve the layer at req's
-	// site, for every family at once, or nil; "localhost": "auto" asks
-	// it (nil: always ready).
-	SiteReady func(req *plan.Request) error
 }
 
-// SiteOf is the instance of l that req uses ("" for the default one).
+// Sites are the instances of a placed layer: each a place of its own on
+// the host, named by what the configuration says.
+type Sites struct {
+	// Of names the instance req's attachments use ("" the default one).
+	Of func(req *plan.Request) string
+	// Canon writes req's site in its one spelling (the default site named
+	// by its path becomes ""), so that two spellings of one site are one
+	// instance.
+	Canon func(req *plan.Request)
+	// Ready says what the host lacks to serve the layer at req's site,
+	// for every family at once, or nil; "localhost": "auto" asks it.
+	Ready func(req *plan.Request) error
+}
+
+// SiteOf is the instance of l that req uses ("" for the default one, and
+// for a layer with one instance).
 func (l Layer) SiteOf(req *plan.Request) string {
-	if l.Site == nil || req == nil {
+	if l.Sites == nil || req == nil {
 		return ""
 	}
-	return l.Site(req)
+	return l.Sites.Of(req)
 }
 
 // Layers is the registry of layers, in the order a stack applies them.
 var Layers = []Layer{
 	{Name: "forwardAccept", Wants: func(r *plan.Request) bool { return r.ForwardAccept }, Open: openAccept},
 	{Name: "localhost", Wants: func(r *plan.Request) bool { return r.Localhost == plan.LocalhostSocket },
-		Site: socketSite, ReadyFirst: true, Open: openSocket, Canon: socketCanon, SiteReady: socketReady},
+		Sites: &Sites{Of: socketSite, Canon: socketCanon, Ready: socketReady}, ReadyFirst: true, Open: openSocket},
 }
 
 // LayerNamed returns the registered layer called name.
@@ -172,11 +179,11 @@ func LayerNamed(name string) (Layer, bool) {
 	return Layer{}, false
 }
 
-// Canon writes every site of req in its one spelling (Layer.Canon).
+// Canon writes every site of req in its one spelling (Sites.Canon).
 func Canon(req *plan.Request) {
 	for _, l := range Layers {
-		if l.Canon != nil {
-			l.Canon(req)
+		if l.Sites != nil {
+			l.Sites.Canon(req)
 		}
 	}
 }
