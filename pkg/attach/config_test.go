@@ -135,6 +135,10 @@ func TestParseConfigRejects(t *testing.T) {
 		{"hostIP newline", mappings(`[{"hostPort":80,"containerPort":80,"hostIP":"1.2.3.4\n"}]`), 7, `hostIP "1.2.3.4\n"`},
 		{"mapping not object", mappings(`[42]`), 7, `portMappings[0] 42: must be an object`},
 		{"conflicting duplicate", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81}]`), 7, `maps the host port of runtimeConfig.portMappings[0] to another container port`},
+		// the first entry that breaks a rule is named, in the order sent
+		{"conflict before a bad value", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81},{"hostPort":0,"containerPort":80}]`), 7, `invalid runtimeConfig.portMappings[1] {"hostPort":80,"containerPort":81}: maps the host port of runtimeConfig.portMappings[0]`},
+		{"bad value before a conflict", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":81,"containerPort":80,"protocol":"icmp"},{"hostPort":80,"containerPort":81}]`), 7, `portMappings[1].protocol "icmp"`},
+		{"conflict of a later entry", mappings(`[{"hostPort":80,"containerPort":80},{"hostPort":81,"containerPort":80},{"hostPort":81,"containerPort":82,"protocol":"TCP"}]`), 7, `portMappings[2] {"hostPort":81,"containerPort":82,"protocol":"TCP"}: maps the host port of runtimeConfig.portMappings[1]`},
 		{"markMasqBit -1", map[string]string{"markMasqBit": "-1"}, 7, `invalid markMasqBit -1: must be from 0 to 31`},
 		{"localhost proxy", map[string]string{"localhost": `"proxy"`}, 7, `invalid localhost "proxy": must be "nat", "socket" or "auto"`},
 		{"localhost bool", map[string]string{"localhost": `true`}, 7, `invalid localhost true: must be of type string`},

@@ -36,7 +36,7 @@ func (c *Config) takeMappings(typed []typedMapping) bool {
 // takePlain takes mappings converted by plainMapping, unless a host port
 // of them goes to two container ports (parseMappings then says so).
 func (c *Config) takePlain(ms plan.Mappings) bool {
-	if !oneContainerPortEach(ms) {
+	if _, second := conflict(ms); second >= 0 {
 		return false
 	}
 	c.Request.Mappings = ms
@@ -44,11 +44,20 @@ func (c *Config) takePlain(ms plan.Mappings) bool {
 	return true
 }
 
+// The rules every decoder holds an entry to, each written once: a port
+// from 1 to 65535 (portOK), a protocol and a host IP that parse
+// (mappingOf), and no host port (host IP, protocol, port) going to two
+// container ports (conflict). The fast decoders ask them and give up on
+// a no; parseMappings asks the same and words the no with what was sent.
+
+// portOK reports whether p is a port: from 1 to 65535.
+func portOK(p int) bool { return p >= 1 && p <= 65535 }
+
 // plainMapping converts an entry whose values have their types: false
 // when one is out of range or does not parse (parseMappings, on the
 // slow path, says which).
 func plainMapping(t typedMapping) (plan.Mapping, bool) {
-	if t.HostPort < 1 || t.HostPort > 65535 || t.ContainerPort < 1 || t.ContainerPort > 65535 {
+	if !portOK(t.HostPort) || !portOK(t.ContainerPort) {
 		return plan.Mapping{}, false
 	}
 	m, bad := mappingOf(t.HostPort, t.ContainerPort, t.Protocol, t.HostIP)
@@ -74,29 +83,27 @@ func mappingOf(hostPort, containerPort int, proto, hostIP string) (m plan.Mappin
 	return m, ""
 }
 
-// oneContainerPortEach reports whether no host port (host IP, protocol,
-// port) of ms goes to two container ports. Mappings in ascending order
-// (a Podman range) repeat none: that is checked on their stretches,
-// without a set.
-func oneContainerPortEach(ms plan.Mappings) bool {
+// conflict finds the first mapping of ms whose host port an earlier one
+// sends to another container port: the indexes of the two, or -1, -1.
+// Mappings in ascending order (a Podman range) repeat no host port: that
+// is seen on their stretches, without a set.
+func conflict(ms plan.Mappings) (first, second int) {
 	if ms.Ascending() {
-		return true
+		return -1, -1
 	}
-	first := make(map[hostPortKey]int, ms.Len())
+	seen := make(map[hostPortKey][2]int, ms.Len()) // index, container port
+	i := 0
 	for m := range ms.All() {
 		hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
-		if cp, ok := first[hk]; ok && cp != m.ContainerPort {
-			return false
+		if f, ok := seen[hk]; ok && f[1] != m.ContainerPort {
+			return f[0], i
 		} else if !ok {
-			first[hk] = m.ContainerPort
+			seen[hk] = [2]int{i, m.ContainerPort}
 		}
+		i++
 	}
-	return true
+	return -1, -1
 }
-
-// firstOf is, while the mappings are read, the first mapping of each
-// host port: its index and container port.
-type firstOf map[hostPortKey][2]int
 
 // parseMappings validates runtimeConfig.portMappings, as sent, into the
 // request: ports from 1 to 65535, tcp/udp/sctp in any case, a host IP
@@ -110,35 +117,66 @@ func (c *Config) parseMappings(raw json.RawMessage) error {
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return invalid("runtimeConfig.portMappings", raw, "must be of type array")
 	}
-	seen := make(firstOf, len(list))
 	for i, r := range list {
-		key := func() string { return fmt.Sprintf("runtimeConfig.portMappings[%d]", i) }
-		var rm rawMapping
-		if err := json.Unmarshal(r, &rm); err != nil {
-			return invalid(key(), r, "must be an object")
-		}
-		hostPort, err := parsePort(key()+".hostPort", rm.HostPort)
+		m, err := entry(i, r)
 		if err != nil {
+			// an earlier entry's conflict is named first, as sent
+			if cerr := conflictError(c.Request.Mappings, list); cerr != nil {
+				return cerr
+			}
 			return err
 		}
-		containerPort, err := parsePort(key()+".containerPort", rm.ContainerPort)
-		if err != nil {
-			return err
-		}
-		proto, err := parseString(key()+".protocol", rm.Protocol)
-		if err != nil {
-			return err
-		}
-		hostIP, err := parseString(key()+".hostIP", rm.HostIP)
-		if err != nil {
-			return err
-		}
-		if err := c.addMapping(seen, hostPort, containerPort, proto, hostIP, &mappingText{key(), r}); err != nil {
-			return err
-		}
+		c.Request.Mappings.Add(m)
+	}
+	if err := conflictError(c.Request.Mappings, list); err != nil {
+		return err
 	}
 	c.HasMappings = c.Request.Mappings.Len() > 0
 	return nil
+}
+
+// entry reads entry i of portMappings, as sent, into a mapping; an error
+// names the value that breaks a rule, as it was sent.
+func entry(i int, r json.RawMessage) (plan.Mapping, error) {
+	key := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
+	var rm rawMapping
+	if err := json.Unmarshal(r, &rm); err != nil {
+		return plan.Mapping{}, invalid(key, r, "must be an object")
+	}
+	hostPort, err := parsePort(key+".hostPort", rm.HostPort)
+	if err != nil {
+		return plan.Mapping{}, err
+	}
+	containerPort, err := parsePort(key+".containerPort", rm.ContainerPort)
+	if err != nil {
+		return plan.Mapping{}, err
+	}
+	proto, err := parseString(key+".protocol", rm.Protocol)
+	if err != nil {
+		return plan.Mapping{}, err
+	}
+	hostIP, err := parseString(key+".hostIP", rm.HostIP)
+	if err != nil {
+		return plan.Mapping{}, err
+	}
+	m, bad := mappingOf(hostPort, containerPort, proto, hostIP)
+	switch bad {
+	case "protocol":
+		return m, invalid(key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
+	case "hostIP":
+		return m, invalid(key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
+	}
+	return m, nil
+}
+
+// conflictError words conflict's answer for ms, read from list as sent.
+func conflictError(ms plan.Mappings, list []json.RawMessage) error {
+	first, second := conflict(ms)
+	if second < 0 {
+		return nil
+	}
+	return invalid(fmt.Sprintf("runtimeConfig.portMappings[%d]", second), list[second],
+		fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", first))
 }
 
 // typedMapping is a portMappings entry whose values have their types.
@@ -147,32 +185,6 @@ type typedMapping struct {
 	ContainerPort int    `json:"containerPort"`
 	Protocol      string `json:"protocol"`
 	HostIP        string `json:"hostIP"`
-}
-
-// mappingText is an entry as sent and its key, for errors.
-type mappingText struct {
-	key string
-	raw json.RawMessage
-}
-
-// addMapping checks one entry's values, as sent (errors name it), and
-// appends it; seen finds a host port mapped to two container ports.
-func (c *Config) addMapping(seen firstOf, hostPort, containerPort int, proto, hostIP string, sent *mappingText) error {
-	m, bad := mappingOf(hostPort, containerPort, proto, hostIP)
-	switch bad {
-	case "protocol":
-		return invalid(sent.key+".protocol", proto, `must be "tcp", "udp" or "sctp"`)
-	case "hostIP":
-		return invalid(sent.key+".hostIP", hostIP, "must be an IPv4 or IPv6 address")
-	}
-	hk := hostPortKey{string(m.HostIP), m.Protocol, m.HostPort}
-	if first, ok := seen[hk]; ok && first[1] != m.ContainerPort {
-		return invalid(sent.key, sent.raw, fmt.Sprintf("maps the host port of runtimeConfig.portMappings[%d] to another container port", first[0]))
-	} else if !ok {
-		seen[hk] = [2]int{c.Request.Mappings.Len(), m.ContainerPort}
-	}
-	c.Request.Mappings.Add(m)
-	return nil
 }
 
 // hostPortKey is what makes two mappings claim the same host port (the
@@ -189,7 +201,7 @@ func parsePort(key string, raw json.RawMessage) (int, error) {
 		return 0, invalid(key, "(missing)", "is required")
 	}
 	n, err := strconv.Atoi(string(raw))
-	if err != nil || n < 1 || n > 65535 {
+	if err != nil || !portOK(n) {
 		return 0, invalid(key, raw, "must be an integer from 1 to 65535")
 	}
 	return n, nil

@@ -28,7 +28,7 @@ func decodeFast(stdin []byte) (nc netConf, ms plan.Mappings, ok bool) {
 	var lastM plan.Mapping
 	start, end, ok := findMappings(s, func(t typedMapping) bool {
 		if ms.Len() > 0 && t.Protocol == last.Protocol && t.HostIP == last.HostIP &&
-			t.HostPort >= 1 && t.HostPort <= 65535 && t.ContainerPort >= 1 && t.ContainerPort <= 65535 {
+			portOK(t.HostPort) && portOK(t.ContainerPort) {
 			lastM.HostPort, lastM.ContainerPort = t.HostPort, t.ContainerPort
 			ms.Add(lastM)
 			return true
