@@ -77,8 +77,11 @@ func TestAgentIdle(t *testing.T) {
 			t.Errorf("agent %s passed %d times in %s without a change", a.name, after[i].passes-before[i].passes, idle)
 		}
 	}
-	// the two /metrics requests wake each agent alike
-	if on, off := after[0].wakeups-before[0].wakeups, after[1].wakeups-before[1].wakeups; on > off+10 {
+	// the two /metrics requests wake each agent alike; a poll of the bus
+	// once a second costs at least two wakeups (the call, its answer),
+	// 20 in the idle time, above the runtime's own noise (up to 13 more
+	// for one of two idle agents, seen with CI beside it)
+	if on, off := after[0].wakeups-before[0].wakeups, after[1].wakeups-before[1].wakeups; on > off+16 {
 		t.Errorf("the agent on the bus woke %d times in %s, the one without a bus %d", on, idle, off)
 	}
 }
