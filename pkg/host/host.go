@@ -193,7 +193,7 @@ func (h *Host) Flush(pls ...*plan.Plan) {
 	var ports []conntrack.Port
 	seen := map[conntrack.Port]bool{}
 	for _, pl := range pls {
-		for _, r := range pl.Mappings.Stretches() {
+		for _, r := range pl.Runs() {
 			if !conntrack.NeedsFlush(r.Protocol) {
 				continue // a TCP range: nothing of it is read
 			}

@@ -48,11 +48,6 @@ func (l *Mappings) addRun(r Run) {
 // Len is the number of mappings.
 func (l Mappings) Len() int { return l.n }
 
-// Stretches are the mappings as runs of consecutive entries, in order;
-// unlike Runs they may overlap or repeat. The caller must not change
-// them.
-func (l Mappings) Stretches() []Run { return l.seq }
-
 // All yields every mapping, in order.
 func (l Mappings) All() iter.Seq[Mapping] {
 	return func(yield func(Mapping) bool) {

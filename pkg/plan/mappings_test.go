@@ -38,8 +38,8 @@ func TestMappingsRoundTrip(t *testing.T) {
 				breaks++
 			}
 		}
-		if want := min(len(ms), breaks+1); len(l.Stretches()) != want {
-			t.Fatalf("MappingsOf(%v): %d stretches, want %d", ms, len(l.Stretches()), want)
+		if want := min(len(ms), breaks+1); len(l.seq) != want {
+			t.Fatalf("MappingsOf(%v): %d stretches, want %d", ms, len(l.seq), want)
 		}
 		ascending := true
 		for j := 1; j < len(ms); j++ {
@@ -51,8 +51,8 @@ func TestMappingsRoundTrip(t *testing.T) {
 			t.Fatalf("MappingsOf(%v).Ascending() = %v", ms, !ascending)
 		}
 	}
-	if l := MappingsOf(span(TCP, 20000, 20000, 5000)...); len(l.Stretches()) != 1 || l.Len() != 5000 || !l.Ascending() {
-		t.Errorf("a range of 5000 ports: %d stretches, Len %d", len(l.Stretches()), l.Len())
+	if l := MappingsOf(span(TCP, 20000, 20000, 5000)...); len(l.seq) != 1 || l.Len() != 5000 || !l.Ascending() {
+		t.Errorf("a range of 5000 ports: %d stretches, Len %d", len(l.seq), l.Len())
 	}
 }
 

@@ -104,7 +104,7 @@ func runsBySet(ms Mappings) []Run {
 	return out
 }
 
-// linearRuns reports whether stretches of mappings (Mappings.Stretches:
+// linearRuns reports whether the stretches a Mappings holds (Mappings.seq:
 // each already takes every entry that continues it) are the runs Runs
 // defines: no two overlap or would join — checked on them sorted, which
 // they are already for a Podman range and most runtimes' mappings.

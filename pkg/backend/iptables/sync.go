@@ -233,8 +233,8 @@ func cascade(want []*plan.Plan, whys []string) {
 }
 
 func overlap(a, b *plan.Plan) bool {
-	for _, m := range a.Mappings.Stretches() {
-		for _, n := range b.Mappings.Stretches() {
+	for _, m := range a.Runs() {
+		for _, n := range b.Runs() {
 			if m.Protocol == n.Protocol && m.HostPort <= n.Last() && n.HostPort <= m.Last() &&
 				(m.HostIP == nil || n.HostIP == nil || m.HostIP.Equal(n.HostIP)) {
 				return true
