@@ -132,9 +132,8 @@ func broken(states []HookState) []HookState {
 // Apply installs the programs where they are not (the first ADD of the
 // site, a detached link, another build's programs), then writes the
 // attachment's entries, replacing what it held in this family.
-func (l *Layer) Apply(p *plan.Plan) error { return explain(l.apply(p)) }
-
-func (l *Layer) apply(p *plan.Plan) error {
+func (l *Layer) Apply(p *plan.Plan) (err error) {
+	defer func() { err = explain(err) }()
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
@@ -180,9 +179,8 @@ func (l *Layer) readFor(p *plan.Plan, netns uint64, local Local) (*State, error)
 
 // Remove deletes the entries of this family that name the attachment;
 // idempotent, and a site never installed has none.
-func (l *Layer) Remove(p *plan.Plan) error { return explain(l.remove(p)) }
-
-func (l *Layer) remove(p *plan.Plan) error {
+func (l *Layer) Remove(p *plan.Plan) (err error) {
+	defer func() { err = explain(err) }()
 	if !l.Site.Exists() {
 		return nil
 	}
@@ -194,9 +192,8 @@ func (l *Layer) remove(p *plan.Plan) error {
 // Check verifies that every hook's link is attached at the cgroup with
 // this build's program, and that the attachment's entries send their
 // keys to the container.
-func (l *Layer) Check(p *plan.Plan) error { return explain(l.check(p)) }
-
-func (l *Layer) check(p *plan.Plan) error {
+func (l *Layer) Check(p *plan.Plan) (err error) {
+	defer func() { err = explain(err) }()
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to check against")
 	}
@@ -225,9 +222,8 @@ func (l *Layer) check(p *plan.Plan) error {
 
 // GC removes the entries of network's attachments that are not in
 // valid.
-func (l *Layer) GC(network string, valid []plan.Owner) error { return explain(l.gc(network, valid)) }
-
-func (l *Layer) gc(network string, valid []plan.Owner) error {
+func (l *Layer) GC(network string, valid []plan.Owner) (err error) {
+	defer func() { err = explain(err) }()
 	if !l.Site.Exists() {
 		return nil
 	}
@@ -267,12 +263,8 @@ var hooksMu sync.Mutex
 // (see entryDiff): a pass of its own for the node-wide programs, then
 // one for the entries, read once and written at most once. The caller
 // holds the host-wide lock.
-func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
-	rep, err := l.sync(want, o)
-	return rep, explain(err)
-}
-
-func (l *Layer) sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (_ *converge.Report, err error) {
+	defer func() { err = explain(err) }()
 	netns, err := l.Netns()
 	if err != nil {
 		return nil, err
