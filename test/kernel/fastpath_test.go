@@ -10,6 +10,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
@@ -20,7 +21,7 @@ type firstNFTError struct {
 	errs []error
 }
 
-func (k *firstNFTError) Apply(tx *nftables.Tx) error {
+func (k *firstNFTError) Apply(tx *nft.Tx) error {
 	err := k.Kernel.Apply(tx)
 	k.errs = append(k.errs, err)
 	return err

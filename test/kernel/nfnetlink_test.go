@@ -16,6 +16,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 	"github.com/portmap-dev/portmap/test/nettest"
@@ -26,12 +27,12 @@ import (
 // netlink. It is the reference the netlink writer is held to.
 type viaNft struct{ nftables.Kernel }
 
-func (viaNft) Apply(tx *nftables.Tx) error {
+func (viaNft) Apply(tx *nft.Tx) error {
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(tx.Text())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		// as the backend's own nft fallback says it: refused, kind unknown
-		return &nftables.Error{Op: "nft -f", Err: fmt.Errorf("%w (%w)", &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}, nftables.ErrNftRefused)}
+		return &nft.Error{Op: "nft -f", Err: fmt.Errorf("%w (%w)", &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}, nft.ErrRefused)}
 	}
 	return nil
 }
@@ -238,7 +239,7 @@ type validating struct {
 	checks, probes int
 }
 
-func (v *validating) Validate(tx *nftables.Tx) error { v.checks++; return v.Kernel.Validate(tx) }
+func (v *validating) Validate(tx *nft.Tx) error { v.checks++; return v.Kernel.Validate(tx) }
 
 func (v *validating) Writable(f plan.Family) error { v.probes++; return v.Kernel.Writable(f) }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
@@ -23,7 +24,7 @@ type countingNFT struct {
 	runs int
 }
 
-func (c *countingNFT) Apply(tx *nftables.Tx) error { c.runs++; return c.Kernel.Apply(tx) }
+func (c *countingNFT) Apply(tx *nft.Tx) error { c.runs++; return c.Kernel.Apply(tx) }
 
 func nftBackend(t *testing.T, f plan.Family) (*nftables.Backend, *countingNFT) {
 	t.Helper()

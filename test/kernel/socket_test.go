@@ -2,13 +2,14 @@ package kernel
 
 import (
 	"fmt"
-	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"

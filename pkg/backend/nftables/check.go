@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -55,7 +57,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 			// look up: say that, not that the port goes nowhere
 			for _, e := range els {
 				if e.Chain == own && e.Key.IsRange() && overlaps(e.Key, k) && !looked(e.Key) {
-					return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).Text(b.Family), DispatchChain)
+					return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
 				}
 			}
 			return errors.New(why)
@@ -154,7 +156,7 @@ func (b *Backend) skeleton(p *plan.Plan, flat bool) (map[string]bool, error) {
 		}
 		for _, r := range skel[name] {
 			if !hasRule(c, r) && !rangesLookup(r) && (flat || !flatDispatchRule(r)) {
-				return nil, &missingError{what: fmt.Sprintf("missing rule %q in chain %s", r.Text(b.Family), name), some: true}
+				return nil, &missingError{what: fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(b.Family)), name), some: true}
 			}
 		}
 	}
@@ -168,8 +170,8 @@ func (b *Backend) skeleton(p *plan.Plan, flat bool) (map[string]bool, error) {
 // interval map. Its absence is judged by the elements that need it: a
 // node set up before interval maps has none, and its attachments (which
 // hold an element for each port) need none.
-func rangesLookup(r *Rule) bool {
-	for _, s := range r.stmts {
+func rangesLookup(r *nft.Rule) bool {
+	for _, s := range r.Stmts {
 		if v, ok := s.(vmapLookup); ok && v.interval {
 			return true
 		}
@@ -178,9 +180,9 @@ func rangesLookup(r *Rule) bool {
 }
 
 // dispatchRule is the dispatch chain's lookup of map name.
-func dispatchRule(name string) *Rule {
+func dispatchRule(name string) *nft.Rule {
 	for _, r := range dispatchRules(nil) {
-		if v, ok := r.stmts[0].(vmapLookup); ok && v.set == name {
+		if v, ok := r.Stmts[0].(vmapLookup); ok && v.set == name {
 			return r
 		}
 	}
@@ -189,9 +191,9 @@ func dispatchRule(name string) *Rule {
 
 // hasRule reports whether chain c holds a rule doing what the shared
 // rule r does.
-func hasRule(c *ChainState, r *Rule) bool {
+func hasRule(c *ChainState, r *nft.Rule) bool {
 	for _, got := range c.Rules {
-		for _, s := range r.stmts {
+		for _, s := range r.Stmts {
 			var ok bool
 			switch s := s.(type) {
 			case vmapLookup:
@@ -200,11 +202,11 @@ func hasRule(c *ChainState, r *Rule) bool {
 				ok = got.Member == s.set()
 			case dnatLookup:
 				ok = got.DNATMap == s.set
-			case jumpTo:
-				ok = got.Jump == s.chain
-			case masquerade:
+			case nft.Jump:
+				ok = got.Jump == s.To
+			case nft.Masquerade:
 				ok = got.Masq
-			case markOr:
+			case nft.MarkOr:
 				ok = got.SetMark
 			case guardDrop:
 				ok = got.Drop
@@ -227,7 +229,7 @@ func judgeChain(p *plan.Plan, c *ChainState) string {
 }
 
 // judgeRules judges chain c against the rules it should hold.
-func judgeRules(p *plan.Plan, c *ChainState, rules []*Rule) string {
+func judgeRules(p *plan.Plan, c *ChainState, rules []*nft.Rule) string {
 	own := ChainName(p.Owner)
 	byComment := make(map[string]RuleState, len(c.Rules))
 	for _, r := range c.Rules {
@@ -240,24 +242,24 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*Rule) string {
 		if !ok {
 			return fmt.Sprintf("missing rule %q in chain %s", r.Comment, own)
 		}
-		for _, s := range r.stmts {
+		for _, s := range r.Stmts {
 			switch s := s.(type) {
-			case dnatTo:
-				want := dnatTo{s.ip, s.port}.text(p.Family)
+			case nft.DNAT:
+				want := s.Text(nft.Family(p.Family))
 				if "dnat to "+got.DNAT != want {
 					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, want)
 				}
-			case jumpTo:
-				if got.Jump != s.chain {
-					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.chain)
+			case nft.Jump:
+				if got.Jump != s.To {
+					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.To)
 				}
 			case dnatMap:
 				if why := judgeDNATs(p.Family, got.DNATs, s); why != "" {
 					return fmt.Sprintf("rule %q in chain %s: %s", r.Comment, own, why)
 				}
-			case addrIs:
-				if !s.dst && !samePrefix(got.Saddr, s.spec) {
-					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.text(p.Family))
+			case nft.Addr:
+				if !s.Dst && !samePrefix(got.Saddr, s.Spec) {
+					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.Text(nft.Family(p.Family)))
 				}
 			}
 		}
@@ -276,7 +278,7 @@ func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
 		to[d.Key.String()] = d.To
 	}
 	for _, e := range m.entries {
-		want := dnatTo{m.to, e.port}.text(f)
+		want := nft.DNAT{IP: m.to, Port: e.port}.Text(nft.Family(f))
 		if "dnat to "+to[e.key.String()] != want {
 			return fmt.Sprintf("%s does not %s", e.key, want)
 		}

@@ -6,9 +6,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
+	"golang.org/x/sys/unix"
+
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"golang.org/x/sys/unix"
 )
 
 func find(attrs []nfnl.Attr, typ uint16) ([]byte, bool) {
@@ -25,22 +28,6 @@ func str(attrs []nfnl.Attr, typ uint16) string {
 		if a.Type == typ {
 			return a.String()
 		}
-	}
-	return ""
-}
-
-// commentOf reads the comment out of libnftnl user data.
-func commentOf(b []byte) string {
-	for len(b) >= 2 {
-		t, l := b[0], int(b[1])
-		if 2+l > len(b) {
-			break
-		}
-		if t == udataComment {
-			s, _, _ := strings.Cut(string(b[2:2+l]), "\x00")
-			return s
-		}
-		b = b[2+l:]
 	}
 	return ""
 }
@@ -93,20 +80,20 @@ func decodeElements(f plan.Family, b []byte) []Element {
 		if !ok {
 			continue
 		}
-		if endAttr, ok := nfnl.Find(le.Value, nftaSetElemKeyEnd); ok {
+		if endAttr, ok := nfnl.Find(le.Value, nft.AttrSetElemKeyEnd); ok {
 			end, _ := nfnl.Find(endAttr, unix.NFTA_DATA_VALUE)
 			if e, ok := keyFromBytes(f, set, end); ok && e.Port > k.Port {
 				k.Last = e.Port
 			}
 		}
 		if k.Flat {
-			ipLen := int(addrLen(f))
+			ipLen := int(nft.Family(f).AddrType().Len)
 			data := attrValue(le.Value, unix.NFTA_SET_ELEM_DATA)
-			ud, _ := nfnl.Find(le.Value, nftaSetElemUserdata)
+			ud, _ := nfnl.Find(le.Value, nft.AttrSetElemUserdata)
 			if len(data) < ipLen+2 {
 				continue
 			}
-			chain, srcs := parseFlatComment(commentOf(ud))
+			chain, srcs := parseFlatComment(nft.CommentOf(ud))
 			out = append(out, Element{Key: k, Chain: chain, To: toString(data[:ipLen], data[ipLen:]), Srcs: srcs})
 			continue
 		}
@@ -190,15 +177,15 @@ func decodeRule(f plan.Family, b []byte) RuleState { return decodeAttrs(f, nfnl.
 func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
 	var list []byte
 	d := ruleDecoder{}
-	d.saddrOffset, d.addrLen = addrOffset(f, false)
+	d.saddrOffset, d.addrLen = nft.Family(f).AddrOffset(false)
 	for _, a := range attrs {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
 			if len(a.Value) == 8 {
 				d.r.Handle = binary.BigEndian.Uint64(a.Value)
 			}
-		case nftaRuleUserdata:
-			d.r.Comment = commentOf(a.Value)
+		case unix.NFTA_RULE_USERDATA:
+			d.r.Comment = nft.CommentOf(a.Value)
 		case unix.NFTA_RULE_EXPRESSIONS:
 			list = a.Value
 		}
@@ -268,14 +255,14 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 		ar, pr := attrU32(data, unix.NFTA_NAT_REG_ADDR_MIN), attrU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
 		if attrU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
 			d.r.DNAT = net.IP(d.regs[ar]).String()
-			if p := d.regs[pr]; pr != regVerdict && len(p) >= 2 {
+			if p := d.regs[pr]; pr != nft.RegVerdict && len(p) >= 2 {
 				d.r.DNAT = net.JoinHostPort(d.r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
 			}
 		}
 	case "lookup":
 		s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
 		if dreg, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
-			if (nfnl.Attr{Value: dreg}).U32() == regVerdict {
+			if (nfnl.Attr{Value: dreg}).U32() == nft.RegVerdict {
 				d.r.Lookup = nfnl.Attr{Value: s}.String()
 			} else {
 				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
@@ -334,7 +321,7 @@ func (d *ruleDecoder) cmp(data []byte) {
 // register for nat.
 func (d *ruleDecoder) immediate(data []byte) {
 	imm, _ := nfnl.Find(data, unix.NFTA_IMMEDIATE_DATA)
-	if dreg := attrU32(data, unix.NFTA_IMMEDIATE_DREG); dreg != regVerdict {
+	if dreg := attrU32(data, unix.NFTA_IMMEDIATE_DREG); dreg != nft.RegVerdict {
 		if v, ok := nfnl.Find(imm, unix.NFTA_DATA_VALUE); ok && dreg < uint32(len(d.regs)) {
 			d.regs[dreg] = v
 		}

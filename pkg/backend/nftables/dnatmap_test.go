@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
@@ -26,10 +27,10 @@ func singles(n int, addr bool) func(*plan.Request) {
 }
 
 // dnatMaps are the DNAT map rules of rules.
-func dnatMaps(rules []*Rule) []dnatMap {
+func dnatMaps(rules []*nft.Rule) []dnatMap {
 	var out []dnatMap
 	for _, r := range rules {
-		for _, s := range r.stmts {
+		for _, s := range r.Stmts {
 			if m, ok := s.(dnatMap); ok {
 				out = append(out, m)
 			}

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -21,11 +22,11 @@ func dumpSet(c *nfnl.Conn, f plan.Family, table, name string) ([]nfnl.Reply, err
 // table; a missing map has none (a node set up before the interval maps).
 func dumpElements(c *nfnl.Conn, f plan.Family, name string) ([]Element, error) {
 	msgs, err := dumpSet(c, f, Table, name)
-	if IsNotFound(err) {
+	if nft.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, &Error{Op: "list map " + name, Err: err}
+		return nil, &nft.Error{Op: "list map " + name, Err: err}
 	}
 	var out []Element
 	for _, m := range msgs {
@@ -43,24 +44,24 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	var get nfnl.Attrs
 	get.String(unix.NFTA_TABLE_NAME, table)
 	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()})
-	if IsNotFound(err) {
+	if nft.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, &Error{Op: "get table " + table, Err: err}
+		return nil, &nft.Error{Op: "get table " + table, Err: err}
 	}
 	s := newState()
 	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
 	if err != nil {
-		return nil, &Error{Op: "list chains", Err: err}
+		return nil, &nft.Error{Op: "list chains", Err: err}
 	}
 	for _, attrs := range chains {
-		ud, _ := find(attrs, nftaChainUserdata)
-		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: commentOf(ud)}
+		ud, _ := find(attrs, nft.AttrChainUserdata)
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: nft.CommentOf(ud)}
 	}
 	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
 	if err != nil {
-		return nil, &Error{Op: "list rules", Err: err}
+		return nil, &nft.Error{Op: "list rules", Err: err}
 	}
 	for _, attrs := range rules {
 		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
@@ -77,7 +78,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	}
 	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
 	if err != nil {
-		return nil, &Error{Op: "list maps", Err: err}
+		return nil, &nft.Error{Op: "list maps", Err: err}
 	}
 	for _, attrs := range sets {
 		name := str(attrs, unix.NFTA_SET_NAME)
@@ -88,7 +89,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		if name == OwnersMap {
 			msgs, err := dumpSet(c, f, table, name)
 			if err != nil {
-				return nil, &Error{Op: "list map " + name, Err: err}
+				return nil, &nft.Error{Op: "list map " + name, Err: err}
 			}
 			for _, m := range msgs {
 				for _, ch := range decodeOwners(m.Attrs) {
@@ -102,7 +103,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		if _, _, ok := hairpinLength(name); ok {
 			msgs, err := dumpSet(c, f, table, name)
 			if err != nil {
-				return nil, &Error{Op: "list set " + name, Err: err}
+				return nil, &nft.Error{Op: "list set " + name, Err: err}
 			}
 			for _, m := range msgs {
 				s.Hairpins = append(s.Hairpins, decodeHairpins(f, m.Attrs)...)

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -27,7 +28,7 @@ type fakeKernel struct {
 	notWritable error
 }
 
-func (k *fakeKernel) Apply(tx *Tx) error {
+func (k *fakeKernel) Apply(tx *nft.Tx) error {
 	s := tx.Text()
 	k.scripts = append(k.scripts, s)
 	if k.fail != nil && k.fail(s) {
@@ -35,7 +36,7 @@ func (k *fakeKernel) Apply(tx *Tx) error {
 		if errno == 0 {
 			errno = unix.EEXIST
 		}
-		return &Error{Op: tx.String(), Err: errno}
+		return &nft.Error{Op: tx.String(), Err: errno}
 	}
 	return k.Memory.Apply(tx)
 }
@@ -45,7 +46,7 @@ func (k *fakeKernel) Writable(plan.Family) error {
 	return k.notWritable
 }
 
-func (k *fakeKernel) Validate(tx *Tx) error {
+func (k *fakeKernel) Validate(tx *nft.Tx) error {
 	k.checks = append(k.checks, tx.Text())
 	return k.Memory.Validate(tx)
 }
@@ -72,10 +73,10 @@ func (k *fakeKernel) seed(t *testing.T, plans ...*plan.Plan) {
 // commented with the container's ID. It returns the rule's handle.
 func (k *fakeKernel) upstreamRule(t *testing.T, p plan.Protocol, dport int, ip string, port int, id string) uint64 {
 	t.Helper()
-	tx := &Tx{Family: plan.IPv4, Table: UpstreamTable}
-	tx.add(opAdd, tableObj{})
-	tx.add(opAdd, chainObj{name: "hostports"})
-	tx.add(opAdd, &Rule{Chain: "hostports", Comment: id, stmts: []stmt{protoIs{p}, dportIs{dport, 0}, dnatTo{net.ParseIP(ip).To4(), port}}})
+	tx := nft.NewTx(nft.IPv4, UpstreamTable)
+	tx.Add(&nft.Table{})
+	tx.Add(&nft.Chain{Name: "hostports"})
+	tx.Add(&nft.Rule{Chain: "hostports", Comment: id, Stmts: []nft.Stmt{nft.L4Proto{Name: string(p)}, nft.DPort{Port: dport, Last: 0}, nft.DNAT{IP: net.ParseIP(ip).To4(), Port: port}}})
 	if err := k.Memory.Apply(tx); err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,11 @@ package nftables
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net"
 	"slices"
 	"strconv"
-	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/nft"
 
 	"golang.org/x/sys/unix"
 
@@ -110,29 +110,35 @@ func flatSetNames(lengths []int) []string {
 	return out
 }
 
-// flatSets are the skeleton's DNAT maps and the hairpin sets of lengths.
-func flatSets(lengths []int) []object {
-	out := []object{ownersMapObj{}, dnatMapObj{name: HostIPDNATMap, addr: true}, dnatMapObj{name: HostDNATMap}}
+// flatSets are the skeleton's owners map, DNAT maps and the hairpin sets
+// of lengths.
+func flatSets(f nft.Family, lengths []int) []*nft.Set {
+	out := []*nft.Set{ownersSet(), dnatMapSet(f, HostIPDNATMap, true), dnatMapSet(f, HostDNATMap, false)}
 	for _, addr := range []bool{true, false} {
 		for _, l := range lengths {
-			out = append(out, hairpinSetObj{addr: addr, ones: l})
+			out = append(out, hairpinSetOf(f, addr, l))
 		}
 	}
 	return out
 }
 
+// dnatMapSet declares a DNAT map: a key to an address and port.
+func dnatMapSet(f nft.Family, name string, addr bool) *nft.Set {
+	return &nft.Set{Name: name, Key: keyTypes(f, addr), Data: []nft.Type{f.AddrType(), nft.InetService}}
+}
+
 // flatDispatchRules are the dispatch chain's rules for flat keys of one
 // host IP kind: the hairpin marks of each prefix length, then the DNAT.
-func flatDispatchRules(addr bool, lengths []int) []*Rule {
+func flatDispatchRules(addr bool, lengths []int) []*nft.Rule {
 	dm := HostDNATMap
 	if addr {
 		dm = HostIPDNATMap
 	}
-	out := make([]*Rule, 0, len(lengths)+1)
+	out := make([]*nft.Rule, 0, len(lengths)+1)
 	for _, l := range lengths {
-		out = append(out, &Rule{Chain: DispatchChain, stmts: []stmt{hairpinLookup{addr: addr, ones: l}, markOr{1 << flatMarkBit}}})
+		out = append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{hairpinLookup{addr: addr, ones: l}, nft.MarkOr{Mark: 1 << flatMarkBit}}})
 	}
-	return append(out, &Rule{Chain: DispatchChain, stmts: []stmt{dnatLookup{set: dm, addr: addr}}})
+	return append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{dnatLookup{set: dm, addr: addr}}})
 }
 
 // lengthsOf are the prefix lengths of ps' hairpin sources, and of the
@@ -150,7 +156,7 @@ func lengthsOf(c *ChainState, ps ...*plan.Plan) []int {
 	for _, p := range ps {
 		for _, src := range hairpinSrcs(p) {
 			if isFlat(p) {
-				ones, _ := parsePrefix(src).Mask.Size()
+				ones, _ := nft.ParsePrefix(src).Mask.Size()
 				seen[ones] = true
 			}
 		}
@@ -167,8 +173,8 @@ func lengthsOf(c *ChainState, ps ...*plan.Plan) []int {
 // flatDispatchRule reports whether r is one of the dispatch chain's rules
 // for flat keys: required only of a flat plan's skeleton, so that the
 // attachments of a node set up before them pass CHECK.
-func flatDispatchRule(r *Rule) bool {
-	switch r.stmts[0].(type) {
+func flatDispatchRule(r *nft.Rule) bool {
+	switch r.Stmts[0].(type) {
 	case hairpinLookup, dnatLookup:
 		return true
 	}
@@ -183,86 +189,6 @@ func targetOf(p *plan.Plan, k Key) string {
 		}
 	}
 	return ""
-}
-
-// dnatMapObj declares a DNAT map: a key to an address and port.
-type dnatMapObj struct {
-	name string
-	addr bool
-}
-
-func addrWord(f plan.Family) string {
-	if f == plan.IPv6 {
-		return "ipv6_addr"
-	}
-	return "ipv4_addr"
-}
-
-func addrLen(f plan.Family) uint32 {
-	if f == plan.IPv6 {
-		return 16
-	}
-	return 4
-}
-
-func (v dnatMapObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "map")
-	b.WriteString(" " + v.name)
-	if vb == opAdd || vb == opCreate {
-		key := "inet_proto . inet_service"
-		if v.addr {
-			key = addrWord(tx.Family) + " . " + key
-		}
-		fmt.Fprintf(b, " { type %s : %s . inet_service ; }", key, addrWord(tx.Family))
-	}
-	b.WriteByte('\n')
-}
-
-// setDecl writes the attributes of a named set or map of ours; fields
-// are the key's fields' lengths, each padded to 4 bytes in the key.
-func setDecl(tx *Tx, a *nfnl.Attrs, name string, flags uint32, keyTypes, fields []uint32, data bool) {
-	tx.nextID++
-	var keyLen uint32
-	for _, l := range fields {
-		keyLen += (l + 3) &^ 3
-	}
-	a.String(unix.NFTA_SET_TABLE, tx.Table)
-	a.String(unix.NFTA_SET_NAME, name)
-	a.U32(unix.NFTA_SET_FLAGS, flags)
-	a.U32(unix.NFTA_SET_KEY_TYPE, concatType(keyTypes...))
-	a.U32(unix.NFTA_SET_KEY_LEN, keyLen)
-	if data {
-		a.U32(unix.NFTA_SET_DATA_TYPE, concatType(addrType(tx.Family), typeInetService))
-		a.U32(unix.NFTA_SET_DATA_LEN, addrLen(tx.Family)+4)
-	}
-	a.U32(unix.NFTA_SET_ID, tx.nextID)
-	if flags&unix.NFT_SET_INTERVAL != 0 {
-		a.Nested(unix.NFTA_SET_DESC, func(a *nfnl.Attrs) {
-			a.Nested(nftaSetDescConcat, func(a *nfnl.Attrs) {
-				for _, l := range fields {
-					a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) { a.U32(nftaSetFieldLen, l) })
-				}
-			})
-		})
-	}
-	a.Raw(nftaSetUserdata, setUserdata(byteorderBig))
-}
-
-// keyShape is a key's types and field lengths as a set declares them:
-// [host address .] protocol . port.
-func keyShape(f plan.Family, addr bool) (types, lens []uint32) {
-	types, lens = []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
-	if addr {
-		types, lens = append([]uint32{addrType(f)}, types...), append([]uint32{addrLen(f)}, lens...)
-	}
-	return types, lens
-}
-
-func (v dnatMapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
-	types, lens := keyShape(tx.Family, v.addr)
-	setDecl(tx, a, v.name, unix.NFT_SET_MAP, types, lens, true)
-	return nil, nil
 }
 
 // targetBytes is a target as a DNAT map's data holds it: the address,
@@ -283,49 +209,49 @@ type dnatLookup struct {
 	addr bool
 }
 
-func (s dnatLookup) text(f plan.Family) string {
-	t := "dnat " + ipX(f) + " to "
+func (s dnatLookup) Text(f nft.Family) string {
+	t := "dnat " + f.String() + " to "
 	if s.addr {
-		t += ipX(f) + " daddr . "
+		t += f.String() + " daddr . "
 	}
 	return t + "meta l4proto . th dport map @" + s.set
 }
 
-func (s dnatLookup) encode(e *exprs) { dnatByMap(e, s.addr, s.set, 0) }
+func (s dnatLookup) Encode(e *nft.Exprs) { dnatByMap(e, s.addr, s.set, 0) }
 
 // dnatByMap loads [the destination address,] the protocol and the port,
 // looks them up in set (an anonymous one by its id) and DNATs to the
 // address and port it holds.
-func dnatByMap(e *exprs, addr bool, set string, id uint32) {
-	next := uint32(reg32)
-	protoReg := uint32(reg1)
+func dnatByMap(e *nft.Exprs, addr bool, set string, id uint32) {
+	next := uint32(nft.Reg32)
+	protoReg := uint32(nft.Reg1)
 	if addr {
-		offset, length := addrOffset(e.fam, true)
-		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, offset, length, reg1)
+		offset, length := e.Family.AddrOffset(true)
+		e.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, offset, length, nft.Reg1)
 		next += length / 4
 		protoReg = next
 	}
-	e.meta(unix.NFT_META_L4PROTO, protoReg)
-	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
+	e.Meta(unix.NFT_META_L4PROTO, protoReg)
+	e.Payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
 	fam, ipLen := uint32(unix.NFPROTO_IPV4), uint32(4)
-	if e.fam == plan.IPv6 {
+	if e.Family == nft.IPv6 {
 		fam, ipLen = unix.NFPROTO_IPV6, 16
 	}
-	e.add("lookup", func(a *nfnl.Attrs) {
+	e.Add("lookup", func(a *nfnl.Attrs) {
 		a.String(unix.NFTA_LOOKUP_SET, set)
-		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
-		a.U32(unix.NFTA_LOOKUP_DREG, reg1)
+		a.U32(unix.NFTA_LOOKUP_SREG, nft.Reg1)
+		a.U32(unix.NFTA_LOOKUP_DREG, nft.Reg1)
 		if id != 0 {
 			a.U32(unix.NFTA_LOOKUP_SET_ID, id)
 		}
 	})
-	e.add("nat", func(a *nfnl.Attrs) {
+	e.Add("nat", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
 		a.U32(unix.NFTA_NAT_FAMILY, fam)
-		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, nft.Reg1)
 		// the port follows the address in the looked-up data; the kernel
 		// takes the port as given when a register holds it, as nft writes
-		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, reg32+ipLen/4)
+		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, nft.Reg32+ipLen/4)
 	})
 }
 
@@ -333,22 +259,22 @@ func dnatByMap(e *exprs, addr bool, set string, id uint32) {
 // with its record and its owners element (failing if they exist) and its
 // elements (failing if one exists: another attachment holds the key, or
 // the maps are missing).
-func fastFlatTx(p *plan.Plan, keys []Key) *Tx {
+func fastFlatTx(p *plan.Plan, keys []Key) *nft.Tx {
 	tx := newTx(p.Family)
 	chain := ownChain(p)
 	hps := wantedHairpins(p, keys)
-	tx.ops = make([]op, 0, 2+2*len(keys)+len(hps))
-	tx.add(opCreate, chain)
-	for _, r := range recordRules(chain.name, keys) {
-		tx.add(opAdd, r)
+	tx.Grow(2 + 2*len(keys) + len(hps))
+	tx.Create(chain)
+	for _, r := range recordRules(chain.Name, keys) {
+		tx.Add(r)
 	}
-	tx.add(opCreate, ownerObj{chain.name})
+	tx.Create(ownerObj{chain.Name})
 	srcs := hairpinSrcs(p)
 	for _, k := range keys {
-		tx.add(opCreate, elemObj{key: k, chain: chain.name, to: targetOf(p, k), srcs: srcs})
+		tx.Create(elemObj{key: k, chain: chain.Name, to: targetOf(p, k), srcs: srcs})
 	}
 	for _, h := range hps {
-		tx.add(opCreate, hairpinObj{h})
+		tx.Create(hairpinObj{h})
 	}
 	return tx
 }

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
@@ -152,21 +153,21 @@ func TestFlatTampering(t *testing.T) {
 	k := Keys(a)[0]
 	for _, tt := range []struct {
 		name, want string
-		tamper     func(tx *Tx)
+		tamper     func(tx *nft.Tx)
 	}{
-		{"DNAT element", "missing element tcp . 8080 in map hostport_dnat", func(tx *Tx) { tx.add(opDelete, elemObj{key: k}) }},
-		{"hairpin element", "set hairpin_24 has no element 192.0.2.0/24 . tcp . 8080", func(tx *Tx) {
-			tx.add(opDelete, hairpinObj{Hairpin{Src: "192.0.2.0/24", Key: k}})
+		{"DNAT element", "missing element tcp . 8080 in map hostport_dnat", func(tx *nft.Tx) { tx.Delete(elemObj{key: k}) }},
+		{"hairpin element", "set hairpin_24 has no element 192.0.2.0/24 . tcp . 8080", func(tx *nft.Tx) {
+			tx.Delete(hairpinObj{Hairpin{Src: "192.0.2.0/24", Key: k}})
 		}},
-		{"localhost element", "set hairpin_32 has no element 127.0.0.1/32 . tcp . 8080", func(tx *Tx) {
-			tx.add(opDelete, hairpinObj{Hairpin{Src: "127.0.0.1/32", Key: k}})
+		{"localhost element", "set hairpin_32 has no element 127.0.0.1/32 . tcp . 8080", func(tx *nft.Tx) {
+			tx.Delete(hairpinObj{Hairpin{Src: "127.0.0.1/32", Key: k}})
 		}},
-		{"record", "does not record tcp . 8080", func(tx *Tx) {
-			tx.add(opFlush, chainObj{name: own})
-			tx.add(opAdd, recordRules(own, []Key{{Protocol: plan.TCP, Port: 9090, Flat: true}})[0])
+		{"record", "does not record tcp . 8080", func(tx *nft.Tx) {
+			tx.Flush(&nft.Chain{Name: own})
+			tx.Add(recordRules(own, []Key{{Protocol: plan.TCP, Port: 9090, Flat: true}})[0])
 		}},
-		{"record gone", "records no key", func(tx *Tx) { tx.add(opFlush, chainObj{name: own}) }},
-		{"owners element", "map owners holds no element for chain " + own, func(tx *Tx) { tx.add(opDelete, ownerObj{own}) }},
+		{"record gone", "records no key", func(tx *nft.Tx) { tx.Flush(&nft.Chain{Name: own}) }},
+		{"owners element", "map owners holds no element for chain " + own, func(tx *nft.Tx) { tx.Delete(ownerObj{own}) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			b, m := memBackend()
@@ -203,8 +204,8 @@ func TestFlatRecordHoldsTheChain(t *testing.T) {
 	}
 	before := m.Dump()
 	tx := newTx(plan.IPv4)
-	tx.add(opFlush, chainObj{name: ChainName(a.Owner)})
-	tx.add(opDelete, chainObj{name: ChainName(a.Owner)})
+	tx.Flush(&nft.Chain{Name: ChainName(a.Owner)})
+	tx.Delete(&nft.Chain{Name: ChainName(a.Owner)})
 	if err := m.Apply(tx); err == nil || !strings.Contains(err.Error(), unix.EBUSY.Error()) {
 		t.Errorf("deleting a flat attachment's chain alone: %v, want EBUSY", err)
 	}
@@ -271,7 +272,7 @@ func TestFlatDelAfterTampering(t *testing.T) {
 			}
 			tx := newTx(plan.IPv4)
 			for _, i := range tt.gone {
-				tx.add(opDelete, elemObj{key: Keys(a)[i]})
+				tx.Delete(elemObj{key: Keys(a)[i]})
 			}
 			if err := m.Apply(tx); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -52,24 +54,24 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 
 // removeChains deletes the chains of set and the elements that point at
 // them, in name order.
-func removeChains(tx *Tx, s *State, set map[string]bool) {
+func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
 	for _, id := range sortedIDs(s.Holders) {
 		if set[s.Holders[id]] {
 			if k, ok := keyFromID(id); ok {
-				tx.add(opDelete, elemObj{key: k})
+				tx.Delete(elemObj{key: k})
 			}
 		}
 	}
 	for _, h := range s.Hairpins {
 		if set[h.Chain] {
-			tx.add(opDelete, hairpinObj{h})
+			tx.Delete(hairpinObj{h})
 		}
 	}
 	for _, name := range sortedChains(s) {
 		if set[name] {
 			dropRecord(tx, name, s.Chains[name])
-			tx.add(opFlush, chainObj{name: name})
-			tx.add(opDelete, chainObj{name: name})
+			tx.Flush(&nft.Chain{Name: name})
+			tx.Delete(&nft.Chain{Name: name})
 		}
 	}
 }
@@ -97,6 +99,6 @@ func (b *Backend) Ready(p *plan.Plan) error {
 		return err
 	}
 	tx := newTx(b.Family)
-	tx.add(opAdd, tableObj{tableComment})
+	tx.Add(&nft.Table{Comment: tableComment})
 	return b.Kernel.Validate(tx)
 }

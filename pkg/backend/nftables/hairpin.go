@@ -12,6 +12,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -48,7 +51,7 @@ type Hairpin struct {
 
 // set is the hairpin set h lives in.
 func (h Hairpin) set() string {
-	ones, _ := parsePrefix(h.Src).Mask.Size()
+	ones, _ := nft.ParsePrefix(h.Src).Mask.Size()
 	return hairpinSet(h.Key.HostIP != nil, ones)
 }
 
@@ -80,7 +83,7 @@ func hairpinSrcs(p *plan.Plan) []string {
 	if !p.Masquerade.Enabled || p.ContainerNet == nil {
 		return nil
 	}
-	out := []string{parsePrefix(p.HairpinSource()).String()}
+	out := []string{nft.ParsePrefix(p.HairpinSource()).String()}
 	if p.LocalhostRule() {
 		out = append(out, "127.0.0.1/32")
 	}
@@ -124,63 +127,41 @@ func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) 
 	return out, nil
 }
 
-// hairpinSetObj declares the hairpin set of a host IP kind and prefix
+// hairpinSetOf declares the hairpin set of a host IP kind and prefix
 // length: a source masked to it, and a key.
-type hairpinSetObj struct {
-	addr bool
-	ones int
+func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {
+	return &nft.Set{Name: hairpinSet(addr, ones), Key: append([]nft.Type{f.AddrType()}, keyTypes(f, addr)...)}
 }
 
 // hairpinObj is one hairpin element; deleting needs no chain.
 type hairpinObj struct{ h Hairpin }
 
-func (v hairpinSetObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "set")
-	b.WriteString(" " + hairpinSet(v.addr, v.ones))
-	if vb == opAdd || vb == opCreate {
-		key := addrWord(tx.Family) + " . "
-		if v.addr {
-			key += addrWord(tx.Family) + " . "
-		}
-		fmt.Fprintf(b, " { type %sinet_proto . inet_service ; }", key)
-	}
-	b.WriteByte('\n')
-}
-
-func (v hairpinSetObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
-	types, lens := keyShape(tx.Family, v.addr)
-	types, lens = append([]uint32{addrType(tx.Family)}, types...), append([]uint32{addrLen(tx.Family)}, lens...)
-	setDecl(tx, a, hairpinSet(v.addr, v.ones), 0, types, lens, false)
-	return nil, nil
-}
-
-func (v hairpinObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "element")
-	fmt.Fprintf(b, " %s { %s . %s", v.h.set(), parsePrefix(v.h.Src).IP, strings.Join(v.h.Key.Fields(), " . "))
-	if (vb == opAdd || vb == opCreate) && v.h.Chain != "" {
+func (v hairpinObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+	tx.Head(b, vb, "element")
+	fmt.Fprintf(b, " %s { %s . %s", v.h.set(), nft.ParsePrefix(v.h.Src).IP, strings.Join(v.h.Key.Fields(), " . "))
+	if (vb == nft.Add || vb == nft.Create) && v.h.Chain != "" {
 		fmt.Fprintf(b, " comment %q", v.h.Chain)
 	}
 	b.WriteString(" }\n")
 }
 
-func (v hairpinObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+func (v hairpinObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
 	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == opDelete {
+	if vb == nft.Delete {
 		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
 	}
 	chain := v.h.Chain
-	if vb == opDelete {
+	if vb == nft.Delete {
 		chain = ""
 	}
-	hairpinAttrs(a, tx.Family, tx.Table, v.h, chain)
+	hairpinAttrs(a, plan.Family(tx.Family), tx.TableName, v.h, chain)
 	return nil, nil
 }
 
 // hairpinAttrs names h's element: its source's network, its key; with
 // owner, the comment naming its owner.
 func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner string) {
-	n := parsePrefix(h.Src)
+	n := nft.ParsePrefix(h.Src)
 	net := n.IP.Mask(n.Mask).To16()
 	if f == plan.IPv4 {
 		net = net.To4()
@@ -189,9 +170,9 @@ func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner s
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, h.set())
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			dataValue(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
+			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
 			if owner != "" {
-				a.Raw(nftaSetElemUserdata, comment(owner))
+				a.Raw(nft.AttrSetElemUserdata, nft.Comment(owner))
 			}
 		})
 	})
@@ -208,43 +189,43 @@ type hairpinLookup struct {
 func (s hairpinLookup) set() string { return hairpinSet(s.addr, s.ones) }
 
 // mask is the source's mask, nil for a full-length prefix.
-func (s hairpinLookup) mask(f plan.Family) net.IPMask {
-	bits := 8 * int(addrLen(f))
+func (s hairpinLookup) mask(f nft.Family) net.IPMask {
+	bits := 8 * int(f.AddrType().Len)
 	if s.ones >= bits {
 		return nil
 	}
 	return net.CIDRMask(s.ones, bits)
 }
 
-func (s hairpinLookup) text(f plan.Family) string {
-	t := ipX(f) + " saddr "
+func (s hairpinLookup) Text(f nft.Family) string {
+	t := f.String() + " saddr "
 	if m := s.mask(f); m != nil {
 		t += "& " + net.IP(m).String() + " "
 	}
 	t += ". "
 	if s.addr {
-		t += ipX(f) + " daddr . "
+		t += f.String() + " daddr . "
 	}
 	return t + "meta l4proto . th dport @" + s.set()
 }
 
-func (s hairpinLookup) encode(e *exprs) {
-	soff, length := addrOffset(e.fam, false)
-	e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, soff, length, reg1)
-	if m := s.mask(e.fam); m != nil {
-		e.bitwise(reg1, []byte(m), make([]byte, length))
+func (s hairpinLookup) Encode(e *nft.Exprs) {
+	soff, length := e.Family.AddrOffset(false)
+	e.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, soff, length, nft.Reg1)
+	if m := s.mask(e.Family); m != nil {
+		e.Bitwise(nft.Reg1, []byte(m), make([]byte, length))
 	}
-	next := uint32(reg32) + length/4
+	next := uint32(nft.Reg32) + length/4
 	if s.addr {
-		doff, _ := addrOffset(e.fam, true)
-		e.payload(unix.NFT_PAYLOAD_NETWORK_HEADER, doff, length, next)
+		doff, _ := e.Family.AddrOffset(true)
+		e.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, doff, length, next)
 		next += length / 4
 	}
-	e.meta(unix.NFT_META_L4PROTO, next)
-	e.payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
-	e.add("lookup", func(a *nfnl.Attrs) {
+	e.Meta(unix.NFT_META_L4PROTO, next)
+	e.Payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
+	e.Add("lookup", func(a *nfnl.Attrs) {
 		a.String(unix.NFTA_LOOKUP_SET, s.set())
-		a.U32(unix.NFTA_LOOKUP_SREG, reg1)
+		a.U32(unix.NFTA_LOOKUP_SREG, nft.Reg1)
 	})
 }
 
@@ -255,7 +236,7 @@ func decodeHairpins(f plan.Family, b []byte) []Hairpin {
 	if !ok {
 		return nil
 	}
-	ipLen := int(addrLen(f))
+	ipLen := int(nft.Family(f).AddrType().Len)
 	keySet := HostPortsMap
 	if addr {
 		keySet = HostIPPortsMap
@@ -272,8 +253,8 @@ func decodeHairpins(f plan.Family, b []byte) []Hairpin {
 			continue
 		}
 		k.Flat = true
-		ud, _ := nfnl.Find(le.Value, nftaSetElemUserdata)
-		out = append(out, Hairpin{Src: prefixString(net.IP(key[:ipLen]), ones, ipLen*8), Key: k, Chain: commentOf(ud)})
+		ud, _ := nfnl.Find(le.Value, nft.AttrSetElemUserdata)
+		out = append(out, Hairpin{Src: prefixString(net.IP(key[:ipLen]), ones, ipLen*8), Key: k, Chain: nft.CommentOf(ud)})
 	}
 	return out
 }

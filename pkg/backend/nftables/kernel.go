@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -32,11 +33,11 @@ func (k *netlinkKernel) c() (*nfnl.Conn, error) {
 }
 
 // Apply commits tx as one batch (or, for conditions, one nft -f).
-func (k *netlinkKernel) Apply(tx *Tx) error { return k.batch(tx, true) }
+func (k *netlinkKernel) Apply(tx *nft.Tx) error { return k.batch(tx, true) }
 
 // Validate sends tx without ending the batch: the kernel checks each
 // message, then aborts.
-func (k *netlinkKernel) Validate(tx *Tx) error { return k.batch(tx, false) }
+func (k *netlinkKernel) Validate(tx *nft.Tx) error { return k.batch(tx, false) }
 
 // Writable commits a batch that changes nothing (nfnl.Conn.Writable).
 func (k *netlinkKernel) Writable(f plan.Family) error {
@@ -47,7 +48,7 @@ func (k *netlinkKernel) Writable(f plan.Family) error {
 	return c.Writable(uint8(nfproto(f)))
 }
 
-func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
+func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
 	if tx.NeedsNft() {
 		return runNft(tx.Text(), commit)
 	}
@@ -60,12 +61,10 @@ func (k *netlinkKernel) batch(tx *Tx, commit bool) error {
 		return err
 	}
 	if err := c.Batch(msgs, commit); err != nil {
-		return &Error{Op: tx.describe(err), Err: err}
+		return &nft.Error{Op: tx.Describe(err), Err: err}
 	}
 	return nil
 }
-
-func (e *Error) Unwrap() error { return e.Err }
 
 func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
 	c, err := k.c()
@@ -86,17 +85,17 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if err == nil {
 		err = errs[0]
 	}
-	if IsNotFound(err) {
+	if nft.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, &Error{Op: "get chain " + chain, Err: err}
+		return nil, &nft.Error{Op: "get chain " + chain, Err: err}
 	}
-	ud, _ := nfnl.Find(replies[0].Attrs, nftaChainUserdata)
-	cs := &ChainState{Comment: commentOf(ud)}
+	ud, _ := nfnl.Find(replies[0].Attrs, nft.AttrChainUserdata)
+	cs := &ChainState{Comment: nft.CommentOf(ud)}
 	if len(reqs) > 1 {
-		if errs[1] != nil && !IsNotFound(errs[1]) {
-			return nil, &Error{Op: "get element of map " + OwnersMap, Err: errs[1]}
+		if errs[1] != nil && !nft.IsNotFound(errs[1]) {
+			return nil, &nft.Error{Op: "get element of map " + OwnersMap, Err: errs[1]}
 		}
 		cs.Owned = errs[1] == nil // its key is the chain's name
 	}
@@ -104,7 +103,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
 	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
 	if err != nil {
-		return nil, &Error{Op: "list rules of chain " + chain, Err: err}
+		return nil, &nft.Error{Op: "list rules of chain " + chain, Err: err}
 	}
 	for _, r := range rules {
 		cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
@@ -128,7 +127,7 @@ func readDNATs(c *nfnl.Conn, f plan.Family, table string, rules []RuleState) err
 		}
 		msgs, err := dumpSet(c, f, table, r.DNATMap)
 		if err != nil {
-			return &Error{Op: "list map " + r.DNATMap, Err: err}
+			return &nft.Error{Op: "list map " + r.DNATMap, Err: err}
 		}
 		for _, m := range msgs {
 			r.DNATs = append(r.DNATs, decodeDNATs(f, m.Attrs)...)
@@ -209,19 +208,19 @@ func getElements(c *nfnl.Conn, f plan.Family, chains, sets []string, keys []Key)
 		return nil, nil, err
 	}
 	for i, name := range chains {
-		if IsNotFound(errs[i]) {
+		if nft.IsNotFound(errs[i]) {
 			missing = append(missing, name)
 		} else if errs[i] != nil {
-			return nil, nil, &Error{Op: "get " + name, Err: errs[i]}
+			return nil, nil, &nft.Error{Op: "get " + name, Err: errs[i]}
 		}
 	}
 	for j, key := range keys {
 		i := len(chains) + j
-		if IsNotFound(errs[i]) {
+		if nft.IsNotFound(errs[i]) {
 			continue
 		}
 		if errs[i] != nil {
-			return nil, nil, &Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
+			return nil, nil, &nft.Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
 		}
 		out = append(out, decodeElements(f, replies[i].Attrs)...)
 	}
@@ -255,11 +254,11 @@ func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, er
 	}
 	var out []Hairpin
 	for i, h := range points {
-		if IsNotFound(errs[i]) {
+		if nft.IsNotFound(errs[i]) {
 			continue
 		}
 		if errs[i] != nil {
-			return nil, &Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: errs[i]}
+			return nil, &nft.Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: errs[i]}
 		}
 		out = append(out, decodeHairpins(f, replies[i].Attrs)...)
 	}

@@ -7,39 +7,56 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // The objects as knftables' own types: the test's oracle for Tx.Text,
 // which writes them as knftables does without linking it into the plugin.
-type knftObject interface{ nft(tx *Tx) knftables.Object }
-
-func (v tableObj) nft(*Tx) knftables.Object {
-	return &knftables.Table{Comment: knftables.PtrTo(v.comment)}
+type knftObject interface {
+	nft(tx *nft.Tx) knftables.Object
 }
 
-func (v chainObj) nft(*Tx) knftables.Object {
-	c := &knftables.Chain{Name: v.name}
-	if v.comment != "" {
-		c.Comment = knftables.PtrTo(v.comment)
+// knftOf is obj as knftables' type: pkg/nft's objects here, the layout's
+// element kinds by their nft methods.
+func knftOf(tx *nft.Tx, obj nft.Object) knftables.Object {
+	switch v := obj.(type) {
+	case *nft.Table:
+		return &knftables.Table{Comment: knftables.PtrTo(v.Comment)}
+	case *nft.Chain:
+		c := &knftables.Chain{Name: v.Name}
+		if v.Comment != "" {
+			c.Comment = knftables.PtrTo(v.Comment)
+		}
+		if v.Base != nil {
+			c.Type = knftables.PtrTo(knftables.BaseChainType(v.Base.Type))
+			c.Hook = knftables.PtrTo(knftables.BaseChainHook(v.Base.Hook))
+			c.Priority = knftables.PtrTo(knftables.BaseChainPriority(strconv.Itoa(int(v.Base.Priority))))
+		}
+		return c
+	case *nft.Set:
+		var flags []knftables.SetFlag
+		if v.Interval {
+			flags = []knftables.SetFlag{knftables.IntervalFlag}
+		}
+		if v.IsMap() {
+			return &knftables.Map{Name: v.Name, Type: v.TypeText(), Flags: flags}
+		}
+		return &knftables.Set{Name: v.Name, Type: v.TypeText(), Flags: flags}
+	case *nft.Rule:
+		r := &knftables.Rule{Chain: v.Chain, Rule: v.StmtText(tx.Family)}
+		if v.Comment != "" {
+			r.Comment = knftables.PtrTo(v.Comment)
+		}
+		if v.Handle != 0 {
+			r.Handle = knftables.PtrTo(int(v.Handle))
+		}
+		return r
 	}
-	if v.base != nil {
-		c.Type = knftables.PtrTo(knftables.BaseChainType(v.base.typ))
-		c.Hook = knftables.PtrTo(knftables.BaseChainHook(v.base.hook))
-		c.Priority = knftables.PtrTo(knftables.BaseChainPriority(strconv.Itoa(int(v.base.prio))))
-	}
-	return c
+	return obj.(knftObject).nft(tx)
 }
 
-func (v mapObj) nft(tx *Tx) knftables.Object {
-	m := &knftables.Map{Name: v.name, Type: mapType(tx.Family, v.addr)}
-	if v.interval {
-		m.Flags = []knftables.SetFlag{knftables.IntervalFlag}
-	}
-	return m
-}
-
-func (v elemObj) nft(*Tx) knftables.Object {
+func (v elemObj) nft(*nft.Tx) knftables.Object {
 	e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
 	switch {
 	case v.chain == "":
@@ -52,63 +69,32 @@ func (v elemObj) nft(*Tx) knftables.Object {
 	return e
 }
 
-func (v dnatMapObj) nft(tx *Tx) knftables.Object {
-	key := "inet_proto . inet_service"
-	if v.addr {
-		key = addrWord(tx.Family) + " . " + key
-	}
-	return &knftables.Map{Name: v.name, Type: key + " : " + addrWord(tx.Family) + " . inet_service"}
-}
-
-func (v hairpinSetObj) nft(tx *Tx) knftables.Object {
-	key := addrWord(tx.Family) + " . "
-	if v.addr {
-		key += addrWord(tx.Family) + " . "
-	}
-	return &knftables.Set{Name: hairpinSet(v.addr, v.ones), Type: key + "inet_proto . inet_service"}
-}
-
-func (ownersMapObj) nft(*Tx) knftables.Object {
-	return &knftables.Map{Name: OwnersMap, Type: "ipv6_addr : verdict"}
-}
-
-func (v ownerObj) nft(*Tx) knftables.Object {
+func (v ownerObj) nft(*nft.Tx) knftables.Object {
 	return &knftables.Element{Map: OwnersMap, Key: []string{net.IP(ownerKey(v.chain)).String()}, Value: []string{"goto " + v.chain}}
 }
 
-func (v hairpinObj) nft(*Tx) knftables.Object {
-	e := &knftables.Element{Set: v.h.set(), Key: append([]string{parsePrefix(v.h.Src).IP.String()}, v.h.Key.Fields()...)}
+func (v hairpinObj) nft(*nft.Tx) knftables.Object {
+	e := &knftables.Element{Set: v.h.set(), Key: append([]string{nft.ParsePrefix(v.h.Src).IP.String()}, v.h.Key.Fields()...)}
 	if v.h.Chain != "" {
 		e.Comment = knftables.PtrTo(v.h.Chain)
 	}
 	return e
 }
 
-func (v *Rule) nft(tx *Tx) knftables.Object {
-	r := &knftables.Rule{Chain: v.Chain, Rule: v.Text(tx.Family)}
-	if v.Comment != "" {
-		r.Comment = knftables.PtrTo(v.Comment)
-	}
-	if v.Handle != 0 {
-		r.Handle = knftables.PtrTo(int(v.Handle))
-	}
-	return r
-}
-
 // knftText is tx as knftables writes it.
-func knftText(t *testing.T, tx *Tx) string {
+func knftText(t *testing.T, tx *nft.Tx) string {
 	t.Helper()
-	kt := knftables.NewFake(knftables.Family(nftFamily(tx.Family)), tx.Table).NewTransaction()
-	for _, o := range tx.ops {
-		obj := o.obj.(knftObject).nft(tx)
-		switch o.verb {
-		case opAdd:
+	kt := knftables.NewFake(knftables.Family(tx.Family.String()), tx.TableName).NewTransaction()
+	for _, o := range tx.Ops() {
+		obj := knftOf(tx, o.Obj)
+		switch o.Verb {
+		case nft.Add:
 			kt.Add(obj)
-		case opCreate:
+		case nft.Create:
 			kt.Create(obj)
-		case opFlush:
+		case nft.Flush:
 			kt.Flush(obj)
-		case opDelete:
+		case nft.Delete:
 			kt.Delete(obj)
 		}
 	}
@@ -119,7 +105,7 @@ func knftText(t *testing.T, tx *Tx) string {
 // uses, and the transactions of the golden files, written as knftables
 // writes them (a validation error of knftables' would show as "# ERROR").
 func TestTextAsKnftables(t *testing.T) {
-	var txs []*Tx
+	var txs []*nft.Tx
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
 		for _, p := range []*plan.Plan{build(f, nil), build(f, smallRanges),
 			build(f, func(r *plan.Request) { r.Masquerade.Enabled = false }),
@@ -138,36 +124,39 @@ func TestTextAsKnftables(t *testing.T) {
 			}
 		}
 		verbs := newTx(f)
+		add := func(v nft.Verb, obj nft.Object) {
+			map[nft.Verb]func(nft.Object){nft.Add: verbs.Add, nft.Create: verbs.Create, nft.Flush: verbs.Flush, nft.Delete: verbs.Delete}[v](obj)
+		}
 		k := Keys(build(f, smallRanges))
-		for _, v := range []verb{opAdd, opCreate, opFlush, opDelete} {
-			verbs.add(v, tableObj{comment: "portmap's \"table\""})
-			verbs.add(v, chainObj{name: "plain"})
-			verbs.add(v, chainObj{name: "commented", comment: "a comment"})
-			verbs.add(v, chainObj{name: "based", base: &guardBase, comment: "guard"})
-			verbs.add(v, mapObj{name: "m", addr: true, interval: true})
-			if v == opAdd || v == opCreate { // an element is added with its verdict
-				verbs.add(v, elemObj{key: k[0], chain: "CNI-DN-x"})
+		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Flush, nft.Delete} {
+			add(v, &nft.Table{Comment: "portmap's \"table\""})
+			add(v, &nft.Chain{Name: "plain"})
+			add(v, &nft.Chain{Name: "commented", Comment: "a comment"})
+			add(v, &nft.Chain{Name: "based", Base: &guardBase, Comment: "guard"})
+			add(v, &nft.Set{Name: "m", Key: keyTypes(nft.Family(f), true), Data: []nft.Type{nft.Verdict}, Interval: true})
+			if v == nft.Add || v == nft.Create { // an element is added with its verdict
+				add(v, elemObj{key: k[0], chain: "CNI-DN-x"})
 			}
 		}
-		verbs.add(opDelete, elemObj{key: k[len(k)-1]})
+		verbs.Delete(elemObj{key: k[len(k)-1]})
 		fk := Keys(build(f, nil))
 		hp := wantedHairpins(build(f, nil), fk)
-		for _, v := range []verb{opAdd, opCreate, opDelete} {
-			verbs.add(v, dnatMapObj{name: HostIPDNATMap, addr: true})
-			verbs.add(v, hairpinSetObj{ones: 24})
-			if v != opFlush {
-				verbs.add(v, ownerObj{"dn-0123456789abcdef-fedcba9876543210"})
+		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Delete} {
+			add(v, dnatMapSet(nft.Family(f), HostIPDNATMap, true))
+			add(v, hairpinSetOf(nft.Family(f), false, 24))
+			if v != nft.Flush {
+				add(v, ownerObj{"dn-0123456789abcdef-fedcba9876543210"})
 			}
-			if v != opDelete && v != opFlush {
-				verbs.add(v, ownersMapObj{})
+			if v != nft.Delete && v != nft.Flush {
+				add(v, ownersSet())
 			}
-			verbs.add(v, hairpinObj{hp[0]})
-			if v != opDelete {
-				verbs.add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})
+			add(v, hairpinObj{hp[0]})
+			if v != nft.Delete {
+				add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})
 			}
 		}
-		verbs.add(opDelete, elemObj{key: fk[0]})
-		verbs.add(opDelete, &Rule{Chain: "dispatch", Handle: 42})
+		verbs.Delete(elemObj{key: fk[0]})
+		verbs.Delete(&nft.Rule{Chain: "dispatch", Handle: 42})
 		txs = append(txs, verbs)
 	}
 	for i, tx := range txs {

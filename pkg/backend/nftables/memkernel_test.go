@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -59,7 +61,7 @@ func newMemTable(comment string) *memTable {
 
 type memChain struct {
 	comment string
-	base    *baseChain
+	base    *nft.BaseChain
 	rules   []RuleState
 	// conditions marks rules holding conditionsV4/V6 (nft syntax), which
 	// Trace takes as matching.
@@ -74,7 +76,7 @@ func (m *Memory) FlushRuleset() { m.mu.Lock(); defer m.mu.Unlock(); m.tables = m
 func NewMemory() *Memory { return &Memory{tables: map[memKey]*memTable{}} }
 
 // Apply commits tx, or nothing when an operation fails.
-func (m *Memory) Apply(tx *Tx) error {
+func (m *Memory) Apply(tx *nft.Tx) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	next, err := m.simulate(tx)
@@ -87,7 +89,7 @@ func (m *Memory) Apply(tx *Tx) error {
 }
 
 // Validate checks tx as Apply would, committing nothing.
-func (m *Memory) Validate(tx *Tx) error {
+func (m *Memory) Validate(tx *nft.Tx) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, err := m.simulate(tx)
@@ -102,27 +104,45 @@ func (m *Memory) Writable(plan.Family) error { return m.NotWritable }
 // object, so that the plugin's binary, which has no in-memory kernel,
 // carries none of it.
 type simulator interface {
-	simulate(s *memTx, v verb) error
+	simulate(s *memTx, v nft.Verb) error
 }
 
 // memTx is a transaction being applied to a copy of the tables.
 type memTx struct {
 	*Memory
-	tx *Tx
+	tx *nft.Tx
 }
 
-func (m *Memory) simulate(tx *Tx) (*Memory, error) {
+func (m *Memory) simulate(tx *nft.Tx) (*Memory, error) {
 	c := &Memory{tables: map[memKey]*memTable{}, nextHandle: m.nextHandle}
 	for k, t := range m.tables {
 		c.tables[k] = t.clone()
 	}
 	s := &memTx{c, tx}
-	for _, o := range tx.ops {
-		if err := o.obj.(simulator).simulate(s, o.verb); err != nil {
-			return nil, &Error{Op: strings.TrimSpace((&Tx{Family: tx.Family, Table: tx.Table, ops: []op{o}}).Text()), Err: err}
+	for i, o := range tx.Ops() {
+		if err := simulate(s, o); err != nil {
+			return nil, &nft.Error{Op: tx.OpText(i), Err: err}
 		}
 	}
 	return c, nil
+}
+
+// simulate applies one operation: pkg/nft's objects here, the layout's
+// element kinds by their simulate methods.
+func simulate(s *memTx, o nft.Op) error {
+	switch v := o.Obj.(type) {
+	case *nft.Table:
+		return simulateTable(s, v, o.Verb)
+	case *nft.Chain:
+		return simulateChain(s, v, o.Verb)
+	case *nft.Set:
+		return simulateSetDecl(s, v, o.Verb)
+	case *nft.Rule:
+		return simulateRule(s, v)
+	case simulator:
+		return v.simulate(s, o.Verb)
+	}
+	return fmt.Errorf("%T: not an object the in-memory kernel knows", o.Obj)
 }
 
 func (t *memTable) clone() *memTable {
@@ -156,7 +176,7 @@ func (t *memTable) clone() *memTable {
 
 // table is the transaction's table; ENOENT when it does not exist.
 func (s *memTx) table() (*memTable, error) {
-	t := s.tables[memKey{s.tx.Family, s.tx.Table}]
+	t := s.tables[memKey{plan.Family(s.tx.Family), s.tx.TableName}]
 	if t == nil {
 		return nil, unix.ENOENT
 	}
@@ -186,19 +206,19 @@ func (t *memTable) refs(chain string) int {
 	return n
 }
 
-func (v tableObj) simulate(s *memTx, vb verb) error {
-	k := memKey{s.tx.Family, s.tx.Table}
+func simulateTable(s *memTx, v *nft.Table, vb nft.Verb) error {
+	k := memKey{plan.Family(s.tx.Family), s.tx.TableName}
 	switch vb {
-	case opAdd, opCreate:
+	case nft.Add, nft.Create:
 		if s.tables[k] != nil {
-			if vb == opCreate {
+			if vb == nft.Create {
 				return unix.EEXIST
 			}
 			return nil
 		}
-		s.tables[k] = newMemTable(v.comment)
+		s.tables[k] = newMemTable(v.Comment)
 		return nil
-	case opDelete:
+	case nft.Delete:
 		if s.tables[k] == nil {
 			return unix.ENOENT
 		}
@@ -208,60 +228,70 @@ func (v tableObj) simulate(s *memTx, vb verb) error {
 	return unix.EINVAL
 }
 
-func (v chainObj) simulate(s *memTx, vb verb) error {
+func simulateChain(s *memTx, v *nft.Chain, vb nft.Verb) error {
 	t, err := s.table()
 	if err != nil {
 		return err
 	}
-	c := t.chains[v.name]
+	c := t.chains[v.Name]
 	switch vb {
-	case opAdd, opCreate:
+	case nft.Add, nft.Create:
 		if c != nil {
-			if vb == opCreate {
+			if vb == nft.Create {
 				return unix.EEXIST
 			}
 			return nil
 		}
-		t.chains[v.name] = &memChain{comment: v.comment, base: v.base}
-	case opFlush:
+		t.chains[v.Name] = &memChain{comment: v.Comment, base: v.Base}
+	case nft.Flush:
 		if c == nil {
 			return unix.ENOENT
 		}
 		c.rules, c.conditions = nil, nil
-	case opDelete:
+	case nft.Delete:
 		if c == nil {
 			return unix.ENOENT
 		}
-		if len(c.rules) > 0 || t.refs(v.name) > 0 {
+		if len(c.rules) > 0 || t.refs(v.Name) > 0 {
 			return unix.EBUSY
 		}
-		delete(t.chains, v.name)
+		delete(t.chains, v.Name)
 	}
 	return nil
 }
 
-func (v mapObj) simulate(s *memTx, vb verb) error {
+// simulateSetDecl keeps each set by what its elements are: the hairpin
+// sets', the verdict and DNAT maps' and the owners map's.
+func simulateSetDecl(s *memTx, v *nft.Set, vb nft.Verb) error {
 	t, err := s.table()
 	if err != nil {
 		return err
 	}
-	return simulateSet(t.maps, v.name, vb, t.looksUp(func(r RuleState) bool { return r.Lookup == v.name }))
+	switch _, _, hairpin := hairpinLength(v.Name); {
+	case hairpin:
+		return simulateSet(t.hairpins, v.Name, vb, t.looksUp(func(r RuleState) bool { return r.Member == v.Name }))
+	case v.Name == OwnersMap:
+		return simulateSet(t.maps, v.Name, vb, false)
+	case isDNATMap(v.Name):
+		return simulateSet(t.maps, v.Name, vb, t.looksUp(func(r RuleState) bool { return r.DNATMap == v.Name }))
+	}
+	return simulateSet(t.maps, v.Name, vb, t.looksUp(func(r RuleState) bool { return r.Lookup == v.Name }))
 }
 
 // simulateSet applies vb to the set or map name of sets: made empty
 // (EEXIST on create where it is), or deleted (ENOENT where it is not,
 // EBUSY while a rule looks it up).
-func simulateSet[E any](sets map[string]map[string]E, name string, vb verb, inUse bool) error {
+func simulateSet[E any](sets map[string]map[string]E, name string, vb nft.Verb, inUse bool) error {
 	switch vb {
-	case opAdd, opCreate:
+	case nft.Add, nft.Create:
 		if sets[name] != nil {
-			if vb == opCreate {
+			if vb == nft.Create {
 				return unix.EEXIST
 			}
 			return nil
 		}
 		sets[name] = map[string]E{}
-	case opDelete:
+	case nft.Delete:
 		if sets[name] == nil {
 			return unix.ENOENT
 		}
@@ -283,7 +313,7 @@ func (t *memTable) looksUp(match func(RuleState) bool) bool {
 	return false
 }
 
-func (v elemObj) simulate(s *memTx, vb verb) error {
+func (v elemObj) simulate(s *memTx, vb nft.Verb) error {
 	t, err := s.table()
 	if err != nil {
 		return err
@@ -296,16 +326,16 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 	held, exists := els[id]
 	if v.key.Flat {
 		switch vb {
-		case opAdd, opCreate:
+		case nft.Add, nft.Create:
 			// the kernel compares an existing element's data, not its
 			// comment: the same target is taken as done
-			if exists && (vb == opCreate || t.targets[id] != v.to) {
+			if exists && (vb == nft.Create || t.targets[id] != v.to) {
 				return unix.EEXIST
 			}
 			if !exists {
 				els[id], t.targets[id], t.srcs[id] = v.chain, v.to, v.srcs
 			}
-		case opDelete:
+		case nft.Delete:
 			if !exists {
 				return unix.ENOENT
 			}
@@ -316,11 +346,11 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 		return nil
 	}
 	switch vb {
-	case opAdd, opCreate:
+	case nft.Add, nft.Create:
 		if t.chains[v.chain] == nil {
 			return unix.ENOENT
 		}
-		if exists && (vb == opCreate || held != v.chain) {
+		if exists && (vb == nft.Create || held != v.chain) {
 			return unix.EEXIST
 		}
 		if !exists && v.key.IsRange() {
@@ -335,7 +365,7 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 			}
 		}
 		els[id] = v.chain
-	case opDelete:
+	case nft.Delete:
 		if !exists {
 			return unix.ENOENT
 		}
@@ -344,7 +374,7 @@ func (v elemObj) simulate(s *memTx, vb verb) error {
 	return nil
 }
 
-func (v *Rule) simulate(s *memTx, _ verb) error {
+func simulateRule(s *memTx, v *nft.Rule) error {
 	t, err := s.table()
 	if err != nil {
 		return err
@@ -364,13 +394,13 @@ func (v *Rule) simulate(s *memTx, _ verb) error {
 		return unix.ENOENT
 	}
 	var a nfnl.Attrs
-	first, raw := v.attrs(&Tx{Family: s.tx.Family, Table: s.tx.Table}, &a)
-	r := decodeRule(s.tx.Family, a.Bytes())
+	first, raw := v.Attrs(nft.NewTx(s.tx.Family, s.tx.TableName), &a)
+	r := decodeRule(plan.Family(s.tx.Family), a.Bytes())
 	if r.DNATMap != "" {
 		// the map's elements, read from the messages that write them
 		for _, m := range first {
 			if m.Type == nfnl.NftType(unix.NFT_MSG_NEWSETELEM) {
-				r.DNATs = append(r.DNATs, decodeDNATs(s.tx.Family, m.Attrs)...)
+				r.DNATs = append(r.DNATs, decodeDNATs(plan.Family(s.tx.Family), m.Attrs)...)
 			}
 		}
 	}
@@ -480,7 +510,7 @@ func (m *Memory) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
 	}
 	var out []Hairpin
 	for _, pt := range points {
-		pt.Src = parsePrefix(pt.Src).String()
+		pt.Src = nft.ParsePrefix(pt.Src).String()
 		if h, ok := t.hairpins[pt.set()][pt.ID()]; ok {
 			out = append(out, h)
 		}
@@ -555,33 +585,8 @@ func (m *Memory) Dump() string {
 	return b.String()
 }
 
-func (v dnatMapObj) simulate(s *memTx, vb verb) error {
-	t, err := s.table()
-	if err != nil {
-		return err
-	}
-	return simulateSet(t.maps, v.name, vb, t.looksUp(func(r RuleState) bool { return r.DNATMap == v.name }))
-}
-
-func (v hairpinSetObj) simulate(s *memTx, vb verb) error {
-	t, err := s.table()
-	if err != nil {
-		return err
-	}
-	name := hairpinSet(v.addr, v.ones)
-	return simulateSet(t.hairpins, name, vb, t.looksUp(func(r RuleState) bool { return r.Member == name }))
-}
-
-func (ownersMapObj) simulate(s *memTx, vb verb) error {
-	t, err := s.table()
-	if err != nil {
-		return err
-	}
-	return simulateSet(t.maps, OwnersMap, vb, false)
-}
-
 // simulate keeps chain's element of the owners map as chain -> chain.
-func (v ownerObj) simulate(s *memTx, vb verb) error {
+func (v ownerObj) simulate(s *memTx, vb nft.Verb) error {
 	t, err := s.table()
 	if err != nil {
 		return err
@@ -592,15 +597,15 @@ func (v ownerObj) simulate(s *memTx, vb verb) error {
 	}
 	to, exists := els[v.chain]
 	switch vb {
-	case opAdd, opCreate:
+	case nft.Add, nft.Create:
 		if t.chains[v.chain] == nil {
 			return unix.ENOENT // the goto's chain
 		}
-		if exists && (vb == opCreate || to != v.chain) {
+		if exists && (vb == nft.Create || to != v.chain) {
 			return unix.EEXIST
 		}
 		els[v.chain] = v.chain
-	case opDelete:
+	case nft.Delete:
 		if !exists {
 			return unix.ENOENT
 		}
@@ -609,7 +614,7 @@ func (v ownerObj) simulate(s *memTx, vb verb) error {
 	return nil
 }
 
-func (v hairpinObj) simulate(s *memTx, vb verb) error {
+func (v hairpinObj) simulate(s *memTx, vb nft.Verb) error {
 	t, err := s.table()
 	if err != nil {
 		return err
@@ -619,18 +624,18 @@ func (v hairpinObj) simulate(s *memTx, vb verb) error {
 		return unix.ENOENT
 	}
 	h := v.h
-	h.Src = parsePrefix(h.Src).String()
+	h.Src = nft.ParsePrefix(h.Src).String()
 	id := h.ID()
 	_, exists := set[id]
 	switch vb {
-	case opAdd, opCreate:
-		if exists && vb == opCreate {
+	case nft.Add, nft.Create:
+		if exists && vb == nft.Create {
 			return unix.EEXIST
 		}
 		if !exists {
 			set[id] = h
 		}
-	case opDelete:
+	case nft.Delete:
 		if !exists {
 			return unix.ENOENT
 		}

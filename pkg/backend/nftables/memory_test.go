@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
@@ -16,9 +18,10 @@ func memBackend() (*Backend, *Memory) {
 	return &Backend{Family: plan.IPv4, Kernel: m, Lock: func() (func(), error) { return func() {}, nil }, Log: &bytes.Buffer{}}, m
 }
 
-// Every kind of object applies itself to the in-memory kernel (checked
-// when the tests compile: the plugin's build carries no simulator).
-var _ = []simulator{tableObj{}, chainObj{}, mapObj{}, elemObj{}, (*Rule)(nil), dnatMapObj{}, hairpinSetObj{}, ownersMapObj{}, ownerObj{}, hairpinObj{}}
+// Every element kind of the layout applies itself to the in-memory
+// kernel (checked when the tests compile: the plugin's build carries no
+// simulator); pkg/nft's objects are simulate's cases.
+var _ = []simulator{elemObj{}, ownerObj{}, hairpinObj{}}
 
 func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
 	return m.Trace(plan.IPv4, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
@@ -120,10 +123,10 @@ func TestMemoryErrors(t *testing.T) {
 	if !isFlat(f) || isFlat(p) {
 		t.Fatal("the plans are not of the two layouts")
 	}
-	if err := m.Apply(fastAddTx(p)); !IsNotFound(err) {
+	if err := m.Apply(fastAddTx(p)); !nft.IsNotFound(err) {
 		t.Errorf("fast ADD on an empty node: %v, want ENOENT", err)
 	}
-	if err := m.Apply(fastFlatTx(f, Keys(f))); !IsNotFound(err) {
+	if err := m.Apply(fastFlatTx(f, Keys(f))); !nft.IsNotFound(err) {
 		t.Errorf("fast flat ADD on an empty node: %v, want ENOENT", err)
 	}
 	if err := b.Apply(p); err != nil {
@@ -133,21 +136,23 @@ func TestMemoryErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := m.Dump()
-	if err := m.Apply(fastAddTx(p)); err == nil || IsNotFound(err) || !missed(err) {
+	if err := m.Apply(fastAddTx(p)); err == nil || nft.IsNotFound(err) || !missed(err) {
 		t.Errorf("fast re-ADD: %v, want EEXIST", err)
 	}
-	if err := m.Apply(fastFlatTx(f, Keys(f))); err == nil || IsNotFound(err) || !missed(err) {
+	if err := m.Apply(fastFlatTx(f, Keys(f))); err == nil || nft.IsNotFound(err) || !missed(err) {
 		t.Errorf("fast flat re-ADD: %v, want EEXIST", err)
 	}
 	g := fixture.Attachment("g", "192.0.2.4/24", 8081) // f's port
-	tx := fastFlatTx(g, Keys(g))
-	tx.ops = tx.ops[3:] // without its chain and record: its element fails
-	if err := m.Apply(tx); err == nil || IsNotFound(err) || !missed(err) {
+	tx := newTx(plan.IPv4)
+	for _, o := range fastFlatTx(g, Keys(g)).Ops()[3:] { // without its chain and record: its element fails
+		tx.Create(o.Obj)
+	}
+	if err := m.Apply(tx); err == nil || nft.IsNotFound(err) || !missed(err) {
 		t.Errorf("fast flat ADD of a held port: %v, want EEXIST", err)
 	}
 	tx = newTx(plan.IPv4)
-	tx.add(opDelete, chainObj{name: ChainName(p.Owner)})
-	if err := m.Apply(tx); !missed(err) || IsNotFound(err) {
+	tx.Delete(&nft.Chain{Name: ChainName(p.Owner)})
+	if err := m.Apply(tx); !missed(err) || nft.IsNotFound(err) {
 		t.Errorf("deleting a chain with rules: %v, want EBUSY", err)
 	}
 	if m.Dump() != before {

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -27,7 +28,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 	}
 	var base string
 	for n, c := range t.chains {
-		if c.base != nil && string(c.base.hook) == hook && c.base.typ == "nat" {
+		if c.base != nil && c.base.Hook == hook && c.base.Type == "nat" {
 			base = n
 		}
 	}
@@ -43,7 +44,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			case r.Fib && !local(p.Dst),
 				r.Proto != "" && r.Proto != p.Protocol,
 				r.Dport != 0 && (p.Dport < r.Dport || p.Dport > max(r.Dport, r.DportLast)),
-				r.Saddr != "" && !parsePrefix(r.Saddr).Contains(p.Src):
+				r.Saddr != "" && !nft.ParsePrefix(r.Saddr).Contains(p.Src):
 				continue
 			}
 			if r.Member != "" {

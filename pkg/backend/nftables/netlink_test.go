@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -40,7 +42,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 		for _, name := range skeletonOrder(skel) {
 			for _, r := range skel[name] {
 				if chains[name] == nil || !hasRule(chains[name], r) {
-					t.Errorf("%s: chain %s: %q does not read back", p.Family, name, r.Text(p.Family))
+					t.Errorf("%s: chain %s: %q does not read back", p.Family, name, r.StmtText(nft.Family(p.Family)))
 				}
 			}
 		}
@@ -79,34 +81,34 @@ func TestBatchErrorNamesTheOperation(t *testing.T) {
 	p := build(plan.IPv4, nil)
 	tx := newTx(p.Family)
 	addSkeleton(tx, p, lengthsOf(nil, p))
-	tx.add(opCreate, ownChain(p))
+	tx.Create(ownChain(p))
 	msgs, err := tx.Messages()
 	if err != nil {
 		t.Fatal(err)
 	}
 	last := len(msgs) - 1
-	err = &Error{Op: tx.describe(&nfnl.Error{Index: last, Errno: unix.EEXIST}), Err: unix.EEXIST}
+	err = &nft.Error{Op: tx.Describe(&nfnl.Error{Index: last, Errno: unix.EEXIST}), Err: unix.EEXIST}
 	if !strings.Contains(err.Error(), "create chain ip cni_portmap "+ChainName(p.Owner)) || !errors.Is(err, unix.EEXIST) {
 		t.Errorf("error %q does not name the chain creation", err)
 	}
-	if d := tx.describe(errors.New("other")); !strings.Contains(d, "transaction of") {
+	if d := tx.Describe(errors.New("other")); !strings.Contains(d, "transaction of") {
 		t.Errorf("describe of a non-netlink error: %q", d)
 	}
-	if !IsNotFound(&Error{Op: "get chain x", Err: &nfnl.Error{Errno: unix.ENOENT}}) || IsNotFound(unix.EEXIST) {
+	if !nft.IsNotFound(&nft.Error{Op: "get chain x", Err: &nfnl.Error{Errno: unix.ENOENT}}) || nft.IsNotFound(unix.EEXIST) {
 		t.Error("IsNotFound does not follow the error chain to ENOENT")
 	}
 }
 
 func TestCommentOf(t *testing.T) {
-	if got := commentOf(comment("net=a id=b if=c")); got != "net=a id=b if=c" {
+	if got := nft.CommentOf(nft.Comment("net=a id=b if=c")); got != "net=a id=b if=c" {
 		t.Errorf("commentOf = %q", got)
 	}
 	// Other user data first (type 1, 2 bytes), then the comment.
-	ud := append([]byte{1, 2, 'z', 0}, comment("x")...)
-	if got := commentOf(ud); got != "x" {
+	ud := append([]byte{1, 2, 'z', 0}, nft.Comment("x")...)
+	if got := nft.CommentOf(ud); got != "x" {
 		t.Errorf("commentOf after other data = %q", got)
 	}
-	if got := commentOf([]byte{0, 200, 'a'}); got != "" {
+	if got := nft.CommentOf([]byte{0, 200, 'a'}); got != "" {
 		t.Errorf("commentOf of truncated data = %q", got)
 	}
 }

@@ -75,6 +75,8 @@ import (
 	"io"
 	"slices"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -138,7 +140,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return err
 		}
 		tx := newTx(b.Family)
-		place(tx, newChain(tx, p, chainRules(p)).name, wantedElements(p, keys), els, nil, nil, b.Log)
+		place(tx, newChain(tx, p, chainRules(p)).Name, wantedElements(p, keys), els, nil, nil, b.Log)
 		if err := b.Kernel.Apply(tx); err == nil {
 			return nil
 		} else if !missed(err) {
@@ -168,7 +170,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	}
 	tx := newTx(b.Family)
 	addSkeleton(tx, p, lengthsOf(dispatch, p))
-	place(tx, rewriteChain(tx, p, c).name, wantedElements(p, keys), els, hps, wantedHairpins(p, keys), b.Log)
+	place(tx, rewriteChain(tx, p, c).Name, wantedElements(p, keys), els, hps, wantedHairpins(p, keys), b.Log)
 	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
@@ -273,16 +275,16 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	}
 	tx := newTx(b.Family)
 	for _, e := range own {
-		tx.add(opDelete, elemObj{key: e.Key})
+		tx.Delete(elemObj{key: e.Key})
 	}
 	for _, h := range hps {
 		if h.Chain == chain {
-			tx.add(opDelete, hairpinObj{h})
+			tx.Delete(hairpinObj{h})
 		}
 	}
 	dropRecord(tx, chain, c)
-	tx.add(opFlush, chainObj{name: chain})
-	tx.add(opDelete, chainObj{name: chain})
+	tx.Flush(&nft.Chain{Name: chain})
+	tx.Delete(&nft.Chain{Name: chain})
 	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
@@ -344,13 +346,13 @@ func uniqueKeys(keys []Key) []Key {
 // kernel refuses while any element still points at it: an interval of
 // its that another ADD cut down, an element an older release wrote for
 // each port of a range).
-func fastDelTx(f plan.Family, chain string, keys []Key) *Tx {
+func fastDelTx(f plan.Family, chain string, keys []Key) *nft.Tx {
 	tx := newTx(f)
 	for _, k := range keys {
-		tx.add(opAdd, elemObj{key: k, chain: chain})
-		tx.add(opDelete, elemObj{key: k})
+		tx.Add(elemObj{key: k, chain: chain})
+		tx.Delete(elemObj{key: k})
 	}
-	tx.add(opFlush, chainObj{name: chain})
-	tx.add(opDelete, chainObj{name: chain})
+	tx.Flush(&nft.Chain{Name: chain})
+	tx.Delete(&nft.Chain{Name: chain})
 	return tx
 }

@@ -10,14 +10,19 @@ import (
 	"net"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
-// ownersMapObj declares the map of owners: a chain name's hashes to a
-// goto to the chain.
-type ownersMapObj struct{}
+// ownersSet declares the map of owners: a chain name's hashes to a goto
+// to the chain.
+func ownersSet() *nft.Set {
+	return &nft.Set{Name: OwnersMap, Key: []nft.Type{nft.IPv6Addr}, Data: []nft.Type{nft.Verdict}}
+}
 
 // ownerObj is chain's element of the owners map.
 type ownerObj struct{ chain string }
@@ -38,14 +43,14 @@ func ownerKey(chain string) []byte {
 
 // recordRules are the rules of a flat attachment's chain that record its
 // keys: each matches its key, and does nothing.
-func recordRules(chain string, keys []Key) []*Rule {
-	out := make([]*Rule, 0, len(keys))
+func recordRules(chain string, keys []Key) []*nft.Rule {
+	out := make([]*nft.Rule, 0, len(keys))
 	for _, k := range keys {
-		stmts := []stmt{protoIs{k.Protocol}, dportIs{k.Port, 0}}
+		stmts := []nft.Stmt{nft.L4Proto{Name: string(k.Protocol)}, nft.DPort{Port: k.Port, Last: 0}}
 		if k.HostIP != nil {
-			stmts = append(stmts, addrIs{dst: true, spec: k.HostIP.String()})
+			stmts = append(stmts, nft.Addr{Dst: true, Spec: k.HostIP.String()})
 		}
-		out = append(out, &Rule{Chain: chain, Comment: recordComment + k.String(), stmts: stmts})
+		out = append(out, &nft.Rule{Chain: chain, Comment: recordComment + k.String(), Stmts: stmts})
 	}
 	return out
 }
@@ -69,48 +74,32 @@ func (c *ChainState) splitRecord() {
 
 // dropRecord deletes what records a flat attachment beside its chain, as
 // c was read: its owners element.
-func dropRecord(tx *Tx, name string, c *ChainState) {
+func dropRecord(tx *nft.Tx, name string, c *ChainState) {
 	if c != nil && c.Owned {
-		tx.add(opDelete, ownerObj{name})
+		tx.Delete(ownerObj{name})
 	}
 }
 
-func (ownersMapObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "map")
-	b.WriteString(" " + OwnersMap)
-	if vb == opAdd || vb == opCreate {
-		b.WriteString(" { type ipv6_addr : verdict ; }")
-	}
-	b.WriteByte('\n')
-}
-
-func (ownersMapObj) encode(tx *Tx, _ verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSET)
-	setDecl(tx, a, OwnersMap, unix.NFT_SET_MAP, []uint32{typeIPv6Addr}, []uint32{16}, false)
-	a.U32(unix.NFTA_SET_DATA_TYPE, dataVerdict)
-	return nil, nil
-}
-
-func (v ownerObj) text(tx *Tx, vb verb, b *strings.Builder) {
-	head(b, tx, vb, "element")
+func (v ownerObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+	tx.Head(b, vb, "element")
 	fmt.Fprintf(b, " %s { %s", OwnersMap, net.IP(ownerKey(v.chain)))
-	if vb == opAdd || vb == opCreate {
+	if vb == nft.Add || vb == nft.Create {
 		b.WriteString(" : goto " + v.chain)
 	}
 	b.WriteString(" }\n")
 }
 
-func (v ownerObj) encode(tx *Tx, vb verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+func (v ownerObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
 	key := ownerKey(v.chain)
 	if key == nil {
 		return nil, fmt.Errorf("chain %q: not an attachment's name", v.chain)
 	}
 	target := v.chain
 	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == opDelete {
+	if vb == nft.Delete {
 		m.Type, target = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
 	}
-	ownerAttrs(a, tx.Table, key, target)
+	ownerAttrs(a, tx.TableName, key, target)
 	return nil, nil
 }
 
@@ -120,9 +109,9 @@ func ownerAttrs(a *nfnl.Attrs, table string, key []byte, chain string) {
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			dataValue(a, unix.NFTA_SET_ELEM_KEY, key)
+			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, key)
 			if chain != "" {
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { verdictAttr(a, unix.NFT_GOTO, chain) })
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, chain) })
 			}
 		})
 	})
@@ -145,9 +134,9 @@ func decodeOwners(b []byte) []string {
 
 // writeRecord makes the attachment's chain (created or flushed before)
 // record keys and holds it in the owners map.
-func writeRecord(tx *Tx, name string, keys []Key) {
+func writeRecord(tx *nft.Tx, name string, keys []Key) {
 	for _, r := range recordRules(name, keys) {
-		tx.add(opAdd, r)
+		tx.Add(r)
 	}
-	tx.add(opAdd, ownerObj{name})
+	tx.Add(ownerObj{name})
 }

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -188,7 +190,7 @@ func (v *view) missingPort(k Key, chain string) string {
 // as what is left of it; then the hairpin elements wantHP are made to be
 // there. Deletions come first: the kernel checks an interval against the
 // elements the transaction leaves.
-func place(tx *Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log io.Writer) {
+func place(tx *nft.Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log io.Writer) {
 	wantTo := make(map[string]string, len(want)) // a flat key's target and sources
 	wantPort := make(map[string]bool, len(want))
 	var intervals []Key
@@ -232,7 +234,7 @@ func place(tx *Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log
 		default:
 			continue
 		}
-		tx.add(opDelete, elemObj{key: e.Key})
+		tx.Delete(elemObj{key: e.Key})
 		if e.Key.Flat {
 			gone[e.Chain+" "+e.Key.port().ID()] = true
 		}
@@ -247,20 +249,20 @@ func place(tx *Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log
 		case h.Chain == chain && wantH[h.ID()]:
 			haveH[h.ID()] = true
 		case h.Chain == chain || gone[h.Chain+" "+h.Key.port().ID()] || wantH[h.ID()]:
-			tx.add(opDelete, hairpinObj{h})
+			tx.Delete(hairpinObj{h})
 		}
 	}
 	for _, e := range back {
-		tx.add(opAdd, elemObj{key: e.Key, chain: e.Chain})
+		tx.Add(elemObj{key: e.Key, chain: e.Chain})
 	}
 	for _, w := range want {
 		if !have[w.Key.ID()] {
-			tx.add(opAdd, elemObj{key: w.Key, chain: chain, to: w.To, srcs: w.Srcs})
+			tx.Add(elemObj{key: w.Key, chain: chain, to: w.To, srcs: w.Srcs})
 		}
 	}
 	for _, h := range wantHP {
 		if !haveH[h.ID()] {
-			tx.add(opAdd, hairpinObj{h})
+			tx.Add(hairpinObj{h})
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
@@ -189,14 +191,14 @@ func TestRangeReAdd(t *testing.T) {
 func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {
 	t.Helper()
 	tx := newTx(plan.IPv4)
-	tx.add(opFlush, chainObj{name: DispatchChain})
+	tx.Flush(&nft.Chain{Name: DispatchChain})
 	for _, r := range dispatchRules(nil) {
 		if !rangesLookup(r) {
-			tx.add(opAdd, r)
+			tx.Add(r)
 		}
 	}
 	for _, name := range maps {
-		tx.add(opDelete, mapObj{name: name})
+		tx.Delete(&nft.Set{Name: name})
 	}
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
@@ -259,8 +261,8 @@ func TestRangeSync(t *testing.T) {
 	// b's interval sent to a: sync gives it back to b
 	tx := newTx(plan.IPv4)
 	k := Keys(b)[0]
-	tx.add(opDelete, elemObj{key: k})
-	tx.add(opAdd, elemObj{key: k, chain: ChainName(a.Owner)})
+	tx.Delete(elemObj{key: k})
+	tx.Add(elemObj{key: k, chain: ChainName(a.Owner)})
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
 	}

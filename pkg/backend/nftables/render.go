@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -39,15 +41,7 @@ const (
 const UpstreamTable = "cni_hostport"
 
 // nftFamily is the family's name in nft: its tables' family.
-func nftFamily(f plan.Family) string { return ipX(f) }
-
-// ipX is the family's address expression keyword.
-func ipX(f plan.Family) string {
-	if f == plan.IPv6 {
-		return "ip6"
-	}
-	return "ip"
-}
+func nftFamily(f plan.Family) string { return nft.Family(f).String() }
 
 func shortHash(s string) string {
 	h := sha256.Sum256([]byte(s))
@@ -83,32 +77,29 @@ const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { establishe
 func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
 type baseChain struct {
-	name    string
-	typ     string // nft's words for the type and the hook
-	hook    string
-	hookNum uint32 // the hook and priority as the kernel takes them
-	prio    int32
+	name string
+	hook nft.BaseChain
 }
 
 // baseChains are the hooks of the skeleton; both jump to dispatch for
 // packets to a local address.
 var baseChains = []baseChain{
-	{"prerouting", "nat", "prerouting", unix.NF_INET_PRE_ROUTING, -100}, // dstnat
-	{"output", "nat", "output", unix.NF_INET_LOCAL_OUT, -100},
+	{"prerouting", nft.BaseChain{Type: "nat", Hook: "prerouting", HookNum: unix.NF_INET_PRE_ROUTING, Priority: -100}}, // dstnat
+	{"output", nft.BaseChain{Type: "nat", Hook: "output", HookNum: unix.NF_INET_LOCAL_OUT, Priority: -100}},
 }
 
 var (
-	masqBase  = baseChain{"", "nat", "postrouting", unix.NF_INET_POST_ROUTING, 100} // srcnat
-	guardBase = baseChain{GuardChain, "filter", "input", unix.NF_INET_LOCAL_IN, 0}
+	masqBase  = nft.BaseChain{Type: "nat", Hook: "postrouting", HookNum: unix.NF_INET_POST_ROUTING, Priority: 100} // srcnat
+	guardBase = nft.BaseChain{Type: "filter", Hook: "input", HookNum: unix.NF_INET_LOCAL_IN}
 )
 
 // dispatchRules look up the dispatch maps, in order: a specific host IP
 // before the wildcard; for each, the exact verdict map, the flat keys'
 // hairpin sets of lengths and DNAT map (flat.go), the interval map.
-func dispatchRules(lengths []int) []*Rule {
-	out := make([]*Rule, 0, len(dispatchMaps)+2+2*len(lengths))
+func dispatchRules(lengths []int) []*nft.Rule {
+	out := make([]*nft.Rule, 0, len(dispatchMaps)+2+2*len(lengths))
 	for _, m := range dispatchMaps {
-		out = append(out, &Rule{Chain: DispatchChain, stmts: []stmt{vmapLookup{set: m.name, addr: m.addr, interval: m.interval}}})
+		out = append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{vmapLookup{set: m.name, addr: m.addr, interval: m.interval}}})
 		if !m.interval {
 			out = append(out, flatDispatchRules(m.addr, lengths)...)
 		}
@@ -118,19 +109,19 @@ func dispatchRules(lengths []int) []*Rule {
 
 // skeletonRules lists each shared chain with its exact rules; lengths are
 // the prefix lengths of the hairpin sets (flat.go).
-func skeletonRules(p *plan.Plan, lengths []int) map[string][]*Rule {
-	rules := map[string][]*Rule{DispatchChain: dispatchRules(lengths)}
+func skeletonRules(p *plan.Plan, lengths []int) map[string][]*nft.Rule {
+	rules := map[string][]*nft.Rule{DispatchChain: dispatchRules(lengths)}
 	for _, bc := range baseChains {
-		rules[bc.name] = []*Rule{{Chain: bc.name, stmts: []stmt{fibLocal{}, jumpTo{DispatchChain}}}}
+		rules[bc.name] = []*nft.Rule{{Chain: bc.name, Stmts: []nft.Stmt{nft.FibLocal{}, nft.Jump{To: DispatchChain}}}}
 	}
 	if marksOwnBit(p) {
 		mark := p.Masquerade.Mark()
 		masq, mk := MasqChain(p.Masquerade.MarkBit), MarkChain(p.Masquerade.MarkBit)
-		rules[masq] = []*Rule{{Chain: masq, stmts: []stmt{markHas{mark}, masquerade{}}}}
-		rules[mk] = []*Rule{{Chain: mk, stmts: []stmt{markOr{mark}}}}
+		rules[masq] = []*nft.Rule{{Chain: masq, Stmts: []nft.Stmt{nft.MarkHas{Mark: mark}, nft.Masquerade{}}}}
+		rules[mk] = []*nft.Rule{{Chain: mk, Stmts: []nft.Stmt{nft.MarkOr{Mark: mark}}}}
 	}
 	if p.LocalNet() {
-		rules[GuardChain] = []*Rule{{Chain: GuardChain, stmts: []stmt{guardDrop{}}}}
+		rules[GuardChain] = []*nft.Rule{{Chain: GuardChain, Stmts: []nft.Stmt{guardDrop{}}}}
 	}
 	return rules
 }
@@ -143,32 +134,32 @@ func marksOwnBit(p *plan.Plan) bool { return p.Masquerade.Enabled }
 // shared chains are flushed and refilled with their fixed rules, which also
 // repairs them. lengths are the hairpin sets' prefix lengths: those the
 // node has (lengthsOf) and p's.
-func addSkeleton(tx *Tx, p *plan.Plan, lengths []int) {
-	tx.add(opAdd, tableObj{tableComment})
+func addSkeleton(tx *nft.Tx, p *plan.Plan, lengths []int) {
+	tx.Add(&nft.Table{Comment: tableComment})
 	for _, m := range dispatchMaps {
-		tx.add(opAdd, m)
+		tx.Add(m.set(tx.Family))
 	}
-	for _, m := range flatSets(lengths) {
-		tx.add(opAdd, m)
+	for _, m := range flatSets(tx.Family, lengths) {
+		tx.Add(m)
 	}
 	rules := skeletonRules(p, lengths)
-	tx.add(opAdd, chainObj{name: DispatchChain})
+	tx.Add(&nft.Chain{Name: DispatchChain})
 	if marksOwnBit(p) {
-		tx.add(opAdd, chainObj{name: MarkChain(p.Masquerade.MarkBit)})
+		tx.Add(&nft.Chain{Name: MarkChain(p.Masquerade.MarkBit)})
 	}
 	for _, bc := range baseChains {
-		tx.add(opAdd, chainObj{name: bc.name, base: &bc})
+		tx.Add(&nft.Chain{Name: bc.name, Base: &bc.hook})
 	}
 	if marksOwnBit(p) {
-		tx.add(opAdd, chainObj{name: MasqChain(p.Masquerade.MarkBit), base: &masqBase})
+		tx.Add(&nft.Chain{Name: MasqChain(p.Masquerade.MarkBit), Base: &masqBase})
 	}
 	if p.LocalNet() {
-		tx.add(opAdd, chainObj{name: GuardChain, base: &guardBase})
+		tx.Add(&nft.Chain{Name: GuardChain, Base: &guardBase})
 	}
 	for _, name := range skeletonOrder(rules) {
-		tx.add(opFlush, chainObj{name: name})
+		tx.Flush(&nft.Chain{Name: name})
 		for _, r := range rules[name] {
-			tx.add(opAdd, r)
+			tx.Add(r)
 		}
 	}
 }
@@ -220,7 +211,7 @@ func OwnerComment(o plan.Owner) string {
 // conditions lead every rule. A "hostport" comment names the keys of its
 // rule; a map's rule is commented "hostports" (mapComment) and its keys
 // are its map's.
-func chainRules(p *plan.Plan) []*Rule { return layoutRules(p, mapMin) }
+func chainRules(p *plan.Plan) []*nft.Rule { return layoutRules(p, mapMin) }
 
 // mapMin is the number of single mappings of one host IP kind from which
 // their DNAT is one rule and a map: below it, a rule each costs the
@@ -237,21 +228,21 @@ func mapComment(addr bool) string {
 
 // layoutRules are the chain's rules with DNAT maps from `from` single
 // mappings of a kind; with from 0, none (the layout before maps).
-func layoutRules(p *plan.Plan, from int) []*Rule {
+func layoutRules(p *plan.Plan, from int) []*nft.Rule {
 	chain := ChainName(p.Owner)
-	var cond []stmt
+	var cond []nft.Stmt
 	if len(p.Conditions) > 0 {
-		cond = []stmt{conditions{strings.Join(p.Conditions, " ")}}
+		cond = []nft.Stmt{nft.Conditions{Nft: strings.Join(p.Conditions, " ")}}
 	}
-	with := func(more ...stmt) []stmt { return append(append([]stmt(nil), cond...), more...) }
-	var rules []*Rule
+	with := func(more ...nft.Stmt) []nft.Stmt { return append(append([]nft.Stmt(nil), cond...), more...) }
+	var rules []*nft.Rule
 	if p.Masquerade.Enabled && !p.Empty() {
-		setMark := jumpTo{MarkChain(p.Masquerade.MarkBit)}
-		rules = append(rules, &Rule{Chain: chain, Comment: hairpinRule,
-			stmts: with(addrIs{spec: p.HairpinSource()}, setMark)})
+		setMark := nft.Jump{To: MarkChain(p.Masquerade.MarkBit)}
+		rules = append(rules, &nft.Rule{Chain: chain, Comment: hairpinRule,
+			Stmts: with(nft.Addr{Spec: p.HairpinSource()}, setMark)})
 		if p.LocalhostRule() {
-			rules = append(rules, &Rule{Chain: chain, Comment: localhostRule,
-				stmts: with(addrIs{spec: "127.0.0.1"}, setMark)})
+			rules = append(rules, &nft.Rule{Chain: chain, Comment: localhostRule,
+				Stmts: with(nft.Addr{Spec: "127.0.0.1"}, setMark)})
 		}
 	}
 	runs := dnatRuns(p.Runs())
@@ -274,7 +265,7 @@ func layoutRules(p *plan.Plan, from int) []*Rule {
 					m.entries = append(m.entries, mapEntry{runKey(r), r.ContainerPort})
 				}
 			}
-			rules = append(rules, &Rule{Chain: chain, Comment: mapComment(m.addr), stmts: with(m)})
+			rules = append(rules, &nft.Rule{Chain: chain, Comment: mapComment(m.addr), Stmts: with(m)})
 		}
 	}
 	rules = slices.Grow(rules, len(runs))
@@ -282,17 +273,17 @@ func layoutRules(p *plan.Plan, from int) []*Rule {
 		if run.Len == 1 && mapped[kindOf(run)] {
 			continue
 		}
-		stmts := make([]stmt, 0, len(cond)+4)
-		stmts = append(append(stmts, cond...), protoIs{run.Protocol}, dportIs{run.HostPort, run.Last()})
+		stmts := make([]nft.Stmt, 0, len(cond)+4)
+		stmts = append(append(stmts, cond...), nft.L4Proto{Name: string(run.Protocol)}, nft.DPort{Port: run.HostPort, Last: run.Last()})
 		if run.HostIP != nil {
-			stmts = append(stmts, addrIs{dst: true, spec: run.HostIP.String()})
+			stmts = append(stmts, nft.Addr{Dst: true, Spec: run.HostIP.String()})
 		}
-		target := dnatTo{p.ContainerNet.IP, run.ContainerPort}
+		target := nft.DNAT{IP: p.ContainerNet.IP, Port: run.ContainerPort}
 		if run.Len > 1 {
-			target.port = 0 // an identity range: the port stays
+			target.Port = 0 // an identity range: the port stays
 		}
-		rules = append(rules, &Rule{Chain: chain, Comment: keyComment + runKeys(run),
-			stmts: append(stmts, target)})
+		rules = append(rules, &nft.Rule{Chain: chain, Comment: keyComment + runKeys(run),
+			Stmts: append(stmts, target)})
 	}
 	return rules
 }
@@ -324,25 +315,25 @@ func dnatRuns(runs []plan.Run) []plan.Run {
 // its key (Key.String), "tcp . 8080" or "tcp . 20000-20999".
 func runKeys(r plan.Run) string { return runKey(r).String() }
 
-func ownChain(p *plan.Plan) chainObj {
-	return chainObj{name: ChainName(p.Owner), comment: OwnerComment(p.Owner)}
+func ownChain(p *plan.Plan) *nft.Chain {
+	return &nft.Chain{Name: ChainName(p.Owner), Comment: OwnerComment(p.Owner)}
 }
 
 // rewriteChain makes the attachment's chain hold exactly its rules —
 // none for a flat attachment, whose record it writes — whether it
 // exists or not (the slow path, sync's repair), and returns it. c is
 // the chain as read (nil: absent).
-func rewriteChain(tx *Tx, p *plan.Plan, c *ChainState) chainObj {
+func rewriteChain(tx *nft.Tx, p *plan.Plan, c *ChainState) *nft.Chain {
 	chain := ownChain(p)
-	tx.add(opAdd, chain)
-	tx.add(opFlush, chain)
+	tx.Add(chain)
+	tx.Flush(chain)
 	if isFlat(p) {
-		writeRecord(tx, chain.name, Keys(p))
+		writeRecord(tx, chain.Name, Keys(p))
 		return chain
 	}
-	dropRecord(tx, chain.name, c)
+	dropRecord(tx, chain.Name, c)
 	for _, r := range chainRules(p) {
-		tx.add(opAdd, r)
+		tx.Add(r)
 	}
 	return chain
 }
@@ -350,27 +341,27 @@ func rewriteChain(tx *Tx, p *plan.Plan, c *ChainState) chainObj {
 // fastAddTx is ADD's fast path: create the attachment's chain (failing if
 // it exists), fill it, and add its map elements (failing if another
 // attachment holds a key, or the maps are missing).
-func fastAddTx(p *plan.Plan) *Tx {
+func fastAddTx(p *plan.Plan) *nft.Tx {
 	tx := newTx(p.Family)
 	rules, keys := chainRules(p), Keys(p)
 	for i := range keys {
 		keys[i].Flat = false // a chain's: reached through the verdict maps
 	}
-	tx.ops = make([]op, 0, 1+len(rules)+len(keys))
+	tx.Grow(1 + len(rules) + len(keys))
 	chain := newChain(tx, p, rules)
 	for _, k := range keys {
-		tx.add(opAdd, elemObj{key: k, chain: chain.name})
+		tx.Add(elemObj{key: k, chain: chain.Name})
 	}
 	return tx
 }
 
 // newChain creates the attachment's chain, failing if it exists, with
 // its rules, and returns it.
-func newChain(tx *Tx, p *plan.Plan, rules []*Rule) chainObj {
+func newChain(tx *nft.Tx, p *plan.Plan, rules []*nft.Rule) *nft.Chain {
 	chain := ownChain(p)
-	tx.add(opCreate, chain)
+	tx.Create(chain)
 	for _, r := range rules {
-		tx.add(opAdd, r)
+		tx.Add(r)
 	}
 	return chain
 }

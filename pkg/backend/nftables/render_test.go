@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -39,7 +40,7 @@ func addTx(p *plan.Plan) string {
 	}
 	tx := newTx(p.Family)
 	chain := rewriteChain(tx, p, nil)
-	place(tx, chain.name, wantedElements(p, Keys(p)), nil, nil, nil, io.Discard)
+	place(tx, chain.Name, wantedElements(p, Keys(p)), nil, nil, nil, io.Discard)
 	return tx.Text()
 }
 
@@ -156,7 +157,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 }
 
 // roundTrip encodes tx and decodes its rules and elements.
-func roundTrip(t *testing.T, f plan.Family, tx *Tx) (rules []RuleState, elems []Element) {
+func roundTrip(t *testing.T, f plan.Family, tx *nft.Tx) (rules []RuleState, elems []Element) {
 	t.Helper()
 	msgs, err := tx.Messages()
 	if err != nil {

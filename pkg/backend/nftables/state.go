@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -121,7 +122,7 @@ func (c *ChainState) owner() (network, id string, ok bool) {
 // samePrefix reports whether a read-back source prefix is spec (an
 // address or a CIDR).
 func samePrefix(got, spec string) bool {
-	a, b := parsePrefix(got), parsePrefix(spec)
+	a, b := nft.ParsePrefix(got), nft.ParsePrefix(spec)
 	return a.String() == b.String()
 }
 
@@ -144,9 +145,9 @@ func sortedChains(s *State) []string {
 // Kernel reads and writes nf_tables.
 type Kernel interface {
 	// Apply commits tx as one transaction: all of it or nothing.
-	Apply(tx *Tx) error
+	Apply(tx *nft.Tx) error
 	// Validate has the kernel check tx without committing it.
-	Validate(tx *Tx) error
+	Validate(tx *nft.Tx) error
 	// Writable reports whether nf_tables takes changes of family f from
 	// us, changing nothing and aborting no batch (nfnl.Conn.Writable);
 	// nfnl.ErrNoProbe where it cannot tell that way.

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -152,7 +154,7 @@ func (s *syncState) skeleton() []string {
 			}
 			for _, r := range skel[c] {
 				if !hasRule(cs, r) && !contains(shared, "chain "+c) && (s.anyRanges || !rangesLookup(r)) && (s.anyFlat || !flatDispatchRule(r)) {
-					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.Text(s.family)))
+					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.StmtText(nft.Family(s.family))))
 				}
 			}
 		}
@@ -219,11 +221,11 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	for _, name := range sortedChains(s.st) {
 		if orphanChains[name] {
 			dropRecord(tx, name, s.st.Chains[name])
-			tx.add(opFlush, chainObj{name: name})
-			tx.add(opDelete, chainObj{name: name})
+			tx.Flush(&nft.Chain{Name: name})
+			tx.Delete(&nft.Chain{Name: name})
 		}
 	}
-	var txs []*Tx
+	var txs []*nft.Tx
 	if tx.Len() > 0 {
 		txs = append(txs, tx)
 	}

@@ -7,6 +7,7 @@ package nftables
 import (
 	"slices"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -15,7 +16,7 @@ import (
 // and which hairpin elements the rewritten flat ones are to have, by
 // chain. Element changes are computed as a whole, so that a key is
 // deleted or added once even when a repair and a prune both touch it.
-func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Element, map[string][]Hairpin) {
+func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string]Element, map[string][]Hairpin) {
 	desired := map[string]Element{}
 	wantHP := map[string][]Hairpin{}
 	gone := func(k Key) {
@@ -28,14 +29,14 @@ func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Ele
 			continue
 		}
 		chain := rewriteChain(tx, p, s.st.Chains[ChainName(p.Owner)])
-		wantHP[chain.name] = []Hairpin{}
+		wantHP[chain.Name] = []Hairpin{}
 		mine := map[string]bool{}
 		var won []Key
 		for _, k := range Keys(p) {
 			if !k.IsRange() {
 				mine[k.ID()] = true
 				if s.winner[k.port().ID()] == i {
-					desired[k.ID()] = Element{Key: k, Chain: chain.name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
+					desired[k.ID()] = Element{Key: k, Chain: chain.Name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
 					if s.st.Holders[k.twin().ID()] != "" {
 						gone(k.twin())
 					}
@@ -47,10 +48,10 @@ func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Ele
 			// one port that would shadow a won port goes
 			for _, piece := range wonPieces(k, s.winner, i) {
 				mine[piece.ID()] = true
-				desired[piece.ID()] = Element{Key: piece, Chain: chain.name}
+				desired[piece.ID()] = Element{Key: piece, Chain: chain.Name}
 				for port := piece.Port; port <= piece.last(); port++ {
 					for _, one := range []Key{{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}, {HostIP: k.HostIP, Protocol: k.Protocol, Port: port, Flat: true}} {
-						if h := s.st.Holders[one.ID()]; h != "" && h != chain.name {
+						if h := s.st.Holders[one.ID()]; h != "" && h != chain.Name {
 							gone(one)
 						}
 					}
@@ -58,10 +59,10 @@ func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Ele
 			}
 		}
 		if isFlat(p) {
-			wantHP[chain.name] = wantedHairpins(p, won)
+			wantHP[chain.Name] = wantedHairpins(p, won)
 		}
 		for id, h := range s.st.Holders {
-			if _, set := desired[id]; h == chain.name && !mine[id] && !set {
+			if _, set := desired[id]; h == chain.Name && !mine[id] && !set {
 				k, _ := keyFromID(id)
 				desired[id] = Element{Key: k}
 			}
@@ -73,7 +74,7 @@ func (s *syncState) desiredElements(tx *Tx, broken map[int]bool) (map[string]Ele
 // writeElements adds to tx the element changes desired asks of st:
 // deletions first, as the kernel checks an interval against the elements
 // the transaction leaves.
-func writeElements(tx *Tx, st *State, desired map[string]Element) {
+func writeElements(tx *nft.Tx, st *State, desired map[string]Element) {
 	for _, deleting := range []bool{true, false} {
 		for _, id := range sortedStrings(desired) {
 			want := desired[id]
@@ -82,10 +83,10 @@ func writeElements(tx *Tx, st *State, desired map[string]Element) {
 				continue
 			}
 			if deleting && cur != "" {
-				tx.add(opDelete, elemObj{key: want.Key})
+				tx.Delete(elemObj{key: want.Key})
 			}
 			if !deleting && want.Chain != "" {
-				tx.add(opAdd, elemObj{key: want.Key, chain: want.Chain, to: want.To, srcs: want.Srcs})
+				tx.Add(elemObj{key: want.Key, chain: want.Chain, to: want.To, srcs: want.Srcs})
 			}
 		}
 	}
@@ -94,7 +95,7 @@ func writeElements(tx *Tx, st *State, desired map[string]Element) {
 // writeHairpins adds to tx the hairpin changes: a hairpin element stays
 // while its owner holds its key after the repair (for a rewritten chain,
 // while it wants it); the rewritten chains' wanted ones are added.
-func (s *syncState) writeHairpins(tx *Tx, desired map[string]Element, wantHP map[string][]Hairpin) {
+func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP map[string][]Hairpin) {
 	holder := func(k Key) string {
 		if d, ok := desired[k.ID()]; ok {
 			return d.Chain
@@ -115,12 +116,12 @@ func (s *syncState) writeHairpins(tx *Tx, desired map[string]Element, wantHP map
 			kept[id] = true
 			continue
 		}
-		tx.add(opDelete, hairpinObj{h})
+		tx.Delete(hairpinObj{h})
 	}
 	for _, chain := range sortedStrings(wantHP) {
 		for _, h := range wantHP[chain] {
 			if !kept[h.ID()] {
-				tx.add(opAdd, hairpinObj{h})
+				tx.Add(hairpinObj{h})
 			}
 		}
 	}

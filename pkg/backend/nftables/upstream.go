@@ -6,6 +6,8 @@ package nftables
 import (
 	"fmt"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
+
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -47,15 +49,15 @@ func (b *Backend) removeUpstream(o plan.Owner) error {
 
 // upstreamTx deletes, by handle, the cni_hostport rules whose comment is
 // one of ids.
-func upstreamTx(f plan.Family, up *State, ids map[string]bool) *Tx {
-	tx := &Tx{Family: f, Table: UpstreamTable}
+func upstreamTx(f plan.Family, up *State, ids map[string]bool) *nft.Tx {
+	tx := nft.NewTx(nft.Family(f), UpstreamTable)
 	if up == nil {
 		return tx
 	}
 	for _, name := range sortedChains(up) {
 		for _, r := range up.Chains[name].Rules {
 			if ids[r.Comment] {
-				tx.add(opDelete, &Rule{Chain: name, Handle: r.Handle})
+				tx.Delete(&nft.Rule{Chain: name, Handle: r.Handle})
 			}
 		}
 	}

@@ -1,0 +1,146 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// The layout's sets and maps, and the kinds of element it writes into
+// them: each element kind spells itself as nft text (golden files, held
+// to knftables by a test) and as netlink attributes (a kernel test holds
+// them equal to nft's for every plan shape) and, in memkernel_test.go,
+// applies itself to the in-memory kernel.
+
+// newTx starts a transaction of our table.
+func newTx(f plan.Family) *nft.Tx { return nft.NewTx(nft.Family(f), Table) }
+
+// dispatchMap is one of the skeleton's verdict maps: a key to the goto of
+// the attachment that owns it.
+type dispatchMap struct {
+	name     string
+	addr     bool // keyed by host address too
+	interval bool // keys are intervals of ports
+}
+
+// dispatchMaps are the skeleton's maps, in the order the dispatch chain
+// looks them up: a specific host IP before the wildcard, an exact port
+// before an interval.
+var dispatchMaps = []dispatchMap{
+	{name: HostIPPortsMap, addr: true},
+	{name: HostIPPortRangesMap, addr: true, interval: true},
+	{name: HostPortsMap},
+	{name: HostPortRangesMap, interval: true},
+}
+
+// set is the map as the family declares it.
+func (m dispatchMap) set(f nft.Family) *nft.Set {
+	return &nft.Set{Name: m.name, Key: keyTypes(f, m.addr), Data: []nft.Type{nft.Verdict}, Interval: m.interval}
+}
+
+func isDispatchMap(name string) bool {
+	for _, m := range dispatchMaps {
+		if m.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// keyTypes are a key's types: [host address .] protocol . port.
+func keyTypes(f nft.Family, addr bool) []nft.Type {
+	if addr {
+		return []nft.Type{f.AddrType(), nft.InetProto, nft.InetService}
+	}
+	return []nft.Type{nft.InetProto, nft.InetService}
+}
+
+// elemObj is a key's element of its map: a goto to the chain of the
+// attachment that owns it or, for a flat key, its target and a comment
+// naming the owner's chain and hairpin sources.
+type elemObj struct {
+	key   Key
+	chain string   // the verdict: goto chain; a flat key's comment ("" when deleting)
+	to    string   // a flat key's target: "192.0.2.2:80"
+	srcs  []string // a flat key's hairpin sources, in its comment
+}
+
+func (v elemObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+	tx.Head(b, vb, "element")
+	fmt.Fprintf(b, " %s { %s", v.key.Map(), strings.Join(v.key.Fields(), " . "))
+	switch {
+	case vb == nft.Delete || v.chain == "":
+	case v.key.Flat:
+		ip, port := target(v.to)
+		fmt.Fprintf(b, " comment %q : %s . %d", flatComment(v.chain, v.srcs), ip, port)
+	default:
+		b.WriteString(" : goto " + v.chain)
+	}
+	b.WriteString(" }\n")
+}
+
+func (v elemObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
+	chain := v.chain
+	if vb == nft.Delete {
+		m.Type, chain = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
+	}
+	elementAttrs(a, plan.Family(tx.Family), tx.TableName, v.key, chain, v.to, v.srcs...)
+	return nil, nil
+}
+
+// elementAttrs names k's element of table; with chain, its verdict, or
+// for a flat key its target and its owner's comment.
+func elementAttrs(a *nfnl.Attrs, f plan.Family, table string, k Key, chain, to string, srcs ...string) {
+	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	a.String(unix.NFTA_SET_ELEM_LIST_SET, k.Map())
+	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
+		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, k.bytes())
+			if k.IsRange() {
+				end := k
+				end.Port = k.Last
+				nfexpr.Value(a, nft.AttrSetElemKeyEnd, end.bytes())
+			}
+			switch {
+			case chain == "":
+			case k.Flat:
+				nfexpr.Value(a, unix.NFTA_SET_ELEM_DATA, targetBytes(f, to))
+				a.Raw(nft.AttrSetElemUserdata, nft.Comment(flatComment(chain, srcs)))
+			default:
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, chain) })
+			}
+		})
+	})
+}
+
+// bytes is the key as the kernel stores it: each field of the
+// concatenation in network order, padded to 4 bytes.
+func (k Key) bytes() []byte { return k.appendBytes(nil) }
+
+// appendBytes appends the key's bytes to b.
+func (k Key) appendBytes(b []byte) []byte {
+	if k.HostIP != nil {
+		if v4 := k.HostIP.To4(); v4 != nil {
+			b = append(b, v4...)
+		} else {
+			b = append(b, k.HostIP.To16()...)
+		}
+	}
+	b = append(b, protoNum(k.Protocol), 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, uint16(k.Port))
+	return append(b, 0, 0)
+}
+
+// protoNum is the protocol's IP protocol number.
+func protoNum(p plan.Protocol) byte { return nft.ProtoNum(string(p)) }
+
+// nfproto is the family's netlink message family.
+func nfproto(f plan.Family) uint8 { return nft.Family(f).Proto() }
