@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
+	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -15,45 +16,6 @@ import (
 // which writes them as knftables does without linking it into the plugin.
 type knftObject interface {
 	nft(tx *nft.Tx) knftables.Object
-}
-
-// knftOf is obj as knftables' type: pkg/nft's objects here, the layout's
-// element kinds by their nft methods.
-func knftOf(tx *nft.Tx, obj nft.Object) knftables.Object {
-	switch v := obj.(type) {
-	case *nft.Table:
-		return &knftables.Table{Comment: knftables.PtrTo(v.Comment)}
-	case *nft.Chain:
-		c := &knftables.Chain{Name: v.Name}
-		if v.Comment != "" {
-			c.Comment = knftables.PtrTo(v.Comment)
-		}
-		if v.Base != nil {
-			c.Type = knftables.PtrTo(knftables.BaseChainType(v.Base.Type))
-			c.Hook = knftables.PtrTo(knftables.BaseChainHook(v.Base.Hook))
-			c.Priority = knftables.PtrTo(knftables.BaseChainPriority(strconv.Itoa(int(v.Base.Priority))))
-		}
-		return c
-	case *nft.Set:
-		var flags []knftables.SetFlag
-		if v.Interval {
-			flags = []knftables.SetFlag{knftables.IntervalFlag}
-		}
-		if v.IsMap() {
-			return &knftables.Map{Name: v.Name, Type: v.TypeText(), Flags: flags}
-		}
-		return &knftables.Set{Name: v.Name, Type: v.TypeText(), Flags: flags}
-	case *nft.Rule:
-		r := &knftables.Rule{Chain: v.Chain, Rule: v.StmtText(tx.Family)}
-		if v.Comment != "" {
-			r.Comment = knftables.PtrTo(v.Comment)
-		}
-		if v.Handle != 0 {
-			r.Handle = knftables.PtrTo(int(v.Handle))
-		}
-		return r
-	}
-	return obj.(knftObject).nft(tx)
 }
 
 func (v elemObj) nft(*nft.Tx) knftables.Object {
@@ -84,21 +46,7 @@ func (v hairpinObj) nft(*nft.Tx) knftables.Object {
 // knftText is tx as knftables writes it.
 func knftText(t *testing.T, tx *nft.Tx) string {
 	t.Helper()
-	kt := knftables.NewFake(knftables.Family(tx.Family.String()), tx.TableName).NewTransaction()
-	for _, o := range tx.Ops() {
-		obj := knftOf(tx, o.Obj)
-		switch o.Verb {
-		case nft.Add:
-			kt.Add(obj)
-		case nft.Create:
-			kt.Create(obj)
-		case nft.Flush:
-			kt.Flush(obj)
-		case nft.Delete:
-			kt.Delete(obj)
-		}
-	}
-	return kt.String()
+	return nfttest.Knftables(tx, func(tx *nft.Tx, obj nft.Object) knftables.Object { return obj.(knftObject).nft(tx) })
 }
 
 // TestTextAsKnftables: every kind of object under every verb the backend

@@ -94,21 +94,4 @@ func TestBatchErrorNamesTheOperation(t *testing.T) {
 	if d := tx.Describe(errors.New("other")); !strings.Contains(d, "transaction of") {
 		t.Errorf("describe of a non-netlink error: %q", d)
 	}
-	if !nft.IsNotFound(&nft.Error{Op: "get chain x", Err: &nfnl.Error{Errno: unix.ENOENT}}) || nft.IsNotFound(unix.EEXIST) {
-		t.Error("IsNotFound does not follow the error chain to ENOENT")
-	}
-}
-
-func TestCommentOf(t *testing.T) {
-	if got := nft.CommentOf(nft.Comment("net=a id=b if=c")); got != "net=a id=b if=c" {
-		t.Errorf("commentOf = %q", got)
-	}
-	// Other user data first (type 1, 2 bytes), then the comment.
-	ud := append([]byte{1, 2, 'z', 0}, nft.Comment("x")...)
-	if got := nft.CommentOf(ud); got != "x" {
-		t.Errorf("commentOf after other data = %q", got)
-	}
-	if got := nft.CommentOf([]byte{0, 200, 'a'}); got != "" {
-		t.Errorf("commentOf of truncated data = %q", got)
-	}
 }
