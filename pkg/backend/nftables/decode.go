@@ -32,41 +32,6 @@ func str(attrs []nfnl.Attr, typ uint16) string {
 	return ""
 }
 
-// Element is one element of a dispatch map: its key (an interval key in
-// the ranges maps) and the chain its verdict names; for a flat key (a
-// DNAT map's), the chain its comment names and its target.
-type Element struct {
-	Key   Key
-	Chain string
-	To    string
-	// Srcs are the sources a flat element's comment names after its
-	// chain: its owner's hairpin sources, whose elements it holds.
-	Srcs []string
-}
-
-// String is e as tests and logs show it: {key chain}, a flat one's with
-// its target and sources.
-func (e Element) String() string {
-	if !e.Key.Flat {
-		return "{" + e.Key.String() + " " + e.Chain + "}"
-	}
-	return "{" + e.Key.String() + " " + e.Chain + " " + e.To + " " + strings.Join(e.Srcs, ",") + "}"
-}
-
-// flatComment is a flat element's comment: its chain, then its sources.
-func flatComment(chain string, srcs []string) string {
-	return strings.Join(append([]string{chain}, srcs...), " ")
-}
-
-// parseFlatComment reads a flat element's comment back.
-func parseFlatComment(c string) (chain string, srcs []string) {
-	f := strings.Fields(c)
-	if len(f) == 0 {
-		return "", nil
-	}
-	return f[0], f[1:]
-}
-
 // decodeElements reads the elements of a GETSETELEM answer.
 func decodeElements(f plan.Family, b []byte) []Element {
 	attrs := nfnl.Parse(b)

@@ -68,38 +68,6 @@ import (
 // kernel less than an element each in three sets). The others keep a
 // chain reached from the verdict maps.
 
-// Names the kernel keeps.
-const (
-	HostDNATMap   = "hostport_dnat"
-	HostIPDNATMap = "hostip_hostport_dnat"
-	// hairpinPrefix starts the names of the hairpin sets, which end with
-	// the prefix length: hairpin_24, hostip_hairpin_24.
-	hairpinPrefix       = "hairpin_"
-	hostIPHairpinPrefix = "hostip_hairpin_"
-	// flatMarkBit is the bit the dispatch chain's hairpin rules set.
-	flatMarkBit = 13
-	// flatMax is the most mappings a flat plan has.
-	flatMax = 16
-	// OwnersMap holds a goto to each flat attachment's chain.
-	OwnersMap = "owners"
-	// recordComment starts the comment of a flat attachment's record
-	// rules; the key follows.
-	recordComment = "record "
-)
-
-// isFlat reports whether p's attachment is flat.
-func isFlat(p *plan.Plan) bool {
-	if len(p.Conditions) > 0 || p.Mappings.Len() > flatMax {
-		return false
-	}
-	if p.Masquerade.Enabled && p.Masquerade.MarkBit != flatMarkBit {
-		return false
-	}
-	return !hasRanges(p)
-}
-
-func isDNATMap(name string) bool { return name == HostDNATMap || name == HostIPDNATMap }
-
 // flatSetNames are the names of the DNAT maps and the hairpin sets of
 // lengths.
 func flatSetNames(lengths []int) []string {
@@ -189,17 +157,6 @@ func targetOf(p *plan.Plan, k Key) string {
 		}
 	}
 	return ""
-}
-
-// targetBytes is a target as a DNAT map's data holds it: the address,
-// then the port padded to 4 bytes.
-func targetBytes(f plan.Family, to string) []byte {
-	ip, port := target(to)
-	b := append([]byte(nil), ip.To16()...)
-	if f == plan.IPv4 {
-		b = append([]byte(nil), ip.To4()...)
-	}
-	return append(binary.BigEndian.AppendUint16(b, uint16(max(port, 0))), 0, 0)
 }
 
 // dnatLookup: dnat ip to [ip daddr .] meta l4proto . th dport map

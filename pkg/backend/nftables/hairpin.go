@@ -9,7 +9,6 @@ package nftables
 import (
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfexpr"
@@ -20,26 +19,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
-
-// hairpinSet names the hairpin set of a host IP kind and prefix length.
-func hairpinSet(addr bool, ones int) string {
-	if addr {
-		return hostIPHairpinPrefix + strconv.Itoa(ones)
-	}
-	return hairpinPrefix + strconv.Itoa(ones)
-}
-
-// hairpinLength reads the prefix length out of a hairpin set's name.
-func hairpinLength(name string) (addr bool, ones int, ok bool) {
-	rest, addr := strings.CutPrefix(name, hostIPHairpinPrefix)
-	if !addr {
-		if rest, ok = strings.CutPrefix(name, hairpinPrefix); !ok {
-			return false, 0, false
-		}
-	}
-	n, err := strconv.Atoi(rest)
-	return addr, n, err == nil && n >= 0 && n <= 128 && strconv.Itoa(n) == rest
-}
 
 // Hairpin is one element of a hairpin set: connections from Src (a
 // prefix) to Key are marked for masquerading; Chain owns it.
@@ -88,43 +67,6 @@ func hairpinSrcs(p *plan.Plan) []string {
 		out = append(out, "127.0.0.1/32")
 	}
 	return out
-}
-
-// hairpinsClaimed are the hairpin elements e's comment claims for its
-// key (its owner's sources).
-func hairpinsClaimed(e Element) []Hairpin {
-	out := make([]Hairpin, 0, len(e.Srcs))
-	for _, src := range e.Srcs {
-		out = append(out, Hairpin{Src: src, Key: e.Key})
-	}
-	return out
-}
-
-// hairpinsOf reads the hairpin elements els' flat elements claim, and
-// more.
-func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) {
-	points := more
-	for _, e := range els {
-		if e.Key.Flat {
-			points = append(points, hairpinsClaimed(e)...)
-		}
-	}
-	if len(points) == 0 {
-		return nil, nil
-	}
-	found, err := b.Kernel.Hairpins(b.Family, points)
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	out := found[:0]
-	for _, h := range found {
-		if !seen[h.ID()] {
-			seen[h.ID()] = true
-			out = append(out, h)
-		}
-	}
-	return out, nil
 }
 
 // hairpinSetOf declares the hairpin set of a host IP kind and prefix

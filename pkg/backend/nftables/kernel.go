@@ -264,3 +264,95 @@ func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, er
 	}
 	return out, nil
 }
+
+func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
+	c, err := k.c()
+	if err != nil {
+		return nil, err
+	}
+	fam := uint8(nfproto(f))
+	var get nfnl.Attrs
+	get.String(unix.NFTA_TABLE_NAME, table)
+	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()})
+	if nft.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, &nft.Error{Op: "get table " + table, Err: err}
+	}
+	s := newState()
+	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
+	if err != nil {
+		return nil, &nft.Error{Op: "list chains", Err: err}
+	}
+	for _, attrs := range chains {
+		ud, _ := find(attrs, nft.AttrChainUserdata)
+		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: nft.CommentOf(ud)}
+	}
+	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
+	if err != nil {
+		return nil, &nft.Error{Op: "list rules", Err: err}
+	}
+	for _, attrs := range rules {
+		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
+			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
+		}
+	}
+	for _, cs := range s.Chains {
+		if err := readDNATs(c, f, table, cs.Rules); err != nil {
+			return nil, err
+		}
+		if table == Table {
+			cs.splitRecord()
+		}
+	}
+	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
+	if err != nil {
+		return nil, &nft.Error{Op: "list maps", Err: err}
+	}
+	for _, attrs := range sets {
+		name := str(attrs, unix.NFTA_SET_NAME)
+		s.Maps[name] = true
+		if table != Table {
+			continue
+		}
+		if name == OwnersMap {
+			msgs, err := dumpSet(c, f, table, name)
+			if err != nil {
+				return nil, &nft.Error{Op: "list map " + name, Err: err}
+			}
+			for _, m := range msgs {
+				for _, ch := range decodeOwners(m.Attrs) {
+					if cs := s.Chains[ch]; cs != nil {
+						cs.Owned = true
+					}
+				}
+			}
+			continue
+		}
+		if _, _, ok := hairpinLength(name); ok {
+			msgs, err := dumpSet(c, f, table, name)
+			if err != nil {
+				return nil, &nft.Error{Op: "list set " + name, Err: err}
+			}
+			for _, m := range msgs {
+				s.Hairpins = append(s.Hairpins, decodeHairpins(f, m.Attrs)...)
+			}
+			continue
+		}
+		if !isDispatchMap(name) && !isDNATMap(name) {
+			continue
+		}
+		els, err := dumpElements(c, f, name)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range els {
+			s.Holders[e.Key.ID()] = e.Chain
+			if e.Key.Flat {
+				s.Targets[e.Key.ID()], s.Srcs[e.Key.ID()] = e.To, e.Srcs
+			}
+		}
+	}
+	return s, nil
+}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -165,4 +166,52 @@ func parseKey(s string) (Key, bool) {
 		k.Last = last
 	}
 	return k, true
+}
+
+// kindOf is 1 for a run on a specific host IP, 0 for the wildcard.
+func kindOf(r plan.Run) int {
+	if r.HostIP != nil {
+		return 1
+	}
+	return 0
+}
+
+// dnatRuns splits the runs with an offset into single mappings.
+func dnatRuns(runs []plan.Run) []plan.Run {
+	out := make([]plan.Run, 0, len(runs))
+	for _, r := range runs {
+		if r.Len == 1 || r.Identity() {
+			out = append(out, r)
+			continue
+		}
+		for _, m := range r.Mappings() {
+			out = append(out, plan.Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
+		}
+	}
+	return out
+}
+
+// isFlat reports whether p's attachment is flat.
+func isFlat(p *plan.Plan) bool {
+	if len(p.Conditions) > 0 || p.Mappings.Len() > flatMax {
+		return false
+	}
+	if p.Masquerade.Enabled && p.Masquerade.MarkBit != flatMarkBit {
+		return false
+	}
+	return !hasRanges(p)
+}
+
+// samePrefix reports whether a read-back source prefix is spec (an
+// address or a CIDR).
+func samePrefix(got, spec string) bool {
+	a, b := nft.ParsePrefix(got), nft.ParsePrefix(spec)
+	return a.String() == b.String()
+}
+
+// prefixString spells ip masked to ones bits as a CIDR.
+func prefixString(ip net.IP, ones, bits int) string {
+	n := net.IPNet{IP: ip, Mask: net.CIDRMask(ones, bits)}
+	n.IP = n.IP.Mask(n.Mask)
+	return n.String()
 }

@@ -2,8 +2,6 @@ package nftables
 
 import (
 	"fmt"
-	"net"
-	"strconv"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -72,14 +70,4 @@ func forwardsOf(s *State) []plan.Installed {
 		}
 	}
 	return fs
-}
-
-// target reads a DNAT target back: "192.0.2.2:80", or an address alone,
-// the port kept (-1).
-func target(to string) (net.IP, int) {
-	if host, p, err := net.SplitHostPort(to); err == nil {
-		port, _ := strconv.Atoi(p)
-		return net.ParseIP(host), port
-	}
-	return net.ParseIP(to), -1
 }

@@ -356,3 +356,40 @@ func fastDelTx(f plan.Family, chain string, keys []Key) *nft.Tx {
 	tx.Delete(&nft.Chain{Name: chain})
 	return tx
 }
+
+// hairpinsOf reads the hairpin elements els' flat elements claim, and
+// more.
+func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) {
+	points := more
+	for _, e := range els {
+		if e.Key.Flat {
+			points = append(points, hairpinsClaimed(e)...)
+		}
+	}
+	if len(points) == 0 {
+		return nil, nil
+	}
+	found, err := b.Kernel.Hairpins(b.Family, points)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	out := found[:0]
+	for _, h := range found {
+		if !seen[h.ID()] {
+			seen[h.ID()] = true
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// hairpinsClaimed are the hairpin elements e's comment claims for its
+// key (its owner's sources).
+func hairpinsClaimed(e Element) []Hairpin {
+	out := make([]Hairpin, 0, len(e.Srcs))
+	for _, src := range e.Srcs {
+		out = append(out, Hairpin{Src: src, Key: e.Key})
+	}
+	return out
+}

@@ -1,9 +1,6 @@
 package nftables
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -13,68 +10,6 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
-
-// Names the kernel keeps: never change them, or upgrades need manual
-// intervention. Our own table, not upstream's cni_hostport, so both can
-// coexist during a migration.
-const (
-	Table          = "cni_portmap"
-	HostPortsMap   = "hostports"
-	HostIPPortsMap = "hostip_hostports"
-	// The interval maps: one element per identity run of ports (a Podman
-	// range), consulted after the exact maps of the same host IP kind, so
-	// a single port shadows a range that covers it.
-	HostPortRangesMap   = "hostport_ranges"
-	HostIPPortRangesMap = "hostip_hostport_ranges"
-	DispatchChain       = "dispatch"
-	tableComment        = "CNI portmap: host ports to containers"
-	// Rule comments that name what a rule is for; the "hostport" ones
-	// record the map keys an attachment claims, so DEL needs no other
-	// state than its own chain.
-	keyComment    = "hostport "
-	hairpinRule   = "hairpin"
-	localhostRule = "localhost"
-)
-
-// UpstreamTable is the upstream plugin's nftables table; DEL cleans it of
-// the container's rules.
-const UpstreamTable = "cni_hostport"
-
-// nftFamily is the family's name in nft: its tables' family.
-func nftFamily(f plan.Family) string { return nft.Family(f).String() }
-
-func shortHash(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:8])
-}
-
-// NetworkPrefix starts the chain name of every attachment of network, so
-// GC can pick one network's chains by name.
-func NetworkPrefix(network string) string { return "dn-" + shortHash(network) + "-" }
-
-// ChainName is the attachment's own chain: hashes of the network and of
-// ifname:containerID, as the plugins' ipmasq nftables code names its chains.
-func ChainName(o plan.Owner) string {
-	return NetworkPrefix(o.Network) + shortHash(o.IfName+":"+o.ContainerID)
-}
-
-// MasqChain is the postrouting chain that masquerades connections marked
-// with bit: one per mark bit in use, so attachments with different
-// markMasqBit settings do not undo each other.
-func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
-
-// GuardChain (IPv4, filter input hook) drops connections to 127.0.0.0/8
-// that arrive from outside: route_localnet, which localhost host ports
-// need, would otherwise let a container or a neighbour reach services the
-// host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
-const GuardChain = "guard"
-
-const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0 drop`
-
-// MarkChain sets the masquerade mark bit; attachments jump to it, which
-// also makes their fast-path ADD fail (and the slow path write the
-// skeleton) while the skeleton for that bit is missing.
-func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
 type baseChain struct {
 	name string
@@ -187,16 +122,6 @@ func skeletonOrder[V any](m map[string]V) []string {
 	return out
 }
 
-// OwnerComment is the attachment chain's comment: who owns it (nft allows
-// 128 characters; longer names are cut, the chain name stays exact).
-func OwnerComment(o plan.Owner) string {
-	c := fmt.Sprintf("net=%s id=%s if=%s", o.Network, o.ContainerID, o.IfName)
-	if len(c) > 128 {
-		c = c[:128]
-	}
-	return c
-}
-
 // chainRules are the rules of the attachment's chain. The chain is
 // entered only through the map elements of the attachment's own keys, so
 // what holds for all of them is said once: mark hairpin and (IPv4)
@@ -288,36 +213,9 @@ func layoutRules(p *plan.Plan, from int) []*nft.Rule {
 	return rules
 }
 
-// kindOf is 1 for a run on a specific host IP, 0 for the wildcard.
-func kindOf(r plan.Run) int {
-	if r.HostIP != nil {
-		return 1
-	}
-	return 0
-}
-
-// dnatRuns splits the runs with an offset into single mappings.
-func dnatRuns(runs []plan.Run) []plan.Run {
-	out := make([]plan.Run, 0, len(runs))
-	for _, r := range runs {
-		if r.Len == 1 || r.Identity() {
-			out = append(out, r)
-			continue
-		}
-		for _, m := range r.Mappings() {
-			out = append(out, plan.Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
-		}
-	}
-	return out
-}
-
 // runKeys spells the keys of a run as a "hostport" comment holds them:
 // its key (Key.String), "tcp . 8080" or "tcp . 20000-20999".
 func runKeys(r plan.Run) string { return runKey(r).String() }
-
-func ownChain(p *plan.Plan) *nft.Chain {
-	return &nft.Chain{Name: ChainName(p.Owner), Comment: OwnerComment(p.Owner)}
-}
 
 // rewriteChain makes the attachment's chain hold exactly its rules —
 // none for a flat attachment, whose record it writes — whether it

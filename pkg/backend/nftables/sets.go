@@ -3,6 +3,8 @@ package nftables
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -144,3 +146,38 @@ func protoNum(p plan.Protocol) byte { return nft.ProtoNum(string(p)) }
 
 // nfproto is the family's netlink message family.
 func nfproto(f plan.Family) uint8 { return nft.Family(f).Proto() }
+
+// flatComment is a flat element's comment: its chain, then its sources.
+func flatComment(chain string, srcs []string) string {
+	return strings.Join(append([]string{chain}, srcs...), " ")
+}
+
+// parseFlatComment reads a flat element's comment back.
+func parseFlatComment(c string) (chain string, srcs []string) {
+	f := strings.Fields(c)
+	if len(f) == 0 {
+		return "", nil
+	}
+	return f[0], f[1:]
+}
+
+// targetBytes is a target as a DNAT map's data holds it: the address,
+// then the port padded to 4 bytes.
+func targetBytes(f plan.Family, to string) []byte {
+	ip, port := target(to)
+	b := append([]byte(nil), ip.To16()...)
+	if f == plan.IPv4 {
+		b = append([]byte(nil), ip.To4()...)
+	}
+	return append(binary.BigEndian.AppendUint16(b, uint16(max(port, 0))), 0, 0)
+}
+
+// target reads a DNAT target back: "192.0.2.2:80", or an address alone,
+// the port kept (-1).
+func target(to string) (net.IP, int) {
+	if host, p, err := net.SplitHostPort(to); err == nil {
+		port, _ := strconv.Atoi(p)
+		return net.ParseIP(host), port
+	}
+	return net.ParseIP(to), -1
+}

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"net"
 	"regexp"
 	"sort"
 	"strings"
@@ -119,20 +118,6 @@ func (c *ChainState) owner() (network, id string, ok bool) {
 	return m[1], m[2], true
 }
 
-// samePrefix reports whether a read-back source prefix is spec (an
-// address or a CIDR).
-func samePrefix(got, spec string) bool {
-	a, b := nft.ParsePrefix(got), nft.ParsePrefix(spec)
-	return a.String() == b.String()
-}
-
-// prefixString spells ip masked to ones bits as a CIDR.
-func prefixString(ip net.IP, ones, bits int) string {
-	n := net.IPNet{IP: ip, Mask: net.CIDRMask(ones, bits)}
-	n.IP = n.IP.Mask(n.Mask)
-	return n.String()
-}
-
 func sortedChains(s *State) []string {
 	out := make([]string, 0, len(s.Chains))
 	for k := range s.Chains {
@@ -168,4 +153,25 @@ type Kernel interface {
 	// missing from the family's table and which elements keys have (of
 	// one port each).
 	Probe(f plan.Family, chains, sets []string, keys []Key) (missing []string, held []Element, err error)
+}
+
+// Element is one element of a dispatch map: its key (an interval key in
+// the ranges maps) and the chain its verdict names; for a flat key (a
+// DNAT map's), the chain its comment names and its target.
+type Element struct {
+	Key   Key
+	Chain string
+	To    string
+	// Srcs are the sources a flat element's comment names after its
+	// chain: its owner's hairpin sources, whose elements it holds.
+	Srcs []string
+}
+
+// String is e as tests and logs show it: {key chain}, a flat one's with
+// its target and sources.
+func (e Element) String() string {
+	if !e.Key.Flat {
+		return "{" + e.Key.String() + " " + e.Chain + "}"
+	}
+	return "{" + e.Key.String() + " " + e.Chain + " " + e.To + " " + strings.Join(e.Srcs, ",") + "}"
 }

@@ -160,3 +160,5 @@ func (s dnatMap) Encode(e *nft.Exprs) {
 	set := e.AnonMap(keyType, keyLen, nft.ConcatType(to...), nft.ConcatLen(to...), keys, data)
 	dnatByMap(e, s.addr, set.Name, set.ID)
 }
+
+const guardRule = `iifname != "lo" ip daddr 127.0.0.0/8 ct state != { established, related } ct status & dnat == 0 drop`

@@ -3,7 +3,6 @@ package nftables
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
@@ -27,29 +26,6 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 		Decide: func(s *syncState) converge.Verdict[orphan] { return s.decide() },
 		Write:  b.writeSync,
 	})
-}
-
-// syncState is the family's tables as a pass read them, and what the
-// wanted plans make of them.
-type syncState struct {
-	family plan.Family
-	want   []*plan.Plan
-	st, up *State // the table (empty when absent) and upstream's
-	exists bool
-	// winner is the newest plan of each port (of an interval, port by
-	// port); all and served are the table's elements, read only when a
-	// wanted plan has intervals.
-	winner    map[string]int
-	anyRanges bool
-	all       []Element
-	served    *view
-	// kinds are the wanted plans by the skeleton they need; anyFlat says
-	// a flat attachment is there, whose hairpin sets' prefix lengths are
-	// flatLengths; hairpins indexes the table's hairpin elements by ID.
-	kinds       map[string]*plan.Plan
-	anyFlat     bool
-	flatLengths []int
-	hairpins    map[string]Hairpin
 }
 
 // orphan is what a pass removes of an orphan: a dn- chain of ours, or the
@@ -317,12 +293,3 @@ func contains(list []string, prefix string) bool {
 }
 
 func sortedIDs(m map[string]string) []string { return sortedStrings(m) }
-
-func sortedStrings[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}

@@ -6,6 +6,7 @@ package nftables
 
 import (
 	"slices"
+	"sort"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -198,4 +199,36 @@ func elementsOfState(st *State) []Element {
 		}
 	}
 	return out
+}
+
+func sortedStrings[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// syncState is the family's tables as a pass read them, and what the
+// wanted plans make of them.
+type syncState struct {
+	family plan.Family
+	want   []*plan.Plan
+	st, up *State // the table (empty when absent) and upstream's
+	exists bool
+	// winner is the newest plan of each port (of an interval, port by
+	// port); all and served are the table's elements, read only when a
+	// wanted plan has intervals.
+	winner    map[string]int
+	anyRanges bool
+	all       []Element
+	served    *view
+	// kinds are the wanted plans by the skeleton they need; anyFlat says
+	// a flat attachment is there, whose hairpin sets' prefix lengths are
+	// flatLengths; hairpins indexes the table's hairpin elements by ID.
+	kinds       map[string]*plan.Plan
+	anyFlat     bool
+	flatLengths []int
+	hairpins    map[string]Hairpin
 }

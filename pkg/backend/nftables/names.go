@@ -1,0 +1,131 @@
+package nftables
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/nft"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+// The names the kernel keeps for the layout — table, maps, sets, chains,
+// comments — and the functions that make them: what every other file of
+// the layout refers to, so it depends on none of them.
+
+// Names the kernel keeps: never change them, or upgrades need manual
+// intervention. Our own table, not upstream's cni_hostport, so both can
+// coexist during a migration.
+const (
+	Table          = "cni_portmap"
+	HostPortsMap   = "hostports"
+	HostIPPortsMap = "hostip_hostports"
+	// The interval maps: one element per identity run of ports (a Podman
+	// range), consulted after the exact maps of the same host IP kind, so
+	// a single port shadows a range that covers it.
+	HostPortRangesMap   = "hostport_ranges"
+	HostIPPortRangesMap = "hostip_hostport_ranges"
+	DispatchChain       = "dispatch"
+	tableComment        = "CNI portmap: host ports to containers"
+	// Rule comments that name what a rule is for; the "hostport" ones
+	// record the map keys an attachment claims, so DEL needs no other
+	// state than its own chain.
+	keyComment    = "hostport "
+	hairpinRule   = "hairpin"
+	localhostRule = "localhost"
+)
+
+// Names the kernel keeps.
+const (
+	HostDNATMap   = "hostport_dnat"
+	HostIPDNATMap = "hostip_hostport_dnat"
+	// hairpinPrefix starts the names of the hairpin sets, which end with
+	// the prefix length: hairpin_24, hostip_hairpin_24.
+	hairpinPrefix       = "hairpin_"
+	hostIPHairpinPrefix = "hostip_hairpin_"
+	// flatMarkBit is the bit the dispatch chain's hairpin rules set.
+	flatMarkBit = 13
+	// flatMax is the most mappings a flat plan has.
+	flatMax = 16
+	// OwnersMap holds a goto to each flat attachment's chain.
+	OwnersMap = "owners"
+	// recordComment starts the comment of a flat attachment's record
+	// rules; the key follows.
+	recordComment = "record "
+)
+
+// UpstreamTable is the upstream plugin's nftables table; DEL cleans it of
+// the container's rules.
+const UpstreamTable = "cni_hostport"
+
+// nftFamily is the family's name in nft: its tables' family.
+func nftFamily(f plan.Family) string { return nft.Family(f).String() }
+
+func shortHash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:8])
+}
+
+// NetworkPrefix starts the chain name of every attachment of network, so
+// GC can pick one network's chains by name.
+func NetworkPrefix(network string) string { return "dn-" + shortHash(network) + "-" }
+
+// ChainName is the attachment's own chain: hashes of the network and of
+// ifname:containerID, as the plugins' ipmasq nftables code names its chains.
+func ChainName(o plan.Owner) string {
+	return NetworkPrefix(o.Network) + shortHash(o.IfName+":"+o.ContainerID)
+}
+
+// MasqChain is the postrouting chain that masquerades connections marked
+// with bit: one per mark bit in use, so attachments with different
+// markMasqBit settings do not undo each other.
+func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
+
+// GuardChain (IPv4, filter input hook) drops connections to 127.0.0.0/8
+// that arrive from outside: route_localnet, which localhost host ports
+// need, would otherwise let a container or a neighbour reach services the
+// host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
+const GuardChain = "guard"
+
+// MarkChain sets the masquerade mark bit; attachments jump to it, which
+// also makes their fast-path ADD fail (and the slow path write the
+// skeleton) while the skeleton for that bit is missing.
+func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
+
+// OwnerComment is the attachment chain's comment: who owns it (nft allows
+// 128 characters; longer names are cut, the chain name stays exact).
+func OwnerComment(o plan.Owner) string {
+	c := fmt.Sprintf("net=%s id=%s if=%s", o.Network, o.ContainerID, o.IfName)
+	if len(c) > 128 {
+		c = c[:128]
+	}
+	return c
+}
+
+func ownChain(p *plan.Plan) *nft.Chain {
+	return &nft.Chain{Name: ChainName(p.Owner), Comment: OwnerComment(p.Owner)}
+}
+
+func isDNATMap(name string) bool { return name == HostDNATMap || name == HostIPDNATMap }
+
+// hairpinSet names the hairpin set of a host IP kind and prefix length.
+func hairpinSet(addr bool, ones int) string {
+	if addr {
+		return hostIPHairpinPrefix + strconv.Itoa(ones)
+	}
+	return hairpinPrefix + strconv.Itoa(ones)
+}
+
+// hairpinLength reads the prefix length out of a hairpin set's name.
+func hairpinLength(name string) (addr bool, ones int, ok bool) {
+	rest, addr := strings.CutPrefix(name, hostIPHairpinPrefix)
+	if !addr {
+		if rest, ok = strings.CutPrefix(name, hairpinPrefix); !ok {
+			return false, 0, false
+		}
+	}
+	n, err := strconv.Atoi(rest)
+	return addr, n, err == nil && n >= 0 && n <= 128 && strconv.Itoa(n) == rest
+}
