@@ -7,92 +7,11 @@ package plan
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"slices"
 	"strconv"
-	"strings"
+	"sync"
 )
-
-// Family is an IP family.
-type Family int
-
-const (
-	IPv4 Family = 4
-	IPv6 Family = 6
-)
-
-func (f Family) String() string {
-	if f == IPv6 {
-		return "ipv6"
-	}
-	return "ipv4"
-}
-
-// Families lists both families in a fixed order.
-var Families = []Family{IPv4, IPv6}
-
-// FamilyOf reports the family of ip.
-func FamilyOf(ip net.IP) Family {
-	if ip.To4() != nil {
-		return IPv4
-	}
-	return IPv6
-}
-
-// Owner identifies an attachment: every kernel object we create names it, so
-// that DEL and GC act on exactly their own objects.
-type Owner struct {
-	Network     string
-	ContainerID string
-	IfName      string
-}
-
-// Protocol is a transport protocol that can be port-mapped.
-type Protocol string
-
-const (
-	TCP  Protocol = "tcp"
-	UDP  Protocol = "udp"
-	SCTP Protocol = "sctp"
-)
-
-// Protocols in the order rules are rendered.
-var Protocols = []Protocol{TCP, UDP, SCTP}
-
-// Mapping forwards HostIP:HostPort/Protocol to ContainerPort. A nil HostIP
-// means every local address.
-type Mapping struct {
-	HostIP        net.IP
-	HostPort      int
-	ContainerPort int
-	Protocol      Protocol
-}
-
-func (m Mapping) String() string {
-	host := "*"
-	if m.HostIP != nil {
-		host = m.HostIP.String()
-	}
-	return fmt.Sprintf("%s:%d/%s->%d", host, m.HostPort, m.Protocol, m.ContainerPort)
-}
-
-// Masquerade says how connections that need SNAT (hairpin, localhost) are
-// marked. Exactly one of MarkBit and ExternalSetMarkChain is meaningful.
-type Masquerade struct {
-	Enabled bool
-	// MarkBit is the bit of the packet mark set for masquerading (0-31).
-	MarkBit int
-	// ExternalSetMarkChain, when set, is an existing chain that sets the mark
-	// (e.g. KUBE-MARK-MASQ); then no SETMARK/MASQ chains are made.
-	ExternalSetMarkChain string
-	// All masquerades hairpin traffic from any source, not only the
-	// container's subnet (masqAll).
-	All bool
-}
-
-// Mark returns the mark value (and mask) of MarkBit.
-func (m Masquerade) Mark() uint32 { return 1 << uint(m.MarkBit) }
 
 // Plan is what one attachment owns in one family.
 type Plan struct {
@@ -118,30 +37,6 @@ type Plan struct {
 	// runs remembers Runs of Mappings (Build makes it): a verb asks for
 	// them several times, and mappings out of order are sorted for them.
 	runs *runsMemo
-}
-
-// Localhost is a value of the "localhost" key: how a process on the node
-// reaches a host port at a loopback address.
-type Localhost string
-
-const (
-	// LocalhostNAT DNATs the connection out of the host, with
-	// route_localnet on for 127.0.0.1 (IPv4 only): the default.
-	LocalhostNAT Localhost = "nat"
-	// LocalhostSocket rewrites the destination at connect()/sendmsg() in
-	// cgroup socket hooks: 127.0.0.1 and ::1, no route_localnet.
-	LocalhostSocket Localhost = "socket"
-	// LocalhostAuto is LocalhostSocket where the host can, else
-	// LocalhostNAT; it is resolved before plans are built.
-	LocalhostAuto Localhost = "auto"
-)
-
-// Socket is where the socket path's programs attach and are pinned.
-type Socket struct {
-	// CgroupPath is the cgroup v2 directory the programs attach to.
-	CgroupPath string
-	// PinDir is the bpffs directory their maps and links are pinned in.
-	PinDir string
 }
 
 // Request is the family-independent input of Build.
@@ -272,37 +167,6 @@ func (p *Plan) Target(m Mapping) string {
 	return net.JoinHostPort(p.ContainerNet.IP.String(), strconv.Itoa(m.ContainerPort))
 }
 
-// HasControl reports whether s holds a control character: text that
-// reaches a rule (a condition, a comment) must not, or it could end the
-// rule and start another.
-func HasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return true
-		}
-	}
-	return false
-}
-
-// ParseProtocol accepts tcp, udp and sctp in any case; "" means tcp.
-func ParseProtocol(s string) (Protocol, bool) {
-	switch s { // the spellings runtimes send, without a copy
-	case "tcp":
-		return TCP, true
-	case "udp":
-		return UDP, true
-	}
-	switch strings.ToLower(s) {
-	case "", "tcp":
-		return TCP, true
-	case "udp":
-		return UDP, true
-	case "sctp":
-		return SCTP, true
-	}
-	return "", false
-}
-
 // Fingerprint names what plans map — per family the container's address
 // and every mapping — so that two builds of one attachment's plans can be
 // compared without keeping them: ADD records it, and the agent repairs an
@@ -354,15 +218,11 @@ func Fingerprint(plans []*Plan) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// ConfigError is a failure that a configuration key causes on this node,
-// found only when a backend meets the kernel (a chain the key names that
-// is not there): the plugin answers it as an invalid configuration (code
-// 7), with the key, its value, why and what to do.
-type ConfigError struct {
-	Key, Value string
-	Why        string
-}
-
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid %s %q: %s", e.Key, e.Value, e.Why)
+// runsMemo is Runs of the mappings it was computed for. A copy of
+// the plan shares it, and a copy given other mappings computes its own.
+type runsMemo struct {
+	mu   sync.Mutex
+	of   []Run
+	n    int
+	runs []Run
 }

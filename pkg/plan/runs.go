@@ -1,55 +1,10 @@
 package plan
 
 import (
-	"bytes"
 	"cmp"
-	"net"
 	"slices"
 	"sort"
-	"strconv"
-	"sync"
 )
-
-// Run is a stretch of consecutive host ports of one protocol and host IP
-// forwarded to consecutive container ports — a constant offset, the shape
-// a Podman or nerdctl port range (-p 10000-10999:10000-10999) expands to.
-// A single mapping is a run of one. The backends render a run as one
-// rule, or one map element, whatever its length.
-type Run struct {
-	HostIP   net.IP // nil: every local address
-	Protocol Protocol
-	// HostPort and ContainerPort are those of the run's first mapping.
-	HostPort, ContainerPort int
-	Len                     int
-}
-
-// Last is the run's last host port.
-func (r Run) Last() int { return r.HostPort + r.Len - 1 }
-
-// Identity reports whether every host port of the run is forwarded to
-// the same container port.
-func (r Run) Identity() bool { return r.HostPort == r.ContainerPort }
-
-// Ports spells the host ports as "8080" or "20000-20999" (sep between
-// the first and the last).
-func (r Run) Ports(sep string) string {
-	if r.Len == 1 {
-		return strconv.Itoa(r.HostPort)
-	}
-	return strconv.Itoa(r.HostPort) + sep + strconv.Itoa(r.Last())
-}
-
-// ContainerPortOf is the container port host port h of the run goes to.
-func (r Run) ContainerPortOf(h int) int { return r.ContainerPort + h - r.HostPort }
-
-// Mappings expands the run.
-func (r Run) Mappings() []Mapping {
-	out := make([]Mapping, r.Len)
-	for i := range out {
-		out[i] = Mapping{HostIP: r.HostIP, Protocol: r.Protocol, HostPort: r.HostPort + i, ContainerPort: r.ContainerPort + i}
-	}
-	return out
-}
 
 // Runs coalesces mappings into the fewest runs: each starts at a mapping
 // whose host port and container port are not both one more than another
@@ -132,15 +87,6 @@ func linearRuns(seq []Run) bool {
 	return true
 }
 
-// runsMemo is Runs of the mappings whose stretches are of. A copy of
-// the plan shares it, and a copy given other mappings computes its own.
-type runsMemo struct {
-	mu   sync.Mutex
-	of   []Run
-	n    int
-	runs []Run
-}
-
 // Runs are the plan's mappings coalesced (Runs), computed once for the
 // plan's mappings: change them in place, and the runs are stale. The
 // caller must not change them.
@@ -155,20 +101,4 @@ func (p *Plan) Runs() []Run {
 		m.of, m.n, m.runs = seq, p.Mappings.n, Runs(p.Mappings)
 	}
 	return m.runs
-}
-
-// compareMappings orders mappings by host IP, protocol, host port and
-// container port.
-func compareMappings(a, b Mapping) int {
-	return cmp.Or(compareIPs(a.HostIP, b.HostIP), cmp.Compare(a.Protocol, b.Protocol),
-		cmp.Compare(a.HostPort, b.HostPort), cmp.Compare(a.ContainerPort, b.ContainerPort))
-}
-
-// compareIPs orders host IPs in their 16-byte form, nil (every address)
-// first.
-func compareIPs(a, b net.IP) int {
-	if a == nil && b == nil {
-		return 0
-	}
-	return bytes.Compare(a.To16(), b.To16())
 }

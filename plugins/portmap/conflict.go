@@ -6,21 +6,11 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/portmap-dev/portmap/pkg/attach"
-	"github.com/portmap-dev/portmap/pkg/inventory"
-	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // ErrHostPortInUse is the error code of a host port another attachment or
 // a host process already has, under hostPortConflict "reject".
 const ErrHostPortInUse uint = 101
-
-// Inventory is what the "reject" policy reads of the host.
-type Inventory interface {
-	// Mappings returns the host ports mapped in family f, by both backends.
-	Mappings(f plan.Family) ([]inventory.Entry, error)
-	// Listener names a host socket that would receive (hostIP, port), or "".
-	Listener(proto, hostIP string, port int) (string, error)
-}
 
 // rejectConflicts returns a code-101 error naming the first mapping of the
 // plans that another attachment or a host process already holds. The same

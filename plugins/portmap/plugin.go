@@ -7,6 +7,7 @@
 package portmap
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -42,11 +43,6 @@ func New() *Plugin {
 	return &Plugin{Stdout: os.Stdout, Host: h, Inventory: inventory.OnHost{Host: h}}
 }
 
-// Funcs are the verbs for skel.
-func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
-}
-
 // load is attach.Load of the verb's request, decoded once (serve.go).
 func (p *Plugin) load(args *skel.CmdArgs) (*attach.Attachment, error) {
 	c := p.decodedFor(args.StdinData)
@@ -77,4 +73,23 @@ func cniError(a *attach.Attachment, err error) error {
 	// skel answers code 999 with the message; the chain stays for callers
 	// that look (errors.Is/As).
 	return fmt.Errorf("%s backend: %w", a.Backend, err)
+}
+
+// Inventory is what the "reject" policy reads of the host.
+type Inventory interface {
+	// Mappings returns the host ports mapped in family f, by both backends.
+	Mappings(f plan.Family) ([]inventory.Entry, error)
+	// Listener names a host socket that would receive (hostIP, port), or "".
+	Listener(proto, hostIP string, port int) (string, error)
+}
+
+// decodedFor returns the configuration Serve decoded, if stdin is what it
+// handed skel in the request's place.
+func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
+	if p.decoded == nil || !bytes.Equal(stdin, p.brief) {
+		return nil
+	}
+	c := p.decoded
+	p.decoded, p.brief = nil, nil
+	return c
 }

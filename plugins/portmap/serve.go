@@ -1,7 +1,6 @@
 package portmap
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"os"
@@ -63,13 +62,7 @@ func pipeOf(b []byte) *os.File {
 	return r
 }
 
-// decodedFor returns the configuration Serve decoded, if stdin is what it
-// handed skel in the request's place.
-func (p *Plugin) decodedFor(stdin []byte) *attach.Config {
-	if p.decoded == nil || !bytes.Equal(stdin, p.brief) {
-		return nil
-	}
-	c := p.decoded
-	p.decoded, p.brief = nil, nil
-	return c
+// Funcs are the verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
 }

@@ -36,13 +36,6 @@ type Accept struct {
 	Lock   func() (release func(), err error)
 }
 
-// Names the kernel keeps: never change them.
-const (
-	FilterTable        = "filter"
-	ForwardChain       = "CNI-HOSTPORT-FWD"
-	forwardChainPrefix = "FW-"
-)
-
 // NewAccept returns the forwardAccept rules of family f on the real
 // kernel; it fails when the family's iptables-restore is not on PATH.
 func NewAccept(f plan.Family) (*Accept, error) {

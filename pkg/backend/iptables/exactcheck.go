@@ -178,13 +178,6 @@ func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) 
 	return missing, some, err
 }
 
-// skeletonRules are the shared rules ADD of plans like p makes.
-func skeletonRules(p *plan.Plan) []Rule {
-	q := *p
-	q.Conditions = nil // the shared rules alone
-	return append(GuardRules(&q), SharedRules(&q)...)
-}
-
 // skeleton names the first of rules that nf_tables does not hold, by
 // chain and jump; some says that one of them, or a chain of ours, is
 // there. It reads no chain whose rules grow with the attachments.

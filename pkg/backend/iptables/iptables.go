@@ -365,3 +365,13 @@ func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
 	}
 	return refs, exists, nil
 }
+
+func (b *Backend) restoreError(op string, pl *payload, err error) error {
+	var re *RestoreError
+	if errors.As(err, &re) {
+		if what := pl.explain(re.Output); what != "" {
+			return fmt.Errorf("%s: %s: %w", op, what, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

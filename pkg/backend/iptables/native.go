@@ -1,8 +1,6 @@
 package iptables
 
 import (
-	"errors"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfexpr"
@@ -37,10 +35,6 @@ import (
 // NativeRelease is the iptables release whose iptables-restore writes
 // the rules this file writes, byte for byte.
 const NativeRelease = "1.8.7"
-
-// errNotNative says a rule holds a token encodeRule does not write;
-// the caller uses iptables-restore.
-var errNotNative = errors.New("not encoded natively")
 
 // encodeRule writes r's expressions as iptables-nft writes them: the
 // protocol, source and destination first (in that order, as iptables

@@ -15,10 +15,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// ErrLegacy says this network namespace has an iptables-legacy table:
-// its rules are not nf_tables', and only the tools reach them.
-var ErrLegacy = errors.New("iptables-legacy table in use: not reachable over nf_tables netlink")
-
 // legacyTable reports whether iptables-legacy's table of family f exists
 // in this thread's network namespace: x_tables lists the tables it holds
 // in ip_tables_names (ip6_tables_names). Without one, whatever iptables
@@ -35,13 +31,6 @@ func legacyTable(f plan.Family, table string) bool {
 		return false // x_tables not loaded: no legacy table anywhere
 	}
 	return slices.Contains(strings.Fields(string(b)), table)
-}
-
-func nfproto(f plan.Family) uint8 {
-	if f == plan.IPv6 {
-		return unix.NFPROTO_IPV6
-	}
-	return unix.NFPROTO_IPV4
 }
 
 // summarize reads chains of table of family f: a get of each chain (the

@@ -230,16 +230,6 @@ func checkPayload(p *plan.Plan) *payload {
 // tests and fuzzing of the rendering).
 func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
 
-func (b *Backend) restoreError(op string, pl *payload, err error) error {
-	var re *RestoreError
-	if errors.As(err, &re) {
-		if what := pl.explain(re.Output); what != "" {
-			return fmt.Errorf("%s: %s: %w", op, what, err)
-		}
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
-
 // RestoreError is a failed iptables-restore run with what it printed.
 type RestoreError struct {
 	Output string

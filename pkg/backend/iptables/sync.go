@@ -147,8 +147,9 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, er
 	return true, nil
 }
 
-// shared is what of the shared objects is left to ensure one by one.
-type shared struct {
+// leftToEnsure is what of the shared objects is left to ensure one by
+// one.
+type leftToEnsure struct {
 	chains []Chain
 	rules  []Rule
 }
@@ -160,8 +161,8 @@ type shared struct {
 // What it cannot decide from the listing — a rule between chains that
 // exist, the filter table's guard — it returns, to be checked and
 // inserted as ADD's slow path does.
-func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) shared {
-	var rest shared
+func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) leftToEnsure {
+	var rest leftToEnsure
 	created, seenC, seenR := map[string]bool{}, map[Chain]bool{}, map[string]bool{}
 	var rules []Rule
 	for _, p := range want {
@@ -201,7 +202,7 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) sha
 
 // ensure creates the chains and rules one by one, each checked first
 // (concurrent ADDs never duplicate them).
-func (b *Backend) ensure(s shared) error {
+func (b *Backend) ensure(s leftToEnsure) error {
 	for _, c := range s.chains {
 		if err := b.Kernel.EnsureChain(c); err != nil {
 			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
