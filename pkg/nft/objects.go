@@ -63,7 +63,7 @@ func (v *Table) Encode(tx *Tx, vb Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg,
 	}
 	a.String(unix.NFTA_TABLE_NAME, tx.TableName)
 	if vb != Delete {
-		a.Raw(AttrTableUserdata, Comment(v.Comment))
+		a.Raw(attrTableUserdata, Comment(v.Comment))
 	}
 	return nil, nil
 }

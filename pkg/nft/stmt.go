@@ -144,14 +144,14 @@ func (s DNAT) Encode(e *Exprs) {
 		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, Reg1)
 		if s.Port != 0 {
 			a.U32(unix.NFTA_NAT_REG_PROTO_MIN, Reg2)
-			a.U32(unix.NFTA_NAT_FLAGS, NatRangeProtoSpecified)
+			a.U32(unix.NFTA_NAT_FLAGS, natRangeProtoSpecified)
 		}
 	})
 }
 
-// NatRangeProtoSpecified is NF_NAT_RANGE_PROTO_SPECIFIED: a DNAT that
+// natRangeProtoSpecified is NF_NAT_RANGE_PROTO_SPECIFIED: a DNAT that
 // sets the port too.
-const NatRangeProtoSpecified = 0x2
+const natRangeProtoSpecified = 0x2
 
 // FibLocal: fib daddr type local
 type FibLocal struct{}

@@ -47,7 +47,7 @@ func ConcatLen(types ...Type) uint32 {
 
 // Attribute numbers and values x/sys/unix does not name.
 const (
-	AttrTableUserdata   = 6    // NFTA_TABLE_USERDATA
+	attrTableUserdata   = 6    // NFTA_TABLE_USERDATA
 	AttrChainUserdata   = 12   // NFTA_CHAIN_USERDATA
 	attrSetUserdata     = 13   // NFTA_SET_USERDATA
 	setConcat           = 0x80 // NFT_SET_CONCAT

@@ -53,21 +53,21 @@ func AcceptChainName(o plan.Owner) string {
 }
 
 // forwardJump is the shared jump from FORWARD.
-var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Jump: ForwardChain, Insert: true}
+var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Jump: forwardChain, Insert: true}
 
 // forwardEntry is the attachment's jump from CNI-HOSTPORT-FWD; it depends
 // only on the owner, so DEL can name it without a prevResult.
 func forwardEntry(o plan.Owner) Rule {
-	return Rule{Table: FilterTable, Chain: ForwardChain, Comment: EntryComment(o), Jump: AcceptChainName(o)}
+	return Rule{Table: FilterTable, Chain: forwardChain, Comment: entryComment(o), Jump: AcceptChainName(o)}
 }
 
-// AcceptRules are the attachment's accept rules, one per distinct mapping.
-func AcceptRules(p *plan.Plan) []Rule {
+// acceptRules are the attachment's accept rules, one per distinct mapping.
+func acceptRules(p *plan.Plan) []Rule {
 	chain := AcceptChainName(p.Owner)
 	var out []Rule
 	seen := map[string]bool{}
 	for m := range p.Mappings.All() {
-		ct := Conntrack{OrigDstPort: strconv.Itoa(m.HostPort), ReplSrc: p.ContainerNet.IP.String(), ReplSrcPort: strconv.Itoa(m.ContainerPort)}
+		ct := conntrackMatch{OrigDstPort: strconv.Itoa(m.HostPort), ReplSrc: p.ContainerNet.IP.String(), ReplSrcPort: strconv.Itoa(m.ContainerPort)}
 		if m.HostIP != nil {
 			ct.OrigDst = m.HostIP.String()
 		}
@@ -98,7 +98,7 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 	pl := filterPayload()
 	pl.rule("-C", forwardJump)
 	pl.line("-N "+chain, "new chain "+chain)
-	for _, r := range AcceptRules(p) {
+	for _, r := range acceptRules(p) {
 		pl.rule("-A", r)
 	}
 	pl.rule("-A", forwardEntry(p.Owner))
@@ -117,7 +117,7 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 	}
 	pl = filterPayload()
 	pl.redeclare(chain, nil)
-	for _, r := range AcceptRules(p) {
+	for _, r := range acceptRules(p) {
 		pl.rule("-A", r)
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
@@ -130,8 +130,8 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 }
 
 func (fw *Accept) ensureShared() error {
-	if err := fw.Kernel.EnsureChain(Chain{FilterTable, ForwardChain}); err != nil {
-		return fmt.Errorf("create chain %q in table %s: %w", ForwardChain, FilterTable, err)
+	if err := fw.Kernel.EnsureChain(Chain{FilterTable, forwardChain}); err != nil {
+		return fmt.Errorf("create chain %q in table %s: %w", forwardChain, FilterTable, err)
 	}
 	if err := fw.Kernel.EnsureRule(forwardJump); err != nil {
 		return fmt.Errorf("ensure rule %s: %w", describe(forwardJump), err)
@@ -167,7 +167,7 @@ func (fw *Accept) Check(p *plan.Plan) error {
 	pl := filterPayload()
 	pl.rule("-C", forwardJump)
 	pl.rule("-C", forwardEntry(p.Owner))
-	for _, r := range AcceptRules(p) {
+	for _, r := range acceptRules(p) {
 		pl.rule("-C", r)
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
@@ -197,16 +197,16 @@ func parseAccept(lines []string) *fwListing {
 	hasChain, hasJump := false, false
 	for _, line := range lines {
 		switch {
-		case line == "-N "+ForwardChain:
+		case line == "-N "+forwardChain:
 			hasChain = true
-		case line == "-A FORWARD -j "+ForwardChain:
+		case line == "-A FORWARD -j "+forwardChain:
 			hasJump = true
 		case strings.HasPrefix(line, "-N CNI-FW-"):
 			l.chains[line[3:]] = true
 		case strings.HasPrefix(line, "-A CNI-FW-"):
 			chain, _, _ := strings.Cut(line[3:], " ")
 			l.rules[chain] = append(l.rules[chain], line)
-		case strings.HasPrefix(line, "-A "+ForwardChain+" "):
+		case strings.HasPrefix(line, "-A "+forwardChain+" "):
 			if m := fwOwnerRE().FindStringSubmatch(line); m != nil {
 				l.refs[m[3]] = append(l.refs[m[3]], line)
 				l.owners[m[3]] = [2]string{m[1], m[2]}
@@ -291,7 +291,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 		chain := AcceptChainName(p.Owner)
 		wanted[chain] = true
 		var w, h []ruleID
-		for _, r := range AcceptRules(p) {
+		for _, r := range acceptRules(p) {
 			w = append(w, r.id())
 		}
 		for _, line := range l.rules[chain] {
@@ -303,11 +303,11 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 		case diff(w, h) != "":
 			v.Whys[i] = "forwardAccept: chain " + chain + ": " + diff(w, h)
 		case len(l.refs[chain]) != 1:
-			v.Whys[i] = fmt.Sprintf("forwardAccept: %d jumps to %s in %s, want 1", len(l.refs[chain]), chain, ForwardChain)
+			v.Whys[i] = fmt.Sprintf("forwardAccept: %d jumps to %s in %s, want 1", len(l.refs[chain]), chain, forwardChain)
 		}
 	}
 	if len(want) > 0 && !l.shared {
-		v.Shared = append(v.Shared, "forwardAccept: chain "+ForwardChain+" or the jump to it from FORWARD missing")
+		v.Shared = append(v.Shared, "forwardAccept: chain "+forwardChain+" or the jump to it from FORWARD missing")
 	}
 	for _, chain := range sortedChains(l.chains) {
 		if !wanted[chain] {
@@ -337,7 +337,7 @@ func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair
 		}
 		chain := AcceptChainName(p.Owner)
 		pl.redeclare(chain, l.refs[chain])
-		for _, r := range AcceptRules(p) {
+		for _, r := range acceptRules(p) {
 			pl.rule("-A", r)
 		}
 		pl.rule("-A", forwardEntry(p.Owner))

@@ -150,7 +150,7 @@ func TestAcceptReadyAndMappings(t *testing.T) {
 	if ms, err := fw.Mappings(); ms != nil || err != nil {
 		t.Errorf("Mappings = %v, %v", ms, err)
 	}
-	re := &RestoreError{Err: exec.ErrNotFound, Output: " line 2 failed\n"}
+	re := &restoreFailure{Err: exec.ErrNotFound, Output: " line 2 failed\n"}
 	if !errors.Is(re, exec.ErrNotFound) || re.Error() != "executable file not found in $PATH: line 2 failed" {
 		t.Errorf("RestoreError: %q", re.Error())
 	}

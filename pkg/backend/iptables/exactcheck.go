@@ -29,7 +29,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 	var items []checkItem
 	seen := map[string]bool{}
 	for _, p := range want {
-		for _, r := range append(GuardRules(p), SharedRules(p)...) {
+		for _, r := range append(GuardRules(p), sharedRules(p)...) {
 			if d := describe(r); !seen[d] {
 				seen[d] = true
 				items = append(items, checkItem{-1, r})
@@ -64,7 +64,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 		if err == nil {
 			break
 		}
-		var re *RestoreError
+		var re *restoreFailure
 		n := 0
 		if errors.As(err, &re) {
 			n = pl.failedLineNumber(re.Output)
@@ -138,7 +138,7 @@ func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]str
 }
 
 func errorOutput(err error) string {
-	var re *RestoreError
+	var re *restoreFailure
 	if errors.As(err, &re) {
 		return re.Output
 	}
@@ -189,7 +189,7 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 	// CNI-HOSTPORT-MASQ, a chain read with its rules anyway, is judged by
 	// that chain's references instead.
 	byRefs := func(r Rule) bool {
-		return r.Chain == "POSTROUTING" && r.Jump == MasqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == MasqChain })
+		return r.Chain == "POSTROUTING" && r.Jump == masqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == masqChain })
 	}
 	var tables []string
 	names, jumped := map[string][]string{}, map[string][]string{}

@@ -145,7 +145,7 @@ func (k *execKernel) run(payload []byte, extra ...string) error {
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		refused := errors.As(err, &ee) && (ee.ExitCode() == 1 || ee.ExitCode() == 2)
-		re := &RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
+		re := &restoreFailure{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
 		if held := xtablesHolder(re.Output); held != "" {
 			re.Output = strings.TrimSpace(re.Output) + held
 			re.Err = fmt.Errorf("%s: %w (%w)", k.restore, err, lock.ErrTimeout)

@@ -2,10 +2,64 @@ package iptables
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
+
+// GC removes every attachment of network that no valid attachment owns.
+// Ownership comes from the entry rules' comments, so other networks' rules
+// stay, even for the same container ID; the layout has one chain per
+// network and container, so the interface name plays no part. It lists the
+// table once and removes all stale attachments in one iptables-restore.
+func (b *Backend) GC(network string, valid []plan.Owner) error {
+	ids := map[string]bool{}
+	for _, o := range valid {
+		ids[o.ContainerID] = true
+	}
+	release, err := b.Lock()
+	if err != nil {
+		return err
+	}
+	defer release()
+	lines, err := b.Kernel.ListTable()
+	if err != nil {
+		return fmt.Errorf("list table %s: %w", Table, err)
+	}
+	refs := map[string][]string{} // stale chain -> its entry rules
+	var order []string
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "-A "+TopLevelDNATChain+" ") {
+			continue
+		}
+		m := entryOwnerRE().FindStringSubmatch(l)
+		if m == nil || m[1] != network || ids[m[2]] {
+			continue
+		}
+		// A cut comment (very long names) cannot prove ownership: the
+		// chain name must be the one this owner hashes to.
+		if m[3] != ChainName(plan.Owner{Network: m[1], ContainerID: m[2]}) {
+			continue
+		}
+		if _, seen := refs[m[3]]; !seen {
+			order = append(order, m[3])
+		}
+		refs[m[3]] = append(refs[m[3]], l)
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	pl := newPayload()
+	for _, chain := range order {
+		pl.drop(chain, refs[chain])
+	}
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		return b.restoreError("gc", pl, err)
+	}
+	return nil
+}
 
 // Ready reports whether the backend can serve ADD (of any plan): the
 // restore tool (New found it) may change the nat table. Where

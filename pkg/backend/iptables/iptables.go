@@ -81,12 +81,12 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
-	for _, c := range SharedChains(p) {
+	for _, c := range sharedChains(p) {
 		if err := b.Kernel.EnsureChain(c); err != nil {
 			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
 	}
-	for _, r := range append(GuardRules(p), SharedRules(p)...) {
+	for _, r := range append(GuardRules(p), sharedRules(p)...) {
 		if err := b.Kernel.EnsureRule(r); err != nil {
 			return fmt.Errorf("ensure rule %s: %w", describe(r), err)
 		}
@@ -307,7 +307,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 // finds missing.
 func (b *Backend) checkRestore(pl *payload) error {
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		var re *RestoreError
+		var re *restoreFailure
 		if errors.As(err, &re) {
 			if what := pl.explain(re.Output); what != "" {
 				table := Table
@@ -367,7 +367,7 @@ func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
 }
 
 func (b *Backend) restoreError(op string, pl *payload, err error) error {
-	var re *RestoreError
+	var re *restoreFailure
 	if errors.As(err, &re) {
 		if what := pl.explain(re.Output); what != "" {
 			return fmt.Errorf("%s: %s: %w", op, what, err)

@@ -119,7 +119,7 @@ type ruleID struct {
 	neg                         bool
 	src, dst, proto, dport      string
 	dports, comment, target, to string
-	ct                          Conntrack
+	ct                          conntrackMatch
 }
 
 // String spells the identity as iptables would, leaving out what is
@@ -142,7 +142,7 @@ func (r ruleID) String() string {
 	if r.comment != "" {
 		add("--comment", strconv.Quote(r.comment))
 	}
-	if r.ct != (Conntrack{}) {
+	if r.ct != (conntrackMatch{}) {
 		add("--ctstate", "DNAT")
 	}
 	add("--ctorigdst", r.ct.OrigDst)
@@ -199,7 +199,7 @@ func parseRule(tokens []string) Rule {
 		}
 		r.Matches = append(r.Matches, t)
 	}
-	if r.Ct != (Conntrack{}) { // the module of forwardAccept's Conntrack fields
+	if r.Ct != (conntrackMatch{}) { // the module of forwardAccept's Conntrack fields
 		for i := 0; i+1 < len(r.Matches); i++ {
 			if r.Matches[i] == "-m" && r.Matches[i+1] == "conntrack" {
 				r.Matches = slices.Delete(r.Matches, i, i+2)

@@ -16,13 +16,13 @@ func (b *Backend) Mappings() ([]plan.Installed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list table %s: %w", Table, err)
 	}
-	return ParseMappings(lines), nil
+	return parseMappings(lines), nil
 }
 
-// ParseMappings reads `iptables -t nat -S` lines: the owner of each CNI-DN
+// parseMappings reads `iptables -t nat -S` lines: the owner of each CNI-DN
 // chain from its entry rule's comment (EntryComment), the mappings from
 // its DNAT rules.
-func ParseMappings(lines []string) []plan.Installed {
+func parseMappings(lines []string) []plan.Installed {
 	lt := parseListing(lines)
 	owners := map[string]plan.Owner{}
 	for chain, refs := range lt.refs {

@@ -16,7 +16,7 @@ func TestParseForwards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := ParseMappings(strings.Split(strings.TrimSpace(string(b)), "\n"))
+	got := parseMappings(strings.Split(strings.TrimSpace(string(b)), "\n"))
 	c1 := plan.Owner{Network: "net1", ContainerID: "c1"}
 	want := []plan.Installed{
 		{HostPort: 8080, Protocol: plan.TCP, ContainerIP: net.ParseIP("192.0.2.2"), ContainerPort: 80, Owner: c1},

@@ -205,7 +205,7 @@ func (c *Memory) apply(payload []byte) error {
 			ok = t.apply(line)
 		}
 		if !ok {
-			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
+			return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
 				Err: errors.New("iptables-restore: exit status 1"), Refused: true}
 		}
 	}

@@ -217,7 +217,7 @@ func checkJudgesTheChain(t *testing.T, legacy bool) {
 		{"a rule too many", "-A " + chain + " -p tcp --dport 9999 -j DNAT --to-destination 192.0.2.2:1", "1 unexpected rules"},
 		{"the chain's entry rule missing", "-F " + TopLevelDNATChain, "entry rules in " + TopLevelDNATChain},
 		{"the PREROUTING jump missing", "-F PREROUTING", "PREROUTING"},
-		{"the POSTROUTING jump missing", "-F POSTROUTING", MasqChain},
+		{"the POSTROUTING jump missing", "-F POSTROUTING", masqChain},
 		{"the mark rule missing", "-F " + SetMarkChain, SetMarkChain},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tamperThenCheck(t, p, legacy, tc.change, tc.want) })
@@ -327,8 +327,8 @@ func TestMemorySkeleton(t *testing.T) {
 			if !legacy && m.Restores != restores {
 				t.Errorf("Skeleton on nf_tables ran iptables-restore %d times", m.Restores-restores)
 			}
-			m.table(Table).rules[MasqChain] = nil
-			if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "-A "+MasqChain) || !some {
+			m.table(Table).rules[masqChain] = nil
+			if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "-A "+masqChain) || !some {
 				t.Errorf("masquerade chain emptied: %q, some %v, %v; want its rule named, some left", what, some, err)
 			}
 			m.FlushTable(Table)
@@ -454,12 +454,12 @@ func TestCheckReadsNoTable(t *testing.T) {
 		// POSTROUTING's jump; STATUS reads the same way.
 		masq := 0
 		for _, c := range k.calls {
-			if strings.HasPrefix(c, "dump ") && strings.Contains(c, MasqChain) {
+			if strings.HasPrefix(c, "dump ") && strings.Contains(c, masqChain) {
 				masq++
 			}
 		}
 		if masq != 1 {
-			t.Errorf("conditions %v: CHECK read %s %d times (%q)", conditions, MasqChain, masq, k.calls)
+			t.Errorf("conditions %v: CHECK read %s %d times (%q)", conditions, masqChain, masq, k.calls)
 		}
 		k.calls = nil
 		if what, _, err := b.Skeleton(p); err != nil || what != "" {

@@ -47,7 +47,7 @@ const NativeRelease = "1.8.7"
 // errNotNative for what it does not write: other matches (conditions,
 // the shared rules'), SCTP, any other target.
 func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
-	if len(r.Matches) > 0 || r.Ct != (Conntrack{}) || r.SetXmark != "" {
+	if len(r.Matches) > 0 || r.Ct != (conntrackMatch{}) || r.SetXmark != "" {
 		return nil, 0, false, errNotNative
 	}
 	if r.Proto != "" {

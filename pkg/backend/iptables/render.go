@@ -20,7 +20,7 @@ const (
 	Table             = "nat"
 	TopLevelDNATChain = "CNI-HOSTPORT-DNAT"
 	SetMarkChain      = "CNI-HOSTPORT-SETMARK"
-	MasqChain         = "CNI-HOSTPORT-MASQ"
+	masqChain         = "CNI-HOSTPORT-MASQ"
 	// GuardChain (filter table, IPv4) drops connections to 127.0.0.0/8
 	// that arrive from outside: route_localnet, which localhost host ports
 	// need, would otherwise let a container or a neighbour reach services
@@ -41,7 +41,7 @@ const (
 // Names the kernel keeps for forwardAccept: never change them.
 const (
 	FilterTable        = "filter"
-	ForwardChain       = "CNI-HOSTPORT-FWD"
+	forwardChain       = "CNI-HOSTPORT-FWD"
 	forwardChainPrefix = "FW-"
 )
 
@@ -58,9 +58,9 @@ func chainName(o plan.Owner, prefix string) string {
 	return ("CNI-" + prefix + hex.EncodeToString(sum[:]))[:28]
 }
 
-// EntryComment is the comment on the attachment's entry rules, upstream's
+// entryComment is the comment on the attachment's entry rules, upstream's
 // format; GC and `list` read the owner back from it.
-func EntryComment(o plan.Owner) string {
+func entryComment(o plan.Owner) string {
 	// skel allows only [A-Za-z0-9_.-] in both; anything else (which could
 	// end the payload's line) is replaced, never written.
 	c := fmt.Sprintf(`dnat name: "%s" id: "%s"`, printable(o.Network), printable(o.ContainerID))
@@ -90,12 +90,12 @@ type Rule struct {
 	// Insert puts the rule at the top of its chain instead of the end.
 	Insert bool
 
-	Proto    plan.Protocol // -p
-	Dport    string        // --dport, the tcp or udp match: "8080" or "20000:20999"
-	Dst, Src string        // -d, -s: an address or a prefix
-	Dports   string        // -m multiport --destination-ports: "8080,20000:20999"
-	Comment  string        // -m comment --comment
-	Ct       Conntrack     // forwardAccept's -m conntrack
+	Proto    plan.Protocol  // -p
+	Dport    string         // --dport, the tcp or udp match: "8080" or "20000:20999"
+	Dst, Src string         // -d, -s: an address or a prefix
+	Dports   string         // -m multiport --destination-ports: "8080,20000:20999"
+	Comment  string         // -m comment --comment
+	Ct       conntrackMatch // forwardAccept's -m conntrack
 	// Matches are the other matches, as iptables takes them: the shared
 	// rules' (addrtype, mark, conntrack), forwardAccept's and the
 	// configuration's conditions.
@@ -105,10 +105,10 @@ type Rule struct {
 	SetXmark string // MARK --set-xmark
 }
 
-// Conntrack is forwardAccept's conntrack match: a connection DNATed from
+// conntrackMatch is forwardAccept's conntrack match: a connection DNATed from
 // a host port (and address) and answered by the container's address and
 // port.
-type Conntrack struct{ OrigDst, OrigDstPort, ReplSrc, ReplSrcPort string }
+type conntrackMatch struct{ OrigDst, OrigDstPort, ReplSrc, ReplSrcPort string }
 
 // Args spells r's matches and target in the order iptables takes them:
 // an entry rule's comment before its multiport match (upstream's order,
@@ -133,7 +133,7 @@ func (r Rule) Args() []string {
 		add(r.Dport, "--dport")
 		add(r.Dst, "-d")
 		add(r.Src, "-s")
-		if r.Ct != (Conntrack{}) {
+		if r.Ct != (conntrackMatch{}) {
 			a = append(a, "-m", "conntrack", "--ctstate", "DNAT")
 			add(r.Ct.OrigDstPort, "--ctorigdstport")
 			add(r.Ct.OrigDst, "--ctorigdst")
@@ -152,12 +152,12 @@ func (r Rule) Args() []string {
 // Chain is a table's chain.
 type Chain struct{ Table, Name string }
 
-// SharedChains are the chains every attachment of the plan's kind relies on,
+// sharedChains are the chains every attachment of the plan's kind relies on,
 // in creation order.
-func SharedChains(p *plan.Plan) []Chain {
+func sharedChains(p *plan.Plan) []Chain {
 	chains := []Chain{{Table, TopLevelDNATChain}}
 	if ownMarkChains(p) {
-		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, MasqChain})
+		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, masqChain})
 	}
 	if p.LocalNet() {
 		chains = append(chains, Chain{"filter", GuardChain})
@@ -179,10 +179,10 @@ func GuardRules(p *plan.Plan) []Rule {
 	}
 }
 
-// SharedRules are the rules outside the attachment's chain that ADD ensures
+// sharedRules are the rules outside the attachment's chain that ADD ensures
 // exist exactly once: the jumps from the built-in chains and the mark and
 // masquerade rules.
-func SharedRules(p *plan.Plan) []Rule {
+func sharedRules(p *plan.Plan) []Rule {
 	local := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 	rules := []Rule{
 		{Chain: "PREROUTING", Matches: local, Jump: TopLevelDNATChain},
@@ -192,10 +192,10 @@ func SharedRules(p *plan.Plan) []Rule {
 		mark := markSpec(p.Masquerade)
 		rules = append(rules,
 			Rule{Chain: SetMarkChain, Comment: setMarkComment, Jump: "MARK", SetXmark: mark},
-			Rule{Chain: MasqChain, Matches: []string{"-m", "mark", "--mark", mark}, Jump: "MASQUERADE"},
+			Rule{Chain: masqChain, Matches: []string{"-m", "mark", "--mark", mark}, Jump: "MASQUERADE"},
 			// At the top of POSTROUTING: the ptp and bridge plugins' own
 			// masquerade rules would otherwise take the packet first.
-			Rule{Chain: "POSTROUTING", Comment: masqEntryComment, Jump: MasqChain, Insert: true},
+			Rule{Chain: "POSTROUTING", Comment: masqEntryComment, Jump: masqChain, Insert: true},
 		)
 	}
 	return rules
@@ -215,7 +215,7 @@ func EntryRules(p *plan.Plan) []Rule {
 			byProto[r.Protocol] = append(byProto[r.Protocol], spec)
 		}
 	}
-	comment := EntryComment(p.Owner)
+	comment := entryComment(p.Owner)
 	var rules []Rule
 	for _, proto := range plan.Protocols {
 		specs := byProto[proto]
@@ -331,7 +331,7 @@ func markSpec(m plan.Masquerade) string {
 func skeletonRules(p *plan.Plan) []Rule {
 	q := *p
 	q.Conditions = nil // the shared rules alone
-	return append(GuardRules(&q), SharedRules(&q)...)
+	return append(GuardRules(&q), sharedRules(&q)...)
 }
 
 // entryOwnerRE reads the owner back from an entry rule as iptables -S
@@ -339,55 +339,3 @@ func skeletonRules(p *plan.Plan) []Rule {
 var entryOwnerRE = sync.OnceValue(func() *regexp.Regexp {
 	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-DN-\S+)$`)
 })
-
-// GC removes every attachment of network that no valid attachment owns.
-// Ownership comes from the entry rules' comments, so other networks' rules
-// stay, even for the same container ID; the layout has one chain per
-// network and container, so the interface name plays no part. It lists the
-// table once and removes all stale attachments in one iptables-restore.
-func (b *Backend) GC(network string, valid []plan.Owner) error {
-	ids := map[string]bool{}
-	for _, o := range valid {
-		ids[o.ContainerID] = true
-	}
-	release, err := b.Lock()
-	if err != nil {
-		return err
-	}
-	defer release()
-	lines, err := b.Kernel.ListTable()
-	if err != nil {
-		return fmt.Errorf("list table %s: %w", Table, err)
-	}
-	refs := map[string][]string{} // stale chain -> its entry rules
-	var order []string
-	for _, l := range lines {
-		if !strings.HasPrefix(l, "-A "+TopLevelDNATChain+" ") {
-			continue
-		}
-		m := entryOwnerRE().FindStringSubmatch(l)
-		if m == nil || m[1] != network || ids[m[2]] {
-			continue
-		}
-		// A cut comment (very long names) cannot prove ownership: the
-		// chain name must be the one this owner hashes to.
-		if m[3] != ChainName(plan.Owner{Network: m[1], ContainerID: m[2]}) {
-			continue
-		}
-		if _, seen := refs[m[3]]; !seen {
-			order = append(order, m[3])
-		}
-		refs[m[3]] = append(refs[m[3]], l)
-	}
-	if len(order) == 0 {
-		return nil
-	}
-	pl := newPayload()
-	for _, chain := range order {
-		pl.drop(chain, refs[chain])
-	}
-	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		return b.restoreError("gc", pl, err)
-	}
-	return nil
-}

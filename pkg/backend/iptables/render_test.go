@@ -59,10 +59,10 @@ func TestChainNameIsUpstreams(t *testing.T) {
 	if got, want := ChainName(owner), "CNI-DN-c2d892b58e87e28a12fe6"; got != want {
 		t.Errorf("ChainName = %q, want %q", got, want)
 	}
-	if got, want := EntryComment(owner), `dnat name: "net1" id: "c1"`; got != want {
+	if got, want := entryComment(owner), `dnat name: "net1" id: "c1"`; got != want {
 		t.Errorf("EntryComment = %q, want %q", got, want)
 	}
-	long := EntryComment(plan.Owner{Network: "n", ContainerID: strings.Repeat("a", 300)})
+	long := entryComment(plan.Owner{Network: "n", ContainerID: strings.Repeat("a", 300)})
 	if len(long) != maxComment || !strings.HasSuffix(long, "...") {
 		t.Errorf("long comment has %d chars (%q...), want %d ending in ...", len(long), long[:20], maxComment)
 	}

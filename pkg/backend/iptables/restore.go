@@ -215,7 +215,7 @@ func deleteRefs(pl *payload, refs []string) {
 // attachment's chain is judged from a listing (Check).
 func checkPayload(p *plan.Plan) *payload {
 	pl := guardPayload(p)
-	for _, r := range SharedRules(p) {
+	for _, r := range sharedRules(p) {
 		pl.rule("-C", r)
 	}
 	if len(p.Conditions) > 0 {
@@ -230,8 +230,8 @@ func checkPayload(p *plan.Plan) *payload {
 // tests and fuzzing of the rendering).
 func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
 
-// RestoreError is a failed iptables-restore run with what it printed.
-type RestoreError struct {
+// restoreFailure is a failed iptables-restore run with what it printed.
+type restoreFailure struct {
 	Output string
 	Err    error
 	// Refused is true when iptables-restore refused a line of the payload:
@@ -249,7 +249,7 @@ type RestoreError struct {
 // returned to the caller as it is (a kernel test holds the exit statuses
 // to this). The nftables backend's word for the same is missed.
 func Missed(err error) bool {
-	var re *RestoreError
+	var re *restoreFailure
 	if errors.As(err, &re) {
 		return re.Refused
 	}
@@ -266,8 +266,8 @@ func unlinkMissed(err error) bool {
 	return errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOENT)
 }
 
-func (e *RestoreError) Error() string {
+func (e *restoreFailure) Error() string {
 	return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output))
 }
 
-func (e *RestoreError) Unwrap() error { return e.Err }
+func (e *restoreFailure) Unwrap() error { return e.Err }

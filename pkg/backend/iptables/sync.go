@@ -166,7 +166,7 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) lef
 	created, seenC, seenR := map[string]bool{}, map[Chain]bool{}, map[string]bool{}
 	var rules []Rule
 	for _, p := range want {
-		for _, c := range SharedChains(p) {
+		for _, c := range sharedChains(p) {
 			if seenC[c] {
 				continue
 			}
@@ -179,7 +179,7 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) lef
 				pl.line("-N "+c.Name, "new chain "+c.Name)
 			}
 		}
-		for _, r := range append(GuardRules(p), SharedRules(p)...) {
+		for _, r := range append(GuardRules(p), sharedRules(p)...) {
 			if d := describe(r); !seenR[d] {
 				seenR[d] = true
 				rules = append(rules, r)

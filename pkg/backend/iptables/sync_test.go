@@ -55,7 +55,7 @@ func (k *fakeKernel) Restore(p []byte) error {
 		case strings.HasPrefix(l, "*"):
 			inTable = true
 		case l == "COMMIT" && !inTable:
-			return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
+			return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
 		case l == "COMMIT":
 			inTable = false
 		}
@@ -68,7 +68,7 @@ func (k *fakeKernel) Restore(p []byte) error {
 		for k.blameCommit && lines[n-1] != "COMMIT" {
 			n++
 		}
-		return &RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", n), Err: fmt.Errorf("exit status 1"), Refused: true}
+		return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", n), Err: fmt.Errorf("exit status 1"), Refused: true}
 	}
 	return nil
 }

@@ -301,7 +301,7 @@ func judgeFlat(p *plan.Plan, c *ChainState) string {
 		return fmt.Sprintf("chain %s records no key", own)
 	}
 	if !c.Owned {
-		return fmt.Sprintf("map %s holds no element for chain %s", OwnersMap, own)
+		return fmt.Sprintf("map %s holds no element for chain %s", ownersMap, own)
 	}
 	want := Keys(p)
 	got := make(map[string]bool, len(c.Record))

@@ -83,9 +83,9 @@ func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
 	var out []MapDNAT
 	for le := range nfnl.All(list) {
 		key, data := attrValue(le.Value, unix.NFTA_SET_ELEM_KEY), attrValue(le.Value, unix.NFTA_SET_ELEM_DATA)
-		set := HostPortsMap
+		set := hostPortsMap
 		if len(key) == 8+ipLen {
-			set = HostIPPortsMap
+			set = hostIPPortsMap
 		}
 		k, ok := keyFromBytes(f, set, key)
 		if !ok || len(data) < ipLen+2 {
@@ -103,7 +103,7 @@ func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
 func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 	var k Key
 	switch set {
-	case HostIPPortsMap, HostIPPortRangesMap, HostIPDNATMap:
+	case hostIPPortsMap, hostIPPortRangesMap, hostIPDNATMap:
 		n := 4
 		if f == plan.IPv6 {
 			n = 16
@@ -113,7 +113,7 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 		}
 		k.HostIP = append(net.IP(nil), b[:n]...)
 		b = b[n:]
-	case HostPortsMap, HostPortRangesMap, HostDNATMap:
+	case hostPortsMap, hostPortRangesMap, HostDNATMap:
 	default:
 		return k, false
 	}

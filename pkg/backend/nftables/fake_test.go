@@ -73,14 +73,14 @@ func (k *fakeKernel) seed(t *testing.T, plans ...*plan.Plan) {
 // commented with the container's ID. It returns the rule's handle.
 func (k *fakeKernel) upstreamRule(t *testing.T, p plan.Protocol, dport int, ip string, port int, id string) uint64 {
 	t.Helper()
-	tx := nft.NewTx(nft.IPv4, UpstreamTable)
+	tx := nft.NewTx(nft.IPv4, upstreamTable)
 	tx.Add(&nft.Table{})
 	tx.Add(&nft.Chain{Name: "hostports"})
 	tx.Add(&nft.Rule{Chain: "hostports", Comment: id, Stmts: []nft.Stmt{nft.L4Proto{Name: string(p)}, nft.DPort{Port: dport, Last: 0}, nft.DNAT{IP: net.ParseIP(ip).To4(), Port: port}}})
 	if err := k.Memory.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := k.Memory.Chain(plan.IPv4, UpstreamTable, "hostports")
+	c, err := k.Memory.Chain(plan.IPv4, upstreamTable, "hostports")
 	if err != nil || c == nil || len(c.Rules) == 0 {
 		t.Fatalf("upstream's chain: %v, %v", c, err)
 	}

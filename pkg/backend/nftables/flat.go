@@ -71,7 +71,7 @@ import (
 // flatSetNames are the names of the DNAT maps and the hairpin sets of
 // lengths.
 func flatSetNames(lengths []int) []string {
-	out := []string{OwnersMap, HostIPDNATMap, HostDNATMap}
+	out := []string{ownersMap, hostIPDNATMap, HostDNATMap}
 	for _, l := range lengths {
 		out = append(out, hairpinSet(true, l), hairpinSet(false, l))
 	}
@@ -81,7 +81,7 @@ func flatSetNames(lengths []int) []string {
 // flatSets are the skeleton's owners map, DNAT maps and the hairpin sets
 // of lengths.
 func flatSets(f nft.Family, lengths []int) []*nft.Set {
-	out := []*nft.Set{ownersSet(), dnatMapSet(f, HostIPDNATMap, true), dnatMapSet(f, HostDNATMap, false)}
+	out := []*nft.Set{ownersSet(), dnatMapSet(f, hostIPDNATMap, true), dnatMapSet(f, HostDNATMap, false)}
 	for _, addr := range []bool{true, false} {
 		for _, l := range lengths {
 			out = append(out, hairpinSetOf(f, addr, l))
@@ -100,7 +100,7 @@ func dnatMapSet(f nft.Family, name string, addr bool) *nft.Set {
 func flatDispatchRules(addr bool, lengths []int) []*nft.Rule {
 	dm := HostDNATMap
 	if addr {
-		dm = HostIPDNATMap
+		dm = hostIPDNATMap
 	}
 	out := make([]*nft.Rule, 0, len(lengths)+1)
 	for _, l := range lengths {
@@ -242,7 +242,7 @@ func fastFlatTx(p *plan.Plan, keys []Key) *nft.Tx {
 func flatGuards(p *plan.Plan) []string {
 	var out []string
 	if p.Masquerade.Enabled {
-		out = append(out, MasqChain(flatMarkBit))
+		out = append(out, masqChain(flatMarkBit))
 	}
 	if p.LocalNet() {
 		out = append(out, GuardChain)

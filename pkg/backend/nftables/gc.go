@@ -34,7 +34,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	for _, o := range valid {
 		keep[ChainName(o)] = true
 	}
-	prefix := NetworkPrefix(network)
+	prefix := networkPrefix(network)
 	stale := map[string]bool{}
 	for name := range s.Chains {
 		if strings.HasPrefix(name, prefix) && !keep[name] {

@@ -179,9 +179,9 @@ func decodeHairpins(f plan.Family, b []byte) []Hairpin {
 		return nil
 	}
 	ipLen := int(nft.Family(f).AddrType().Len)
-	keySet := HostPortsMap
+	keySet := hostPortsMap
 	if addr {
-		keySet = HostIPPortsMap
+		keySet = hostIPPortsMap
 	}
 	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	var out []Hairpin

@@ -95,7 +95,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	cs := &ChainState{Comment: nft.CommentOf(ud)}
 	if len(reqs) > 1 {
 		if errs[1] != nil && !nft.IsNotFound(errs[1]) {
-			return nil, &nft.Error{Op: "get element of map " + OwnersMap, Err: errs[1]}
+			return nil, &nft.Error{Op: "get element of map " + ownersMap, Err: errs[1]}
 		}
 		cs.Owned = errs[1] == nil // its key is the chain's name
 	}
@@ -163,7 +163,7 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	}
 	if byDump {
 		var all []Element
-		for _, name := range []string{HostIPPortsMap, HostIPPortRangesMap, HostPortsMap, HostPortRangesMap, HostIPDNATMap, HostDNATMap} {
+		for _, name := range []string{hostIPPortsMap, hostIPPortRangesMap, hostPortsMap, hostPortRangesMap, hostIPDNATMap, HostDNATMap} {
 			if !maps[name] {
 				continue
 			}
@@ -316,7 +316,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		if table != Table {
 			continue
 		}
-		if name == OwnersMap {
+		if name == ownersMap {
 			msgs, err := dumpSet(c, f, table, name)
 			if err != nil {
 				return nil, &nft.Error{Op: "list map " + name, Err: err}

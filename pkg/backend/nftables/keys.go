@@ -34,17 +34,17 @@ func (k Key) last() int { return max(k.Port, k.Last) }
 func (k Key) Map() string {
 	switch {
 	case k.Flat && k.HostIP != nil:
-		return HostIPDNATMap
+		return hostIPDNATMap
 	case k.Flat:
 		return HostDNATMap
 	case k.HostIP != nil && k.IsRange():
-		return HostIPPortRangesMap
+		return hostIPPortRangesMap
 	case k.HostIP != nil:
-		return HostIPPortsMap
+		return hostIPPortsMap
 	case k.IsRange():
-		return HostPortRangesMap
+		return hostPortRangesMap
 	}
-	return HostPortsMap
+	return hostPortsMap
 }
 
 // Fields are the key's concatenation, as nft prints it.

@@ -32,7 +32,7 @@ func (v elemObj) nft(*nft.Tx) knftables.Object {
 }
 
 func (v ownerObj) nft(*nft.Tx) knftables.Object {
-	return &knftables.Element{Map: OwnersMap, Key: []string{net.IP(ownerKey(v.chain)).String()}, Value: []string{"goto " + v.chain}}
+	return &knftables.Element{Map: ownersMap, Key: []string{net.IP(ownerKey(v.chain)).String()}, Value: []string{"goto " + v.chain}}
 }
 
 func (v hairpinObj) nft(*nft.Tx) knftables.Object {
@@ -90,7 +90,7 @@ func TestTextAsKnftables(t *testing.T) {
 		fk := Keys(build(f, nil))
 		hp := wantedHairpins(build(f, nil), fk)
 		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Delete} {
-			add(v, dnatMapSet(nft.Family(f), HostIPDNATMap, true))
+			add(v, dnatMapSet(nft.Family(f), hostIPDNATMap, true))
 			add(v, hairpinSetOf(nft.Family(f), false, 24))
 			if v != nft.Flush {
 				add(v, ownerObj{"dn-0123456789abcdef-fedcba9876543210"})

@@ -270,7 +270,7 @@ func simulateSetDecl(s *memTx, v *nft.Set, vb nft.Verb) error {
 	switch _, _, hairpin := hairpinLength(v.Name); {
 	case hairpin:
 		return simulateSet(t.hairpins, v.Name, vb, t.looksUp(func(r RuleState) bool { return r.Member == v.Name }))
-	case v.Name == OwnersMap:
+	case v.Name == ownersMap:
 		return simulateSet(t.maps, v.Name, vb, false)
 	case isDNATMap(v.Name):
 		return simulateSet(t.maps, v.Name, vb, t.looksUp(func(r RuleState) bool { return r.DNATMap == v.Name }))
@@ -444,7 +444,7 @@ func (m *Memory) chain(f plan.Family, table, chain string) *ChainState {
 		return cs
 	}
 	cs.splitRecord()
-	cs.Owned = t.maps[OwnersMap][chain] == chain
+	cs.Owned = t.maps[ownersMap][chain] == chain
 	return cs
 }
 
@@ -481,7 +481,7 @@ func (m *Memory) Table(f plan.Family, table string) (*State, error) {
 	}
 	for n, els := range t.maps {
 		st.Maps[n] = true
-		if n == OwnersMap {
+		if n == ownersMap {
 			continue // Owned, above
 		}
 		for id, c := range els {
@@ -591,7 +591,7 @@ func (v ownerObj) simulate(s *memTx, vb nft.Verb) error {
 	if err != nil {
 		return err
 	}
-	els := t.maps[OwnersMap]
+	els := t.maps[ownersMap]
 	if els == nil || ownerKey(v.chain) == nil {
 		return unix.ENOENT
 	}

@@ -54,7 +54,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			}
 			if r.DNATMap != "" && !strings.HasPrefix(r.DNATMap, "__") {
 				k := Key{Protocol: p.Protocol, Port: p.Dport, Flat: true}
-				if r.DNATMap == HostIPDNATMap {
+				if r.DNATMap == hostIPDNATMap {
 					k.HostIP = p.Dst
 				}
 				owner, ok := t.maps[r.DNATMap][k.ID()]
@@ -66,7 +66,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			}
 			if r.Lookup != "" {
 				k := Key{Protocol: p.Protocol, Port: p.Dport}
-				if r.Lookup == HostIPPortsMap || r.Lookup == HostIPPortRangesMap {
+				if r.Lookup == hostIPPortsMap || r.Lookup == hostIPPortRangesMap {
 					k.HostIP = p.Dst
 				}
 				if to, ok := lookup(t.maps[r.Lookup], k); ok {
@@ -102,7 +102,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 	walk(base, 0)
 	for bit := range 32 {
 		if marks&(1<<bit) != 0 && v.DNAT != "" {
-			if mc := t.chains[MasqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
+			if mc := t.chains[masqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
 				v.Masquerade = true
 			}
 		}

@@ -20,13 +20,13 @@ import (
 // coexist during a migration.
 const (
 	Table          = "cni_portmap"
-	HostPortsMap   = "hostports"
-	HostIPPortsMap = "hostip_hostports"
+	hostPortsMap   = "hostports"
+	hostIPPortsMap = "hostip_hostports"
 	// The interval maps: one element per identity run of ports (a Podman
 	// range), consulted after the exact maps of the same host IP kind, so
 	// a single port shadows a range that covers it.
-	HostPortRangesMap   = "hostport_ranges"
-	HostIPPortRangesMap = "hostip_hostport_ranges"
+	hostPortRangesMap   = "hostport_ranges"
+	hostIPPortRangesMap = "hostip_hostport_ranges"
 	DispatchChain       = "dispatch"
 	tableComment        = "CNI portmap: host ports to containers"
 	// Rule comments that name what a rule is for; the "hostport" ones
@@ -40,7 +40,7 @@ const (
 // Names the kernel keeps.
 const (
 	HostDNATMap   = "hostport_dnat"
-	HostIPDNATMap = "hostip_hostport_dnat"
+	hostIPDNATMap = "hostip_hostport_dnat"
 	// hairpinPrefix starts the names of the hairpin sets, which end with
 	// the prefix length: hairpin_24, hostip_hairpin_24.
 	hairpinPrefix       = "hairpin_"
@@ -49,16 +49,16 @@ const (
 	flatMarkBit = 13
 	// flatMax is the most mappings a flat plan has.
 	flatMax = 16
-	// OwnersMap holds a goto to each flat attachment's chain.
-	OwnersMap = "owners"
+	// ownersMap holds a goto to each flat attachment's chain.
+	ownersMap = "owners"
 	// recordComment starts the comment of a flat attachment's record
 	// rules; the key follows.
 	recordComment = "record "
 )
 
-// UpstreamTable is the upstream plugin's nftables table; DEL cleans it of
+// upstreamTable is the upstream plugin's nftables table; DEL cleans it of
 // the container's rules.
-const UpstreamTable = "cni_hostport"
+const upstreamTable = "cni_hostport"
 
 // nftFamily is the family's name in nft: its tables' family.
 func nftFamily(f plan.Family) string { return nft.Family(f).String() }
@@ -68,20 +68,20 @@ func shortHash(s string) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// NetworkPrefix starts the chain name of every attachment of network, so
+// networkPrefix starts the chain name of every attachment of network, so
 // GC can pick one network's chains by name.
-func NetworkPrefix(network string) string { return "dn-" + shortHash(network) + "-" }
+func networkPrefix(network string) string { return "dn-" + shortHash(network) + "-" }
 
 // ChainName is the attachment's own chain: hashes of the network and of
 // ifname:containerID, as the plugins' ipmasq nftables code names its chains.
 func ChainName(o plan.Owner) string {
-	return NetworkPrefix(o.Network) + shortHash(o.IfName+":"+o.ContainerID)
+	return networkPrefix(o.Network) + shortHash(o.IfName+":"+o.ContainerID)
 }
 
-// MasqChain is the postrouting chain that masquerades connections marked
+// masqChain is the postrouting chain that masquerades connections marked
 // with bit: one per mark bit in use, so attachments with different
 // markMasqBit settings do not undo each other.
-func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
+func masqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
 
 // GuardChain (IPv4, filter input hook) drops connections to 127.0.0.0/8
 // that arrive from outside: route_localnet, which localhost host ports
@@ -89,14 +89,14 @@ func MasqChain(bit int) string { return fmt.Sprintf("masquerade-bit%d", bit) }
 // host binds to 127.0.0.1 (the CVE-2020-8558 class of bug).
 const GuardChain = "guard"
 
-// MarkChain sets the masquerade mark bit; attachments jump to it, which
+// markChain sets the masquerade mark bit; attachments jump to it, which
 // also makes their fast-path ADD fail (and the slow path write the
 // skeleton) while the skeleton for that bit is missing.
-func MarkChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
+func markChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
-// OwnerComment is the attachment chain's comment: who owns it (nft allows
+// ownerComment is the attachment chain's comment: who owns it (nft allows
 // 128 characters; longer names are cut, the chain name stays exact).
-func OwnerComment(o plan.Owner) string {
+func ownerComment(o plan.Owner) string {
 	c := fmt.Sprintf("net=%s id=%s if=%s", o.Network, o.ContainerID, o.IfName)
 	if len(c) > 128 {
 		c = c[:128]
@@ -105,10 +105,10 @@ func OwnerComment(o plan.Owner) string {
 }
 
 func ownChain(p *plan.Plan) *nft.Chain {
-	return &nft.Chain{Name: ChainName(p.Owner), Comment: OwnerComment(p.Owner)}
+	return &nft.Chain{Name: ChainName(p.Owner), Comment: ownerComment(p.Owner)}
 }
 
-func isDNATMap(name string) bool { return name == HostDNATMap || name == HostIPDNATMap }
+func isDNATMap(name string) bool { return name == HostDNATMap || name == hostIPDNATMap }
 
 // hairpinSet names the hairpin set of a host IP kind and prefix length.
 func hairpinSet(addr bool, ones int) string {

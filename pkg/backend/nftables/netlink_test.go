@@ -51,8 +51,8 @@ func TestSkeletonReadsBack(t *testing.T) {
 		if p.Family == plan.IPv4 && sets["__set%d"] == 0 {
 			t.Errorf("%s: no anonymous set for the guard: %v", p.Family, sets)
 		}
-		if sets[HostPortsMap]&unix.NLM_F_EXCL != 0 || sets[HostPortsMap]&unix.NLM_F_CREATE == 0 {
-			t.Errorf("%s: map flags %#x, want create without excl", p.Family, sets[HostPortsMap])
+		if sets[hostPortsMap]&unix.NLM_F_EXCL != 0 || sets[hostPortsMap]&unix.NLM_F_CREATE == 0 {
+			t.Errorf("%s: map flags %#x, want create without excl", p.Family, sets[hostPortsMap])
 		}
 	}
 }
@@ -67,7 +67,7 @@ func TestKeyBytes(t *testing.T) {
 	for _, bad := range []struct {
 		set string
 		b   []byte
-	}{{HostPortsMap, []byte{6, 0}}, {HostIPPortsMap, []byte{1, 2}}, {"other", make([]byte, 8)}, {HostPortsMap, []byte{1, 0, 0, 0, 0, 80, 0, 0}}} {
+	}{{hostPortsMap, []byte{6, 0}}, {hostIPPortsMap, []byte{1, 2}}, {"other", make([]byte, 8)}, {hostPortsMap, []byte{1, 0, 0, 0, 0, 80, 0, 0}}} {
 		if k, ok := keyFromBytes(plan.IPv4, bad.set, bad.b); ok {
 			t.Errorf("keyFromBytes(%s, %x) accepted: %v", bad.set, bad.b, k)
 		}

@@ -21,7 +21,7 @@ import (
 // ownersSet declares the map of owners: a chain name's hashes to a goto
 // to the chain.
 func ownersSet() *nft.Set {
-	return &nft.Set{Name: OwnersMap, Key: []nft.Type{nft.IPv6Addr}, Data: []nft.Type{nft.Verdict}}
+	return &nft.Set{Name: ownersMap, Key: []nft.Type{nft.IPv6Addr}, Data: []nft.Type{nft.Verdict}}
 }
 
 // ownerObj is chain's element of the owners map.
@@ -82,7 +82,7 @@ func dropRecord(tx *nft.Tx, name string, c *ChainState) {
 
 func (v ownerObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
 	tx.Head(b, vb, "element")
-	fmt.Fprintf(b, " %s { %s", OwnersMap, net.IP(ownerKey(v.chain)))
+	fmt.Fprintf(b, " %s { %s", ownersMap, net.IP(ownerKey(v.chain)))
 	if vb == nft.Add || vb == nft.Create {
 		b.WriteString(" : goto " + v.chain)
 	}
@@ -106,7 +106,7 @@ func (v ownerObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([
 // ownerAttrs names the owners map's element of key; with chain, its goto.
 func ownerAttrs(a *nfnl.Attrs, table string, key []byte, chain string) {
 	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, OwnersMap)
+	a.String(unix.NFTA_SET_ELEM_LIST_SET, ownersMap)
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
 			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, key)

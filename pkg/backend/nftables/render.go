@@ -51,7 +51,7 @@ func skeletonRules(p *plan.Plan, lengths []int) map[string][]*nft.Rule {
 	}
 	if marksOwnBit(p) {
 		mark := p.Masquerade.Mark()
-		masq, mk := MasqChain(p.Masquerade.MarkBit), MarkChain(p.Masquerade.MarkBit)
+		masq, mk := masqChain(p.Masquerade.MarkBit), markChain(p.Masquerade.MarkBit)
 		rules[masq] = []*nft.Rule{{Chain: masq, Stmts: []nft.Stmt{nft.MarkHas{Mark: mark}, nft.Masquerade{}}}}
 		rules[mk] = []*nft.Rule{{Chain: mk, Stmts: []nft.Stmt{nft.MarkOr{Mark: mark}}}}
 	}
@@ -80,13 +80,13 @@ func addSkeleton(tx *nft.Tx, p *plan.Plan, lengths []int) {
 	rules := skeletonRules(p, lengths)
 	tx.Add(&nft.Chain{Name: DispatchChain})
 	if marksOwnBit(p) {
-		tx.Add(&nft.Chain{Name: MarkChain(p.Masquerade.MarkBit)})
+		tx.Add(&nft.Chain{Name: markChain(p.Masquerade.MarkBit)})
 	}
 	for _, bc := range baseChains {
 		tx.Add(&nft.Chain{Name: bc.name, Base: &bc.hook})
 	}
 	if marksOwnBit(p) {
-		tx.Add(&nft.Chain{Name: MasqChain(p.Masquerade.MarkBit), Base: &masqBase})
+		tx.Add(&nft.Chain{Name: masqChain(p.Masquerade.MarkBit), Base: &masqBase})
 	}
 	if p.LocalNet() {
 		tx.Add(&nft.Chain{Name: GuardChain, Base: &guardBase})
@@ -162,7 +162,7 @@ func layoutRules(p *plan.Plan, from int) []*nft.Rule {
 	with := func(more ...nft.Stmt) []nft.Stmt { return append(append([]nft.Stmt(nil), cond...), more...) }
 	var rules []*nft.Rule
 	if p.Masquerade.Enabled && !p.Empty() {
-		setMark := nft.Jump{To: MarkChain(p.Masquerade.MarkBit)}
+		setMark := nft.Jump{To: markChain(p.Masquerade.MarkBit)}
 		rules = append(rules, &nft.Rule{Chain: chain, Comment: hairpinRule,
 			Stmts: with(nft.Addr{Spec: p.HairpinSource()}, setMark)})
 		if p.LocalhostRule() {

@@ -95,7 +95,7 @@ func TestNames(t *testing.T) {
 	if ChainName(other) == ChainName(owner) {
 		t.Error("two interfaces of one container share a chain")
 	}
-	if got := NetworkPrefix("net1"); got != ChainName(owner)[:len(got)] {
+	if got := networkPrefix("net1"); got != ChainName(owner)[:len(got)] {
 		t.Errorf("NetworkPrefix %q does not start the chain name", got)
 	}
 }

@@ -36,10 +36,10 @@ type dispatchMap struct {
 // looks them up: a specific host IP before the wildcard, an exact port
 // before an interval.
 var dispatchMaps = []dispatchMap{
-	{name: HostIPPortsMap, addr: true},
-	{name: HostIPPortRangesMap, addr: true, interval: true},
-	{name: HostPortsMap},
-	{name: HostPortRangesMap, interval: true},
+	{name: hostIPPortsMap, addr: true},
+	{name: hostIPPortRangesMap, addr: true, interval: true},
+	{name: hostPortsMap},
+	{name: hostPortRangesMap, interval: true},
 }
 
 // set is the map as the family declares it.

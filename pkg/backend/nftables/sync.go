@@ -39,9 +39,9 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read table: %w", err)
 	}
-	up, err := b.Kernel.Table(b.Family, UpstreamTable)
+	up, err := b.Kernel.Table(b.Family, upstreamTable)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", UpstreamTable, err)
+		return nil, fmt.Errorf("read %s: %w", upstreamTable, err)
 	}
 	s := &syncState{family: b.Family, want: want, st: st, up: up, exists: st != nil,
 		winner: converge.Winners(want, portIDs), kinds: map[string]*plan.Plan{}}
@@ -91,7 +91,7 @@ func (s *syncState) decide() converge.Verdict[orphan] {
 	for _, id := range sortedStrings(upRules) {
 		if !wantedIDs[id] { // upstream's rules name the container only
 			v.Candidates = append(v.Candidates, converge.Candidate[orphan]{ContainerID: id,
-				Object: fmt.Sprintf("%d rules in table %s", upRules[id], UpstreamTable), Handle: orphan{upstreamID: id}})
+				Object: fmt.Sprintf("%d rules in table %s", upRules[id], upstreamTable), Handle: orphan{upstreamID: id}})
 		}
 	}
 	return v

@@ -14,9 +14,9 @@ import (
 // removeUpstreamLocked cleans the upstream plugin's table of the
 // container's rules, taking the lock only when that table exists.
 func (b *Backend) removeUpstreamLocked(o plan.Owner) error {
-	up, err := b.Kernel.Table(b.Family, UpstreamTable)
+	up, err := b.Kernel.Table(b.Family, upstreamTable)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", UpstreamTable, err)
+		return fmt.Errorf("read %s: %w", upstreamTable, err)
 	}
 	if up == nil {
 		return nil
@@ -33,9 +33,9 @@ func (b *Backend) removeUpstreamLocked(o plan.Owner) error {
 // made for the container in its cni_hostport table (commented with the
 // container ID), so that a node can move from it to us.
 func (b *Backend) removeUpstream(o plan.Owner) error {
-	up, err := b.Kernel.Table(b.Family, UpstreamTable)
+	up, err := b.Kernel.Table(b.Family, upstreamTable)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", UpstreamTable, err)
+		return fmt.Errorf("read %s: %w", upstreamTable, err)
 	}
 	tx := upstreamTx(b.Family, up, map[string]bool{o.ContainerID: true})
 	if tx.Len() == 0 {
@@ -50,7 +50,7 @@ func (b *Backend) removeUpstream(o plan.Owner) error {
 // upstreamTx deletes, by handle, the cni_hostport rules whose comment is
 // one of ids.
 func upstreamTx(f plan.Family, up *State, ids map[string]bool) *nft.Tx {
-	tx := nft.NewTx(nft.Family(f), UpstreamTable)
+	tx := nft.NewTx(nft.Family(f), upstreamTable)
 	if up == nil {
 		return tx
 	}
