@@ -16,10 +16,24 @@ import (
 // conditions (nft syntax) runs nft.
 type netlinkKernel struct {
 	mu   sync.Mutex
-	conn *nfnl.Conn
+	conn conn
+	// script writes a transaction holding conditions: nft -f of its text
+	// where nil.
+	script func(tx *nft.Tx, commit bool) error
 }
 
-func (k *netlinkKernel) c() (*nfnl.Conn, error) {
+// conn is what the layout speaks nf_tables through: a netlink socket
+// (*nfnl.Conn) on a node, an in-memory nf_tables (nfttest.Kernel) in
+// tests, which answers the same messages.
+type conn interface {
+	Batch(msgs []nfnl.Msg, commit bool) error
+	Get(reqs []nfnl.Msg) ([]nfnl.Reply, []error, error)
+	GetOne(m nfnl.Msg) (nfnl.Reply, error)
+	Dump(req nfnl.Msg) ([]nfnl.Reply, error)
+	Writable(family uint8) error
+}
+
+func (k *netlinkKernel) c() (conn, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.conn == nil {
@@ -50,6 +64,9 @@ func (k *netlinkKernel) Writable(f plan.Family) error {
 
 func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
 	if tx.NeedsNft() {
+		if k.script != nil {
+			return k.script(tx, commit)
+		}
 		return runNft(tx.Text(), commit)
 	}
 	msgs, err := tx.Messages()
@@ -119,7 +136,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 
 // readDNATs fills in the elements of the rules' DNAT maps, one dump of
 // each map.
-func readDNATs(c *nfnl.Conn, f plan.Family, table string, rules []RuleState) error {
+func readDNATs(c conn, f plan.Family, table string, rules []RuleState) error {
 	for i := range rules {
 		r := &rules[i]
 		if !strings.HasPrefix(r.DNATMap, "__") {
@@ -156,9 +173,11 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 	for _, key := range keys {
 		maps[key.Map()] = true
 		if key.IsRange() {
-			// an interval key's class: both maps of its host IP kind
+			// an interval key's class: the maps of its host IP kind
+			// whose keys of one port shadow it, exact and flat
 			byDump = true
 			maps[Key{HostIP: key.HostIP}.Map()] = true
+			maps[Key{HostIP: key.HostIP, Flat: true}.Map()] = true
 		}
 	}
 	if byDump {
@@ -182,7 +201,7 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 // getElements reads, in one round trip, which of chains and sets are
 // missing and the elements of keys (of one port each) that exist; a
 // missing map holds none.
-func getElements(c *nfnl.Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
+func getElements(c conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
 	reqs := make([]nfnl.Msg, 0, len(chains)+len(sets)+len(keys))
 	for _, name := range chains {
 		var a nfnl.Attrs

@@ -18,11 +18,6 @@ func memBackend() (*Backend, *Memory) {
 	return &Backend{Family: plan.IPv4, Kernel: m, Lock: func() (func(), error) { return func() {}, nil }, Log: &bytes.Buffer{}}, m
 }
 
-// Every element kind of the layout applies itself to the in-memory
-// kernel (checked when the tests compile: the plugin's build carries no
-// simulator); pkg/nft's objects are simulate's cases.
-var _ = []simulator{elemObj{}, ownerObj{}, hairpinObj{}}
-
 func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
 	return m.Trace(plan.IPv4, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
 }
@@ -72,8 +67,8 @@ func TestMemoryAddFlushSyncDel(t *testing.T) {
 	if err := b.Check(p); err != nil {
 		t.Errorf("CHECK after sync: %v", err)
 	}
-	n := m.Committed
-	if rep, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil || rep.Wrote || m.Committed != n {
+	n := m.Committed()
+	if rep, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil || rep.Wrote || m.Committed() != n {
 		t.Errorf("second sync wrote (%+v, %v)", rep, err)
 	}
 
@@ -194,7 +189,11 @@ func TestMemorySkeleton(t *testing.T) {
 	if what, some, err := b.Skeleton(bare); err != nil || what != "" || !some {
 		t.Errorf("after ADD: %q, some %v, %v; want nothing missing", what, some, err)
 	}
-	m.state(plan.IPv4, Table).chains[DispatchChain].rules = nil
+	empty := newTx(plan.IPv4)
+	empty.Flush(&nft.Chain{Name: DispatchChain})
+	if err := m.Apply(empty); err != nil {
+		t.Fatal(err)
+	}
 	if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "in chain "+DispatchChain) || !some {
 		t.Errorf("dispatch chain emptied: %q, some %v, %v; want its lookup named, some left", what, some, err)
 	}

@@ -15,31 +15,23 @@ import (
 // attachment's chain, the mark and masquerade chains. Rules holding
 // conditions are taken as matching.
 func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) plan.Verdict {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var v plan.Verdict
-	t := m.state(f, Table)
-	if t == nil {
+	t, err := m.Table(f, Table)
+	if err != nil || t == nil {
 		return v
 	}
-	hook := "prerouting"
+	base := "prerouting" // the base chains' names are their hooks'
 	if p.FromHost {
-		hook = "output"
-	}
-	var base string
-	for n, c := range t.chains {
-		if c.base != nil && c.base.Hook == hook && c.base.Type == "nat" {
-			base = n
-		}
+		base = "output"
 	}
 	var marks uint32
 	var walk func(chain string, depth int) bool // true: a terminal verdict
 	walk = func(chain string, depth int) bool {
-		c := t.chains[chain]
+		c := t.Chains[chain]
 		if c == nil || depth > 8 {
 			return false
 		}
-		for _, r := range c.rules {
+		for _, r := range c.Rules {
 			switch {
 			case r.Fib && !local(p.Dst),
 				r.Proto != "" && r.Proto != p.Protocol,
@@ -48,7 +40,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				continue
 			}
 			if r.Member != "" {
-				if !t.hairpinHolds(r.Member, p) {
+				if !hairpinHolds(t, r.Member, p) {
 					continue
 				}
 			}
@@ -57,11 +49,11 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				if r.DNATMap == hostIPDNATMap {
 					k.HostIP = p.Dst
 				}
-				owner, ok := t.maps[r.DNATMap][k.ID()]
+				owner, ok := t.Holders[k.ID()]
 				if !ok {
 					continue // a miss ends the rule
 				}
-				v.Chain, v.DNAT = owner, t.targets[k.ID()]
+				v.Chain, v.DNAT = owner, t.Targets[k.ID()]
 				return true
 			}
 			if r.Lookup != "" {
@@ -69,7 +61,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 				if r.Lookup == hostIPPortsMap || r.Lookup == hostIPPortRangesMap {
 					k.HostIP = p.Dst
 				}
-				if to, ok := lookup(t.maps[r.Lookup], k); ok {
+				if to, ok := lookup(t.Holders, r.Lookup, k); ok {
 					v.Chain = to
 					return walk(to, depth+1) || true // a goto does not come back
 				}
@@ -102,7 +94,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 	walk(base, 0)
 	for bit := range 32 {
 		if marks&(1<<bit) != 0 && v.DNAT != "" {
-			if mc := t.chains[masqChain(bit)]; mc != nil && len(mc.rules) > 0 && mc.rules[0].Masq {
+			if mc := t.Chains[masqChain(bit)]; mc != nil && len(mc.Rules) > 0 && mc.Rules[0].Masq {
 				v.Masquerade = true
 			}
 		}
@@ -110,9 +102,9 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 	return v
 }
 
-// hairpinHolds reports whether hairpin set name holds p: its source in
-// an element's prefix, for its key.
-func (t *memTable) hairpinHolds(name string, p plan.Packet) bool {
+// hairpinHolds reports whether hairpin set name of t holds p: its source
+// in an element's prefix, for its key.
+func hairpinHolds(t *State, name string, p plan.Packet) bool {
 	addr, ones, ok := hairpinLength(name)
 	if !ok {
 		return false
@@ -125,18 +117,20 @@ func (t *memTable) hairpinHolds(name string, p plan.Packet) bool {
 	if p.Src.To4() != nil {
 		bits = 32
 	}
-	_, held := t.hairpins[name][Hairpin{Src: prefixString(p.Src, ones, bits), Key: k}.ID()]
-	return held
+	want := Hairpin{Src: prefixString(p.Src, ones, bits), Key: k}.ID()
+	for _, h := range t.Hairpins {
+		if h.ID() == want {
+			return true
+		}
+	}
+	return false
 }
 
-// lookup finds the element of map els holding k: its own, or an interval
-// holding its port.
-func lookup(els map[string]string, k Key) (string, bool) {
-	if to, ok := els[k.ID()]; ok {
-		return to, true
-	}
-	for id, to := range els {
-		if e, ok := keyFromID(id); ok && e.IsRange() && overlaps(e, k) {
+// lookup finds the element of map name holding k: its own, or an
+// interval holding its port (holders: Key.ID() -> chain, of every map).
+func lookup(holders map[string]string, name string, k Key) (string, bool) {
+	for id, to := range holders {
+		if e, ok := keyFromID(id); ok && e.Map() == name && !e.Flat && (e.ID() == k.ID() || e.IsRange() && overlaps(e, k)) {
 			return to, true
 		}
 	}

@@ -253,8 +253,8 @@ func TestRangeSync(t *testing.T) {
 			t.Errorf("CHECK %s after sync: %v", p.Owner.ContainerID, err)
 		}
 	}
-	n := m.Committed
-	if rep, err := be.Sync(want, converge.Options{}); err != nil || rep.Wrote || m.Committed != n {
+	n := m.Committed()
+	if rep, err := be.Sync(want, converge.Options{}); err != nil || rep.Wrote || m.Committed() != n {
 		t.Errorf("a second pass wrote: %+v, %v", rep, err)
 	}
 
