@@ -314,3 +314,42 @@ func TestBinaryStartsNoProcess(t *testing.T) {
 	status["cniVersion"] = "1.1.0"
 	run("STATUS", "", status)
 }
+
+// TestShadowedIntervalOnTheKernel: a flat attachment's port inside an
+// older interval takes the port (its DNAT map is looked up before the
+// interval maps), so CHECK of the interval's attachment names it; a
+// newer interval takes the port back from the flat attachment, whose
+// element goes. The in-memory kernel found CHECK blind to the first.
+func TestShadowedIntervalOnTheKernel(t *testing.T) {
+	span := func(id, ip string) *plan.Plan {
+		req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"},
+			Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13}}
+		for _, m := range fixture.Span(plan.TCP, 20000, 20000, 100) {
+			req.Mappings.Add(m)
+		}
+		return plan.Build(req, plan.IPv4, cidr(ip))
+	}
+	single := mkPlan("net1", "single", "192.0.2.4/24", 20070)
+	n := nettest.NewNS(t)
+	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
+		older := span("older", "192.0.2.2/24")
+		for _, p := range []*plan.Plan{older, single} {
+			if err := b.Apply(p); err != nil {
+				return err
+			}
+		}
+		if err := b.Check(older); err == nil || !strings.Contains(err.Error(), "tcp . 20070 ") {
+			return fmt.Errorf("CHECK of the shadowed interval: %v, want tcp . 20070 named", err)
+		}
+		if err := b.Apply(span("newer", "192.0.2.5/24")); err != nil {
+			return err
+		}
+		if err := b.Check(single); err == nil || !strings.Contains(err.Error(), "20070") {
+			return fmt.Errorf("CHECK of the single port taken over: %v, want 20070 named", err)
+		}
+		return nil
+	})
+	if got := listIn(t, n, "list", "map", "ip", nftables.Table, nftables.HostDNATMap); strings.Contains(got, "20070") {
+		t.Errorf("the flat element taken over stays:\n%s", got)
+	}
+}
