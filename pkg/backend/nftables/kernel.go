@@ -16,16 +16,16 @@ import (
 // conditions (nft syntax) runs nft.
 type netlinkKernel struct {
 	mu   sync.Mutex
-	conn conn
+	conn Conn
 	// script writes a transaction holding conditions: nft -f of its text
 	// where nil.
 	script func(tx *nft.Tx, commit bool) error
 }
 
-// conn is what the layout speaks nf_tables through: a netlink socket
+// Conn is what the backend speaks nf_tables through: a netlink socket
 // (*nfnl.Conn) on a node, an in-memory nf_tables (nfttest.Kernel) in
 // tests, which answers the same messages.
-type conn interface {
+type Conn interface {
 	Batch(msgs []nfnl.Msg, commit bool) error
 	Get(reqs []nfnl.Msg) ([]nfnl.Reply, []error, error)
 	GetOne(m nfnl.Msg) (nfnl.Reply, error)
@@ -33,7 +33,7 @@ type conn interface {
 	Writable(family uint8) error
 }
 
-func (k *netlinkKernel) c() (conn, error) {
+func (k *netlinkKernel) c() (Conn, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.conn == nil {
@@ -136,7 +136,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 
 // readDNATs fills in the elements of the rules' DNAT maps, one dump of
 // each map.
-func readDNATs(c conn, f plan.Family, table string, rules []RuleState) error {
+func readDNATs(c Conn, f plan.Family, table string, rules []RuleState) error {
 	for i := range rules {
 		r := &rules[i]
 		if !strings.HasPrefix(r.DNATMap, "__") {
@@ -201,7 +201,7 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 // getElements reads, in one round trip, which of chains and sets are
 // missing and the elements of keys (of one port each) that exist; a
 // missing map holds none.
-func getElements(c conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
+func getElements(c Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
 	reqs := make([]nfnl.Msg, 0, len(chains)+len(sets)+len(keys))
 	for _, name := range chains {
 		var a nfnl.Attrs

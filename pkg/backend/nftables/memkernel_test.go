@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -26,36 +25,7 @@ var _ Kernel = (*Memory)(nil)
 // NewMemory returns an empty nf_tables.
 func NewMemory() *Memory {
 	nf := nfttest.New()
-	return &Memory{netlinkKernel: &netlinkKernel{conn: nf, script: func(tx *nft.Tx, commit bool) error {
-		msgs, err := withoutConditions(tx).Messages()
-		if err != nil {
-			return err
-		}
-		if err := nf.Batch(msgs, commit); err != nil {
-			return &nft.Error{Op: tx.Describe(err), Err: err}
-		}
-		return nil
-	}}, nf: nf}
-}
-
-// withoutConditions is tx with its rules' conditions left out.
-func withoutConditions(tx *nft.Tx) *nft.Tx {
-	out := nft.NewTx(tx.Family, tx.TableName)
-	verbs := map[nft.Verb]func(nft.Object){nft.Add: out.Add, nft.Create: out.Create, nft.Flush: out.Flush, nft.Delete: out.Delete}
-	for _, o := range tx.Ops() {
-		if r, ok := o.Obj.(*nft.Rule); ok && r.NeedsNft() {
-			c := *r
-			c.Stmts = nil
-			for _, s := range r.Stmts {
-				if _, ok := s.(nft.Conditions); !ok {
-					c.Stmts = append(c.Stmts, s)
-				}
-			}
-			o.Obj = &c
-		}
-		verbs[o.Verb](o.Obj)
-	}
-	return out
+	return &Memory{netlinkKernel: NewOn(plan.IPv4, nil, nf).Kernel.(*netlinkKernel), nf: nf}
 }
 
 // FlushRuleset empties this in-memory kernel, as `nft flush ruleset`

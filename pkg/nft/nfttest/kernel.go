@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 )
 
 // Kernel is nf_tables in memory, for tests without root, as knftables'
@@ -463,4 +464,38 @@ func delElement(s *set, attrs []byte) unix.Errno {
 	}
 	s.elements = slices.Delete(s.elements, i, i+1)
 	return 0
+}
+
+// Apply applies tx in one batch, committed or only checked, with the
+// conditions of its rules (nft syntax, which only nft compiles) left
+// out, as if they matched; a failure names the operation.
+func (k *Kernel) Apply(tx *nft.Tx, commit bool) error {
+	msgs, err := withoutConditions(tx).Messages()
+	if err != nil {
+		return err
+	}
+	if err := k.Batch(msgs, commit); err != nil {
+		return &nft.Error{Op: tx.Describe(err), Err: err}
+	}
+	return nil
+}
+
+// withoutConditions is tx with its rules' conditions left out.
+func withoutConditions(tx *nft.Tx) *nft.Tx {
+	out := nft.NewTx(tx.Family, tx.TableName)
+	verbs := map[nft.Verb]func(nft.Object){nft.Add: out.Add, nft.Create: out.Create, nft.Flush: out.Flush, nft.Delete: out.Delete}
+	for _, o := range tx.Ops() {
+		if r, ok := o.Obj.(*nft.Rule); ok && r.NeedsNft() {
+			c := *r
+			c.Stmts = nil
+			for _, s := range r.Stmts {
+				if _, ok := s.(nft.Conditions); !ok {
+					c.Stmts = append(c.Stmts, s)
+				}
+			}
+			o.Obj = &c
+		}
+		verbs[o.Verb](o.Obj)
+	}
+	return out
 }
