@@ -173,3 +173,29 @@ func TestParsePrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeRule: what the statements write reads back as what they do.
+func TestDecodeRule(t *testing.T) {
+	for _, tt := range []struct {
+		f     nft.Family
+		stmts []nft.Stmt
+		want  nft.RuleInfo
+	}{
+		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNAT{IP: net.ParseIP("192.0.2.2"), Port: 5353}},
+			nft.RuleInfo{Comment: "c", Proto: "udp", Dport: 53, Saddr: "10.0.0.0/9", DNAT: "192.0.2.2:5353"}},
+		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.DNAT{IP: net.ParseIP("192.0.2.2")}},
+			nft.RuleInfo{Comment: "c", Dport: 20000, DportLast: 20999, Saddr: "192.0.2.0/24", DNAT: "192.0.2.2"}},
+		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DNAT{IP: net.ParseIP("2001:db8::2"), Port: 80}},
+			nft.RuleInfo{Comment: "c", Proto: "sctp", DNAT: "[2001:db8::2]:80"}},
+		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", Fib: true, Jump: "dispatch"}},
+		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nft.RuleInfo{Comment: "c", SetMark: true, Mark: 0x2000}},
+		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nft.RuleInfo{Comment: "c", Masq: true}},
+	} {
+		r := &nft.Rule{Chain: "x", Comment: "c", Stmts: tt.stmts}
+		var a nfnl.Attrs
+		r.Attrs(nft.NewTx(tt.f, "t"), &a)
+		if got := nft.DecodeRule(tt.f, nfnl.Parse(a.Bytes())); got != tt.want {
+			t.Errorf("%s %q reads back as %+v, want %+v", tt.f, r.StmtText(tt.f), got, tt.want)
+		}
+	}
+}

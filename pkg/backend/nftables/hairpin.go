@@ -186,7 +186,7 @@ func decodeHairpins(f plan.Family, b []byte) []Hairpin {
 	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	var out []Hairpin
 	for le := range nfnl.All(list) {
-		key := attrValue(le.Value, unix.NFTA_SET_ELEM_KEY)
+		key := nft.ValueOf(le.Value, unix.NFTA_SET_ELEM_KEY)
 		if len(key) < ipLen {
 			continue
 		}

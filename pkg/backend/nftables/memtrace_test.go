@@ -34,7 +34,7 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 		for _, r := range c.Rules {
 			switch {
 			case r.Fib && !local(p.Dst),
-				r.Proto != "" && r.Proto != p.Protocol,
+				r.Proto != "" && r.Proto != string(p.Protocol),
 				r.Dport != 0 && (p.Dport < r.Dport || p.Dport > max(r.Dport, r.DportLast)),
 				r.Saddr != "" && !nft.ParsePrefix(r.Saddr).Contains(p.Src):
 				continue

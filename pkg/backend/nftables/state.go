@@ -40,32 +40,12 @@ type ChainState struct {
 	Owned     bool
 }
 
-// RuleState is what the backend judges of a rule: its handle and comment
-// and the parts of it that carry meaning here. A reader fills it from the
-// kernel's expressions; rules nft compiled (conditions) read the same.
+// RuleState is what the backend judges of a rule: what it matches and
+// does (nft.RuleInfo) and, for a DNAT through an anonymous map of the
+// rule's (dnatMap), what the map holds, which a reader fills.
 type RuleState struct {
-	Handle  uint64
-	Comment string
-	Jump    string        // chain of a jump or goto verdict
-	DNAT    string        // "192.0.2.2:80", "[2001:db8::2]:80"; "192.0.2.2": the port stays
-	Saddr   string        // source prefix matched, as a CIDR
-	Proto   plan.Protocol // meta l4proto matched
-	Dport   int           // th dport matched, the first of a range
-	// DportLast is the last port of a th dport range, 0 for one port.
-	DportLast int
-	Lookup    string // map of a verdict-map lookup
-	// Member is the set a lookup without a result matches in (the
-	// dispatch chain's hairpin rules), Mark the bits a mark set sets.
-	Member string
-	Mark   uint32
-	// DNATMap is the anonymous map a DNAT rule looks its target up in
-	// (dnatMap), and DNATs what the map holds, which a reader fills.
-	DNATMap string
-	DNATs   []MapDNAT
-	Masq    bool
-	SetMark bool
-	Drop    bool
-	Fib     bool
+	nft.RuleInfo
+	DNATs []MapDNAT
 }
 
 // ID is how maps of keys are indexed: the map and the key.

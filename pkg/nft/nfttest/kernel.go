@@ -407,17 +407,8 @@ func (b *batch) delSet(t *table, name string) unix.Errno {
 	return 0
 }
 
-// value reads an NFTA_DATA_VALUE out of a data attribute.
-func value(b []byte, typ uint16) []byte {
-	d, _ := nfnl.Find(b, typ)
-	v, _ := nfnl.Find(d, unix.NFTA_DATA_VALUE)
-	return v
-}
-
-const attrSetElemKeyEnd = 10 // NFTA_SET_ELEM_KEY_END
-
 func newElement(t *table, s *set, attrs []byte, excl bool) unix.Errno {
-	e := &element{key: value(attrs, unix.NFTA_SET_ELEM_KEY), end: value(attrs, attrSetElemKeyEnd), attrs: attrs}
+	e := &element{key: nft.ValueOf(attrs, unix.NFTA_SET_ELEM_KEY), end: nft.ValueOf(attrs, nft.AttrSetElemKeyEnd), attrs: attrs}
 	e.data, _ = nfnl.Find(attrs, unix.NFTA_SET_ELEM_DATA)
 	if vd, ok := nfnl.Find(e.data, unix.NFTA_DATA_VERDICT); ok {
 		code, chain := nfnl.Verdict(vd)
@@ -457,7 +448,7 @@ func overlap(a, b *element) bool {
 }
 
 func delElement(s *set, attrs []byte) unix.Errno {
-	key := value(attrs, unix.NFTA_SET_ELEM_KEY)
+	key := nft.ValueOf(attrs, unix.NFTA_SET_ELEM_KEY)
 	i := slices.IndexFunc(s.elements, func(e *element) bool { return bytes.Equal(e.key, key) })
 	if i < 0 {
 		return unix.ENOENT

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 )
 
 // Get answers requests one by one, as the kernel does: each its reply or
@@ -69,7 +70,7 @@ func (k *Kernel) get(m nfnl.Msg) ([]byte, unix.Errno) {
 		list, _ := nfnl.Find(m.Attrs, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 		var found []*element
 		for a := range nfnl.All(list) {
-			e := s.holding(value(a.Value, unix.NFTA_SET_ELEM_KEY))
+			e := s.holding(nft.ValueOf(a.Value, unix.NFTA_SET_ELEM_KEY))
 			if e == nil {
 				return nil, unix.ENOENT
 			}
