@@ -12,7 +12,7 @@ import (
 )
 
 // dumpSet dumps the elements of set name of the family's table.
-func dumpSet(c Conn, f plan.Family, table, name string) ([]nfnl.Reply, error) {
+func dumpSet(c nft.Conn, f plan.Family, table, name string) ([]nfnl.Reply, error) {
 	var el nfnl.Attrs
 	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
 	return c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
@@ -20,7 +20,7 @@ func dumpSet(c Conn, f plan.Family, table, name string) ([]nfnl.Reply, error) {
 
 // dumpElements lists the elements of one map of the family's cni_portmap
 // table; a missing map has none (a node set up before the interval maps).
-func dumpElements(c Conn, f plan.Family, name string) ([]Element, error) {
+func dumpElements(c nft.Conn, f plan.Family, name string) ([]Element, error) {
 	msgs, err := dumpSet(c, f, Table, name)
 	if nft.IsNotFound(err) {
 		return nil, nil
@@ -39,7 +39,7 @@ func dumpElements(c Conn, f plan.Family, name string) ([]Element, error) {
 // GETSET) and returns the attributes of those of table; tableAttr is the
 // kind's table attribute, which also asks the kernel to filter where it
 // can.
-func dumpOf(c Conn, typ int, fam uint8, tableAttr uint16, table string) ([][]nfnl.Attr, error) {
+func dumpOf(c nft.Conn, typ int, fam uint8, tableAttr uint16, table string) ([][]nfnl.Attr, error) {
 	var req nfnl.Attrs
 	req.String(tableAttr, table)
 	msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(typ), Family: fam, Attrs: req.Bytes()})

@@ -102,3 +102,11 @@ func (b *Backend) Ready(p *plan.Plan) error {
 	tx.Add(&nft.Table{Comment: tableComment})
 	return b.Kernel.Validate(tx)
 }
+
+// nftPresent says why rules holding conditions cannot be written, or nil.
+func nftPresent() error {
+	if err := nft.Installed(); err != nil {
+		return fmt.Errorf("conditionsV4/V6 are nft syntax, compiled by nft: %w", err)
+	}
+	return nil
+}

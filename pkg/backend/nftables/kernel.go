@@ -12,28 +12,14 @@ import (
 )
 
 // netlinkKernel is the real kernel: nf_tables over netlink, in-process,
-// one socket for the life of the backend. Only a transaction holding
-// conditions (nft syntax) runs nft.
+// one socket for the life of the backend (or what NewOn gives). Only a
+// transaction holding conditions (nft syntax) runs nft.
 type netlinkKernel struct {
 	mu   sync.Mutex
-	conn Conn
-	// script writes a transaction holding conditions: nft -f of its text
-	// where nil.
-	script func(tx *nft.Tx, commit bool) error
+	conn nft.Conn
 }
 
-// Conn is what the backend speaks nf_tables through: a netlink socket
-// (*nfnl.Conn) on a node, an in-memory nf_tables (nfttest.Kernel) in
-// tests, which answers the same messages.
-type Conn interface {
-	Batch(msgs []nfnl.Msg, commit bool) error
-	Get(reqs []nfnl.Msg) ([]nfnl.Reply, []error, error)
-	GetOne(m nfnl.Msg) (nfnl.Reply, error)
-	Dump(req nfnl.Msg) ([]nfnl.Reply, error)
-	Writable(family uint8) error
-}
-
-func (k *netlinkKernel) c() (Conn, error) {
+func (k *netlinkKernel) c() (nft.Conn, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.conn == nil {
@@ -63,24 +49,16 @@ func (k *netlinkKernel) Writable(f plan.Family) error {
 }
 
 func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
-	if tx.NeedsNft() {
-		if k.script != nil {
-			return k.script(tx, commit)
-		}
-		return runNft(tx.Text(), commit)
-	}
-	msgs, err := tx.Messages()
-	if err != nil {
-		return err
-	}
 	c, err := k.c()
 	if err != nil {
 		return err
 	}
-	if err := c.Batch(msgs, commit); err != nil {
-		return &nft.Error{Op: tx.Describe(err), Err: err}
+	if _, ok := c.(nft.Scripter); !ok && tx.NeedsNft() {
+		if err := nftPresent(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return nft.Commit(c, tx, commit)
 }
 
 func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
@@ -136,7 +114,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 
 // readDNATs fills in the elements of the rules' DNAT maps, one dump of
 // each map.
-func readDNATs(c Conn, f plan.Family, table string, rules []RuleState) error {
+func readDNATs(c nft.Conn, f plan.Family, table string, rules []RuleState) error {
 	for i := range rules {
 		r := &rules[i]
 		if !strings.HasPrefix(r.DNATMap, "__") {
@@ -201,7 +179,7 @@ func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
 // getElements reads, in one round trip, which of chains and sets are
 // missing and the elements of keys (of one port each) that exist; a
 // missing map holds none.
-func getElements(c Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
+func getElements(c nft.Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
 	reqs := make([]nfnl.Msg, 0, len(chains)+len(sets)+len(keys))
 	for _, name := range chains {
 		var a nfnl.Attrs

@@ -103,15 +103,11 @@ func New(f plan.Family, log io.Writer) (*Backend, error) {
 }
 
 // NewOn returns the backend of family f speaking nf_tables through c
-// (an in-memory nf_tables in tests), without the host lock. Where c
-// applies a transaction itself (nfttest.Kernel.Apply: conditions left
-// out), a transaction holding conditions goes to it, not to nft.
-func NewOn(f plan.Family, log io.Writer, c Conn) *Backend {
-	k := &netlinkKernel{conn: c}
-	if a, ok := c.(interface{ Apply(*nft.Tx, bool) error }); ok {
-		k.script = a.Apply
-	}
-	return &Backend{Family: f, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }, Log: log}
+// (an in-memory nf_tables in tests), without the host lock. Where c is
+// an nft.Scripter (nfttest.Kernel: conditions left out), a transaction
+// holding conditions goes to it, not to nft.
+func NewOn(f plan.Family, log io.Writer, c nft.Conn) *Backend {
+	return &Backend{Family: f, Kernel: &netlinkKernel{conn: c}, Lock: func() (func(), error) { return func() {}, nil }, Log: log}
 }
 
 // Apply installs the plan, replacing whatever the attachment had; a key

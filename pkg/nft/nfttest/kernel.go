@@ -75,6 +75,11 @@ type element struct {
 	attrs    []byte // NFTA_LIST_ELEM's value as sent
 }
 
+var (
+	_ nft.Conn     = (*Kernel)(nil)
+	_ nft.Scripter = (*Kernel)(nil)
+)
+
 // New returns an empty nf_tables.
 func New() *Kernel { return &Kernel{tables: map[tableKey]*table{}} }
 
