@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portmap-dev/portmap/pkg/nfnl"
-
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
 )

@@ -5,9 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/fixture"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 var (

@@ -6,11 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/fixture"
-
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 // fakeKernel answers a canned listing and records what is written. A

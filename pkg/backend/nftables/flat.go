@@ -6,11 +6,10 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

@@ -11,12 +11,11 @@ import (
 	"net"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

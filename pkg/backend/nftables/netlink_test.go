@@ -5,11 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

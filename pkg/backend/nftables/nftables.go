@@ -6,9 +6,8 @@ import (
 	"io"
 	"slices"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

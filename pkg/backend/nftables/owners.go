@@ -10,12 +10,11 @@ import (
 	"net"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 )
 
 // ownersSet declares the map of owners: a chain name's hashes to a goto

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

@@ -4,10 +4,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

@@ -7,13 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/portmap-dev/portmap/test/fixture"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fixture"
 )
 
 var (

@@ -5,9 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

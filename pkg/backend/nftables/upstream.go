@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
-
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 

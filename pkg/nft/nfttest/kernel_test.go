@@ -3,9 +3,8 @@ package nfttest_test
 import (
 	"errors"
 	"net"
-	"testing"
-
 	"strings"
+	"testing"
 
 	"golang.org/x/sys/unix"
 
