@@ -53,6 +53,21 @@ func every(f nft.Family) *nft.Tx {
 	tx.Add(&nft.Rule{Chain: "plain", Stmts: []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "10.0.0.0/9"}, nft.DNAT{IP: ip}}})
 	tx.Add(&nft.Rule{Chain: "based", Stmts: []nft.Stmt{nft.MarkHas{Mark: 1}, nft.Masquerade{}}})
 	tx.Add(&nft.Rule{Chain: "based", Stmts: []nft.Stmt{nft.Jump{To: "plain"}}})
+	addr := ip.To4()
+	if f == nft.IPv6 {
+		addr = ip.To16()
+	}
+	k := func(port int) []byte {
+		return append(append([]byte(nil), addr...), 6, 0, 0, 0, byte(port>>8), byte(port), 0, 0)
+	}
+	vmap := &nft.Set{Name: "vmap", Key: key, Data: []nft.Type{nft.Verdict}, Interval: true}
+	dnat := &nft.Set{Name: "dnat", Key: key, Data: []nft.Type{f.AddrType(), nft.InetService}}
+	for _, v := range []func(nft.Object){tx.Add, tx.Create} {
+		v(&nft.Element{Set: vmap, Key: k(20000), KeyEnd: k(20999), Goto: "plain"})
+		v(&nft.Element{Set: dnat, Key: k(8080), Data: append(append([]byte(nil), addr...), 0, 80, 0, 0), Comment: "owner srcs"})
+		v(&nft.Element{Set: &nft.Set{Name: "s", Key: key}, Key: k(53), Comment: "owner"})
+	}
+	tx.Delete(&nft.Element{Set: vmap, Key: k(20000), KeyEnd: k(20999)})
 	tx.Flush(&nft.Chain{Name: "plain"})
 	tx.Delete(&nft.Rule{Chain: "based", Handle: 7})
 	tx.Delete(&nft.Set{Name: "s"})
@@ -162,6 +177,24 @@ func TestCommentOf(t *testing.T) {
 	}
 	if got := nft.CommentOf([]byte{0, 200, 'a'}); got != "" {
 		t.Errorf("CommentOf of truncated data = %q", got)
+	}
+}
+
+// TestElementText: an element's key, interval, data and comment as nft
+// spells them (the knftables test holds the syntax; this the values).
+func TestElementText(t *testing.T) {
+	tx := nft.NewTx(nft.IPv4, "t")
+	key := []nft.Type{nft.IPv4Addr, nft.InetProto, nft.InetService}
+	k := func(proto byte, port int) []byte { return []byte{198, 51, 100, 1, proto, 0, 0, 0, byte(port >> 8), byte(port), 0, 0} }
+	tx.Add(&nft.Element{Set: &nft.Set{Name: "m", Key: key, Data: []nft.Type{nft.Verdict}, Interval: true},
+		Key: k(17, 5000), KeyEnd: k(17, 5002), Goto: "c"})
+	tx.Create(&nft.Element{Set: &nft.Set{Name: "d", Key: key, Data: []nft.Type{nft.IPv4Addr, nft.InetService}},
+		Key: k(132, 9000), Data: []byte{192, 0, 2, 2, 0x23, 0x28, 0, 0}, Comment: "owner"})
+	want := `add element ip t m { 198.51.100.1 . udp . 5000-5002 : goto c }
+create element ip t d { 198.51.100.1 . sctp . 9000 comment "owner" : 192.0.2.2 . 9000 }
+`
+	if got := tx.Text(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
 

@@ -7,13 +7,11 @@ package nftables
 // dispatch chain's lookup of them.
 
 import (
-	"fmt"
 	"net"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -77,46 +75,24 @@ func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {
 // hairpinObj is one hairpin element; deleting needs no chain.
 type hairpinObj struct{ h Hairpin }
 
-func (v hairpinObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
-	tx.Head(b, vb, "element")
-	fmt.Fprintf(b, " %s { %s . %s", v.h.set(), nft.ParsePrefix(v.h.Src).IP, strings.Join(v.h.Key.Fields(), " . "))
-	if (vb == nft.Add || vb == nft.Create) && v.h.Chain != "" {
-		fmt.Fprintf(b, " comment %q", v.h.Chain)
+// element is the hairpin element: its source's network and its key,
+// commented with its owner.
+func (v hairpinObj) element(f nft.Family) *nft.Element {
+	n := nft.ParsePrefix(v.h.Src)
+	key := n.IP.Mask(n.Mask).To16()
+	if f == nft.IPv4 {
+		key = key.To4()
 	}
-	b.WriteString(" }\n")
+	addr, ones, _ := hairpinLength(v.h.set())
+	return &nft.Element{Set: hairpinSetOf(f, addr, ones), Key: v.h.Key.appendBytes(append([]byte(nil), key...)), Comment: v.h.Chain}
+}
+
+func (v hairpinObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+	v.element(tx.Family).Text(tx, vb, b)
 }
 
 func (v hairpinObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == nft.Delete {
-		m.Type = nfnl.NftType(unix.NFT_MSG_DELSETELEM)
-	}
-	chain := v.h.Chain
-	if vb == nft.Delete {
-		chain = ""
-	}
-	hairpinAttrs(a, plan.Family(tx.Family), tx.TableName, v.h, chain)
-	return nil, nil
-}
-
-// hairpinAttrs names h's element: its source's network, its key; with
-// owner, the comment naming its owner.
-func hairpinAttrs(a *nfnl.Attrs, f plan.Family, table string, h Hairpin, owner string) {
-	n := nft.ParsePrefix(h.Src)
-	net := n.IP.Mask(n.Mask).To16()
-	if f == plan.IPv4 {
-		net = net.To4()
-	}
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, h.set())
-	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, h.Key.appendBytes(append([]byte(nil), net...)))
-			if owner != "" {
-				a.Raw(nft.AttrSetElemUserdata, nft.Comment(owner))
-			}
-		})
-	})
+	return v.element(tx.Family).Encode(tx, vb, m, a)
 }
 
 // hairpinLookup: ip saddr & 255.255.255.0 . [ip daddr .] meta l4proto .

@@ -73,7 +73,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	if table == Table && owner != nil {
 		// in the same round trip: whether the owners map holds it
 		var a nfnl.Attrs
-		ownerAttrs(&a, table, owner, "")
+		ownerObj{chain}.element().Attrs(&a, table, false)
 		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
 	}
 	replies, errs, err := c.Get(reqs)
@@ -194,7 +194,7 @@ func getElements(c nft.Conn, f plan.Family, chains, sets []string, keys []Key) (
 	chains = append(chains[:len(chains):len(chains)], sets...)
 	for _, key := range keys {
 		var a nfnl.Attrs
-		elementAttrs(&a, f, Table, key, "", "")
+		elemObj{key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
 		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
 	}
 	if len(reqs) == 0 {
@@ -242,7 +242,7 @@ func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, er
 	reqs := make([]nfnl.Msg, len(points))
 	for i, h := range points {
 		var a nfnl.Attrs
-		hairpinAttrs(&a, f, Table, h, "")
+		hairpinObj{h}.element(nft.Family(f)).Attrs(&a, Table, false)
 		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()}
 	}
 	replies, errs, err := c.Get(reqs)

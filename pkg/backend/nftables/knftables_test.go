@@ -1,8 +1,6 @@
 package nftables
 
 import (
-	"net"
-	"strconv"
 	"testing"
 
 	"sigs.k8s.io/knftables"
@@ -18,30 +16,11 @@ type knftObject interface {
 	nft(tx *nft.Tx) knftables.Object
 }
 
-func (v elemObj) nft(*nft.Tx) knftables.Object {
-	e := &knftables.Element{Map: v.key.Map(), Key: v.key.Fields()}
-	switch {
-	case v.chain == "":
-	case v.key.Flat:
-		ip, port := target(v.to)
-		e.Comment, e.Value = knftables.PtrTo(flatComment(v.chain, v.srcs)), []string{ip.String(), strconv.Itoa(port)}
-	default:
-		e.Value = []string{"goto " + v.chain}
-	}
-	return e
-}
+func (v elemObj) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element(tx.Family)) }
 
-func (v ownerObj) nft(*nft.Tx) knftables.Object {
-	return &knftables.Element{Map: ownersMap, Key: []string{net.IP(ownerKey(v.chain)).String()}, Value: []string{"goto " + v.chain}}
-}
+func (v ownerObj) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element()) }
 
-func (v hairpinObj) nft(*nft.Tx) knftables.Object {
-	e := &knftables.Element{Set: v.h.set(), Key: append([]string{nft.ParsePrefix(v.h.Src).IP.String()}, v.h.Key.Fields()...)}
-	if v.h.Chain != "" {
-		e.Comment = knftables.PtrTo(v.h.Chain)
-	}
-	return e
-}
+func (v hairpinObj) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element(tx.Family)) }
 
 // knftText is tx as knftables writes it.
 func knftText(t *testing.T, tx *nft.Tx) string {
@@ -63,7 +42,11 @@ func TestTextAsKnftables(t *testing.T) {
 			})} {
 			skel := newTx(f)
 			addSkeleton(skel, p, lengthsOf(nil, p))
-			txs = append(txs, skel, fastAddTx(p), fastDelTx(f, ChainName(p.Owner), Keys(p)))
+			keys := Keys(p)
+			for i := range keys {
+				keys[i] = keys[i].port() // as a chain holds them: the DEL fast path's
+			}
+			txs = append(txs, skel, fastAddTx(p), fastDelTx(f, ChainName(p.Owner), keys))
 			if isFlat(p) {
 				txs = append(txs, fastFlatTx(p, Keys(p)))
 				sl := newTx(f)

@@ -7,12 +7,10 @@ package nftables
 import (
 	"encoding/hex"
 	"fmt"
-	"net"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 )
@@ -79,41 +77,19 @@ func dropRecord(tx *nft.Tx, name string, c *ChainState) {
 	}
 }
 
-func (v ownerObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
-	tx.Head(b, vb, "element")
-	fmt.Fprintf(b, " %s { %s", ownersMap, net.IP(ownerKey(v.chain)))
-	if vb == nft.Add || vb == nft.Create {
-		b.WriteString(" : goto " + v.chain)
-	}
-	b.WriteString(" }\n")
+// element is chain's element of the owners map: its name's hashes, and
+// a goto to it.
+func (v ownerObj) element() *nft.Element {
+	return &nft.Element{Set: ownersSet(), Key: ownerKey(v.chain), Goto: v.chain}
 }
+
+func (v ownerObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) { v.element().Text(tx, vb, b) }
 
 func (v ownerObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	key := ownerKey(v.chain)
-	if key == nil {
+	if ownerKey(v.chain) == nil {
 		return nil, fmt.Errorf("chain %q: not an attachment's name", v.chain)
 	}
-	target := v.chain
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	if vb == nft.Delete {
-		m.Type, target = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
-	}
-	ownerAttrs(a, tx.TableName, key, target)
-	return nil, nil
-}
-
-// ownerAttrs names the owners map's element of key; with chain, its goto.
-func ownerAttrs(a *nfnl.Attrs, table string, key []byte, chain string) {
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, ownersMap)
-	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, key)
-			if chain != "" {
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, chain) })
-			}
-		})
-	})
+	return v.element().Encode(tx, vb, m, a)
 }
 
 // decodeOwners reads the chains of an owners map's GETSETELEM answer.

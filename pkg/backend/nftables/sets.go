@@ -2,14 +2,10 @@ package nftables
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net"
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -74,53 +70,35 @@ type elemObj struct {
 	srcs  []string // a flat key's hairpin sources, in its comment
 }
 
-func (v elemObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
-	tx.Head(b, vb, "element")
-	fmt.Fprintf(b, " %s { %s", v.key.Map(), strings.Join(v.key.Fields(), " . "))
-	switch {
-	case vb == nft.Delete || v.chain == "":
-	case v.key.Flat:
-		ip, port := target(v.to)
-		fmt.Fprintf(b, " comment %q : %s . %d", flatComment(v.chain, v.srcs), ip, port)
-	default:
-		b.WriteString(" : goto " + v.chain)
+// element is the key's element of its map.
+func (v elemObj) element(f nft.Family) *nft.Element {
+	addr := v.key.HostIP != nil
+	set := dispatchMap{name: v.key.Map(), addr: addr, interval: v.key.IsRange()}.set(f)
+	if v.key.Flat {
+		set = dnatMapSet(f, v.key.Map(), addr)
 	}
-	b.WriteString(" }\n")
+	e := &nft.Element{Set: set, Key: v.key.bytes()}
+	if v.key.IsRange() {
+		end := v.key
+		end.Port = v.key.Last
+		e.KeyEnd = end.bytes()
+	}
+	switch {
+	case v.chain == "":
+	case v.key.Flat:
+		e.Data, e.Comment = targetBytes(plan.Family(f), v.to), flatComment(v.chain, v.srcs)
+	default:
+		e.Goto = v.chain
+	}
+	return e
+}
+
+func (v elemObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+	v.element(tx.Family).Text(tx, vb, b)
 }
 
 func (v elemObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
-	m.Type = nfnl.NftType(unix.NFT_MSG_NEWSETELEM)
-	chain := v.chain
-	if vb == nft.Delete {
-		m.Type, chain = nfnl.NftType(unix.NFT_MSG_DELSETELEM), ""
-	}
-	elementAttrs(a, plan.Family(tx.Family), tx.TableName, v.key, chain, v.to, v.srcs...)
-	return nil, nil
-}
-
-// elementAttrs names k's element of table; with chain, its verdict, or
-// for a flat key its target and its owner's comment.
-func elementAttrs(a *nfnl.Attrs, f plan.Family, table string, k Key, chain, to string, srcs ...string) {
-	a.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	a.String(unix.NFTA_SET_ELEM_LIST_SET, k.Map())
-	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
-		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, k.bytes())
-			if k.IsRange() {
-				end := k
-				end.Port = k.Last
-				nfexpr.Value(a, nft.AttrSetElemKeyEnd, end.bytes())
-			}
-			switch {
-			case chain == "":
-			case k.Flat:
-				nfexpr.Value(a, unix.NFTA_SET_ELEM_DATA, targetBytes(f, to))
-				a.Raw(nft.AttrSetElemUserdata, nft.Comment(flatComment(chain, srcs)))
-			default:
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, chain) })
-			}
-		})
-	})
+	return v.element(tx.Family).Encode(tx, vb, m, a)
 }
 
 // bytes is the key as the kernel stores it: each field of the

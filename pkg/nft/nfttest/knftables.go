@@ -60,6 +60,23 @@ func Object(tx *nft.Tx, obj nft.Object) knftables.Object {
 			return &knftables.Map{Name: v.Name, Type: v.TypeText(), Flags: flags}
 		}
 		return &knftables.Set{Name: v.Name, Type: v.TypeText(), Flags: flags}
+	case *nft.Element:
+		e := &knftables.Element{Key: nft.Fields(v.Set.Key, v.Key, v.KeyEnd)}
+		if v.Set.IsMap() {
+			e.Map = v.Set.Name
+		} else {
+			e.Set = v.Set.Name
+		}
+		if v.Comment != "" {
+			e.Comment = knftables.PtrTo(v.Comment)
+		}
+		switch {
+		case v.Goto != "":
+			e.Value = []string{"goto " + v.Goto}
+		case v.Data != nil:
+			e.Value = nft.Fields(v.Set.Data, v.Data, nil)
+		}
+		return e
 	case *nft.Rule:
 		r := &knftables.Rule{Chain: v.Chain, Rule: v.StmtText(tx.Family)}
 		if v.Comment != "" {
