@@ -185,7 +185,9 @@ func TestCommentOf(t *testing.T) {
 func TestElementText(t *testing.T) {
 	tx := nft.NewTx(nft.IPv4, "t")
 	key := []nft.Type{nft.IPv4Addr, nft.InetProto, nft.InetService}
-	k := func(proto byte, port int) []byte { return []byte{198, 51, 100, 1, proto, 0, 0, 0, byte(port >> 8), byte(port), 0, 0} }
+	k := func(proto byte, port int) []byte {
+		return []byte{198, 51, 100, 1, proto, 0, 0, 0, byte(port >> 8), byte(port), 0, 0}
+	}
 	tx.Add(&nft.Element{Set: &nft.Set{Name: "m", Key: key, Data: []nft.Type{nft.Verdict}, Interval: true},
 		Key: k(17, 5000), KeyEnd: k(17, 5002), Goto: "c"})
 	tx.Create(&nft.Element{Set: &nft.Set{Name: "d", Key: key, Data: []nft.Type{nft.IPv4Addr, nft.InetService}},

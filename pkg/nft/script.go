@@ -42,3 +42,19 @@ func RunScript(script string, commit bool) error {
 	}
 	return nil
 }
+
+// statements are nft words that start a statement or a command rather
+// than a match.
+var statements = map[string]bool{
+	"accept": true, "drop": true, "reject": true, "jump": true, "goto": true, "return": true,
+	"queue": true, "continue": true, "dnat": true, "snat": true, "masquerade": true,
+	"redirect": true, "set": true, "log": true, "counter": true, "limit": true, "quota": true,
+	"notrack": true, "tproxy": true, "dup": true, "fwd": true, "add": true, "update": true,
+	"delete": true, "flush": true, "insert": true, "replace": true, "create": true,
+	"table": true, "chain": true, "rule": true, "comment": true, "vmap": true,
+}
+
+// IsStatement reports whether word (any case) starts a statement or a
+// command rather than a match: match text holding one could drop, accept
+// or rewrite traffic instead of selecting it.
+func IsStatement(word string) bool { return statements[strings.ToLower(word)] }

@@ -34,23 +34,3 @@ func dumpElements(c nft.Conn, f plan.Family, name string) ([]Element, error) {
 	}
 	return out, nil
 }
-
-// dumpOf dumps the family's objects of one kind (GETCHAIN, GETRULE,
-// GETSET) and returns the attributes of those of table; tableAttr is the
-// kind's table attribute, which also asks the kernel to filter where it
-// can.
-func dumpOf(c nft.Conn, typ int, fam uint8, tableAttr uint16, table string) ([][]nfnl.Attr, error) {
-	var req nfnl.Attrs
-	req.String(tableAttr, table)
-	msgs, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(typ), Family: fam, Attrs: req.Bytes()})
-	if err != nil {
-		return nil, err
-	}
-	var out [][]nfnl.Attr
-	for _, m := range msgs {
-		if attrs := nfnl.Parse(m.Attrs); str(attrs, tableAttr) == table {
-			out = append(out, attrs)
-		}
-	}
-	return out, nil
-}

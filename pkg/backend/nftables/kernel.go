@@ -278,7 +278,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		return nil, &nft.Error{Op: "get table " + table, Err: err}
 	}
 	s := newState()
-	chains, err := dumpOf(c, unix.NFT_MSG_GETCHAIN, fam, unix.NFTA_CHAIN_TABLE, table)
+	chains, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETCHAIN, table)
 	if err != nil {
 		return nil, &nft.Error{Op: "list chains", Err: err}
 	}
@@ -286,7 +286,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		ud, _ := find(attrs, nft.AttrChainUserdata)
 		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: nft.CommentOf(ud)}
 	}
-	rules, err := dumpOf(c, unix.NFT_MSG_GETRULE, fam, unix.NFTA_RULE_TABLE, table)
+	rules, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETRULE, table)
 	if err != nil {
 		return nil, &nft.Error{Op: "list rules", Err: err}
 	}
@@ -303,7 +303,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 			cs.splitRecord()
 		}
 	}
-	sets, err := dumpOf(c, unix.NFT_MSG_GETSET, fam, unix.NFTA_SET_TABLE, table)
+	sets, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETSET, table)
 	if err != nil {
 		return nil, &nft.Error{Op: "list maps", Err: err}
 	}
