@@ -111,7 +111,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 				return ""
 			}
 			if held := mine(); held != "" {
-				if !eventually(time.Second, func() bool { return mine() == "" }) {
+				if !nettest.Eventually(time.Second, func() bool { return mine() == "" }) {
 					t.Errorf("trial %d (killed after %s): the killed pass still holds the host lock a second on%s", trial, delay, held)
 				}
 				t.Logf("trial %d: the killed pass's lock outlived it a moment (a child before its exec)%s", trial, held)
@@ -152,16 +152,4 @@ func TestAgentKilledMidPass(t *testing.T) {
 			t.Errorf("only %d of %d passes were killed midway: the delays miss the pass", killed, trials)
 		}
 	})
-}
-
-// eventually polls cond every 10 ms for up to d.
-func eventually(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
 }
