@@ -81,9 +81,28 @@ type Attr struct {
 	Value []byte
 }
 
+// List is a decoded sequence of attributes.
+type List []Attr
+
+// Find returns the value of the first attribute typ of l.
+func (l List) Find(typ uint16) ([]byte, bool) {
+	for _, a := range l {
+		if a.Type == typ {
+			return a.Value, true
+		}
+	}
+	return nil, false
+}
+
+// String is the first attribute typ of l up to its NUL; "" without one.
+func (l List) String(typ uint16) string {
+	v, _ := l.Find(typ)
+	return Attr{Value: v}.String()
+}
+
 // Parse decodes a sequence of attributes; a truncated tail is ignored.
-func Parse(b []byte) []Attr {
-	var out []Attr
+func Parse(b []byte) List {
+	var out List
 	for a := range All(b) {
 		out = append(out, a)
 	}

@@ -215,3 +215,32 @@ func ProtoName(n byte) string {
 	}
 	return ""
 }
+
+// DecodeElements reads the elements of a GETSETELEM answer (or of a
+// NEWSETELEM request) into Elements of a Set that has only the name the
+// list gives: the types a key is read by are the caller's.
+func DecodeElements(b []byte) []Element {
+	set := &Set{}
+	var els []Element
+	for a := range nfnl.All(b) {
+		switch a.Type {
+		case unix.NFTA_SET_ELEM_LIST_SET:
+			set.Name = a.String()
+		case unix.NFTA_SET_ELEM_LIST_ELEMENTS:
+			for le := range nfnl.All(a.Value) {
+				e := Element{Set: set, Key: ValueOf(le.Value, unix.NFTA_SET_ELEM_KEY), KeyEnd: ValueOf(le.Value, AttrSetElemKeyEnd)}
+				data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
+				if vd, ok := nfnl.Find(data, unix.NFTA_DATA_VERDICT); ok {
+					_, e.Goto = nfnl.Verdict(vd)
+				} else {
+					e.Data, _ = nfnl.Find(data, unix.NFTA_DATA_VALUE)
+				}
+				if ud, ok := nfnl.Find(le.Value, AttrSetElemUserdata); ok {
+					e.Comment = CommentOf(ud)
+				}
+				els = append(els, e)
+			}
+		}
+	}
+	return els
+}

@@ -10,7 +10,7 @@ import (
 // GETRULE, GETSET) and returns the attributes of those of table, whose
 // name the dump request carries for the kernel to filter by where it
 // can.
-func DumpTable(c Conn, f Family, kind int, table string) ([][]nfnl.Attr, error) {
+func DumpTable(c Conn, f Family, kind int, table string) ([]nfnl.List, error) {
 	// the table is the first attribute of a chain, a rule and a set
 	const tableAttr = unix.NFTA_CHAIN_TABLE
 	var req nfnl.Attrs
@@ -19,7 +19,7 @@ func DumpTable(c Conn, f Family, kind int, table string) ([][]nfnl.Attr, error) 
 	if err != nil {
 		return nil, err
 	}
-	var out [][]nfnl.Attr
+	var out []nfnl.List
 	for _, m := range msgs {
 		attrs := nfnl.Parse(m.Attrs)
 		for _, a := range attrs {

@@ -1,6 +1,7 @@
 package nft_test
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"strings"
@@ -231,6 +232,25 @@ func TestDecodeRule(t *testing.T) {
 		r.Attrs(nft.NewTx(tt.f, "t"), &a)
 		if got := nft.DecodeRule(tt.f, nfnl.Parse(a.Bytes())); got != tt.want {
 			t.Errorf("%s %q reads back as %+v, want %+v", tt.f, r.StmtText(tt.f), got, tt.want)
+		}
+	}
+}
+
+// TestDecodeElements: elements as written read back: key, interval end,
+// goto or data, comment.
+func TestDecodeElements(t *testing.T) {
+	set := &nft.Set{Name: "m", Key: []nft.Type{nft.InetProto, nft.InetService}, Data: []nft.Type{nft.Verdict}, Interval: true}
+	for _, want := range []nft.Element{
+		{Set: set, Key: []byte{6, 0, 0, 0, 0x4e, 0x20, 0, 0}, KeyEnd: []byte{6, 0, 0, 0, 0x52, 0x07, 0, 0}, Goto: "c"},
+		{Set: set, Key: []byte{17, 0, 0, 0, 0, 53, 0, 0}, Data: []byte{192, 0, 2, 2, 0, 53, 0, 0}, Comment: "owner srcs"},
+		{Set: set, Key: []byte{132, 0, 0, 0, 0, 80, 0, 0}},
+	} {
+		var a nfnl.Attrs
+		want.Attrs(&a, "t", true)
+		got := nft.DecodeElements(a.Bytes())
+		if len(got) != 1 || got[0].Set.Name != "m" || !bytes.Equal(got[0].Key, want.Key) || !bytes.Equal(got[0].KeyEnd, want.KeyEnd) ||
+			got[0].Goto != want.Goto || !bytes.Equal(got[0].Data, want.Data) || got[0].Comment != want.Comment {
+			t.Errorf("%+v reads back as %+v", want, got)
 		}
 	}
 }

@@ -3,8 +3,6 @@ package nftables
 import (
 	"encoding/binary"
 	"net"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -13,59 +11,24 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-func find(attrs []nfnl.Attr, typ uint16) ([]byte, bool) {
-	for _, a := range attrs {
-		if a.Type == typ {
-			return a.Value, true
-		}
-	}
-	return nil, false
-}
-
-func str(attrs []nfnl.Attr, typ uint16) string {
-	for _, a := range attrs {
-		if a.Type == typ {
-			return a.String()
-		}
-	}
-	return ""
-}
-
 // decodeElements reads the elements of a GETSETELEM answer.
 func decodeElements(f plan.Family, b []byte) []Element {
-	attrs := nfnl.Parse(b)
-	set := str(attrs, unix.NFTA_SET_ELEM_LIST_SET)
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	var out []Element
-	for _, le := range nfnl.Parse(list) {
-		keyAttr, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_KEY)
-		val, _ := nfnl.Find(keyAttr, unix.NFTA_DATA_VALUE)
-		k, ok := keyFromBytes(f, set, val)
+	ipLen := int(nft.Family(f).AddrType().Len)
+	for _, e := range nft.DecodeElements(b) {
+		k, ok := keyFromBytes(f, e.Set.Name, e.Key)
 		if !ok {
 			continue
 		}
-		if endAttr, ok := nfnl.Find(le.Value, nft.AttrSetElemKeyEnd); ok {
-			end, _ := nfnl.Find(endAttr, unix.NFTA_DATA_VALUE)
-			if e, ok := keyFromBytes(f, set, end); ok && e.Port > k.Port {
-				k.Last = e.Port
-			}
+		if end, ok := keyFromBytes(f, e.Set.Name, e.KeyEnd); ok && end.Port > k.Port {
+			k.Last = end.Port
 		}
-		if k.Flat {
-			ipLen := int(nft.Family(f).AddrType().Len)
-			data := nft.ValueOf(le.Value, unix.NFTA_SET_ELEM_DATA)
-			ud, _ := nfnl.Find(le.Value, nft.AttrSetElemUserdata)
-			if len(data) < ipLen+2 {
-				continue
-			}
-			chain, srcs := parseFlatComment(nft.CommentOf(ud))
-			out = append(out, Element{Key: k, Chain: chain, To: toString(data[:ipLen], data[ipLen:]), Srcs: srcs})
-			continue
+		if !k.Flat {
+			out = append(out, Element{Key: k, Chain: e.Goto})
+		} else if len(e.Data) >= ipLen+2 {
+			chain, srcs := parseFlatComment(e.Comment)
+			out = append(out, Element{Key: k, Chain: chain, To: toString(e.Data[:ipLen], e.Data[ipLen:]), Srcs: srcs})
 		}
-		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
-		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
-		ch, _ := nfnl.Find(v, unix.NFTA_VERDICT_CHAIN)
-		chain, _, _ := strings.Cut(string(ch), "\x00")
-		out = append(out, Element{Key: k, Chain: chain})
 	}
 	return out
 }
@@ -74,25 +37,16 @@ func decodeElements(f plan.Family, b []byte) []Element {
 // GETSETELEM answer, or a NEWSETELEM request: keys of protocol and port,
 // with or without a host address before them, by their length.
 func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
-	ipLen := 4
-	if f == plan.IPv6 {
-		ipLen = 16
-	}
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+	ipLen := int(nft.Family(f).AddrType().Len)
 	var out []MapDNAT
-	for le := range nfnl.All(list) {
-		key, data := nft.ValueOf(le.Value, unix.NFTA_SET_ELEM_KEY), nft.ValueOf(le.Value, unix.NFTA_SET_ELEM_DATA)
+	for _, e := range nft.DecodeElements(b) {
 		set := hostPortsMap
-		if len(key) == 8+ipLen {
+		if len(e.Key) == 8+ipLen {
 			set = hostIPPortsMap
 		}
-		k, ok := keyFromBytes(f, set, key)
-		if !ok || len(data) < ipLen+2 {
-			continue
+		if k, ok := keyFromBytes(f, set, e.Key); ok && len(e.Data) >= ipLen+2 {
+			out = append(out, MapDNAT{Key: k, To: toString(e.Data[:ipLen], e.Data[ipLen:])})
 		}
-		port := binary.BigEndian.Uint16(data[ipLen:])
-		to := net.JoinHostPort(net.IP(data[:ipLen]).String(), strconv.Itoa(int(port)))
-		out = append(out, MapDNAT{Key: k, To: to})
 	}
 	return out
 }

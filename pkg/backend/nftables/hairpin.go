@@ -148,30 +148,21 @@ func (s hairpinLookup) Encode(e *nft.Exprs) {
 
 // decodeHairpins reads the elements of a hairpin set's GETSETELEM answer.
 func decodeHairpins(f plan.Family, b []byte) []Hairpin {
-	attrs := nfnl.Parse(b)
-	addr, ones, ok := hairpinLength(str(attrs, unix.NFTA_SET_ELEM_LIST_SET))
-	if !ok {
-		return nil
-	}
 	ipLen := int(nft.Family(f).AddrType().Len)
-	keySet := hostPortsMap
-	if addr {
-		keySet = hostIPPortsMap
-	}
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	var out []Hairpin
-	for le := range nfnl.All(list) {
-		key := nft.ValueOf(le.Value, unix.NFTA_SET_ELEM_KEY)
-		if len(key) < ipLen {
+	for _, e := range nft.DecodeElements(b) {
+		addr, ones, ok := hairpinLength(e.Set.Name)
+		if !ok || len(e.Key) < ipLen {
 			continue
 		}
-		k, ok := keyFromBytes(f, keySet, key[ipLen:])
-		if !ok {
-			continue
+		keySet := hostPortsMap
+		if addr {
+			keySet = hostIPPortsMap
 		}
-		k.Flat = true
-		ud, _ := nfnl.Find(le.Value, nft.AttrSetElemUserdata)
-		out = append(out, Hairpin{Src: prefixString(net.IP(key[:ipLen]), ones, ipLen*8), Key: k, Chain: nft.CommentOf(ud)})
+		if k, ok := keyFromBytes(f, keySet, e.Key[ipLen:]); ok {
+			k.Flat = true
+			out = append(out, Hairpin{Src: prefixString(net.IP(e.Key[:ipLen]), ones, ipLen*8), Key: k, Chain: e.Comment})
+		}
 	}
 	return out
 }

@@ -283,15 +283,15 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		return nil, &nft.Error{Op: "list chains", Err: err}
 	}
 	for _, attrs := range chains {
-		ud, _ := find(attrs, nft.AttrChainUserdata)
-		s.Chains[str(attrs, unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: nft.CommentOf(ud)}
+		ud, _ := attrs.Find(nft.AttrChainUserdata)
+		s.Chains[attrs.String(unix.NFTA_CHAIN_NAME)] = &ChainState{Comment: nft.CommentOf(ud)}
 	}
 	rules, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETRULE, table)
 	if err != nil {
 		return nil, &nft.Error{Op: "list rules", Err: err}
 	}
 	for _, attrs := range rules {
-		if cs := s.Chains[str(attrs, unix.NFTA_RULE_CHAIN)]; cs != nil {
+		if cs := s.Chains[attrs.String(unix.NFTA_RULE_CHAIN)]; cs != nil {
 			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
 		}
 	}
@@ -308,7 +308,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		return nil, &nft.Error{Op: "list maps", Err: err}
 	}
 	for _, attrs := range sets {
-		name := str(attrs, unix.NFTA_SET_NAME)
+		name := attrs.String(unix.NFTA_SET_NAME)
 		s.Maps[name] = true
 		if table != Table {
 			continue

@@ -28,13 +28,13 @@ func TestSkeletonReadsBack(t *testing.T) {
 			attrs := nfnl.Parse(m.Attrs)
 			switch m.Type {
 			case nfnl.NftType(unix.NFT_MSG_NEWRULE):
-				name := str(attrs, unix.NFTA_RULE_CHAIN)
+				name := attrs.String(unix.NFTA_RULE_CHAIN)
 				if chains[name] == nil {
 					chains[name] = &ChainState{}
 				}
 				chains[name].Rules = append(chains[name].Rules, decodeRule(p.Family, m.Attrs))
 			case nfnl.NftType(unix.NFT_MSG_NEWSET):
-				sets[str(attrs, unix.NFTA_SET_NAME)] = m.Flags
+				sets[attrs.String(unix.NFTA_SET_NAME)] = m.Flags
 			}
 		}
 		skel := skeletonRules(p, lengthsOf(nil, p))

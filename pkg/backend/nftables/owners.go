@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 )
@@ -94,14 +92,10 @@ func (v ownerObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([
 
 // decodeOwners reads the chains of an owners map's GETSETELEM answer.
 func decodeOwners(b []byte) []string {
-	list, _ := nfnl.Find(b, unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	var out []string
-	for le := range nfnl.All(list) {
-		data, _ := nfnl.Find(le.Value, unix.NFTA_SET_ELEM_DATA)
-		v, _ := nfnl.Find(data, unix.NFTA_DATA_VERDICT)
-		ch, _ := nfnl.Find(v, unix.NFTA_VERDICT_CHAIN)
-		if chain, _, _ := strings.Cut(string(ch), "\x00"); chain != "" {
-			out = append(out, chain)
+	for _, e := range nft.DecodeElements(b) {
+		if e.Goto != "" {
+			out = append(out, e.Goto)
 		}
 	}
 	return out
