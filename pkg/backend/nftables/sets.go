@@ -72,10 +72,11 @@ type elemObj struct {
 
 // element is the key's element of its map.
 func (v elemObj) element(f nft.Family) *nft.Element {
-	addr := v.key.HostIP != nil
-	set := dispatchMap{name: v.key.Map(), addr: addr, interval: v.key.IsRange()}.set(f)
-	if v.key.Flat {
+	var set *nft.Set
+	if addr := v.key.HostIP != nil; v.key.Flat {
 		set = dnatMapSet(f, v.key.Map(), addr)
+	} else {
+		set = dispatchMap{name: v.key.Map(), addr: addr, interval: v.key.IsRange()}.set(f)
 	}
 	e := &nft.Element{Set: set, Key: v.key.bytes()}
 	if v.key.IsRange() {
