@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,20 +14,19 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/portmap-dev/portmap/pkg/agent"
-	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
-	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fakehost"
 )
 
-// mapped is what a read of the in-memory kernel shows forwarded, both
-// families, sorted: "tcp 8080 -> 192.0.2.2:80 c1".
-func mapped(t *testing.T, k *nfttest.Kernel) []string {
+// mapped is what a read of the kernel shows forwarded, both families,
+// sorted: "tcp 8080 -> 192.0.2.2:80 c1".
+func mapped(t *testing.T, k fakehost.InMemory) []string {
 	t.Helper()
 	var out []string
 	for _, f := range plan.Families {
-		ms, err := nftables.NewOn(f, io.Discard, k).Mappings()
+		ms, err := k.Open(f).Mappings()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -36,7 +35,7 @@ func mapped(t *testing.T, k *nfttest.Kernel) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // jsonOf decodes a JSON object.
@@ -56,22 +55,28 @@ func joinHostPort(ip string, port int) string {
 	return fmt.Sprintf("%s:%d", ip, port)
 }
 
-// TestNFTablesOverMemory: the verbs and the agent's passes on the real
-// nftables backend over nf_tables in memory, judged by what a read of
-// the kernel shows — not by calls. ADD maps both families; a firewall
+// TestOverMemory: the verbs and the agent's passes on each real backend
+// over its kernel in memory (nf_tables; iptables' and ip6tables' x_tables),
+// judged by what a read of the kernel shows — not by calls. ADD maps both families; a firewall
 // flush breaks CHECK and a pass brings the rules back; a newer ADD of
 // the same port takes it and CHECK of the older names it, and after the
 // newer one's DEL a pass gives it back; a pruning pass keeps an
 // attachment the cache lacks while its namespace lives and removes it
 // once gone; GC keeps a valid attachment and removes one that is not;
 // DEL leaves no rule and repeats; STATUS follows the kernel's answer to a write.
-func TestNFTablesOverMemory(t *testing.T) {
+func TestOverMemory(t *testing.T) {
+	for _, be := range []string{"nftables", "iptables"} {
+		t.Run(be, func(t *testing.T) { overMemory(t, be) })
+	}
+}
+
+func overMemory(t *testing.T, be string) {
 	h, _ := fakehost.New()
-	k := fakehost.NFTablesInMemory(h)
+	k := fakehost.BackendsInMemory(h)[backend.Name(be)]
 	p := &Plugin{Stdout: &bytes.Buffer{}, Host: h}
 	dir := t.TempDir()
 	nft := func(prev string, extra map[string]string) map[string]string {
-		m := withMappings(map[string]string{"backend": `"nftables"`, "prevResult": prev})
+		m := withMappings(map[string]string{"backend": strconv.Quote(be), "prevResult": prev})
 		for key, v := range extra {
 			m[key] = v
 		}
@@ -99,7 +104,7 @@ func TestNFTablesOverMemory(t *testing.T) {
 	}
 
 	// A firewall flush, then a pass of the agent from libcni's cache.
-	conflist := `{"cniVersion":"1.0.0","name":"net1","plugins":[{"type":"ptp"},{"type":"portmap","backend":"nftables","capabilities":{"portMappings":true}}]}`
+	conflist := `{"cniVersion":"1.0.0","name":"net1","plugins":[{"type":"ptp"},{"type":"portmap","backend":"` + be + `","capabilities":{"portMappings":true}}]}`
 	if err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: "c1", IfName: "eth0", Conflist: []byte(conflist),
 		CapabilityArgs: map[string]any{"portMappings": []any{
 			map[string]any{"hostPort": 8080, "containerPort": 80},
@@ -135,20 +140,26 @@ func TestNFTablesOverMemory(t *testing.T) {
 	}
 	want = []string{"tcp 8080 -> 192.0.2.3:8080 c=c2", "tcp 8080 -> [2001:db8::2]:80 c=c1",
 		"udp 8053 -> 192.0.2.2:53 c=c1", "udp 8053 -> [2001:db8::2]:53 c=c1"}
+	if k.Stacks {
+		want = append([]string{"tcp 8080 -> 192.0.2.2:80 c=c1"}, want...)
+	}
 	if got := mapped(t, k); !slices.Equal(got, want) {
 		t.Fatalf("after c2's ADD: %q, want %q", got, want)
 	}
-	if err := p.Check(cmd("c1", c1)); err == nil || !strings.Contains(err.Error(), "8080") {
+	if err := p.Check(cmd("c1", c1)); k.Stacks && err != nil {
+		t.Errorf("CHECK of c1 under c2's rules: %v", err)
+	} else if !k.Stacks && (err == nil || !strings.Contains(err.Error(), "8080")) {
 		t.Errorf("CHECK of c1 after c2 took 8080: %v, want the port named", err)
 	}
 
-	// c2's DEL leaves 8080 to nobody; a pass gives it back to c1, the
-	// cache's claimant.
+	// c2's DEL leaves 8080 to c1's rules where they stacked, else to
+	// nobody; a pass gives it back to c1, the cache's claimant.
 	if err := p.Del(cmd("c2", c2)); err != nil {
 		t.Fatal(err)
 	}
-	if got := mapped(t, k); slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "tcp 8080 -> 192.0.2") }) {
-		t.Errorf("IPv4 8080 after c2's DEL: %q", got)
+	if got := mapped(t, k); slices.Contains(got, "tcp 8080 -> 192.0.2.2:80 c=c1") != k.Stacks ||
+		slices.Contains(got, "tcp 8080 -> 192.0.2.3:8080 c=c2") {
+		t.Errorf("after c2's DEL: %q", got)
 	}
 	if _, err := ag.Sync(agent.Options{CacheDir: dir}); err != nil {
 		t.Fatal(err)
@@ -181,7 +192,7 @@ func TestNFTablesOverMemory(t *testing.T) {
 
 	// GC with c1 alone valid keeps c1; with none, removes it.
 	gc := func(valid string) error {
-		return p.GC(args(t, map[string]string{"cniVersion": `"1.1.0"`, "backend": `"nftables"`, "cni.dev/valid-attachments": valid}))
+		return p.GC(args(t, map[string]string{"cniVersion": `"1.1.0"`, "backend": strconv.Quote(be), "cni.dev/valid-attachments": valid}))
 	}
 	if err := gc(`[{"containerID":"c1","ifname":"eth0"}]`); err != nil {
 		t.Fatal(err)
@@ -209,18 +220,18 @@ func TestNFTablesOverMemory(t *testing.T) {
 	}
 
 	status := func() error {
-		return p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`, "backend": `"nftables"`}))
+		return p.Status(args(t, map[string]string{"cniVersion": `"1.1.0"`, "backend": strconv.Quote(be)}))
 	}
 	if err := status(); err != nil {
 		t.Errorf("STATUS: %v", err)
 	}
 	k.Flush() // no skeleton to read: STATUS asks for a write
-	k.NotWritable = errors.New("operation not permitted")
+	k.Refuse(errors.New("operation not permitted"))
 	if err := status(); codeOf(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "operation not permitted") {
-		t.Errorf("STATUS when nf_tables refuses a write: %v, want code 50 with the reason", err)
+		t.Errorf("STATUS when the kernel refuses a write: %v, want code 50 with the reason", err)
 	}
-	k.NotWritable = nil
+	k.Refuse(nil)
 	if err := status(); err != nil {
-		t.Errorf("STATUS when nf_tables takes a write again: %v", err)
+		t.Errorf("STATUS when the kernel takes a write again: %v", err)
 	}
 }

@@ -4,25 +4,67 @@ import (
 	"io"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
+	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt/xttest"
 )
 
-// NFTablesInMemory makes h's nftables backend the real one over an
-// nf_tables in memory, both families in one, and returns it: the
-// plugin's verbs and the agent's passes then write and read rules as on
-// a node, and a test asserts on what a read of it shows. The other
-// backends and the layers stay recording fakes.
-func NFTablesInMemory(h *host.Host) *nfttest.Kernel {
+// InMemory is a real backend over its kernel in memory, as a test
+// drives it.
+type InMemory struct {
+	// Open is the backend of a family over that kernel: a test reads
+	// what it holds with it (Mappings).
+	Open func(f plan.Family) backend.Backend
+	// Flush is a firewall's flush: every rule and chain gone.
+	Flush func()
+	// Refuse makes the kernel refuse writes with err; nil, take them.
+	Refuse func(err error)
+	// Stacks says a port's rules stack (iptables): a newer attachment's
+	// go above an older one's, which stay, so the older passes CHECK and
+	// has the port again once the newer goes. Else (nftables) the newer
+	// takes the port's one map element.
+	Stacks bool
+}
+
+// BackendsInMemory makes h's nftables and iptables backends the real
+// ones over kernels in memory — nf_tables, both families in one; x_tables
+// one per family, as iptables and ip6tables are — and returns them by
+// name: the plugin's verbs and the agent's passes then write and read
+// rules as on a node, and a test asserts on what a read shows. The
+// layers stay recording fakes.
+func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 	k := nfttest.New()
+	xs := map[plan.Family]*xttest.Memory{}
+	for _, f := range plan.Families {
+		xs[f] = xttest.New(iptables.NativeExprs)
+	}
+	nft := func(f plan.Family) backend.Backend { return nftables.NewOn(f, io.Discard, k) }
+	ipt := func(f plan.Family) backend.Backend {
+		return &iptables.Backend{Family: f, Kernel: xs[f].Kernel(iptables.Table), Lock: func() (func(), error) { return func() {}, nil }}
+	}
 	for i, kind := range h.Kinds {
-		if kind.Name == backend.NFTables {
-			h.Kinds[i].Open = func(f plan.Family, log io.Writer) (backend.Backend, error) {
-				return nftables.NewOn(f, log, k), nil
-			}
+		switch kind.Name {
+		case backend.NFTables:
+			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return nft(f), nil }
+		case backend.IPTables:
+			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return ipt(f), nil }
 		}
 	}
-	return k
+	return map[backend.Name]InMemory{
+		backend.NFTables: {Open: nft, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err }},
+		backend.IPTables: {Open: ipt, Stacks: true,
+			Flush: func() {
+				for _, x := range xs {
+					x.Flush()
+				}
+			},
+			Refuse: func(err error) {
+				for _, x := range xs {
+					x.NotWritable = err
+				}
+			}},
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -118,11 +119,11 @@ func TestNFTFastPathMisses(t *testing.T) {
 // firstRestoreError records the error of every restore and native
 // transaction.
 type firstRestoreError struct {
-	iptables.Kernel
+	xt.Kernel
 	errs []error
 }
 
-func (k *firstRestoreError) AddChain(witness, chain string, rules, entries []iptables.Rule, jumps ...string) error {
+func (k *firstRestoreError) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	err := k.Kernel.AddChain(witness, chain, rules, entries, jumps...)
 	k.errs = append(k.errs, err)
 	return err

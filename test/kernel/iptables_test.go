@@ -14,17 +14,18 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
 // counting wraps the real kernel seam and counts what the backend spawns
 // and its native transactions (AddChain: no process).
 type counting struct {
-	iptables.Kernel
+	xt.Kernel
 	restores, lists, chainLists, ensures, natives int
 }
 
-func (c *counting) AddChain(witness, chain string, rules, entries []iptables.Rule, jumps ...string) error {
+func (c *counting) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	c.natives++
 	return c.Kernel.AddChain(witness, chain, rules, entries, jumps...)
 }
@@ -39,11 +40,11 @@ func (c *counting) ListTable() ([]string, error) {
 	c.lists++
 	return c.Kernel.ListTable()
 }
-func (c *counting) EnsureChain(ch iptables.Chain) error {
+func (c *counting) EnsureChain(ch xt.Chain) error {
 	c.ensures++
 	return c.Kernel.EnsureChain(ch)
 }
-func (c *counting) EnsureRule(r iptables.Rule) error {
+func (c *counting) EnsureRule(r xt.Rule) error {
 	c.ensures++
 	return c.Kernel.EnsureRule(r)
 }
@@ -408,7 +409,7 @@ func TestLegacyTableKeepsTheTools(t *testing.T) {
 		if out, err := exec.Command("iptables-legacy", "-t", "nat", "-S").CombinedOutput(); err != nil {
 			return fmt.Errorf("iptables-legacy: %v: %s", err, out)
 		}
-		if _, err := b.Kernel.Unlink(iptables.TopLevelDNATChain, "CNI-DN-nothing"); !errors.Is(err, iptables.ErrLegacy) {
+		if _, err := b.Kernel.Unlink(iptables.TopLevelDNATChain, "CNI-DN-nothing"); !errors.Is(err, xt.ErrLegacy) {
 			return fmt.Errorf("with a legacy nat table: Unlink = %v, want ErrLegacy", err)
 		}
 		return nil

@@ -17,16 +17,17 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
 // viaRestore is the real kernel seam with the native fast path refused
 // as on iptables-legacy: ADD's fast path is then the iptables-restore of
 // earlier releases.
-type viaRestore struct{ iptables.Kernel }
+type viaRestore struct{ xt.Kernel }
 
-func (viaRestore) AddChain(string, string, []iptables.Rule, []iptables.Rule, ...string) error {
-	return iptables.ErrLegacy
+func (viaRestore) AddChain(string, string, []xt.Rule, []xt.Rule, ...string) error {
+	return xt.ErrLegacy
 }
 
 // ruleExprs dumps chain of the nat table of family f over nf_tables
@@ -182,7 +183,7 @@ func TestNativeAddAsRestore(t *testing.T) {
 				for _, c := range []string{chain, iptables.TopLevelDNATChain} {
 					for _, l := range strings.Split(nettest.Run(t, tool, "-t", "nat", "-S", c), "\n") {
 						if rule, ok := strings.CutPrefix(l, "-A "); ok {
-							nettest.Run(t, tool, append([]string{"-t", "nat", "-C"}, iptables.SplitRule(rule)...)...)
+							nettest.Run(t, tool, append([]string{"-t", "nat", "-C"}, xt.SplitRule(rule)...)...)
 						}
 					}
 				}

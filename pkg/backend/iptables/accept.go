@@ -13,6 +13,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Accept is forwardAccept: rules in iptables' filter table that let an
@@ -32,7 +33,7 @@ import (
 // at the top of FORWARD, so rules there still apply before ours.
 type Accept struct {
 	Family plan.Family
-	Kernel Kernel
+	Kernel xt.Kernel
 	Lock   func() (release func(), err error)
 }
 
@@ -53,25 +54,25 @@ func AcceptChainName(o plan.Owner) string {
 }
 
 // forwardJump is the shared jump from FORWARD.
-var forwardJump = Rule{Table: FilterTable, Chain: "FORWARD", Jump: forwardChain, Insert: true}
+var forwardJump = xt.Rule{Table: FilterTable, Chain: "FORWARD", Jump: forwardChain, Insert: true}
 
 // forwardEntry is the attachment's jump from CNI-HOSTPORT-FWD; it depends
 // only on the owner, so DEL can name it without a prevResult.
-func forwardEntry(o plan.Owner) Rule {
-	return Rule{Table: FilterTable, Chain: forwardChain, Comment: entryComment(o), Jump: AcceptChainName(o)}
+func forwardEntry(o plan.Owner) xt.Rule {
+	return xt.Rule{Table: FilterTable, Chain: forwardChain, Comment: entryComment(o), Jump: AcceptChainName(o)}
 }
 
 // acceptRules are the attachment's accept rules, one per distinct mapping.
-func acceptRules(p *plan.Plan) []Rule {
+func acceptRules(p *plan.Plan) []xt.Rule {
 	chain := AcceptChainName(p.Owner)
-	var out []Rule
+	var out []xt.Rule
 	seen := map[string]bool{}
 	for m := range p.Mappings.All() {
-		ct := conntrackMatch{OrigDstPort: strconv.Itoa(m.HostPort), ReplSrc: p.ContainerNet.IP.String(), ReplSrcPort: strconv.Itoa(m.ContainerPort)}
+		ct := xt.Conntrack{OrigDstPort: strconv.Itoa(m.HostPort), ReplSrc: p.ContainerNet.IP.String(), ReplSrcPort: strconv.Itoa(m.ContainerPort)}
 		if m.HostIP != nil {
 			ct.OrigDst = m.HostIP.String()
 		}
-		r := Rule{Table: FilterTable, Chain: chain, Proto: m.Protocol, Ct: ct, Jump: "ACCEPT"}
+		r := xt.Rule{Table: FilterTable, Chain: chain, Proto: m.Protocol, Ct: ct, Jump: "ACCEPT"}
 		if k := strings.Join(r.Args(), " "); !seen[k] {
 			seen[k] = true
 			out = append(out, r)
@@ -130,7 +131,7 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 }
 
 func (fw *Accept) ensureShared() error {
-	if err := fw.Kernel.EnsureChain(Chain{FilterTable, forwardChain}); err != nil {
+	if err := fw.Kernel.EnsureChain(xt.Chain{Table: FilterTable, Name: forwardChain}); err != nil {
 		return fmt.Errorf("create chain %q in table %s: %w", forwardChain, FilterTable, err)
 	}
 	if err := fw.Kernel.EnsureRule(forwardJump); err != nil {
@@ -292,10 +293,10 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 		wanted[chain] = true
 		var w, h []ruleID
 		for _, r := range acceptRules(p) {
-			w = append(w, r.id())
+			w = append(w, ruleKey(r))
 		}
 		for _, line := range l.rules[chain] {
-			h = append(h, parseRule(SplitRule(line)).id())
+			h = append(h, ruleKey(parseRule(xt.SplitRule(line))))
 		}
 		switch {
 		case !l.chains[chain]:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 func TestForwardApplyRemove(t *testing.T) {
@@ -150,7 +151,7 @@ func TestAcceptReadyAndMappings(t *testing.T) {
 	if ms, err := fw.Mappings(); ms != nil || err != nil {
 		t.Errorf("Mappings = %v, %v", ms, err)
 	}
-	re := &restoreFailure{Err: exec.ErrNotFound, Output: " line 2 failed\n"}
+	re := &xt.RestoreError{Err: exec.ErrNotFound, Output: " line 2 failed\n"}
 	if !errors.Is(re, exec.ErrNotFound) || re.Error() != "executable file not found in $PATH: line 2 failed" {
 		t.Errorf("RestoreError: %q", re.Error())
 	}

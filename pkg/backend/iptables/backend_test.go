@@ -12,6 +12,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
 
@@ -99,7 +100,7 @@ func TestApplySlowPathNamesTheFailingLine(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.9")
 	b, _, _ := lockedBackend(t, "--to-destination 192.0.2.9:53")
 	err := b.Apply(a)
-	var re *restoreFailure
+	var re *xt.RestoreError
 	if err == nil || !errors.As(err, &re) || !strings.Contains(err.Error(), "apply: rule") || !strings.Contains(err.Error(), "192.0.2.9:53") {
 		t.Errorf("error %v, want the failing rule named", err)
 	}
@@ -272,7 +273,7 @@ func TestNftTool(t *testing.T) {
 
 // testFails is a kernel whose restore --test fails with err.
 type testFails struct {
-	Kernel
+	xt.Kernel
 	err error
 }
 
@@ -283,7 +284,7 @@ func (k testFails) Test([]byte) error { return k.err }
 // missing permission (exit status 4) goes back to the caller at once,
 // without the host-wide lock and without a second restore.
 func TestFastPathsReturnUnexpectedErrors(t *testing.T) {
-	held := &restoreFailure{Output: "Another app is currently holding the xtables lock.", Err: errors.New("exit status 4")}
+	held := &xt.RestoreError{Output: "Another app is currently holding the xtables lock.", Err: errors.New("exit status 4")}
 	a := build(plan.IPv4, nil)
 	for _, tt := range []struct {
 		name string

@@ -10,12 +10,13 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // checkItem is a rule exactCheck judges, and whose it is (-1: shared).
 type checkItem struct {
 	owner int
-	rule  Rule
+	rule  xt.Rule
 }
 
 // exactCheck runs what the listing cannot judge through iptables' own
@@ -51,7 +52,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 		for _, table := range []string{"filter", Table} {
 			add("*"+table, "table "+table, -2)
 			for _, it := range items {
-				if tableOf(it.rule) == table {
+				if it.rule.TableName() == table {
 					pl.rule("-C", it.rule)
 					owners = append(owners, it.owner)
 				}
@@ -64,7 +65,7 @@ func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) 
 		if err == nil {
 			break
 		}
-		var re *restoreFailure
+		var re *xt.RestoreError
 		n := 0
 		if errors.As(err, &re) {
 			n = pl.failedLineNumber(re.Output)
@@ -115,7 +116,7 @@ func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]str
 			continue
 		}
 		pl := &payload{}
-		pl.line("*"+tableOf(it.rule), "table "+tableOf(it.rule))
+		pl.line("*"+it.rule.TableName(), "table "+it.rule.TableName())
 		pl.rule("-C", it.rule)
 		err := b.Kernel.Restore(pl.bytes()) // bytes ends it with COMMIT
 		if err == nil {
@@ -138,7 +139,7 @@ func (b *Backend) checkEach(items []checkItem, shared string, broken map[int]str
 }
 
 func errorOutput(err error) string {
-	var re *restoreFailure
+	var re *xt.RestoreError
 	if errors.As(err, &re) {
 		return re.Output
 	}
@@ -167,7 +168,7 @@ func (p *payload) failedLineNumber(out string) int {
 // It changes nothing.
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
 	missing, some, err = b.skeleton(skeletonRules(p))
-	if errors.Is(err, ErrLegacy) {
+	if errors.Is(err, xt.ErrLegacy) {
 		// some: the listing that would tell is the whole table; say
 		// yes, and let STATUS ask the cache
 		q := *p
@@ -181,20 +182,20 @@ func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) 
 // skeleton names the first of rules that nf_tables does not hold, by
 // chain and jump; some says that one of them, or a chain of ours, is
 // there. It reads no chain whose rules grow with the attachments.
-func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) {
+func (b *Backend) skeleton(rules []xt.Rule) (missing string, some bool, err error) {
 	// The rules' chains, read with their rules; the chains they jump to,
 	// only whether they exist (CNI-HOSTPORT-DNAT holds every
 	// attachment's entry rules). POSTROUTING holds a masquerade rule per
 	// container of the ptp and bridge plugins: its jump to
 	// CNI-HOSTPORT-MASQ, a chain read with its rules anyway, is judged by
 	// that chain's references instead.
-	byRefs := func(r Rule) bool {
-		return r.Chain == "POSTROUTING" && r.Jump == masqChain && slices.ContainsFunc(rules, func(o Rule) bool { return o.Chain == masqChain })
+	byRefs := func(r xt.Rule) bool {
+		return r.Chain == "POSTROUTING" && r.Jump == masqChain && slices.ContainsFunc(rules, func(o xt.Rule) bool { return o.Chain == masqChain })
 	}
 	var tables []string
 	names, jumped := map[string][]string{}, map[string][]string{}
 	for _, r := range rules {
-		t := tableOf(r)
+		t := r.TableName()
 		if _, ok := names[t]; !ok {
 			tables = append(tables, t)
 		}
@@ -203,12 +204,12 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		}
 	}
 	for _, r := range rules {
-		t, to := tableOf(r), r.Jump
-		if !targets[to] && !slices.Contains(names[t], to) && !slices.Contains(jumped[t], to) {
+		t, to := r.TableName(), r.Jump
+		if !xt.Targets[to] && !slices.Contains(names[t], to) && !slices.Contains(jumped[t], to) {
 			jumped[t] = append(jumped[t], to)
 		}
 	}
-	got := map[string]map[string]ChainSummary{}
+	got := map[string]map[string]xt.ChainSummary{}
 	for _, t := range tables {
 		s, err := b.Kernel.Chains(t, names[t], true)
 		if err != nil {
@@ -222,11 +223,11 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		got[t] = s
 	}
 	for _, r := range rules {
-		builtin := slices.Contains(builtins[tableOf(r)], r.Chain)
-		c, ok := got[tableOf(r)][r.Chain]
+		builtin := slices.Contains(xt.Builtins[r.TableName()], r.Chain)
+		c, ok := got[r.TableName()][r.Chain]
 		to := r.Jump
 		if byRefs(r) {
-			if got[tableOf(r)][to].Refs == 0 {
+			if got[r.TableName()][to].Refs == 0 {
 				missing = cmp.Or(missing, describe(r)+" missing")
 			}
 			continue
@@ -234,13 +235,13 @@ func (b *Backend) skeleton(rules []Rule) (missing string, some bool, err error) 
 		switch {
 		case !ok && !builtin:
 			missing = cmp.Or(missing, "chain "+r.Chain+" missing")
-		case !ok || (targets[to] && c.Rules == 0) || (!targets[to] && !slices.Contains(c.Jumps, to)):
+		case !ok || (xt.Targets[to] && c.Rules == 0) || (!xt.Targets[to] && !slices.Contains(c.Jumps, to)):
 			missing = cmp.Or(missing, describe(r)+" missing")
 			some = some || (ok && !builtin) // our chain, emptied
 		default:
 			some = true
 		}
-		if _, ok := got[tableOf(r)][to]; ok && !targets[to] {
+		if _, ok := got[r.TableName()][to]; ok && !xt.Targets[to] {
 			some = true // a chain of ours a flush of rules leaves
 		}
 	}

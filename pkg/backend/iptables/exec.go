@@ -14,6 +14,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // execKernel runs the real tools: iptables-restore for writes, go-iptables
@@ -50,7 +51,7 @@ func newExecKernel(f plan.Family, table string) (*execKernel, error) {
 
 func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 	if k.table != Table || legacyTable(k.family, k.table) {
-		return false, ErrLegacy
+		return false, xt.ErrLegacy
 	}
 	c, err := k.netlink()
 	if err != nil {
@@ -64,9 +65,9 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 // ADD takes its fast path only where it read the shared rules there
 // (skeletonStands), so the node's iptables keeps its nat table in
 // nf_tables — unless an iptables-legacy table of that name exists.
-func (k *execKernel) AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error {
+func (k *execKernel) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	if k.table != Table || legacyTable(k.family, k.table) {
-		return ErrLegacy
+		return xt.ErrLegacy
 	}
 	msgs, err := addChainMsgs(k.family, witness, chain, rules, entries, jumps...)
 	if err != nil {
@@ -82,9 +83,9 @@ func (k *execKernel) AddChain(witness, chain string, rules, entries []Rule, jump
 	return nil
 }
 
-func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]xt.ChainSummary, error) {
 	if legacyTable(k.family, table) {
-		return nil, ErrLegacy
+		return nil, xt.ErrLegacy
 	}
 	c, err := k.netlink()
 	if err != nil {
@@ -145,7 +146,7 @@ func (k *execKernel) run(payload []byte, extra ...string) error {
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError
 		refused := errors.As(err, &ee) && (ee.ExitCode() == 1 || ee.ExitCode() == 2)
-		re := &restoreFailure{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
+		re := &xt.RestoreError{Output: out.String(), Err: fmt.Errorf("%s: %w", k.restore, err), Refused: refused}
 		if held := xtablesHolder(re.Output); held != "" {
 			re.Output = strings.TrimSpace(re.Output) + held
 			re.Err = fmt.Errorf("%s: %w (%w)", k.restore, err, lock.ErrTimeout)
@@ -217,7 +218,7 @@ func (k *execKernel) ListChain(chain string) ([]string, error) {
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
-func (k *execKernel) EnsureChain(c Chain) error {
+func (k *execKernel) EnsureChain(c xt.Chain) error {
 	ipt, err := k.handle()
 	if err != nil {
 		return err
@@ -238,12 +239,12 @@ func (k *execKernel) EnsureChain(c Chain) error {
 	return err
 }
 
-func (k *execKernel) EnsureRule(r Rule) error {
+func (k *execKernel) EnsureRule(r xt.Rule) error {
 	ipt, err := k.handle()
 	if err != nil {
 		return err
 	}
-	t := tableOf(r)
+	t := r.TableName()
 	exists, err := ipt.Exists(t, r.Chain, r.Args()...)
 	if err != nil || exists {
 		return err

@@ -39,12 +39,13 @@ import (
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Backend applies plans of one family.
 type Backend struct {
 	Family plan.Family
-	Kernel Kernel
+	Kernel xt.Kernel
 	// Lock takes the host-wide lock for the slow paths.
 	Lock func() (release func(), err error)
 }
@@ -119,12 +120,12 @@ func (b *Backend) markChainExists(p *plan.Plan) error {
 		return nil
 	}
 	found, err := b.Kernel.Chains(Table, []string{chain}, false)
-	if errors.Is(err, ErrLegacy) {
+	if errors.Is(err, xt.ErrLegacy) {
 		var lines []string
 		lines, err = b.Kernel.ListTable()
-		found = map[string]ChainSummary{}
+		found = map[string]xt.ChainSummary{}
 		if slices.Contains(lines, "-N "+chain) {
-			found[chain] = ChainSummary{}
+			found[chain] = xt.ChainSummary{}
 		}
 	}
 	if err != nil {
@@ -163,7 +164,7 @@ func (b *Backend) fastAdd(p *plan.Plan) error {
 	// worked: it writes the same. A missing xt revision itself nft_compat
 	// answers with ENOENT, which Refused already sends down the slow
 	// path; permission is refused to the tool as well.
-	if errors.Is(err, ErrLegacy) || errors.Is(err, errNotNative) || kernelNo(err) {
+	if errors.Is(err, xt.ErrLegacy) || errors.Is(err, xt.ErrNotNative) || kernelNo(err) {
 		pl := addPayload(p)
 		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Missed(err) {
 			return b.restoreError("apply", pl, err)
@@ -207,7 +208,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrLegacy):
+	case errors.Is(err, xt.ErrLegacy):
 		if !p.Empty() {
 			pl := delPayload(p, EntryRules(p), nil)
 			if err := b.Kernel.Restore(pl.bytes()); err == nil {
@@ -253,7 +254,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	// CNI-HOSTPORT-DNAT, whose rules grow with the attachments, only
 	// whether it exists; the attachment's chain with its rules.
 	top, err := b.Kernel.Chains(Table, []string{TopLevelDNATChain}, false)
-	if errors.Is(err, ErrLegacy) {
+	if errors.Is(err, xt.ErrLegacy) {
 		return b.checkListing(p)
 	}
 	if err != nil {
@@ -307,7 +308,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 // finds missing.
 func (b *Backend) checkRestore(pl *payload) error {
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		var re *restoreFailure
+		var re *xt.RestoreError
 		if errors.As(err, &re) {
 			if what := pl.explain(re.Output); what != "" {
 				table := Table
@@ -367,7 +368,7 @@ func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
 }
 
 func (b *Backend) restoreError(op string, pl *payload, err error) error {
-	var re *restoreFailure
+	var re *xt.RestoreError
 	if errors.As(err, &re) {
 		if what := pl.explain(re.Output); what != "" {
 			return fmt.Errorf("%s: %s: %w", op, what, err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // listing is the nat table as iptables -S prints it, by chain.
@@ -56,10 +57,10 @@ func (lt *listing) judge(p *plan.Plan) string {
 	}
 	var want, have []ruleID
 	for _, r := range EntryRules(p) {
-		want = append(want, r.entryID())
+		want = append(want, entryKey(r))
 	}
 	for _, l := range lt.refs[chain] {
-		have = append(have, parseRule(SplitRule(l)).entryID())
+		have = append(have, entryKey(parseRule(xt.SplitRule(l))))
 	}
 	if d := diff(want, have); d != "" {
 		return "entry rules in " + TopLevelDNATChain + ": " + d
@@ -72,10 +73,10 @@ func (lt *listing) judge(p *plan.Plan) string {
 func judgeChain(p *plan.Plan, lines []string) string {
 	var want, have []ruleID
 	for _, r := range ChainRules(p) {
-		want = append(want, r.id())
+		want = append(want, ruleKey(r))
 	}
 	for _, l := range lines {
-		have = append(have, parseRule(SplitRule(l)).id())
+		have = append(have, ruleKey(parseRule(xt.SplitRule(l))))
 	}
 	if d := diff(want, have); d != "" {
 		return "chain " + ChainName(p.Owner) + ": " + d
@@ -119,7 +120,7 @@ type ruleID struct {
 	neg                         bool
 	src, dst, proto, dport      string
 	dports, comment, target, to string
-	ct                          conntrackMatch
+	ct                          xt.Conntrack
 }
 
 // String spells the identity as iptables would, leaving out what is
@@ -142,7 +143,7 @@ func (r ruleID) String() string {
 	if r.comment != "" {
 		add("--comment", strconv.Quote(r.comment))
 	}
-	if r.ct != (conntrackMatch{}) {
+	if r.ct != (xt.Conntrack{}) {
 		add("--ctstate", "DNAT")
 	}
 	add("--ctorigdst", r.ct.OrigDst)
@@ -154,16 +155,16 @@ func (r ruleID) String() string {
 	return strings.Join(parts, " ")
 }
 
-// id is r's identity.
-func (r Rule) id() ruleID {
+// ruleKey is r's identity.
+func ruleKey(r xt.Rule) ruleID {
 	ct := r.Ct
 	ct.OrigDst, ct.ReplSrc = withPrefix(ct.OrigDst), withPrefix(ct.ReplSrc)
 	return ruleID{neg: slices.Contains(r.Matches, "!"), src: anyIsNone(withPrefix(r.Src)), dst: anyIsNone(withPrefix(r.Dst)),
 		proto: string(r.Proto), dport: r.Dport, dports: r.Dports, comment: r.Comment, target: r.Jump, to: r.To, ct: ct}
 }
 
-// entryID identifies an entry rule without its conditions.
-func (r Rule) entryID() ruleID {
+// entryKey identifies an entry rule without its conditions.
+func entryKey(r xt.Rule) ruleID {
 	return ruleID{proto: string(r.Proto), dports: r.Dports, comment: r.Comment, target: r.Jump}
 }
 
@@ -171,8 +172,8 @@ func (r Rule) entryID() ruleID {
 // into the fields ours use; every other token goes, in order, to
 // Matches, a negated match too ("! -s 10.0.0.0/8"); a -m that names the
 // module of a field ("-m tcp") is dropped.
-func parseRule(tokens []string) Rule {
-	var r Rule
+func parseRule(tokens []string) xt.Rule {
+	var r xt.Rule
 	fields := map[string]*string{"-A": &r.Chain, "-s": &r.Src, "-d": &r.Dst, "--dport": &r.Dport, "--dports": &r.Dports,
 		"--destination-ports": &r.Dports, "--comment": &r.Comment, "-j": &r.Jump, "--to-destination": &r.To,
 		"--set-xmark": &r.SetXmark, "--ctorigdst": &r.Ct.OrigDst, "--ctorigdstport": &r.Ct.OrigDstPort,
@@ -199,7 +200,7 @@ func parseRule(tokens []string) Rule {
 		}
 		r.Matches = append(r.Matches, t)
 	}
-	if r.Ct != (conntrackMatch{}) { // the module of forwardAccept's Conntrack fields
+	if r.Ct != (xt.Conntrack{}) { // the module of forwardAccept's Conntrack fields
 		for i := 0; i+1 < len(r.Matches); i++ {
 			if r.Matches[i] == "-m" && r.Matches[i+1] == "conntrack" {
 				r.Matches = slices.Delete(r.Matches, i, i+2)
@@ -229,40 +230,6 @@ func withPrefix(addr string) string {
 	return addr + "/32"
 }
 
-// SplitRule splits an iptables -S line into tokens, undoing its quoting
-// (double quotes, with backslash escapes inside).
-func SplitRule(line string) []string {
-	if !strings.Contains(line, `"`) {
-		return strings.Fields(line)
-	}
-	var out []string
-	var cur strings.Builder
-	inTok, quoted := false, false
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case quoted && c == '\\' && i+1 < len(line):
-			i++
-			cur.WriteByte(line[i])
-		case c == '"':
-			quoted, inTok = !quoted, true
-		case !quoted && (c == ' ' || c == '\t'):
-			if inTok {
-				out = append(out, cur.String())
-				cur.Reset()
-				inTok = false
-			}
-		default:
-			cur.WriteByte(c)
-			inTok = true
-		}
-	}
-	if inTok {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
 // orphan is a CNI-DN chain no wanted plan names, with its owner as its
 // entry rule names it ("": no entry rule does).
 type orphan struct{ chain, network, id string }
@@ -288,26 +255,6 @@ func (lt *listing) orphans(wanted map[string]bool) []orphan {
 		out = append(out, o)
 	}
 	return out
-}
-
-// builtins are the chains each table has without a rule of ours.
-var builtins = map[string][]string{
-	Table:       {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
-	FilterTable: {"INPUT", "FORWARD", "OUTPUT"},
-}
-
-// targets are the jumps that are not chains.
-var targets = map[string]bool{"ACCEPT": true, "DROP": true, "RETURN": true, "DNAT": true, "SNAT": true,
-	"MASQUERADE": true, "MARK": true, "REJECT": true, "LOG": true}
-
-// jumpOf is the chain or target a rule's tokens jump or go to, or "".
-func jumpOf(tokens []string) string {
-	for i, tok := range tokens {
-		if (tok == "-j" || tok == "-g") && i+1 < len(tokens) {
-			return tokens[i+1]
-		}
-	}
-	return ""
 }
 
 // parsePortRange reads "8080" or "20000:20999" (sep between first and

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Forwards reads back the host ports this family's nat table forwards —
@@ -40,7 +41,7 @@ func parseMappings(lines []string) []plan.Installed {
 			continue
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
-		r := parseRule(SplitRule(l))
+		r := parseRule(xt.SplitRule(l))
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if o, ok := owners[chain]; ok {
 			owner = o

@@ -3,25 +3,26 @@ package iptables
 import (
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
+	"github.com/portmap-dev/portmap/pkg/xt/xttest"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
 
-func memBackend() (*Backend, *Memory) {
-	m := NewMemory()
+func memBackend() (*Backend, *xttest.Memory) {
+	m := xttest.New(NativeExprs)
 	return &Backend{Family: plan.IPv4, Kernel: m.Kernel(Table), Lock: func() (func(), error) { return func() {}, nil }}, m
 }
 
-func trace(m *Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
-	return m.Trace(plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
+func trace(m *xttest.Memory, proto plan.Protocol, src, dst net.IP, port int, fromHost bool) plan.Verdict {
+	return traceMemory(m, plan.Packet{Protocol: proto, Src: src, Dst: dst, Dport: port, FromHost: fromHost}, fixture.IsLocal)
 }
 
-func dump(t *testing.T, m *Memory) string {
+func dump(t *testing.T, m *xttest.Memory) string {
 	t.Helper()
 	var out []string
 	for _, table := range []string{FilterTable, Table} {
@@ -39,7 +40,7 @@ func TestMemoryTraceOfAnAttachment(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tr := range fixture.Traces {
-		if got, want := m.Trace(tr.Packet, fixture.IsLocal), tr.Want(ChainName(p.Owner)); got != want {
+		if got, want := traceMemory(m, tr.Packet, fixture.IsLocal), tr.Want(ChainName(p.Owner)); got != want {
 			t.Errorf("%s: %+v, want %+v", tr.Name, got, want)
 		}
 	}
@@ -66,10 +67,10 @@ func TestMemoryTraceOfAnAttachment(t *testing.T) {
 func TestMemoryAddAfterFlush(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		flush func(m *Memory)
+		flush func(m *xttest.Memory)
 	}{
-		{"table", func(m *Memory) { m.FlushTable(Table) }},
-		{"POSTROUTING", func(m *Memory) {
+		{"table", func(m *xttest.Memory) { m.FlushTable(Table) }},
+		{"POSTROUTING", func(m *xttest.Memory) {
 			if err := m.Kernel(Table).Restore([]byte("*nat\n-F POSTROUTING\nCOMMIT\n")); err != nil {
 				t.Fatal(err)
 			}
@@ -168,7 +169,7 @@ func TestMemoryGC(t *testing.T) {
 	fixture.GC(t, b, remoteDNAT(m))
 }
 
-func remoteDNAT(m *Memory) fixture.DNAT {
+func remoteDNAT(m *xttest.Memory) fixture.DNAT {
 	return func(port int) string { return trace(m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT }
 }
 
@@ -236,7 +237,7 @@ func tamperThenCheck(t *testing.T, p *plan.Plan, legacy bool, change, want strin
 	if err := b.Check(p); err != nil {
 		t.Fatalf("CHECK after ADD: %v", err)
 	}
-	if err := m.restore([]byte("*nat\n"+change+"\nCOMMIT\n"), true); err != nil {
+	if err := m.Kernel(Table).Restore([]byte("*nat\n" + change + "\nCOMMIT\n")); err != nil {
 		t.Fatalf("%s: %v", change, err)
 	}
 	if err := b.Check(p); err == nil || !strings.Contains(err.Error(), want) {
@@ -327,7 +328,9 @@ func TestMemorySkeleton(t *testing.T) {
 			if !legacy && m.Restores != restores {
 				t.Errorf("Skeleton on nf_tables ran iptables-restore %d times", m.Restores-restores)
 			}
-			m.table(Table).rules[masqChain] = nil
+			if err := m.Kernel(Table).Restore([]byte("*nat\n-F " + masqChain + "\nCOMMIT\n")); err != nil {
+				t.Fatal(err)
+			}
 			if what, some, err := b.Skeleton(bare); err != nil || !strings.Contains(what, "-A "+masqChain) || !some {
 				t.Errorf("masquerade chain emptied: %q, some %v, %v; want its rule named, some left", what, some, err)
 			}
@@ -336,15 +339,7 @@ func TestMemorySkeleton(t *testing.T) {
 			if err != nil || !strings.Contains(what, "PREROUTING") || !some {
 				t.Errorf("after iptables -t nat -F: %q, some %v, %v; want the PREROUTING jump named, our chains left", what, some, err)
 			}
-			for _, table := range []string{FilterTable, Table} {
-				m.FlushTable(table)
-				xt := m.table(table)
-				for _, c := range slices.Clone(xt.order) {
-					if !slices.Contains(builtins[table], c) {
-						xt.apply("-X " + c)
-					}
-				}
-			}
+			m.Flush()
 			if what, some, err := b.Skeleton(bare); err != nil || what == "" || some != legacy {
 				t.Errorf("after -F -X of the nat and filter tables: %q, some %v, %v; want what is missing named, some %v", what, some, err, legacy)
 			}
@@ -379,7 +374,7 @@ func TestCheckJudgesAChainOfManyRules(t *testing.T) {
 
 // recordingKernel records what a verb reads of the kernel.
 type recordingKernel struct {
-	Kernel
+	xt.Kernel
 	calls []string
 }
 
@@ -408,7 +403,7 @@ func (k *recordingKernel) ListChain(chain string) ([]string, error) {
 	return k.Kernel.ListChain(chain)
 }
 
-func (k *recordingKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+func (k *recordingKernel) Chains(table string, names []string, rules bool) (map[string]xt.ChainSummary, error) {
 	if rules {
 		k.calls = append(k.calls, "dump "+strings.Join(names, ","))
 	}
@@ -480,7 +475,7 @@ func TestCheckReadsNoTable(t *testing.T) {
 func TestSyncLeavesOutAMissingMarkChain(t *testing.T) {
 	b, m := memBackend()
 	k := m.Kernel(Table)
-	if err := k.EnsureChain(Chain{Table, "KUBE-MARK-MASQ"}); err != nil {
+	if err := k.EnsureChain(xt.Chain{Table: Table, Name: "KUBE-MARK-MASQ"}); err != nil {
 		t.Fatal(err)
 	}
 	a := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {

@@ -7,25 +7,34 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
+	"github.com/portmap-dev/portmap/pkg/xt/xttest"
 )
 
-// Trace follows p through the nat table as the kernel would: PREROUTING
-// or OUTPUT (local says which addresses are this host's, for addrtype),
-// the jumps to user chains, MARK and DNAT, then POSTROUTING with the mark
-// the packet got. It knows the matches this package writes; a rule with
-// any other match does not match.
-func (m *Memory) Trace(p plan.Packet, local func(net.IP) bool) plan.Verdict {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// traceMemory follows p through m's nat table as the kernel would:
+// PREROUTING or OUTPUT (local says which addresses are this host's, for
+// addrtype), the jumps to user chains, MARK and DNAT, then POSTROUTING
+// with the mark the packet got. It knows the matches this package
+// writes; a rule with any other match does not match.
+func traceMemory(m *xttest.Memory, p plan.Packet, local func(net.IP) bool) plan.Verdict {
+	lines, err := m.Kernel(Table).ListTable()
+	if err != nil {
+		panic(err)
+	}
+	rules := map[string][][]string{}
+	for _, l := range lines {
+		if tok := xt.SplitRule(l); len(tok) > 2 && tok[0] == "-A" {
+			rules[tok[1]] = append(rules[tok[1]], tok[2:])
+		}
+	}
 	var v plan.Verdict
-	t := m.table(Table)
 	var mark uint32
 	var walk func(chain string, depth int) bool // true: terminal
 	walk = func(chain string, depth int) bool {
 		if depth > 16 {
 			return false
 		}
-		for _, r := range t.rules[chain] {
+		for _, r := range rules[chain] {
 			x, ok := parseMatch(r)
 			if !ok || !x.matches(p, mark, local) {
 				continue

@@ -6,6 +6,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // ADD's fast path without iptables-restore. iptables-nft keeps its nat
@@ -46,13 +47,13 @@ const NativeRelease = "1.8.7"
 // its chains). It returns the protocol for NFTA_RULE_COMPAT, and
 // errNotNative for what it does not write: other matches (conditions,
 // the shared rules'), SCTP, any other target.
-func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
-	if len(r.Matches) > 0 || r.Ct != (conntrackMatch{}) || r.SetXmark != "" {
-		return nil, 0, false, errNotNative
+func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
+	if len(r.Matches) > 0 || r.Ct != (xt.Conntrack{}) || r.SetXmark != "" {
+		return nil, 0, false, xt.ErrNotNative
 	}
 	if r.Proto != "" {
 		if proto = protoOf(string(r.Proto)); proto == 0 {
-			return nil, 0, false, errNotNative
+			return nil, 0, false, xt.ErrNotNative
 		}
 	}
 	var list nfnl.Attrs
@@ -80,7 +81,7 @@ func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, pr
 			return nil
 		}
 		if len(r.Comment) >= commentLen {
-			return errNotNative
+			return xt.ErrNotNative
 		}
 		info := make([]byte, commentLen)
 		copy(info, r.Comment)
@@ -95,7 +96,7 @@ func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, pr
 		}
 		info, ok := multiportInfo(r.Dports)
 		if !ok || proto == 0 {
-			return nil, 0, false, errNotNative
+			return nil, 0, false, xt.ErrNotNative
 		}
 		nfexpr.Match(&list, "multiport", 1, info)
 		compat = true
@@ -104,7 +105,7 @@ func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, pr
 			first, last, ok := portSpan(r.Dport, ":")
 			name := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto]
 			if !ok || name == "" {
-				return nil, 0, false, errNotNative
+				return nil, 0, false, xt.ErrNotNative
 			}
 			nfexpr.Match(&list, name, 0, portInfo(first, last))
 			compat = true
@@ -118,21 +119,21 @@ func encodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, pr
 	case r.Jump == "DNAT":
 		info, ok := natRange2(f, r.To)
 		if !ok {
-			return nil, 0, false, errNotNative
+			return nil, 0, false, xt.ErrNotNative
 		}
 		nfexpr.Target(&list, "DNAT", 2, info)
 		compat = true
 	case chains[r.Jump] && r.To == "":
 		nfexpr.Immediate(&list, unix.NFT_JUMP, r.Jump)
 	default:
-		return nil, 0, false, errNotNative // a target of x_tables, or another chain
+		return nil, 0, false, xt.ErrNotNative // a target of x_tables, or another chain
 	}
 	return list.Bytes(), proto, compat, nil
 }
 
 // ruleMsg is the NEWRULE message of r in the nat table of family f:
 // appended to its chain, or at its top for an Insert rule.
-func ruleMsg(f plan.Family, r Rule, chains map[string]bool) (nfnl.Msg, error) {
+func ruleMsg(f plan.Family, r xt.Rule, chains map[string]bool) (nfnl.Msg, error) {
 	exprs, proto, compat, err := encodeRule(f, r, chains)
 	if err != nil {
 		return nfnl.Msg{}, err
@@ -161,7 +162,7 @@ func ruleMsg(f plan.Family, r Rule, chains map[string]bool) (nfnl.Msg, error) {
 // with the outcome of addPayload's restore. It fails with
 // errNotNative when a rule is not one encodeRule writes; its rules may
 // jump to chain and to jumps.
-func addChainMsgs(f plan.Family, witness, chain string, rules, entries []Rule, jumps ...string) ([]nfnl.Msg, error) {
+func addChainMsgs(f plan.Family, witness, chain string, rules, entries []xt.Rule, jumps ...string) ([]nfnl.Msg, error) {
 	chains := jumpSet(chain, jumps)
 	var msgs []nfnl.Msg
 	if witness != "" {
@@ -174,7 +175,7 @@ func addChainMsgs(f plan.Family, witness, chain string, rules, entries []Rule, j
 	msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWCHAIN), Flags: unix.NLM_F_CREATE | unix.NLM_F_EXCL, Family: nfproto(f), Attrs: c.Bytes()})
 	// the entries each go to the top: in reverse, so they keep their
 	// order (fillChain)
-	all := append([]Rule(nil), rules...)
+	all := append([]xt.Rule(nil), rules...)
 	for i := len(entries) - 1; i >= 0; i-- {
 		all = append(all, entries[i])
 	}
@@ -195,4 +196,29 @@ func jumpSet(chain string, jumps []string) map[string]bool {
 		chains[j] = true
 	}
 	return chains
+}
+
+// NativeExprs is what nf_tables holds for a rule of chain spelled args
+// (iptables -S tokens after the chain) that may jump to jumps, as the
+// native writer writes it in either family; xt.ErrNotNative for a rule
+// it does not write. xttest's kernel judges and answers with it.
+func NativeExprs(chain string, args, jumps []string) ([]byte, error) {
+	r := parseRule(args)
+	r.Chain = chain
+	var err error
+	for _, f := range plan.Families {
+		var e []byte
+		if e, _, _, err = encodeRule(f, r, jumpSet(chain, jumps)); err == nil {
+			return e, nil
+		}
+	}
+	return nil, err
+}
+
+// nfproto is f's nf_tables family.
+func nfproto(f plan.Family) uint8 {
+	if f == plan.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
 }

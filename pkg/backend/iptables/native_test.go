@@ -14,6 +14,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
 
@@ -72,7 +73,7 @@ func zeros(n int) string {
 // told of, a target it does not know.
 func TestNativeRefuses(t *testing.T) {
 	chains := map[string]bool{SetMarkChain: true}
-	for _, r := range []Rule{
+	for _, r := range []xt.Rule{
 		{Proto: plan.TCP, Dport: "80", Matches: []string{"!", "-s", "10.0.0.0/8"}, Jump: SetMarkChain},
 		{Proto: plan.SCTP, Dport: "80", Jump: SetMarkChain},
 		{Proto: plan.TCP, Dport: "80", Jump: "KUBE-MARK-MASQ"},
@@ -82,11 +83,11 @@ func TestNativeRefuses(t *testing.T) {
 		{Comment: "x", Proto: plan.TCP, Dports: "80", Matches: []string{"-m", "mark", "--mark", "1"}, Jump: SetMarkChain},
 	} {
 		r.Chain = "X"
-		if _, _, _, err := encodeRule(plan.IPv4, r, chains); !errors.Is(err, errNotNative) {
-			t.Errorf("encodeRule(%q): %v, want errNotNative", r.Args(), err)
+		if _, _, _, err := encodeRule(plan.IPv4, r, chains); !errors.Is(err, xt.ErrNotNative) {
+			t.Errorf("encodeRule(%q): %v, want xt.ErrNotNative", r.Args(), err)
 		}
 	}
-	if _, _, _, err := encodeRule(plan.IPv4, Rule{Chain: "X", Proto: plan.UDP, Dport: "53", Src: "10.0.0.0/8", Jump: SetMarkChain}, chains); err != nil {
+	if _, _, _, err := encodeRule(plan.IPv4, xt.Rule{Chain: "X", Proto: plan.UDP, Dport: "53", Src: "10.0.0.0/8", Jump: SetMarkChain}, chains); err != nil {
 		t.Errorf("encodeRule of a hairpin rule: %v", err)
 	}
 }
@@ -114,7 +115,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	}
 	const dn = "CNI-DN-4cbb58d4f7a53f51ff607"
 	chains := map[string]bool{SetMarkChain: true, dn: true}
-	rules := []Rule{
+	rules := []xt.Rule{
 		{Proto: plan.TCP, Dport: "8000:8010", Dst: "192.0.2.1", Src: "10.0.0.0/20", Jump: SetMarkChain},
 		{Proto: plan.UDP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3"},
 		{Proto: plan.TCP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3:80-90/8000"},
@@ -132,15 +133,15 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	if same, _ := sameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains); !same {
 		t.Error("a rule whose counter counted is not the same")
 	}
-	for i, change := range []func(r []Rule){
-		func(r []Rule) { r[0].Dport = "8000:8011" },
-		func(r []Rule) { r[0].Src = "10.0.0.0/21" },
-		func(r []Rule) { r[0].Dst = "192.0.2.2" },
-		func(r []Rule) { r[1].To = "10.1.0.4" },
-		func(r []Rule) { r[2].To = "10.1.0.3:80-90/8001" },
-		func(r []Rule) { r[3].Comment = `dnat name: "bench" id: "c2"` },
-		func(r []Rule) { r[3].Dports = "10001,10002" },
-		func(r []Rule) { r[3].Jump = SetMarkChain },
+	for i, change := range []func(r []xt.Rule){
+		func(r []xt.Rule) { r[0].Dport = "8000:8011" },
+		func(r []xt.Rule) { r[0].Src = "10.0.0.0/21" },
+		func(r []xt.Rule) { r[0].Dst = "192.0.2.2" },
+		func(r []xt.Rule) { r[1].To = "10.1.0.4" },
+		func(r []xt.Rule) { r[2].To = "10.1.0.3:80-90/8001" },
+		func(r []xt.Rule) { r[3].Comment = `dnat name: "bench" id: "c2"` },
+		func(r []xt.Rule) { r[3].Dports = "10001,10002" },
+		func(r []xt.Rule) { r[3].Jump = SetMarkChain },
 	} {
 		c := slices.Clone(rules)
 		change(c)
@@ -165,11 +166,11 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 
 // refusing is a kernel that refuses the native path's batch with errno.
 type refusing struct {
-	Kernel
+	xt.Kernel
 	errno unix.Errno
 }
 
-func (r refusing) AddChain(string, string, []Rule, []Rule, ...string) error {
+func (r refusing) AddChain(string, string, []xt.Rule, []xt.Rule, ...string) error {
 	return &nfnl.Error{Errno: r.errno}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // legacyTable reports whether iptables-legacy's table of family f exists
@@ -38,8 +39,8 @@ func legacyTable(f plan.Family, table string) bool {
 // the chain's rules and the rules that jump to it) and, withRules, a
 // dump of its rules alone (the kernel looks the chain up by name: other
 // chains are not read).
-func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]ChainSummary, error) {
-	out := map[string]ChainSummary{}
+func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]xt.ChainSummary, error) {
+	out := map[string]xt.ChainSummary{}
 	for _, name := range names {
 		var get nfnl.Attrs
 		get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, name)
@@ -53,14 +54,14 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 		// The chain's use count: its own rules and the rules that jump to it.
 		use := int(u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE))
 		if !withRules {
-			out[name] = ChainSummary{}
+			out[name] = xt.ChainSummary{}
 			continue
 		}
 		rules, err := dumpRules(c, nfproto(f), table, name)
 		if err != nil {
 			return nil, err
 		}
-		s := ChainSummary{Rules: len(rules), Refs: use - len(rules)}
+		s := xt.ChainSummary{Rules: len(rules), Refs: use - len(rules)}
 		for _, r := range rules {
 			_, jumps := nfnl.RuleJumps(r.Attrs)
 			s.Jumps = append(s.Jumps, jumps...)
@@ -204,7 +205,7 @@ func jumpsIn(c *nfnl.Conn, fam uint8, parent, chain string) (jumps []uint64, rea
 // many of parent's rules it read (what the kernel tests judge).
 func Unlink(f plan.Family, parent, chain string) (found bool, read int, err error) {
 	if legacyTable(f, Table) {
-		return false, 0, ErrLegacy
+		return false, 0, xt.ErrLegacy
 	}
 	c, err := nfnl.Open()
 	if err != nil {
@@ -327,7 +328,7 @@ func sameExprs(dumped, want []byte) bool {
 // sameRules reports whether the kernel's dump of a chain's rules
 // (NFTA_RULE_EXPRESSIONS of each) holds rules, in order, as encodeRule
 // writes them; errNotNative when one of rules is not one it writes.
-func sameRules(f plan.Family, dumped [][]byte, rules []Rule, chains map[string]bool) (bool, error) {
+func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool) (bool, error) {
 	want := make([][]byte, len(rules))
 	for i, r := range rules {
 		e, _, _, err := encodeRule(f, r, chains)

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Names the kernel keeps. They are the upstream portmap plugin's names, so a
@@ -79,88 +80,15 @@ func printable(s string) string {
 	}, s)
 }
 
-// Rule is one rule of ours: where it goes, what it matches and what it
-// does, each part a field. Args spells it as iptables takes it (the
-// restore payloads, go-iptables); native.go encodes the same fields for
-// nf_tables; parseRule, the reader of `iptables -S` lines, fills the same
-// type, and CHECK and sync compare rules by their key (id).
-type Rule struct {
-	Table string // nat when empty
-	Chain string
-	// Insert puts the rule at the top of its chain instead of the end.
-	Insert bool
-
-	Proto    plan.Protocol  // -p
-	Dport    string         // --dport, the tcp or udp match: "8080" or "20000:20999"
-	Dst, Src string         // -d, -s: an address or a prefix
-	Dports   string         // -m multiport --destination-ports: "8080,20000:20999"
-	Comment  string         // -m comment --comment
-	Ct       conntrackMatch // forwardAccept's -m conntrack
-	// Matches are the other matches, as iptables takes them: the shared
-	// rules' (addrtype, mark, conntrack), forwardAccept's and the
-	// configuration's conditions.
-	Matches  []string
-	Jump     string // -j: a chain, or DNAT, MARK, MASQUERADE, ACCEPT, DROP
-	To       string // DNAT --to-destination
-	SetXmark string // MARK --set-xmark
-}
-
-// conntrackMatch is forwardAccept's conntrack match: a connection DNATed from
-// a host port (and address) and answered by the container's address and
-// port.
-type conntrackMatch struct{ OrigDst, OrigDstPort, ReplSrc, ReplSrcPort string }
-
-// Args spells r's matches and target in the order iptables takes them:
-// an entry rule's comment before its multiport match (upstream's order,
-// which iptables keeps); else the protocol and port, the addresses, the
-// other matches, then the comment.
-func (r Rule) Args() []string {
-	var a []string
-	add := func(v string, opts ...string) {
-		if v != "" {
-			a = append(append(a, opts...), v)
-		}
-	}
-	comment := func() { add(r.Comment, "-m", "comment", "--comment") }
-	if r.Dports != "" {
-		comment()
-		a = append(a, "-m", "multiport")
-		add(string(r.Proto), "-p")
-		add(r.Dports, "--destination-ports")
-		a = append(a, r.Matches...)
-	} else {
-		add(string(r.Proto), "-p")
-		add(r.Dport, "--dport")
-		add(r.Dst, "-d")
-		add(r.Src, "-s")
-		if r.Ct != (conntrackMatch{}) {
-			a = append(a, "-m", "conntrack", "--ctstate", "DNAT")
-			add(r.Ct.OrigDstPort, "--ctorigdstport")
-			add(r.Ct.OrigDst, "--ctorigdst")
-			add(r.Ct.ReplSrc, "--ctreplsrc")
-			add(r.Ct.ReplSrcPort, "--ctreplsrcport")
-		}
-		a = append(a, r.Matches...)
-		comment()
-	}
-	add(r.Jump, "-j")
-	add(r.To, "--to-destination")
-	add(r.SetXmark, "--set-xmark")
-	return a
-}
-
-// Chain is a table's chain.
-type Chain struct{ Table, Name string }
-
 // sharedChains are the chains every attachment of the plan's kind relies on,
 // in creation order.
-func sharedChains(p *plan.Plan) []Chain {
-	chains := []Chain{{Table, TopLevelDNATChain}}
+func sharedChains(p *plan.Plan) []xt.Chain {
+	chains := []xt.Chain{{Table: Table, Name: TopLevelDNATChain}}
 	if ownMarkChains(p) {
-		chains = append(chains, Chain{Table, SetMarkChain}, Chain{Table, masqChain})
+		chains = append(chains, xt.Chain{Table: Table, Name: SetMarkChain}, xt.Chain{Table: Table, Name: masqChain})
 	}
 	if p.LocalNet() {
-		chains = append(chains, Chain{"filter", GuardChain})
+		chains = append(chains, xt.Chain{Table: "filter", Name: GuardChain})
 	}
 	return chains
 }
@@ -168,11 +96,11 @@ func sharedChains(p *plan.Plan) []Chain {
 // GuardRules are the filter-table rules of the localhost guard: at the top
 // of INPUT, drop what comes to 127.0.0.0/8 on another interface than lo
 // unless conntrack knows it (replies) or we DNATed it.
-func GuardRules(p *plan.Plan) []Rule {
+func GuardRules(p *plan.Plan) []xt.Rule {
 	if !p.LocalNet() {
 		return nil
 	}
-	return []Rule{
+	return []xt.Rule{
 		{Table: "filter", Chain: "INPUT", Jump: GuardChain, Insert: true},
 		{Table: "filter", Chain: GuardChain, Dst: "127.0.0.0/8", Matches: []string{"!", "-i", "lo",
 			"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT"}, Comment: guardComment, Jump: "DROP"},
@@ -182,20 +110,20 @@ func GuardRules(p *plan.Plan) []Rule {
 // sharedRules are the rules outside the attachment's chain that ADD ensures
 // exist exactly once: the jumps from the built-in chains and the mark and
 // masquerade rules.
-func sharedRules(p *plan.Plan) []Rule {
+func sharedRules(p *plan.Plan) []xt.Rule {
 	local := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
-	rules := []Rule{
+	rules := []xt.Rule{
 		{Chain: "PREROUTING", Matches: local, Jump: TopLevelDNATChain},
 		{Chain: "OUTPUT", Matches: local, Jump: TopLevelDNATChain},
 	}
 	if ownMarkChains(p) {
 		mark := markSpec(p.Masquerade)
 		rules = append(rules,
-			Rule{Chain: SetMarkChain, Comment: setMarkComment, Jump: "MARK", SetXmark: mark},
-			Rule{Chain: masqChain, Matches: []string{"-m", "mark", "--mark", mark}, Jump: "MASQUERADE"},
+			xt.Rule{Chain: SetMarkChain, Comment: setMarkComment, Jump: "MARK", SetXmark: mark},
+			xt.Rule{Chain: masqChain, Matches: []string{"-m", "mark", "--mark", mark}, Jump: "MASQUERADE"},
 			// At the top of POSTROUTING: the ptp and bridge plugins' own
 			// masquerade rules would otherwise take the packet first.
-			Rule{Chain: "POSTROUTING", Comment: masqEntryComment, Jump: masqChain, Insert: true},
+			xt.Rule{Chain: "POSTROUTING", Comment: masqEntryComment, Jump: masqChain, Insert: true},
 		)
 	}
 	return rules
@@ -205,7 +133,7 @@ func sharedRules(p *plan.Plan) []Rule {
 // protocol and group of up to 15 multiport slots (a port takes one, a
 // range "first:last" two), carrying the owner comment and the configured
 // conditions.
-func EntryRules(p *plan.Plan) []Rule {
+func EntryRules(p *plan.Plan) []xt.Rule {
 	byProto := map[plan.Protocol][]string{}
 	seen := map[string]bool{}
 	for _, r := range p.Runs() {
@@ -216,7 +144,7 @@ func EntryRules(p *plan.Plan) []Rule {
 		}
 	}
 	comment := entryComment(p.Owner)
-	var rules []Rule
+	var rules []xt.Rule
 	for _, proto := range plan.Protocols {
 		specs := byProto[proto]
 		for len(specs) > 0 {
@@ -225,7 +153,7 @@ func EntryRules(p *plan.Plan) []Rule {
 				slots += multiportSlots(specs[n])
 				n++
 			}
-			rules = append(rules, Rule{Chain: TopLevelDNATChain, Insert: true, Comment: comment, Proto: proto,
+			rules = append(rules, xt.Rule{Chain: TopLevelDNATChain, Insert: true, Comment: comment, Proto: proto,
 				Dports: strings.Join(specs[:n], ","), Matches: p.Conditions, Jump: ChainName(p.Owner)})
 			specs = specs[n:]
 		}
@@ -246,12 +174,12 @@ func multiportSlots(spec string) int {
 // mappings (plan.Runs; most often one mapping), mark hairpin and (IPv4)
 // localhost connections for masquerading, then DNAT. The mark rules must
 // come before the DNAT rule, which ends the traversal.
-func ChainRules(p *plan.Plan) []Rule {
+func ChainRules(p *plan.Plan) []xt.Rule {
 	chain := ChainName(p.Owner)
 	setMark := setMarkChainOf(p)
-	var rules []Rule
+	var rules []xt.Rule
 	for _, r := range p.Runs() {
-		base := Rule{Chain: chain, Proto: r.Protocol, Dport: r.Ports(":")}
+		base := xt.Rule{Chain: chain, Proto: r.Protocol, Dport: r.Ports(":")}
 		if r.HostIP != nil {
 			base.Dst = r.HostIP.String()
 		}
@@ -310,11 +238,11 @@ func WitnessChain(bit int) string { return fmt.Sprintf("CNI-HOSTPORT-BIT%d", bit
 
 // Witness is the plan's witness chain, when it masquerades with this
 // layout's mark chains.
-func Witness(p *plan.Plan) (Chain, bool) {
+func Witness(p *plan.Plan) (xt.Chain, bool) {
 	if !ownMarkChains(p) {
-		return Chain{}, false
+		return xt.Chain{}, false
 	}
-	return Chain{Table, WitnessChain(p.Masquerade.MarkBit)}, true
+	return xt.Chain{Table: Table, Name: WitnessChain(p.Masquerade.MarkBit)}, true
 }
 
 // ownMarkChains reports whether p uses the SETMARK and MASQ chains of this
@@ -328,7 +256,7 @@ func markSpec(m plan.Masquerade) string {
 }
 
 // skeletonRules are the shared rules ADD of plans like p makes.
-func skeletonRules(p *plan.Plan) []Rule {
+func skeletonRules(p *plan.Plan) []xt.Rule {
 	q := *p
 	q.Conditions = nil // the shared rules alone
 	return append(GuardRules(&q), sharedRules(&q)...)

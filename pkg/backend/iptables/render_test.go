@@ -67,22 +67,6 @@ func TestChainNameIsUpstreams(t *testing.T) {
 	}
 }
 
-func TestQuoteArg(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"-d", "-d"},
-		{"192.0.2.0/24", "192.0.2.0/24"},
-		{"a b", `"a b"`},
-		{"", `""`},
-		{`dnat name: "n" id: "c"`, `"dnat name: \"n\" id: \"c\""`},
-		{`back\slash`, `"back\\slash"`},
-	}
-	for _, tt := range tests {
-		if got := quoteArg(tt.in); got != tt.want {
-			t.Errorf("quoteArg(%q) = %s, want %s", tt.in, got, tt.want)
-		}
-	}
-}
-
 func TestExplain(t *testing.T) {
 	pl := checkPayload(build(plan.IPv4, nil))
 	pl.bytes()

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"errors"
-	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // payload is an iptables-restore input for the nat table. It remembers what
@@ -52,19 +52,12 @@ func (p *payload) line(s, what string) {
 }
 
 // rule writes one rule command; cmd is -A, -I, -C or -D.
-func (p *payload) rule(cmd string, r Rule) {
+func (p *payload) rule(cmd string, r xt.Rule) {
 	head := cmd + " " + r.Chain
 	if cmd == "-I" {
 		head += " 1"
 	}
-	p.line(head+" "+quoteArgs(r.Args()), "rule "+describe(r))
-}
-
-func tableOf(r Rule) string {
-	if r.Table == "" {
-		return Table
-	}
-	return r.Table
+	p.line(head+" "+xt.QuoteArgs(r.Args()), "rule "+describe(r))
 }
 
 func (p *payload) bytes() []byte {
@@ -74,7 +67,7 @@ func (p *payload) bytes() []byte {
 
 // describe names a rule for a person: chain and tokens as iptables -S shows
 // them.
-func describe(r Rule) string {
+func describe(r xt.Rule) string {
 	d := strconv.Quote("-A " + r.Chain + " " + strings.Join(r.Args(), " "))
 	if r.Table != "" && r.Table != Table {
 		d += " (table " + r.Table + ")"
@@ -106,26 +99,6 @@ func (p *payload) explain(out string) string {
 		return ""
 	}
 	return p.what[n-1]
-}
-
-// quoteArgs renders tokens for iptables-restore, which splits on blanks and
-// groups double-quoted text, with backslash escaping inside quotes. Config
-// validation keeps quotes, backslashes and control characters out of
-// conditions; only comments (which we write) contain quotes.
-func quoteArgs(args []string) string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = quoteArg(a)
-	}
-	return strings.Join(out, " ")
-}
-
-func quoteArg(a string) string {
-	if a != "" && !strings.ContainsAny(a, " \t\"'\\#") {
-		return a
-	}
-	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
-	return `"` + r.Replace(a) + `"`
 }
 
 // addPayload is the fast path of ADD for an attachment with no chain yet:
@@ -191,7 +164,7 @@ func fillChain(pl *payload, p *plan.Plan) {
 // either the ones the plan says ADD made (fast path) or the ones found in
 // the kernel (iptables -S lines). Declaring the chain before deleting it
 // makes the deletion idempotent.
-func delPayload(p *plan.Plan, entries []Rule, refs []string) *payload {
+func delPayload(p *plan.Plan, entries []xt.Rule, refs []string) *payload {
 	pl := newPayload()
 	for _, r := range entries {
 		pl.rule("-D", r)
@@ -230,18 +203,6 @@ func checkPayload(p *plan.Plan) *payload {
 // tests and fuzzing of the rendering).
 func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
 
-// restoreFailure is a failed iptables-restore run with what it printed.
-type restoreFailure struct {
-	Output string
-	Err    error
-	// Refused is true when iptables-restore refused a line of the payload:
-	// a chain that exists or a rule that is not there (exit status 1), a
-	// chain that is missing (exit status 2, "parameter problem"). Other
-	// failures — the xtables lock held past -w, no permission (exit
-	// status 4), the tool gone — are not.
-	Refused bool
-}
-
 // Missed reports whether a fast path's write failed the way it does when
 // the node is not in the state it assumes (a fresh node, a re-ADD, a
 // missing witness), so the slow path may run: iptables-restore refusing
@@ -249,7 +210,7 @@ type restoreFailure struct {
 // returned to the caller as it is (a kernel test holds the exit statuses
 // to this). The nftables backend's word for the same is missed.
 func Missed(err error) bool {
-	var re *restoreFailure
+	var re *xt.RestoreError
 	if errors.As(err, &re) {
 		return re.Refused
 	}
@@ -265,9 +226,3 @@ func Missed(err error) bool {
 func unlinkMissed(err error) bool {
 	return errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOENT)
 }
-
-func (e *restoreFailure) Error() string {
-	return fmt.Sprintf("%v: %s", e.Err, strings.TrimSpace(e.Output))
-}
-
-func (e *restoreFailure) Unwrap() error { return e.Err }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Sync brings this family's nat table to the wanted plans (oldest first)
@@ -37,7 +38,7 @@ type syncState struct {
 	checked      map[int]string
 	// witnesses are the witness chains of the wanted plans the table
 	// lacks: made last, once what they vouch for is written.
-	witnesses []Chain
+	witnesses []xt.Chain
 }
 
 // readSync lists the table and runs the exact check, side by side: they
@@ -150,8 +151,8 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, er
 // leftToEnsure is what of the shared objects is left to ensure one by
 // one.
 type leftToEnsure struct {
-	chains []Chain
-	rules  []Rule
+	chains []xt.Chain
+	rules  []xt.Rule
 }
 
 // sharedPayload writes into pl the shared nat chains the listing lacks
@@ -163,8 +164,8 @@ type leftToEnsure struct {
 // inserted as ADD's slow path does.
 func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) leftToEnsure {
 	var rest leftToEnsure
-	created, seenC, seenR := map[string]bool{}, map[Chain]bool{}, map[string]bool{}
-	var rules []Rule
+	created, seenC, seenR := map[string]bool{}, map[xt.Chain]bool{}, map[string]bool{}
+	var rules []xt.Rule
 	for _, p := range want {
 		for _, c := range sharedChains(p) {
 			if seenC[c] {
@@ -187,7 +188,7 @@ func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) lef
 		}
 	}
 	for _, r := range rules {
-		if tableOf(r) == Table && (created[r.Chain] || created[r.Jump]) {
+		if r.TableName() == Table && (created[r.Chain] || created[r.Jump]) {
 			cmd := "-A"
 			if r.Insert {
 				cmd = "-I"

@@ -9,6 +9,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
 
@@ -32,7 +33,7 @@ type fakeKernel struct {
 
 func (k *fakeKernel) Unlink(parent, chain string) (bool, error) {
 	if k.unlink == nil {
-		return false, ErrLegacy
+		return false, xt.ErrLegacy
 	}
 	k.unlinked = append(k.unlinked, parent+" -> "+chain)
 	return k.unlink(chain)
@@ -54,7 +55,7 @@ func (k *fakeKernel) Restore(p []byte) error {
 		case strings.HasPrefix(l, "*"):
 			inTable = true
 		case l == "COMMIT" && !inTable:
-			return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
+			return &xt.RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1), Err: fmt.Errorf("exit status 1"), Refused: true}
 		case l == "COMMIT":
 			inTable = false
 		}
@@ -67,15 +68,17 @@ func (k *fakeKernel) Restore(p []byte) error {
 		for k.blameCommit && lines[n-1] != "COMMIT" {
 			n++
 		}
-		return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", n), Err: fmt.Errorf("exit status 1"), Refused: true}
+		return &xt.RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", n), Err: fmt.Errorf("exit status 1"), Refused: true}
 	}
 	return nil
 }
-func (k *fakeKernel) Test([]byte) error                                        { return nil }
-func (k *fakeKernel) Writable() error                                          { return nfnl.ErrNoProbe }
-func (k *fakeKernel) AddChain(string, string, []Rule, []Rule, ...string) error { return ErrLegacy }
-func (k *fakeKernel) Chains(string, []string, bool) (map[string]ChainSummary, error) {
-	return nil, ErrLegacy
+func (k *fakeKernel) Test([]byte) error { return nil }
+func (k *fakeKernel) Writable() error   { return nfnl.ErrNoProbe }
+func (k *fakeKernel) AddChain(string, string, []xt.Rule, []xt.Rule, ...string) error {
+	return xt.ErrLegacy
+}
+func (k *fakeKernel) Chains(string, []string, bool) (map[string]xt.ChainSummary, error) {
+	return nil, xt.ErrLegacy
 }
 func (k *fakeKernel) ListTable() ([]string, error) { return k.lines, nil }
 func (k *fakeKernel) ListChain(chain string) ([]string, error) {
@@ -87,11 +90,11 @@ func (k *fakeKernel) ListChain(chain string) ([]string, error) {
 	}
 	return out, nil
 }
-func (k *fakeKernel) EnsureChain(c Chain) error {
+func (k *fakeKernel) EnsureChain(c xt.Chain) error {
 	k.ensures = append(k.ensures, "chain "+c.Name)
 	return nil
 }
-func (k *fakeKernel) EnsureRule(r Rule) error {
+func (k *fakeKernel) EnsureRule(r xt.Rule) error {
 	k.ensures = append(k.ensures, describe(r))
 	return nil
 }
@@ -328,7 +331,7 @@ func TestCascadeKeepsNewestOnTop(t *testing.T) {
 }
 
 func TestSplitRule(t *testing.T) {
-	got := SplitRule(`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j X`)
+	got := xt.SplitRule(`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"a\"" -m multiport --dports 8080 -j X`)
 	want := []string{"-A", "CNI-HOSTPORT-DNAT", "-p", "tcp", "-m", "comment", "--comment", `dnat name: "net1" id: "a"`,
 		"-m", "multiport", "--dports", "8080", "-j", "X"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {

@@ -15,6 +15,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Match and target structs of x_tables as the kernel's modules read them
@@ -54,7 +55,7 @@ func ipNet(f plan.Family, v string) (*net.IPNet, error) {
 	if !strings.Contains(v, "/") {
 		ip := net.ParseIP(v)
 		if ip == nil {
-			return nil, errNotNative
+			return nil, xt.ErrNotNative
 		}
 		bits := 128
 		if f == plan.IPv4 {
@@ -64,7 +65,7 @@ func ipNet(f plan.Family, v string) (*net.IPNet, error) {
 	}
 	_, n, err := net.ParseCIDR(v)
 	if err != nil || (n.IP.To4() != nil) != (f == plan.IPv4) {
-		return nil, errNotNative
+		return nil, xt.ErrNotNative
 	}
 	if f == plan.IPv4 {
 		n.IP = n.IP.To4()

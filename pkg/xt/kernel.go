@@ -1,14 +1,7 @@
-package iptables
+package xt
 
-import (
-	"errors"
-
-	"golang.org/x/sys/unix"
-
-	"github.com/portmap-dev/portmap/pkg/plan"
-)
-
-// Kernel is the seam between the backend and the iptables tools.
+// Kernel is the seam between an iptables backend and x_tables: the
+// restore tool, its listings and, on iptables-nft, nf_tables netlink.
 type Kernel interface {
 	// Restore feeds payload to (ip6)iptables-restore --noflush.
 	Restore(payload []byte) error
@@ -38,14 +31,13 @@ type Kernel interface {
 	// ErrLegacy when this namespace has an iptables-legacy table.
 	Unlink(parent, chain string) (found bool, err error)
 	// AddChain is ADD's fast path in one nf_tables transaction, no
-	// process (native.go): it flushes witness (failing unless it exists;
-	// "" for none), creates chain (failing if it exists), appends rules
-	// and inserts entries at the top of their chain; they may jump to
-	// chain and to jumps. It fails with ErrLegacy where only the tools
-	// reach the table (iptables-legacy), with errNotNative for a rule it
-	// does not write,
-	// and with the kernel's EEXIST or ENOENT when the node is not in the
-	// state the fast path assumes (Missed).
+	// process: it flushes witness (failing unless it exists; "" for
+	// none), creates chain (failing if it exists), appends rules and
+	// inserts entries at the top of their chain; they may jump to chain
+	// and to jumps. It fails with ErrLegacy where only the tools reach
+	// the table (iptables-legacy), with ErrNotNative for a rule it does
+	// not write, and with the kernel's EEXIST or ENOENT when the node is
+	// not in the state the fast path assumes.
 	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
 	// Chains reads chains of table over nf_tables netlink — no process,
 	// no rule cache of the table: each of names that exists, with its
@@ -64,22 +56,7 @@ type ChainSummary struct {
 	// set; nf_tables: the chain's use count less its own rules).
 	Refs int
 	// Exprs are its rules' expressions as the kernel dumps them
-	// (NFTA_RULE_EXPRESSIONS), with rules set: what CHECK compares with
-	// the rules native.go writes (sameRules).
+	// (NFTA_RULE_EXPRESSIONS), with rules set: what a CHECK compares
+	// with the rules the native writer writes.
 	Exprs [][]byte
 }
-
-// ErrLegacy says this network namespace has an iptables-legacy table:
-// its rules are not nf_tables', and only the tools reach them.
-var ErrLegacy = errors.New("iptables-legacy table in use: not reachable over nf_tables netlink")
-
-func nfproto(f plan.Family) uint8 {
-	if f == plan.IPv6 {
-		return unix.NFPROTO_IPV6
-	}
-	return unix.NFPROTO_IPV4
-}
-
-// errNotNative says a rule holds a token encodeRule does not write;
-// the caller uses iptables-restore.
-var errNotNative = errors.New("not encoded natively")

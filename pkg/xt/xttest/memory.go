@@ -1,4 +1,7 @@
-package iptables
+// Package xttest is x_tables in memory behind xt.Kernel, for tests
+// without root: the iptables backend runs on it as on a node, only the
+// tools and the socket replaced. No binary links it.
+package xttest
 
 import (
 	"errors"
@@ -11,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
-	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Memory is x_tables in memory, for tests without root: it applies
@@ -35,19 +38,27 @@ type Memory struct {
 	Legacy bool
 	// NotWritable is Writable's answer on nf_tables.
 	NotWritable error
+	// native is the expressions the native writer writes for a rule of
+	// chain spelled args that may jump to jumps, or xt.ErrNotNative.
+	native func(chain string, args, jumps []string) ([]byte, error)
 }
 
 // xtable is one table: its chains in creation order, each rule as its
 // tokens after the chain name.
 type xtable struct {
+	name  string
 	order []string
 	rules map[string][][]string
 }
 
-// NewMemory returns an empty nat and filter table.
-func NewMemory() *Memory {
-	m := &Memory{tables: map[string]*xtable{}}
-	for t := range builtins {
+// New returns an empty nat and filter table. native is what the native
+// writer writes for a rule of chain spelled args (iptables -S tokens after
+// the chain) that may jump to jumps, or xt.ErrNotNative for a rule it does
+// not write (iptables.NativeExprs): AddChain takes the rules it writes,
+// and Chains answers with their expressions, as iptables-nft does.
+func New(native func(chain string, args, jumps []string) ([]byte, error)) *Memory {
+	m := &Memory{tables: map[string]*xtable{}, native: native}
+	for t := range xt.Builtins {
 		m.table(t)
 	}
 	return m
@@ -56,8 +67,8 @@ func NewMemory() *Memory {
 func (m *Memory) table(name string) *xtable {
 	t := m.tables[name]
 	if t == nil {
-		t = &xtable{rules: map[string][][]string{}}
-		for _, c := range builtins[name] {
+		t = &xtable{name: name, rules: map[string][][]string{}}
+		for _, c := range xt.Builtins[name] {
 			t.order, t.rules[c] = append(t.order, c), nil
 		}
 		m.tables[name] = t
@@ -66,15 +77,26 @@ func (m *Memory) table(name string) *xtable {
 }
 
 func (m *Memory) clone() *Memory {
-	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores, Natives: m.Natives}
+	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores, Natives: m.Natives, native: m.native}
 	for n, t := range m.tables {
-		ct := &xtable{order: slices.Clone(t.order), rules: map[string][][]string{}}
+		ct := &xtable{name: n, order: slices.Clone(t.order), rules: map[string][][]string{}}
 		for ch, rs := range t.rules {
 			ct.rules[ch] = slices.Clone(rs)
 		}
 		c.tables[n] = ct
 	}
 	return c
+}
+
+// Flush empties every table and deletes its chains but the built-in
+// ones, as `iptables -t TABLE -F` and `-X` of each table would.
+func (m *Memory) Flush() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tables = map[string]*xtable{}
+	for t := range xt.Builtins {
+		m.table(t)
+	}
 }
 
 // FlushTable is `iptables -t table -F`: every chain emptied, user chains
@@ -95,7 +117,7 @@ func (t *xtable) refs(chain string) int {
 	n := 0
 	for _, rs := range t.rules {
 		for _, r := range rs {
-			if jumpOf(r) == chain {
+			if xt.JumpOf(r) == chain {
 				n++
 			}
 		}
@@ -118,7 +140,7 @@ func (t *xtable) apply(line string) bool {
 		t.rules[name] = nil
 		return true
 	}
-	tok := SplitRule(line)
+	tok := xt.SplitRule(line)
 	if len(tok) < 2 {
 		return false
 	}
@@ -131,7 +153,7 @@ func (t *xtable) apply(line string) bool {
 		t.order, t.rules[chain] = append(t.order, chain), nil
 		return true
 	case "-X":
-		if !t.has(chain) || len(t.rules[chain]) > 0 || t.refs(chain) > 0 || slices.Contains(builtins[Table], chain) {
+		if !t.has(chain) || len(t.rules[chain]) > 0 || t.refs(chain) > 0 || slices.Contains(xt.Builtins[t.name], chain) {
 			return false
 		}
 		delete(t.rules, chain)
@@ -167,7 +189,7 @@ func (t *xtable) apply(line string) bool {
 				}
 			}
 		}
-		if j := jumpOf(rule); j != "" && !targets[j] && !t.has(j) {
+		if j := xt.JumpOf(rule); j != "" && !xt.Targets[j] && !t.has(j) {
 			return false
 		}
 		t.rules[chain] = slices.Insert(t.rules[chain], pos, slices.Clone(rule))
@@ -205,7 +227,7 @@ func (c *Memory) apply(payload []byte) error {
 			ok = t.apply(line)
 		}
 		if !ok {
-			return &restoreFailure{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
+			return &xt.RestoreError{Output: fmt.Sprintf("iptables-restore: line %d failed", i+1),
 				Err: errors.New("iptables-restore: exit status 1"), Refused: true}
 		}
 	}
@@ -214,7 +236,7 @@ func (c *Memory) apply(payload []byte) error {
 
 // Kernel is the view of table a backend gets: restores reach every table,
 // listings and ensures this one.
-func (m *Memory) Kernel(table string) Kernel { return &memKernel{m, table} }
+func (m *Memory) Kernel(table string) xt.Kernel { return &memKernel{m, table} }
 
 type memKernel struct {
 	m     *Memory
@@ -252,7 +274,7 @@ func (k *memKernel) ListChain(chain string) ([]string, error) {
 	}
 	out := []string{"-N " + chain}
 	for _, r := range t.rules[chain] {
-		out = append(out, "-A "+chain+" "+quoteArgs(r))
+		out = append(out, "-A "+chain+" "+xt.QuoteArgs(r))
 	}
 	return out, nil
 }
@@ -263,36 +285,36 @@ func (k *memKernel) ListTable() ([]string, error) {
 	defer k.m.mu.Unlock()
 	t := k.m.table(k.table)
 	var out []string
-	for _, c := range builtins[k.table] {
+	for _, c := range xt.Builtins[k.table] {
 		out = append(out, "-P "+c+" ACCEPT")
 	}
 	for _, c := range t.order {
-		if !slices.Contains(builtins[k.table], c) {
+		if !slices.Contains(xt.Builtins[k.table], c) {
 			out = append(out, "-N "+c)
 		}
 	}
 	for _, c := range t.order {
 		for _, r := range t.rules[c] {
-			out = append(out, "-A "+c+" "+quoteArgs(r))
+			out = append(out, "-A "+c+" "+xt.QuoteArgs(r))
 		}
 	}
 	return out, nil
 }
 
-func (k *memKernel) EnsureChain(c Chain) error {
+func (k *memKernel) EnsureChain(c xt.Chain) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
-	t := k.m.table(tableOf(Rule{Table: c.Table}))
+	t := k.m.table(xt.Rule{Table: c.Table}.TableName())
 	if !t.has(c.Name) {
 		t.order, t.rules[c.Name] = append(t.order, c.Name), nil
 	}
 	return nil
 }
 
-func (k *memKernel) EnsureRule(r Rule) error {
+func (k *memKernel) EnsureRule(r xt.Rule) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
-	t := k.m.table(tableOf(r))
+	t := k.m.table(r.TableName())
 	if !t.has(r.Chain) {
 		return unix.ENOENT
 	}
@@ -303,58 +325,52 @@ func (k *memKernel) EnsureRule(r Rule) error {
 	if r.Insert {
 		cmd = "-I "
 	}
-	if !t.apply(cmd + r.Chain + " " + quoteArgs(r.Args())) {
+	if !t.apply(cmd + r.Chain + " " + xt.QuoteArgs(r.Args())) {
 		return unix.ENOENT
 	}
 	return nil
 }
 
 // AddChain does what the native fast path does, as the real kernel
-// does it on iptables-nft: rules it does not write fail with
-// errNotNative, and it applies them as one restore would (a missing
-// witness or an existing chain refuses it), counted in Natives.
-func (k *memKernel) AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error {
+// does it on iptables-nft: a rule the native writer does not write fails
+// with xt.ErrNotNative, and it applies them as one restore would (a
+// missing witness or an existing chain refuses it), counted in Natives.
+func (k *memKernel) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
-	if k.m.Legacy || k.table != Table {
-		return ErrLegacy
+	if k.m.Legacy || k.table != xt.NAT {
+		return xt.ErrLegacy
 	}
-	if _, err := addChainMsgs(plan.IPv4, witness, chain, rules, entries, jumps...); err != nil {
-		if _, err6 := addChainMsgs(plan.IPv6, witness, chain, rules, entries, jumps...); err6 != nil {
+	var pl strings.Builder
+	pl.WriteString("*" + xt.NAT + "\n")
+	if witness != "" {
+		pl.WriteString("-F " + witness + "\n")
+	}
+	pl.WriteString("-N " + chain + "\n")
+	line := func(cmd string, r xt.Rule) error {
+		if _, err := k.m.native(chain, r.Args(), append([]string{chain}, jumps...)); err != nil {
+			return err
+		}
+		pl.WriteString(cmd + " " + r.Chain + " " + xt.QuoteArgs(r.Args()) + "\n")
+		return nil
+	}
+	for _, r := range rules {
+		if err := line("-A", r); err != nil {
 			return err
 		}
 	}
-	pl := newPayload()
-	if witness != "" {
-		pl.line("-F "+witness, "witness")
-	}
-	pl.line("-N "+chain, "chain")
-	for _, r := range rules {
-		pl.rule("-A", r)
-	}
 	for i := len(entries) - 1; i >= 0; i-- {
-		pl.rule("-I", entries[i])
+		if err := line("-I", entries[i]); err != nil {
+			return err
+		}
 	}
+	pl.WriteString("COMMIT\n")
 	c := k.m.clone()
-	if err := c.apply(pl.bytes()); err != nil {
+	if err := c.apply([]byte(pl.String())); err != nil {
 		return err
 	}
 	k.m.tables = c.tables
 	k.m.Natives++
-	return nil
-}
-
-// memExprs is what nf_tables would hold for a rule of chain, as
-// native.go writes it (either family); nil for a rule it does not write,
-// which the real kernel's dump would not match either.
-func memExprs(args []string, chain, jump string) []byte {
-	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		r := parseRule(args)
-		r.Chain = chain
-		if e, _, _, err := encodeRule(f, r, jumpSet(chain, []string{jump})); err == nil {
-			return e
-		}
-	}
 	return nil
 }
 
@@ -369,7 +385,7 @@ func (k *memKernel) Unlink(parent, chain string) (bool, error) {
 	}
 	c := k.m.clone()
 	ct := c.table(k.table)
-	ct.rules[parent] = slices.DeleteFunc(ct.rules[parent], func(r []string) bool { return jumpOf(r) == chain })
+	ct.rules[parent] = slices.DeleteFunc(ct.rules[parent], func(r []string) bool { return xt.JumpOf(r) == chain })
 	ct.rules[chain] = nil
 	if !ct.apply("-X " + chain) {
 		return true, unix.EBUSY
@@ -379,30 +395,32 @@ func (k *memKernel) Unlink(parent, chain string) (bool, error) {
 }
 
 // Chains summarizes chains as nf_tables netlink would, unless the tables
-// are legacy.
-func (k *memKernel) Chains(table string, names []string, rules bool) (map[string]ChainSummary, error) {
+// are legacy: a rule the native writer does not write has nil Exprs,
+// which the real kernel's dump would not match either.
+func (k *memKernel) Chains(table string, names []string, rules bool) (map[string]xt.ChainSummary, error) {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
 	if k.m.Legacy {
-		return nil, ErrLegacy
+		return nil, xt.ErrLegacy
 	}
 	t := k.m.table(table)
-	out := map[string]ChainSummary{}
+	out := map[string]xt.ChainSummary{}
 	for _, name := range names {
 		if !t.has(name) {
 			continue
 		}
 		if !rules {
-			out[name] = ChainSummary{}
+			out[name] = xt.ChainSummary{}
 			continue
 		}
-		s := ChainSummary{Rules: len(t.rules[name]), Refs: t.refs(name)}
+		s := xt.ChainSummary{Rules: len(t.rules[name]), Refs: t.refs(name)}
 		for _, r := range t.rules[name] {
-			to := jumpOf(r)
-			if to != "" && !targets[to] {
+			to := xt.JumpOf(r)
+			if to != "" && !xt.Targets[to] {
 				s.Jumps = append(s.Jumps, to)
 			}
-			s.Exprs = append(s.Exprs, memExprs(r, name, to))
+			e, _ := k.m.native(name, r, []string{to})
+			s.Exprs = append(s.Exprs, e)
 		}
 		out[name] = s
 	}
