@@ -20,19 +20,7 @@ import (
 // owners is who a read of the kernel in memory shows forwarding host
 // ports, both families: "c1 8080".
 func owners(t *testing.T, k fakehost.InMemory) []string {
-	t.Helper()
-	var out []string
-	for _, f := range plan.Families {
-		ms, err := k.Open(f).Mappings()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range ms {
-			out = append(out, fmt.Sprintf("%s %d", m.Owner.ContainerID, m.HostPort))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	return k.Mapped(t, func(m plan.Installed) string { return fmt.Sprintf("%s %d", m.Owner.ContainerID, m.HostPort) })
 }
 
 // pass is what a case of TestPruneOverMemory prepares a pruning pass

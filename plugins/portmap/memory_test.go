@@ -23,19 +23,9 @@ import (
 // mapped is what a read of the kernel shows forwarded, both families,
 // sorted: "tcp 8080 -> 192.0.2.2:80 c1".
 func mapped(t *testing.T, k fakehost.InMemory) []string {
-	t.Helper()
-	var out []string
-	for _, f := range plan.Families {
-		ms, err := k.Open(f).Mappings()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range ms {
-			out = append(out, fmt.Sprintf("%s %d -> %s c=%s", m.Protocol, m.HostPort, joinHostPort(m.ContainerIP.String(), m.ContainerPort), m.Owner.ContainerID))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	return k.Mapped(t, func(m plan.Installed) string {
+		return fmt.Sprintf("%s %d -> %s c=%s", m.Protocol, m.HostPort, joinHostPort(m.ContainerIP.String(), m.ContainerPort), m.Owner.ContainerID)
+	})
 }
 
 // jsonOf decodes a JSON object.

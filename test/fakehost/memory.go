@@ -2,6 +2,8 @@ package fakehost
 
 import (
 	"io"
+	"slices"
+	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
@@ -67,4 +69,22 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 				}
 			}},
 	}
+}
+
+// Mapped is what a read of the kernel shows forwarded, both families:
+// each mapping as line spells it, sorted, each line once.
+func (m InMemory) Mapped(t testing.TB, line func(plan.Installed) string) []string {
+	t.Helper()
+	var out []string
+	for _, f := range plan.Families {
+		ms, err := m.Open(f).Mappings()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range ms {
+			out = append(out, line(i))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
