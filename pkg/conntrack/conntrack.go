@@ -197,14 +197,9 @@ func (t kernelTable) remove(family uint8, m []byte) error {
 // is flushed on it.
 func (kernelTable) local(addr netip.Addr) bool { return netns.Local(addr) }
 
-// origKey reads an entry's family and its original direction's protocol
-// and destination port from a dump message (nfgenmsg, then attributes).
-func origKey(m []byte) (key, bool) {
-	k, _, ok := origTuple(m)
-	return k, ok
-}
-
-// origTuple reads an entry's key and its original destination address.
+// origTuple reads an entry's key (family, original direction's protocol
+// and destination port) and its original destination address from a
+// dump message (nfgenmsg, then attributes).
 func origTuple(m []byte) (key, netip.Addr, bool) {
 	if len(m) < 4 {
 		return key{}, netip.Addr{}, false

@@ -72,9 +72,9 @@ func TestOrigKey(t *testing.T) {
 		{entry(unix.AF_INET, unix.IPPROTO_UDP, 6701)[:20], key{}, false}, // cut short
 		{[]byte{2, 0}, key{}, false},
 	} {
-		got, ok := origKey(tt.msg)
+		got, _, ok := origTuple(tt.msg)
 		if ok != tt.ok || (ok && got != tt.want) {
-			t.Errorf("origKey = %+v, %v; want %+v, %v", got, ok, tt.want, tt.ok)
+			t.Errorf("origTuple = %+v, %v; want %+v, %v", got, ok, tt.want, tt.ok)
 		}
 	}
 	if k := keyOf(Port{Family: plan.IPv6, Protocol: plan.UDP, Port: 53}); k != (key{unix.AF_INET6, unix.IPPROTO_UDP, 53}) {
@@ -374,7 +374,7 @@ func listed(t *testing.T, tb table, show func([]byte) string) []string {
 // entryKey is an entry's family, protocol and original destination port.
 func entryKey(t *testing.T, m []byte) string {
 	t.Helper()
-	k, ok := origKey(m)
+	k, _, ok := origTuple(m)
 	if !ok {
 		t.Fatalf("an entry without its original tuple: %x", m)
 	}
