@@ -5,9 +5,10 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/xt"
-	"golang.org/x/sys/unix"
 )
 
 // Kernel is the view of table a backend gets: restores reach every table,
