@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,13 +48,17 @@ func joinHostPort(ip string, port int) string {
 
 // TestOverMemory: the verbs and the agent's passes on each real backend
 // over its kernel in memory (nf_tables; iptables' and ip6tables' x_tables),
-// judged by what a read of the kernel shows — not by calls. ADD maps both families; a firewall
-// flush breaks CHECK and a pass brings the rules back; a newer ADD of
-// the same port takes it and CHECK of the older names it, and after the
-// newer one's DEL a pass gives it back; a pruning pass keeps an
-// attachment the cache lacks while its namespace lives and removes it
-// once gone; GC keeps a valid attachment and removes one that is not;
-// DEL leaves no rule and repeats; STATUS follows the kernel's answer to a write.
+// judged by what a read of the kernel shows and where its tracer sends a
+// connection — not by calls. ADD maps both families (hairpin
+// masqueraded); a firewall flush breaks forwarding and CHECK, and a pass
+// brings them back; a newer ADD of the same port takes its traffic (CHECK
+// of the older names the port where the newer took its one map element;
+// where rules stack, the older's stay and take the port back at the
+// newer's DEL), and after the newer one's DEL a pass gives it back; a
+// pruning pass keeps an attachment the cache lacks while its namespace
+// lives and removes it once gone; GC keeps a valid attachment and
+// removes one that is not; DEL leaves no rule and repeats; STATUS follows
+// the kernel's answer to a write.
 func TestOverMemory(t *testing.T) {
 	for _, be := range []string{"nftables", "iptables"} {
 		t.Run(be, func(t *testing.T) { overMemory(t, be) })
@@ -80,9 +85,43 @@ func overMemory(t *testing.T, be string) {
 		}
 		return a
 	}
+	// to is where the kernel sends a connection from src to the host's
+	// address of family f, port port, by the tracer of the kernel in
+	// memory; "+masq" when it is masqueraded too.
+	hostIP := map[plan.Family]net.IP{plan.IPv4: net.ParseIP("198.51.100.1").To4(), plan.IPv6: net.ParseIP("2001:db8:100::1")}
+	local := func(a net.IP) bool { return a.Equal(hostIP[plan.IPv4]) || a.Equal(hostIP[plan.IPv6]) }
+	to := func(f plan.Family, src string, proto plan.Protocol, port int) string {
+		t.Helper()
+		v, err := k.Trace(f, plan.Packet{Protocol: proto, Src: net.ParseIP(src), Dst: hostIP[f], Dport: port}, local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Masquerade {
+			return v.DNAT + "+masq"
+		}
+		return v.DNAT
+	}
+	const remote, remote6 = "203.0.113.9", "2001:db8:9::9"
 	c1 := nft(prevDual, nil)
 	if err := p.Add(cmd("c1", c1)); err != nil {
 		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		f     plan.Family
+		src   string
+		proto plan.Protocol
+		port  int
+		want  string
+	}{
+		{plan.IPv4, remote, plan.TCP, 8080, "192.0.2.2:80"},
+		{plan.IPv4, remote, plan.UDP, 8053, "192.0.2.2:53"},
+		{plan.IPv4, "192.0.2.2", plan.TCP, 8080, "192.0.2.2:80+masq"}, // hairpin
+		{plan.IPv4, remote, plan.TCP, 8081, ""},
+		{plan.IPv6, remote6, plan.TCP, 8080, "[2001:db8::2]:80"},
+	} {
+		if got := to(tt.f, tt.src, tt.proto, tt.port); got != tt.want {
+			t.Errorf("after ADD, %s %s from %s to %d: %q, want %q", tt.f, tt.proto, tt.src, tt.port, got, tt.want)
+		}
 	}
 	want := []string{"tcp 8080 -> 192.0.2.2:80 c=c1", "tcp 8080 -> [2001:db8::2]:80 c=c1",
 		"udp 8053 -> 192.0.2.2:53 c=c1", "udp 8053 -> [2001:db8::2]:53 c=c1"}
@@ -103,7 +142,7 @@ func overMemory(t *testing.T, be string) {
 		t.Fatal(err)
 	}
 	k.Flush()
-	if got := mapped(t, k); len(got) != 0 {
+	if got := mapped(t, k); len(got) != 0 || to(plan.IPv4, remote, plan.TCP, 8080) != "" {
 		t.Fatalf("after the flush: %q", got)
 	}
 	if err := p.Check(cmd("c1", c1)); err == nil {
@@ -116,6 +155,9 @@ func overMemory(t *testing.T, be string) {
 	}
 	if got := mapped(t, k); !slices.Equal(got, want) {
 		t.Fatalf("after the agent's pass: %q, want %q", got, want)
+	}
+	if got := to(plan.IPv4, remote, plan.TCP, 8080); got != "192.0.2.2:80" {
+		t.Errorf("after the agent's pass, 8080 goes to %q", got)
 	}
 	if err := p.Check(cmd("c1", c1)); err != nil {
 		t.Errorf("CHECK after the agent's pass: %v", err)
@@ -136,6 +178,10 @@ func overMemory(t *testing.T, be string) {
 	if got := mapped(t, k); !slices.Equal(got, want) {
 		t.Fatalf("after c2's ADD: %q, want %q", got, want)
 	}
+	// the newest ADD wins the port, whether its rules stack or not
+	if got, got6 := to(plan.IPv4, remote, plan.TCP, 8080), to(plan.IPv6, remote6, plan.TCP, 8080); got != "192.0.2.3:8080" || got6 != "[2001:db8::2]:80" {
+		t.Errorf("after c2's ADD, 8080 goes to %q (IPv6 %q), want c2's (c1's)", got, got6)
+	}
 	if err := p.Check(cmd("c1", c1)); k.Stacks && err != nil {
 		t.Errorf("CHECK of c1 under c2's rules: %v", err)
 	} else if !k.Stacks && (err == nil || !strings.Contains(err.Error(), "8080")) {
@@ -151,11 +197,17 @@ func overMemory(t *testing.T, be string) {
 		slices.Contains(got, "tcp 8080 -> 192.0.2.3:8080 c=c2") {
 		t.Errorf("after c2's DEL: %q", got)
 	}
+	if got, want := to(plan.IPv4, remote, plan.TCP, 8080), map[bool]string{true: "192.0.2.2:80"}[k.Stacks]; got != want {
+		t.Errorf("after c2's DEL, 8080 goes to %q, want %q", got, want)
+	}
 	if _, err := ag.Sync(agent.Options{CacheDir: dir}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mapped(t, k); !slices.Contains(got, "tcp 8080 -> 192.0.2.2:80 c=c1") {
 		t.Errorf("after a pass: %q, want 8080 back with c1", got)
+	}
+	if got := to(plan.IPv4, remote, plan.TCP, 8080); got != "192.0.2.2:80" {
+		t.Errorf("after a pass, 8080 goes to %q, want c1's", got)
 	}
 
 	// A pruning pass: c3 is in no cache entry, but its ADD is on record
@@ -195,6 +247,9 @@ func overMemory(t *testing.T, be string) {
 	}
 	if got := mapped(t, k); len(got) != 0 {
 		t.Errorf("after DEL: %q", got)
+	}
+	if got := to(plan.IPv4, remote, plan.TCP, 8080); got != "" {
+		t.Errorf("after DEL, 8080 goes to %q", got)
 	}
 	if err := p.Del(cmd("c1", c1)); err != nil {
 		t.Errorf("a second DEL: %v", err)

@@ -2,6 +2,7 @@ package fakehost
 
 import (
 	"io"
+	"net"
 	"slices"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
 	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt/xttest"
@@ -24,6 +26,10 @@ type InMemory struct {
 	Flush func()
 	// Refuse makes the kernel refuse writes with err; nil, take them.
 	Refuse func(err error)
+	// Trace is what the kernel does to a packet of family f, by the
+	// tracer of its kernel in memory: its DNAT and masquerade (Chain
+	// stays empty). local says which addresses are the host's.
+	Trace func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error)
 	// Stacks says a port's rules stack (iptables): a newer attachment's
 	// go above an older one's, which stay, so the older passes CHECK and
 	// has the port again once the newer goes. Else (nftables) the newer
@@ -43,21 +49,33 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 	for _, f := range plan.Families {
 		xs[f] = xttest.New(iptables.NativeExprs)
 	}
-	nft := func(f plan.Family) backend.Backend { return nftables.NewOn(f, io.Discard, k) }
+	nfts := func(f plan.Family) backend.Backend { return nftables.NewOn(f, io.Discard, k) }
 	ipt := func(f plan.Family) backend.Backend {
 		return &iptables.Backend{Family: f, Kernel: xs[f].Kernel(iptables.Table), Lock: func() (func(), error) { return func() {}, nil }}
 	}
 	for i, kind := range h.Kinds {
 		switch kind.Name {
 		case backend.NFTables:
-			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return nft(f), nil }
+			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return nfts(f), nil }
 		case backend.IPTables:
 			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return ipt(f), nil }
 		}
 	}
 	return map[backend.Name]InMemory{
-		backend.NFTables: {Open: nft, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err }},
+		backend.NFTables: {Open: nfts, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err },
+			Trace: func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error) {
+				fam := nfttest.Packet{Family: nft.IPv4, Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}
+				if f == plan.IPv6 {
+					fam.Family = nft.IPv6
+				}
+				v, err := k.Trace(fam, local)
+				return plan.Verdict{DNAT: v.DNAT, Masquerade: v.Masquerade}, err
+			}},
 		backend.IPTables: {Open: ipt, Stacks: true,
+			Trace: func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error) {
+				v, err := xs[f].Trace(p, local)
+				return plan.Verdict{DNAT: v.DNAT, Masquerade: v.Masquerade}, err
+			},
 			Flush: func() {
 				for _, x := range xs {
 					x.Flush()

@@ -296,7 +296,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 			w = append(w, ruleKey(r))
 		}
 		for _, line := range l.rules[chain] {
-			h = append(h, ruleKey(parseRule(xt.SplitRule(line))))
+			h = append(h, ruleKey(xt.ParseRule(xt.SplitRule(line))))
 		}
 		switch {
 		case !l.chains[chain]:

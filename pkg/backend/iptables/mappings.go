@@ -41,7 +41,7 @@ func parseMappings(lines []string) []plan.Installed {
 			continue
 		}
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
-		r := parseRule(xt.SplitRule(l))
+		r := xt.ParseRule(xt.SplitRule(l))
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
 		if o, ok := owners[chain]; ok {
 			owner = o
@@ -52,14 +52,14 @@ func parseMappings(lines []string) []plan.Installed {
 				hostIP = ip
 			}
 		}
-		ports, ok := parsePortRange(r.Dport, ":")
+		ports, ok := xt.PortRange(r.Dport, ":")
 		if !ok {
 			continue
 		}
 		// A range rule stands for one mapping per port.
 		for h := ports[0]; h <= ports[1]; h++ {
 			f := plan.Installed{HostIP: hostIP, HostPort: h, Protocol: r.Proto, Owner: owner}
-			if host, port, err := net.SplitHostPort(resolveTarget(r.To, h)); err == nil {
+			if host, port, err := net.SplitHostPort(xt.ResolveDNAT(r.To, h)); err == nil {
 				f.ContainerIP = net.ParseIP(host)
 				f.ContainerPort, _ = strconv.Atoi(port)
 			}

@@ -203,7 +203,7 @@ func jumpSet(chain string, jumps []string) map[string]bool {
 // native writer writes it in either family; xt.ErrNotNative for a rule
 // it does not write. xttest's kernel judges and answers with it.
 func NativeExprs(chain string, args, jumps []string) ([]byte, error) {
-	r := parseRule(args)
+	r := xt.ParseRule(args)
 	r.Chain = chain
 	var err error
 	for _, f := range plan.Families {

@@ -2,6 +2,7 @@ package xttest
 
 import (
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
@@ -118,5 +120,62 @@ func TestNativePathAndSummary(t *testing.T) {
 	m.Flush()
 	if lines, _ := k.ListTable(); len(lines) != 4 {
 		t.Errorf("after Flush: %q, want the policies alone", lines)
+	}
+}
+
+// TestTrace: a packet runs PREROUTING (or OUTPUT), the jumps, MARK and
+// DNAT, then POSTROUTING with its mark; what the tracer does not know
+// fails it, named.
+func TestTrace(t *testing.T) {
+	m := New(native)
+	if err := m.Kernel(xt.NAT).Restore([]byte(`*nat
+-N HOSTPORTS
+-N DN-1
+-A PREROUTING -m addrtype --dst-type LOCAL -j HOSTPORTS
+-A OUTPUT -d 127.0.0.1 -j HOSTPORTS
+-A HOSTPORTS -p tcp -m multiport --destination-ports 8080,9000:9010 -j DN-1
+-A HOSTPORTS -p tcp --dport 6666 -j DROP
+-A HOSTPORTS -p tcp --dport 7777 -m conntrack --ctstate NEW -j ACCEPT
+-A DN-1 -s 192.0.2.0/24 -p tcp -j MARK --set-xmark 0x2000/0x2000
+-A DN-1 ! -s 10.0.0.0/8 -p tcp --dport 8080 -j DNAT --to-destination 192.0.2.2:80
+-A DN-1 -p tcp -j DNAT --to-destination 192.0.2.2:10000-10010/9000
+-A POSTROUTING -m mark --mark 0x2000/0x2000 -j MASQUERADE
+COMMIT
+`)); err != nil {
+		t.Fatal(err)
+	}
+	ip := func(s string) net.IP { return net.ParseIP(s).To4() }
+	local := func(a net.IP) bool { return a.Equal(ip("198.51.100.1")) }
+	for _, tt := range []struct {
+		name   string
+		p      plan.Packet
+		want   Verdict
+		failed string
+	}{
+		{"a host port", plan.Packet{Protocol: "tcp", Src: ip("203.0.113.9"), Dst: ip("198.51.100.1"), Dport: 8080},
+			Verdict{Chains: []string{"HOSTPORTS", "DN-1"}, DNAT: "192.0.2.2:80"}, ""},
+		{"hairpin: marked, masqueraded", plan.Packet{Protocol: "tcp", Src: ip("192.0.2.2"), Dst: ip("198.51.100.1"), Dport: 8080},
+			Verdict{Chains: []string{"HOSTPORTS", "DN-1"}, DNAT: "192.0.2.2:80", Masquerade: true}, ""},
+		{"a negated source: not this rule", plan.Packet{Protocol: "tcp", Src: ip("10.1.1.1"), Dst: ip("198.51.100.1"), Dport: 8080},
+			Verdict{Chains: []string{"HOSTPORTS", "DN-1"}, DNAT: "192.0.2.2:9080"}, ""}, // the next rule: 10000 + 8080 - 9000
+		{"a shifted range", plan.Packet{Protocol: "tcp", Src: ip("203.0.113.9"), Dst: ip("198.51.100.1"), Dport: 9005},
+			Verdict{Chains: []string{"HOSTPORTS", "DN-1"}, DNAT: "192.0.2.2:10005"}, ""},
+		{"not a local address", plan.Packet{Protocol: "tcp", Src: ip("203.0.113.9"), Dst: ip("192.0.2.9"), Dport: 8080}, Verdict{}, ""},
+		{"the host to localhost", plan.Packet{Protocol: "tcp", Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Dport: 8080, FromHost: true},
+			Verdict{Chains: []string{"HOSTPORTS", "DN-1"}, DNAT: "192.0.2.2:80"}, ""},
+		{"dropped", plan.Packet{Protocol: "tcp", Src: ip("203.0.113.9"), Dst: ip("198.51.100.1"), Dport: 6666},
+			Verdict{Chains: []string{"HOSTPORTS"}, Dropped: true}, ""},
+		{"a match it does not know", plan.Packet{Protocol: "tcp", Src: ip("203.0.113.9"), Dst: ip("198.51.100.1"), Dport: 7777}, Verdict{}, "--ctstate"},
+	} {
+		v, err := m.Trace(tt.p, local)
+		if tt.failed != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.failed) {
+				t.Errorf("%s: %+v, %v; want it to fail naming %q", tt.name, v, err, tt.failed)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(v.Chains, tt.want.Chains) || v.DNAT != tt.want.DNAT || v.Masquerade != tt.want.Masquerade || v.Dropped != tt.want.Dropped {
+			t.Errorf("%s: %+v, %v; want %+v", tt.name, v, err, tt.want)
+		}
 	}
 }
