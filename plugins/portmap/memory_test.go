@@ -51,7 +51,7 @@ func joinHostPort(ip string, port int) string {
 // judged by what a read of the kernel shows and where its tracer sends a
 // connection — not by calls. ADD maps both families (hairpin
 // masqueraded); a firewall flush breaks forwarding and CHECK, and a pass
-// brings them back; a newer ADD of the same port takes its traffic (CHECK
+// brings back exactly what ADD wrote; a newer ADD of the same port takes its traffic (CHECK
 // of the older names the port where the newer took its one map element;
 // where rules stack, the older's stay and take the port back at the
 // newer's DEL), and after the newer one's DEL a pass gives it back; a
@@ -141,6 +141,7 @@ func overMemory(t *testing.T, be string) {
 		Result: jsonOf(t, prevDual)}); err != nil {
 		t.Fatal(err)
 	}
+	added := k.Ruleset()
 	k.Flush()
 	if got := mapped(t, k); len(got) != 0 || to(plan.IPv4, remote, plan.TCP, 8080) != "" {
 		t.Fatalf("after the flush: %q", got)
@@ -158,6 +159,9 @@ func overMemory(t *testing.T, be string) {
 	}
 	if got := to(plan.IPv4, remote, plan.TCP, 8080); got != "192.0.2.2:80" {
 		t.Errorf("after the agent's pass, 8080 goes to %q", got)
+	}
+	if got := k.Ruleset(); got != added {
+		t.Errorf("after the agent's pass:\n%s\nwant what ADD wrote:\n%s", got, added)
 	}
 	if err := p.Check(cmd("c1", c1)); err != nil {
 		t.Errorf("CHECK after the agent's pass: %v", err)

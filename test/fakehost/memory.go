@@ -1,9 +1,11 @@
 package fakehost
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/backend"
@@ -13,6 +15,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/pkg/xt/xttest"
 )
 
@@ -30,6 +33,9 @@ type InMemory struct {
 	// tracer of its kernel in memory: its DNAT and masquerade (Chain
 	// stays empty). local says which addresses are the host's.
 	Trace func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error)
+	// Ruleset prints what the kernel holds, both families: a whole-state
+	// picture a test compares before and after a sequence.
+	Ruleset func() string
 	// Stacks says a port's rules stack (iptables): a newer attachment's
 	// go above an older one's, which stay, so the older passes CHECK and
 	// has the port again once the newer goes. Else (nftables) the newer
@@ -62,7 +68,7 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 		}
 	}
 	return map[backend.Name]InMemory{
-		backend.NFTables: {Open: nfts, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err },
+		backend.NFTables: {Open: nfts, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err }, Ruleset: k.Ruleset,
 			Trace: func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error) {
 				fam := nfttest.Packet{Family: nft.IPv4, Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}
 				if f == plan.IPv6 {
@@ -72,6 +78,21 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 				return plan.Verdict{DNAT: v.DNAT, Masquerade: v.Masquerade}, err
 			}},
 		backend.IPTables: {Open: ipt, Stacks: true,
+			Ruleset: func() string {
+				var b strings.Builder
+				for _, f := range plan.Families {
+					for _, table := range []string{xt.NAT, xt.Filter} {
+						lines, _ := xs[f].Kernel(table).ListTable()
+						// the chains by name: the order they were made in
+						// is not state
+						chains := slices.DeleteFunc(slices.Clone(lines), func(l string) bool { return !strings.HasPrefix(l, "-N ") })
+						slices.Sort(chains)
+						lines = slices.DeleteFunc(lines, func(l string) bool { return strings.HasPrefix(l, "-N ") })
+						fmt.Fprintf(&b, "%s %s\n%s\n%s\n", f, table, strings.Join(chains, "\n"), strings.Join(lines, "\n"))
+					}
+				}
+				return b.String()
+			},
 			Trace: func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error) {
 				v, err := xs[f].Trace(p, local)
 				return plan.Verdict{DNAT: v.DNAT, Masquerade: v.Masquerade}, err

@@ -40,11 +40,12 @@ func (ct) Encode(e *nft.Exprs) {
 	e.Add("ct", func(a *nfnl.Attrs) { a.U32(unix.NFTA_CT_KEY, unix.NFT_CT_STATE); a.U32(unix.NFTA_CT_DREG, nft.Reg1) })
 }
 
-// TestTrace: a packet runs the nat base chains by priority, through a
-// fib check, a verdict map's goto, ports and port ranges, a mark its
-// postrouting masquerade reads, and a drop; what the tracer does not know
-// fails it naming the expression.
-func TestTrace(t *testing.T) {
+// TestTraceAndRuleset: Ruleset prints the objects as held; a packet runs
+// the nat base chains by priority, through a fib check, a verdict map's
+// goto, ports and port ranges, a mark its postrouting masquerade reads,
+// and a drop; what the tracer does not know fails it naming the
+// expression.
+func TestTraceAndRuleset(t *testing.T) {
 	k := nfttest.New()
 	ports := &nft.Set{Name: "ports", Key: key, Data: []nft.Type{nft.Verdict}}
 	elem := func(port int, chain string) *nft.Element {
@@ -54,7 +55,7 @@ func TestTrace(t *testing.T) {
 		return &nft.Chain{Name: name, Base: &nft.BaseChain{Type: "nat", Hook: hook, HookNum: num, Priority: prio}}
 	}
 	ip := func(s string) net.IP { return net.ParseIP(s).To4() }
-	if err := apply(k, func(tx *nft.Tx) {
+	ruleset := func(tx *nft.Tx) {
 		tx.Add(&nft.Table{})
 		tx.Add(base("pre", "prerouting", unix.NF_INET_PRE_ROUTING, -100))
 		tx.Add(base("early", "prerouting", unix.NF_INET_PRE_ROUTING, -200))
@@ -71,8 +72,25 @@ func TestTrace(t *testing.T) {
 		tx.Add(&nft.Rule{Chain: "web", Stmts: []nft.Stmt{nft.Addr{Spec: "192.0.2.0/24"}, nft.MarkOr{Mark: 0x2000}}})
 		tx.Add(&nft.Rule{Chain: "web", Stmts: []nft.Stmt{nft.DNAT{IP: ip("192.0.2.2"), Port: 80}}})
 		tx.Add(&nft.Rule{Chain: "post", Stmts: []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}})
-	}); err != nil {
+	}
+	if err := apply(k, ruleset); err != nil {
 		t.Fatal(err)
+	}
+	// Ruleset: the objects as held, a failed batch changing nothing, the
+	// same ruleset written again printing the same
+	written := k.Ruleset()
+	for _, want := range []string{"chain pre type nat hook 0 priority -100\n", `[ lookup 1="ports" 2=1 3=0 ]`,
+		"set ports flags 0x8 key 8 data 0xffffff00\n    060000001f900000 : verdict -4 web\n"} {
+		if !strings.Contains(written, want) {
+			t.Errorf("Ruleset lacks %q:\n%s", want, written)
+		}
+	}
+	if err := apply(k, func(tx *nft.Tx) { tx.Add(&nft.Chain{Name: "more"}); tx.Create(&nft.Chain{Name: "svc"}) }); err == nil || k.Ruleset() != written {
+		t.Errorf("a refused batch (%v) changed the ruleset:\n%s", err, k.Ruleset())
+	}
+	k.Flush()
+	if err := apply(k, ruleset); err != nil || k.Ruleset() != written {
+		t.Errorf("written again (%v):\n%s\nwant:\n%s", err, k.Ruleset(), written)
 	}
 	local := func(a net.IP) bool { return a.Equal(ip("198.51.100.1")) || a.IsLoopback() }
 	for _, tt := range []struct {
