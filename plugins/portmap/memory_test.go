@@ -47,18 +47,18 @@ func joinHostPort(ip string, port int) string {
 }
 
 // TestOverMemory: the verbs and the agent's passes on each real backend
-// over its kernel in memory (nf_tables; iptables' and ip6tables' x_tables),
-// judged by what a read of the kernel shows and where its tracer sends a
-// connection — not by calls. ADD maps both families (hairpin
-// masqueraded); a firewall flush breaks forwarding and CHECK, and a pass
-// brings back exactly what ADD wrote; a newer ADD of the same port takes its traffic (CHECK
-// of the older names the port where the newer took its one map element;
-// where rules stack, the older's stay and take the port back at the
-// newer's DEL), and after the newer one's DEL a pass gives it back; a
-// pruning pass keeps an attachment the cache lacks while its namespace
-// lives and removes it once gone; GC keeps a valid attachment and
-// removes one that is not; DEL leaves no rule and repeats; STATUS follows
-// the kernel's answer to a write.
+// over its kernel in memory (nf_tables; iptables' and ip6tables'
+// x_tables), judged by what a read of the kernel shows and where its
+// tracer sends a connection — not by calls. ADD maps both families
+// (hairpin masqueraded); a firewall flush breaks forwarding and CHECK,
+// and a pass brings back exactly what ADD wrote; a newer ADD of the same
+// port takes its traffic (CHECK of the older names the port where the
+// newer took its one map element; where rules stack, the older's stay
+// and take the port back at the newer's DEL), and after the newer one's
+// DEL a pass gives it back; a pruning pass keeps an attachment the cache
+// lacks while its namespace lives and removes it once gone; GC keeps a
+// valid attachment and removes one that is not; DEL leaves no rule and
+// repeats; STATUS follows the kernel's answer to a write.
 func TestOverMemory(t *testing.T) {
 	for _, be := range []string{"nftables", "iptables"} {
 		t.Run(be, func(t *testing.T) { overMemory(t, be) })
