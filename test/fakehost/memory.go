@@ -70,11 +70,7 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 	return map[backend.Name]InMemory{
 		backend.NFTables: {Open: nfts, Flush: k.Flush, Refuse: func(err error) { k.NotWritable = err }, Ruleset: k.Ruleset,
 			Trace: func(f plan.Family, p plan.Packet, local func(net.IP) bool) (plan.Verdict, error) {
-				fam := nfttest.Packet{Family: nft.IPv4, Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}
-				if f == plan.IPv6 {
-					fam.Family = nft.IPv6
-				}
-				v, err := k.Trace(fam, local)
+				v, err := k.Trace(nfttest.Packet{Family: nft.Family(f), Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}, local)
 				return plan.Verdict{DNAT: v.DNAT, Masquerade: v.Masquerade}, err
 			}},
 		backend.IPTables: {Open: ipt, Stacks: true,

@@ -15,11 +15,7 @@ import (
 // expressions, in plan's terms.
 func kernelTrace(t *testing.T, m *Memory, f plan.Family, p plan.Packet) plan.Verdict {
 	t.Helper()
-	fam := nft.IPv4
-	if f == plan.IPv6 {
-		fam = nft.IPv6
-	}
-	v, err := m.nf.Trace(nfttest.Packet{Family: fam, Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}, fixture.IsLocal)
+	v, err := m.nf.Trace(nfttest.Packet{Family: nft.Family(f), Proto: string(p.Protocol), Src: p.Src, Dst: p.Dst, Dport: p.Dport, Output: p.FromHost}, fixture.IsLocal)
 	if err != nil {
 		t.Fatal(err)
 	}
