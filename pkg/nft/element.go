@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
@@ -61,18 +60,18 @@ func (v *Element) Attrs(a *nfnl.Attrs, table string, data bool) {
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, v.Set.Name)
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, v.Key)
+			Value(a, unix.NFTA_SET_ELEM_KEY, v.Key)
 			if v.KeyEnd != nil {
-				nfexpr.Value(a, AttrSetElemKeyEnd, v.KeyEnd)
+				Value(a, AttrSetElemKeyEnd, v.KeyEnd)
 			}
 			if !data {
 				return
 			}
 			switch {
 			case v.Goto != "":
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, v.Goto) })
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { VerdictData(a, unix.NFT_GOTO, v.Goto) })
 			case v.Data != nil:
-				nfexpr.Value(a, unix.NFTA_SET_ELEM_DATA, v.Data)
+				Value(a, unix.NFTA_SET_ELEM_DATA, v.Data)
 			}
 			if v.Comment != "" {
 				a.Raw(AttrSetElemUserdata, Comment(v.Comment))

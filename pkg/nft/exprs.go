@@ -3,7 +3,6 @@ package nft
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
@@ -16,36 +15,120 @@ const (
 	Reg32      = 8
 )
 
-// Exprs collects a rule's expressions (nfexpr writes each) and the
+// Exprs collects a rule's expressions (List writes each) and the
 // anonymous sets it declares, while its statements encode themselves.
 type Exprs struct {
+	List
 	Family Family
-	list   *nfnl.Attrs // the rule's expression list, being written
-	raw    bool        // a condition in nft syntax: only nft can compile it
-	tx     *Tx         // its transaction, which numbers the sets
-	anon   []AnonSet   // the anonymous sets the rule declares
-
+	raw    bool      // a condition in nft syntax: only nft can compile it
+	tx     *Tx       // its transaction, which numbers the sets
+	anon   []AnonSet // the anonymous sets the rule declares
 }
+
+// List writes expressions, the parts of a rule as the kernel takes them
+// (NFTA_RULE_EXPRESSIONS): each one an element of the list with its name
+// and its attributes. The iptables backend writes the rules iptables-nft
+// would write with it too, so an expression is spelled once.
+type List struct{ To *nfnl.Attrs }
 
 // Add appends expression name, whose attributes fill writes.
-func (e *Exprs) Add(name string, fill func(a *nfnl.Attrs)) { nfexpr.Add(e.list, name, fill) }
-
-// Cmp compares register reg with v by op (NFT_CMP_*).
-func (e *Exprs) Cmp(op uint32, reg uint32, v []byte) { nfexpr.Cmp(e.list, op, reg, v) }
-
-// Meta loads meta key (NFT_META_*) into reg.
-func (e *Exprs) Meta(key uint32, reg uint32) { nfexpr.Meta(e.list, key, reg) }
-
-// Payload loads length bytes at offset of header base into reg.
-func (e *Exprs) Payload(base, offset, length, reg uint32) {
-	nfexpr.Payload(e.list, base, offset, length, reg)
+func (l List) Add(name string, fill func(a *nfnl.Attrs)) {
+	l.To.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_EXPR_NAME, name)
+		a.Nested(unix.NFTA_EXPR_DATA, fill)
+	})
 }
 
-// Bitwise sets reg to reg & mask ^ xor.
-func (e *Exprs) Bitwise(reg uint32, mask, xor []byte) { nfexpr.Bitwise(e.list, reg, mask, xor) }
+// Cmp compares register reg with v by op (NFT_CMP_*).
+func (l List) Cmp(op, reg uint32, v []byte) {
+	l.Add("cmp", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_CMP_SREG, reg)
+		a.U32(unix.NFTA_CMP_OP, op)
+		Value(a, unix.NFTA_CMP_DATA, v)
+	})
+}
+
+// Meta loads meta key (NFT_META_*) into reg.
+func (l List) Meta(key, reg uint32) {
+	l.Add("meta", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_META_DREG, reg)
+		a.U32(unix.NFTA_META_KEY, key)
+	})
+}
+
+// Payload loads length bytes at offset of header base (NFT_PAYLOAD_*)
+// into reg.
+func (l List) Payload(base, offset, length, reg uint32) {
+	l.Add("payload", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_PAYLOAD_DREG, reg)
+		a.U32(unix.NFTA_PAYLOAD_BASE, base)
+		a.U32(unix.NFTA_PAYLOAD_OFFSET, offset)
+		a.U32(unix.NFTA_PAYLOAD_LEN, length)
+	})
+}
+
+// Bitwise sets reg to (reg & mask) ^ xor.
+func (l List) Bitwise(reg uint32, mask, xor []byte) {
+	l.Add("bitwise", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_BITWISE_SREG, reg)
+		a.U32(unix.NFTA_BITWISE_DREG, reg)
+		a.U32(unix.NFTA_BITWISE_LEN, uint32(len(mask)))
+		Value(a, unix.NFTA_BITWISE_MASK, mask)
+		Value(a, unix.NFTA_BITWISE_XOR, xor)
+	})
+}
 
 // Verdict ends the rule with verdict code (to chain, for a jump or goto).
-func (e *Exprs) Verdict(code int32, chain string) { nfexpr.Immediate(e.list, code, chain) }
+func (l List) Verdict(code int32, chain string) {
+	l.Add("immediate", func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+		a.Nested(unix.NFTA_IMMEDIATE_DATA, func(a *nfnl.Attrs) { VerdictData(a, code, chain) })
+	})
+}
+
+// Counter counts packets and bytes, from zero.
+func (l List) Counter() {
+	l.Add("counter", func(a *nfnl.Attrs) {
+		a.Raw(unix.NFTA_COUNTER_BYTES, make([]byte, 8))
+		a.Raw(unix.NFTA_COUNTER_PACKETS, make([]byte, 8))
+	})
+}
+
+// Match is x_tables match name of revision rev with its info (the
+// match's struct as the kernel's xt module reads it), run by nft_compat.
+func (l List) Match(name string, rev uint32, info []byte) {
+	l.Add("match", func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_MATCH_NAME, name)
+		a.U32(unix.NFTA_MATCH_REV, rev)
+		a.Raw(unix.NFTA_MATCH_INFO, info)
+	})
+}
+
+// Target is x_tables target name of revision rev with its info, run by
+// nft_compat.
+func (l List) Target(name string, rev uint32, info []byte) {
+	l.Add("target", func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_TARGET_NAME, name)
+		a.U32(unix.NFTA_TARGET_REV, rev)
+		a.Raw(unix.NFTA_TARGET_INFO, info)
+	})
+}
+
+// Value writes v as attribute typ holding NFTA_DATA_VALUE.
+func Value(a *nfnl.Attrs, typ uint16, v []byte) {
+	a.Nested(typ, func(a *nfnl.Attrs) { a.Raw(unix.NFTA_DATA_VALUE, v) })
+}
+
+// VerdictData writes verdict code (to chain, for a jump or goto) as
+// NFTA_DATA_VERDICT.
+func VerdictData(a *nfnl.Attrs, code int32, chain string) {
+	a.Nested(unix.NFTA_DATA_VERDICT, func(a *nfnl.Attrs) {
+		a.U32(unix.NFTA_VERDICT_CODE, uint32(code))
+		if chain != "" {
+			a.String(unix.NFTA_VERDICT_CHAIN, chain)
+		}
+	})
+}
 
 // AnonSet declares an anonymous constant set of the rule's transaction
 // and returns it, for a lookup to name.
@@ -63,8 +146,6 @@ func (e *Exprs) AnonMap(keyType, keyLen, dataType, dataLen uint32, elems, data [
 	e.anon = append(e.anon, s)
 	return s
 }
-
-func value(a *nfnl.Attrs, typ uint16, v []byte) { nfexpr.Value(a, typ, v) }
 
 // AnonSet is an anonymous constant set or map a rule of the transaction
 // declares (nft's { established, related }), named in the batch by its
@@ -116,9 +197,9 @@ func (s AnonSet) messages(fam uint8, table string) []nfnl.Msg {
 			start := len(a.Bytes())
 			for ; from < len(s.elems) && len(a.Bytes())-start < elemChunk; from++ {
 				a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-					value(a, unix.NFTA_SET_ELEM_KEY, s.elems[from])
+					Value(a, unix.NFTA_SET_ELEM_KEY, s.elems[from])
 					if s.data != nil {
-						value(a, unix.NFTA_SET_ELEM_DATA, s.data[from])
+						Value(a, unix.NFTA_SET_ELEM_DATA, s.data[from])
 					}
 				})
 			}

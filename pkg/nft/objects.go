@@ -261,7 +261,7 @@ func (v *Rule) Encode(tx *Tx, _ Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, e
 // holds conditions, which only nft can compile (their match is then
 // missing from the attributes).
 func (v *Rule) Attrs(tx *Tx, a *nfnl.Attrs) (first []nfnl.Msg, raw bool) {
-	e := &Exprs{Family: tx.Family, tx: tx, list: a}
+	e := &Exprs{List: List{a}, Family: tx.Family, tx: tx}
 	a.String(unix.NFTA_RULE_TABLE, tx.TableName)
 	a.String(unix.NFTA_RULE_CHAIN, v.Chain)
 	a.Nested(unix.NFTA_RULE_EXPRESSIONS, func(*nfnl.Attrs) {

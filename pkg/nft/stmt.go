@@ -130,12 +130,12 @@ func (s DNAT) Encode(e *Exprs) {
 	}
 	e.Add("immediate", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_IMMEDIATE_DREG, Reg1)
-		value(a, unix.NFTA_IMMEDIATE_DATA, ip)
+		Value(a, unix.NFTA_IMMEDIATE_DATA, ip)
 	})
 	if s.Port != 0 {
 		e.Add("immediate", func(a *nfnl.Attrs) {
 			a.U32(unix.NFTA_IMMEDIATE_DREG, Reg2)
-			value(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, uint16(s.Port)))
+			Value(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, uint16(s.Port)))
 		})
 	}
 	e.Add("nat", func(a *nfnl.Attrs) {

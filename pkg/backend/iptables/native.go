@@ -3,8 +3,8 @@ package iptables
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
@@ -57,9 +57,10 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 		}
 	}
 	var list nfnl.Attrs
+	l := nft.List{To: &list}
 	if proto != 0 {
-		nfexpr.Meta(&list, unix.NFT_META_L4PROTO, unix.NFT_REG_1)
-		nfexpr.Cmp(&list, unix.NFT_CMP_EQ, unix.NFT_REG_1, []byte{proto})
+		l.Meta(unix.NFT_META_L4PROTO, unix.NFT_REG_1)
+		l.Cmp(unix.NFT_CMP_EQ, unix.NFT_REG_1, []byte{proto})
 	}
 	for _, a := range []struct {
 		spec string
@@ -73,7 +74,7 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 			return nil, 0, false, err
 		}
 		if !n.IP.IsUnspecified() || !isZero(n.Mask) { // every address: iptables writes no match
-			addrMatch(&list, f, a.dst, n)
+			addrMatch(l, f, a.dst, n)
 		}
 	}
 	comment := func() error {
@@ -85,7 +86,7 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 		}
 		info := make([]byte, commentLen)
 		copy(info, r.Comment)
-		nfexpr.Match(&list, "comment", 0, info)
+		l.Match("comment", 0, info)
 		compat = true
 		return nil
 	}
@@ -98,7 +99,7 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 		if !ok || proto == 0 {
 			return nil, 0, false, xt.ErrNotNative
 		}
-		nfexpr.Match(&list, "multiport", 1, info)
+		l.Match("multiport", 1, info)
 		compat = true
 	default:
 		if r.Dport != "" {
@@ -107,24 +108,24 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 			if !ok || name == "" {
 				return nil, 0, false, xt.ErrNotNative
 			}
-			nfexpr.Match(&list, name, 0, portInfo(first, last))
+			l.Match(name, 0, portInfo(first, last))
 			compat = true
 		}
 		if err := comment(); err != nil {
 			return nil, 0, false, err
 		}
 	}
-	nfexpr.Counter(&list)
+	l.Counter()
 	switch {
 	case r.Jump == "DNAT":
 		info, ok := natRange2(f, r.To)
 		if !ok {
 			return nil, 0, false, xt.ErrNotNative
 		}
-		nfexpr.Target(&list, "DNAT", 2, info)
+		l.Target("DNAT", 2, info)
 		compat = true
 	case chains[r.Jump] && r.To == "":
-		nfexpr.Immediate(&list, unix.NFT_JUMP, r.Jump)
+		l.Verdict(unix.NFT_JUMP, r.Jump)
 	default:
 		return nil, 0, false, xt.ErrNotNative // a target of x_tables, or another chain
 	}

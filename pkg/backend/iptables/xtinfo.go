@@ -12,8 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
-	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
@@ -76,20 +75,20 @@ func ipNet(f plan.Family, v string) (*net.IPNet, error) {
 // addrMatch compares the source (or destination) address with n as
 // iptables-nft does: the prefix's whole bytes alone when its mask ends
 // on a byte, else the whole address through a mask.
-func addrMatch(l *nfnl.Attrs, f plan.Family, dst bool, n *net.IPNet) {
+func addrMatch(l nft.List, f plan.Family, dst bool, n *net.IPNet) {
 	off, length := addrOffset(f, dst)
 	whole := 0
 	for whole < len(n.Mask) && n.Mask[whole] == 0xff {
 		whole++
 	}
 	if isZero(n.Mask[whole:]) {
-		nfexpr.Payload(l, unix.NFT_PAYLOAD_NETWORK_HEADER, off, uint32(whole), unix.NFT_REG_1)
-		nfexpr.Cmp(l, unix.NFT_CMP_EQ, unix.NFT_REG_1, n.IP[:whole])
+		l.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, off, uint32(whole), unix.NFT_REG_1)
+		l.Cmp(unix.NFT_CMP_EQ, unix.NFT_REG_1, n.IP[:whole])
 		return
 	}
-	nfexpr.Payload(l, unix.NFT_PAYLOAD_NETWORK_HEADER, off, length, unix.NFT_REG_1)
-	nfexpr.Bitwise(l, unix.NFT_REG_1, n.Mask, make([]byte, len(n.Mask)))
-	nfexpr.Cmp(l, unix.NFT_CMP_EQ, unix.NFT_REG_1, n.IP)
+	l.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, off, length, unix.NFT_REG_1)
+	l.Bitwise(unix.NFT_REG_1, n.Mask, make([]byte, len(n.Mask)))
+	l.Cmp(unix.NFT_CMP_EQ, unix.NFT_REG_1, n.IP)
 }
 
 // addrOffset is where the source or destination address sits in the

@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/portmap-dev/portmap/pkg/nfexpr"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
@@ -35,12 +34,12 @@ func (e element) Encode(tx *nft.Tx, v nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]n
 	a.String(unix.NFTA_SET_ELEM_LIST_SET, e.set)
 	a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 		a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-			nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, key(e.port))
+			nft.Value(a, unix.NFTA_SET_ELEM_KEY, key(e.port))
 			if e.last != 0 {
-				nfexpr.Value(a, nft.AttrSetElemKeyEnd, key(e.last))
+				nft.Value(a, nft.AttrSetElemKeyEnd, key(e.last))
 			}
 			if e.chain != "" && v != nft.Delete {
-				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nfexpr.Verdict(a, unix.NFT_GOTO, e.chain) })
+				a.Nested(unix.NFTA_SET_ELEM_DATA, func(a *nfnl.Attrs) { nft.VerdictData(a, unix.NFT_GOTO, e.chain) })
 			}
 		})
 	})
@@ -275,7 +274,7 @@ func TestGets(t *testing.T) {
 			a.String(unix.NFTA_SET_ELEM_LIST_TABLE, "t").String(unix.NFTA_SET_ELEM_LIST_SET, "r")
 			a.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(a *nfnl.Attrs) {
 				a.Nested(unix.NFTA_LIST_ELEM, func(a *nfnl.Attrs) {
-					nfexpr.Value(a, unix.NFTA_SET_ELEM_KEY, []byte{unix.IPPROTO_TCP, 0, 0, 0, byte(port >> 8), byte(port), 0, 0})
+					nft.Value(a, unix.NFTA_SET_ELEM_KEY, []byte{unix.IPPROTO_TCP, 0, 0, 0, byte(port >> 8), byte(port), 0, 0})
 				})
 			})
 		}
