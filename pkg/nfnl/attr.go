@@ -136,6 +136,21 @@ func Find(b []byte, typ uint16) ([]byte, bool) {
 	return nil, false
 }
 
+// FindU32 is the value of the first attribute typ in b as a big-endian
+// 32-bit integer, 0 when absent or shorter.
+func FindU32(b []byte, typ uint16) uint32 {
+	v, _ := Find(b, typ)
+	return Attr{Value: v}.U32()
+}
+
+// FindU64 is FindU32 of a 64-bit attribute (a handle).
+func FindU64(b []byte, typ uint16) uint64 {
+	if v, _ := Find(b, typ); len(v) >= 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
 // String is the value up to its NUL.
 func (a Attr) String() string { s, _, _ := strings.Cut(string(a.Value), "\x00"); return s }
 

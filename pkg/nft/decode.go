@@ -90,12 +90,6 @@ type ruleDecoder struct {
 	}
 }
 
-// attrU32 is the 32-bit attribute t of an expression's data.
-func attrU32(data []byte, t uint16) uint32 {
-	v, _ := nfnl.Find(data, t)
-	return nfnl.Attr{Value: v}.U32()
-}
-
 // ValueOf is the NFTA_DATA_VALUE of data attribute t of b (an
 // expression's data, an element).
 func ValueOf(data []byte, t uint16) []byte {
@@ -107,9 +101,9 @@ func ValueOf(data []byte, t uint16) []byte {
 func (d *ruleDecoder) expr(name string, data []byte) {
 	switch name {
 	case "payload":
-		base, off := attrU32(data, unix.NFTA_PAYLOAD_BASE), attrU32(data, unix.NFTA_PAYLOAD_OFFSET)
+		base, off := nfnl.FindU32(data, unix.NFTA_PAYLOAD_BASE), nfnl.FindU32(data, unix.NFTA_PAYLOAD_OFFSET)
 		d.load.ok = base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == d.saddrOffset
-		d.load.len, d.load.mask, d.load.what = attrU32(data, unix.NFTA_PAYLOAD_LEN), nil, ""
+		d.load.len, d.load.mask, d.load.what = nfnl.FindU32(data, unix.NFTA_PAYLOAD_LEN), nil, ""
 		if base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 2 {
 			d.load.what = "dport"
 		}
@@ -121,8 +115,8 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 	case "immediate":
 		d.immediate(data)
 	case "nat":
-		ar, pr := attrU32(data, unix.NFTA_NAT_REG_ADDR_MIN), attrU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
-		if attrU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
+		ar, pr := nfnl.FindU32(data, unix.NFTA_NAT_REG_ADDR_MIN), nfnl.FindU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
+		if nfnl.FindU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
 			d.r.DNAT = net.IP(d.regs[ar]).String()
 			if p := d.regs[pr]; pr != RegVerdict && len(p) >= 2 {
 				d.r.DNAT = net.JoinHostPort(d.r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
@@ -136,7 +130,7 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 			} else {
 				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
 			}
-		} else if attrU32(data, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
+		} else if nfnl.FindU32(data, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
 			d.r.Member = nfnl.Attr{Value: s}.String()
 		}
 	case "masq":
@@ -149,7 +143,7 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 			}
 		}
 		d.load.ok, d.load.what = false, ""
-		if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && attrU32(data, unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
+		if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && nfnl.FindU32(data, unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
 			d.load.what = "l4proto"
 		}
 	case "fib":
@@ -160,7 +154,7 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 // cmp reads a comparison with what was loaded: the protocol, the
 // destination port (or the bounds of a range), the source prefix.
 func (d *ruleDecoder) cmp(data []byte) {
-	v, op := ValueOf(data, unix.NFTA_CMP_DATA), attrU32(data, unix.NFTA_CMP_OP)
+	v, op := ValueOf(data, unix.NFTA_CMP_DATA), nfnl.FindU32(data, unix.NFTA_CMP_OP)
 	switch {
 	case op == unix.NFT_CMP_EQ && d.load.what == "l4proto" && len(v) == 1:
 		d.r.Proto = ProtoName(v[0])
@@ -190,7 +184,7 @@ func (d *ruleDecoder) cmp(data []byte) {
 // register for nat.
 func (d *ruleDecoder) immediate(data []byte) {
 	imm, _ := nfnl.Find(data, unix.NFTA_IMMEDIATE_DATA)
-	if dreg := attrU32(data, unix.NFTA_IMMEDIATE_DREG); dreg != RegVerdict {
+	if dreg := nfnl.FindU32(data, unix.NFTA_IMMEDIATE_DREG); dreg != RegVerdict {
 		if v, ok := nfnl.Find(imm, unix.NFTA_DATA_VALUE); ok && dreg < uint32(len(d.regs)) {
 			d.regs[dreg] = v
 		}

@@ -217,9 +217,4 @@ func NativeExprs(chain string, args, jumps []string) ([]byte, error) {
 }
 
 // nfproto is f's nf_tables family.
-func nfproto(f plan.Family) uint8 {
-	if f == plan.IPv6 {
-		return unix.NFPROTO_IPV6
-	}
-	return unix.NFPROTO_IPV4
-}
+func nfproto(f plan.Family) uint8 { return nft.Family(f).Proto() }

@@ -52,7 +52,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 			return nil, fmt.Errorf("get chain %s of table %s: %w", name, table, err)
 		}
 		// The chain's use count: its own rules and the rules that jump to it.
-		use := int(u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE))
+		use := int(nfnl.FindU32(reply.Attrs, unix.NFTA_CHAIN_USE))
 		if !withRules {
 			out[name] = xt.ChainSummary{}
 			continue
@@ -107,13 +107,13 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read
 	if err != nil {
 		return false, 0, fmt.Errorf("get chain %s: %w", chain, err)
 	}
-	use, last := u32Attr(reply.Attrs, unix.NFTA_CHAIN_USE), u64Attr(reply.Attrs, unix.NFTA_CHAIN_HANDLE)
+	use, last := nfnl.FindU32(reply.Attrs, unix.NFTA_CHAIN_USE), nfnl.FindU64(reply.Attrs, unix.NFTA_CHAIN_HANDLE)
 	own, err := dumpRules(c, fam, Table, chain)
 	if err != nil {
 		return true, 0, err
 	}
 	for _, r := range own {
-		last = max(last, u64Attr(r.Attrs, unix.NFTA_RULE_HANDLE))
+		last = max(last, nfnl.FindU64(r.Attrs, unix.NFTA_RULE_HANDLE))
 	}
 	refs := int(use) - len(own)
 	var jumps []uint64
@@ -225,20 +225,6 @@ func dumpRules(c *nfnl.Conn, fam uint8, table, chain string) ([]nfnl.Reply, erro
 		return nil, fmt.Errorf("list rules of %s of table %s: %w", chain, table, err)
 	}
 	return rules, nil
-}
-
-func u32Attr(b []byte, typ uint16) uint32 {
-	if v, ok := nfnl.Find(b, typ); ok && len(v) == 4 {
-		return binary.BigEndian.Uint32(v)
-	}
-	return 0
-}
-
-func u64Attr(b []byte, typ uint16) uint64 {
-	if v, ok := nfnl.Find(b, typ); ok && len(v) == 8 {
-		return binary.BigEndian.Uint64(v)
-	}
-	return 0
 }
 
 // exprForm is an expression as CHECK compares it: its name and its

@@ -57,7 +57,7 @@ func rewriteLookups(attrs []byte, name func(set string, id uint32) string) []byt
 					expr.Raw(xt, xv)
 					return
 				}
-				set := name(str(xv, unix.NFTA_LOOKUP_SET), u32(xv, unix.NFTA_LOOKUP_SET_ID))
+				set := name(str(xv, unix.NFTA_LOOKUP_SET), nfnl.FindU32(xv, unix.NFTA_LOOKUP_SET_ID))
 				expr.Raw(xt, replaceString(xv, unix.NFTA_LOOKUP_SET, set))
 			})
 			list.Raw(et, expr.Bytes())

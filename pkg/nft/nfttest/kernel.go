@@ -1,7 +1,6 @@
 package nfttest
 
 import (
-	"encoding/binary"
 	"slices"
 	"strings"
 	"sync"
@@ -137,14 +136,6 @@ func str(b []byte, typ uint16) string {
 	v, _ := nfnl.Find(b, typ)
 	s, _, _ := strings.Cut(string(v), "\x00")
 	return s
-}
-
-func u32(b []byte, typ uint16) uint32 {
-	v, ok := nfnl.Find(b, typ)
-	if !ok || len(v) < 4 {
-		return 0
-	}
-	return binary.BigEndian.Uint32(v)
 }
 
 func (t *table) chain(name string) (int, *chain) {

@@ -37,7 +37,7 @@ func (k *Kernel) Ruleset() string {
 			fmt.Fprintf(&b, "  chain %s", c.name)
 			if hk, ok := nfnl.Find(c.attrs, unix.NFTA_CHAIN_HOOK); ok {
 				fmt.Fprintf(&b, " type %s hook %d priority %d", str(c.attrs, unix.NFTA_CHAIN_TYPE),
-					u32(hk, unix.NFTA_HOOK_HOOKNUM), int32(u32(hk, unix.NFTA_HOOK_PRIORITY)))
+					nfnl.FindU32(hk, unix.NFTA_HOOK_HOOKNUM), int32(nfnl.FindU32(hk, unix.NFTA_HOOK_PRIORITY)))
 			}
 			b.WriteString("\n")
 			for _, r := range c.rules {
@@ -54,9 +54,9 @@ func (k *Kernel) Ruleset() string {
 			}
 		}
 		for _, s := range t.sets {
-			fmt.Fprintf(&b, "  set %s flags %#x key %d", s.name, s.flags, u32(s.attrs, unix.NFTA_SET_KEY_LEN))
+			fmt.Fprintf(&b, "  set %s flags %#x key %d", s.name, s.flags, nfnl.FindU32(s.attrs, unix.NFTA_SET_KEY_LEN))
 			if _, ok := nfnl.Find(s.attrs, unix.NFTA_SET_DATA_TYPE); ok {
-				fmt.Fprintf(&b, " data %#x", u32(s.attrs, unix.NFTA_SET_DATA_TYPE))
+				fmt.Fprintf(&b, " data %#x", nfnl.FindU32(s.attrs, unix.NFTA_SET_DATA_TYPE))
 			}
 			b.WriteString("\n")
 			for _, e := range s.elements {

@@ -94,10 +94,10 @@ func (tr *tracer) hook(h uint32) error {
 		}
 		for _, c := range t.chains {
 			hk, ok := nfnl.Find(c.attrs, unix.NFTA_CHAIN_HOOK)
-			if !ok || str(c.attrs, unix.NFTA_CHAIN_TYPE) != "nat" || u32(hk, unix.NFTA_HOOK_HOOKNUM) != h {
+			if !ok || str(c.attrs, unix.NFTA_CHAIN_TYPE) != "nat" || nfnl.FindU32(hk, unix.NFTA_HOOK_HOOKNUM) != h {
 				continue
 			}
-			bases = append(bases, base{int32(u32(hk, unix.NFTA_HOOK_PRIORITY)), t, key.name + " " + c.name, c})
+			bases = append(bases, base{int32(nfnl.FindU32(hk, unix.NFTA_HOOK_PRIORITY)), t, key.name + " " + c.name, c})
 		}
 	}
 	slices.SortFunc(bases, func(a, b base) int {
@@ -223,23 +223,23 @@ func (tr *tracer) expr(t *table, name string, d []byte) error {
 	switch name {
 	case "counter":
 	case "payload":
-		h := tr.header(u32(d, unix.NFTA_PAYLOAD_BASE))
-		off, n := int(u32(d, unix.NFTA_PAYLOAD_OFFSET)), int(u32(d, unix.NFTA_PAYLOAD_LEN))
+		h := tr.header(nfnl.FindU32(d, unix.NFTA_PAYLOAD_BASE))
+		off, n := int(nfnl.FindU32(d, unix.NFTA_PAYLOAD_OFFSET)), int(nfnl.FindU32(d, unix.NFTA_PAYLOAD_LEN))
 		if off+n > len(h) {
 			return fmt.Errorf("%d bytes at %d, beyond the header", n, off)
 		}
-		return tr.load(u32(d, unix.NFTA_PAYLOAD_DREG), h[off:off+n])
+		return tr.load(nfnl.FindU32(d, unix.NFTA_PAYLOAD_DREG), h[off:off+n])
 	case "meta":
-		return tr.meta(u32(d, unix.NFTA_META_KEY), d)
+		return tr.meta(nfnl.FindU32(d, unix.NFTA_META_KEY), d)
 	case "cmp":
 		want := nft.ValueOf(d, unix.NFTA_CMP_DATA)
-		got, err := tr.reg(u32(d, unix.NFTA_CMP_SREG), len(want))
+		got, err := tr.reg(nfnl.FindU32(d, unix.NFTA_CMP_SREG), len(want))
 		if err != nil {
 			return err
 		}
 		c := bytes.Compare(got, want)
 		var ok bool
-		switch u32(d, unix.NFTA_CMP_OP) {
+		switch nfnl.FindU32(d, unix.NFTA_CMP_OP) {
 		case unix.NFT_CMP_EQ:
 			ok = c == 0
 		case unix.NFT_CMP_NEQ:
@@ -258,7 +258,7 @@ func (tr *tracer) expr(t *table, name string, d []byte) error {
 		}
 	case "bitwise":
 		mask, xor := nft.ValueOf(d, unix.NFTA_BITWISE_MASK), nft.ValueOf(d, unix.NFTA_BITWISE_XOR)
-		src, err := tr.reg(u32(d, unix.NFTA_BITWISE_SREG), int(u32(d, unix.NFTA_BITWISE_LEN)))
+		src, err := tr.reg(nfnl.FindU32(d, unix.NFTA_BITWISE_SREG), int(nfnl.FindU32(d, unix.NFTA_BITWISE_LEN)))
 		if err != nil || len(mask) != len(src) || len(xor) != len(src) {
 			return fmt.Errorf("a mask and xor of %d bytes: %v", len(src), err)
 		}
@@ -266,25 +266,25 @@ func (tr *tracer) expr(t *table, name string, d []byte) error {
 		for i := range out {
 			out[i] = src[i]&mask[i] ^ xor[i]
 		}
-		return tr.load(u32(d, unix.NFTA_BITWISE_DREG), out)
+		return tr.load(nfnl.FindU32(d, unix.NFTA_BITWISE_DREG), out)
 	case "immediate":
 		data, _ := nfnl.Find(d, unix.NFTA_IMMEDIATE_DATA)
 		if vd, ok := nfnl.Find(data, unix.NFTA_DATA_VERDICT); ok {
 			tr.code, tr.to = nfnl.Verdict(vd)
 			return nil
 		}
-		return tr.load(u32(d, unix.NFTA_IMMEDIATE_DREG), nft.ValueOf(d, unix.NFTA_IMMEDIATE_DATA))
+		return tr.load(nfnl.FindU32(d, unix.NFTA_IMMEDIATE_DREG), nft.ValueOf(d, unix.NFTA_IMMEDIATE_DATA))
 	case "lookup":
 		return tr.lookup(t, d)
 	case "fib":
-		if u32(d, unix.NFTA_FIB_RESULT) != unix.NFT_FIB_RESULT_ADDRTYPE || u32(d, unix.NFTA_FIB_FLAGS) != unix.NFTA_FIB_F_DADDR {
-			return fmt.Errorf("result %d, flags %#x: only daddr type", u32(d, unix.NFTA_FIB_RESULT), u32(d, unix.NFTA_FIB_FLAGS))
+		if nfnl.FindU32(d, unix.NFTA_FIB_RESULT) != unix.NFT_FIB_RESULT_ADDRTYPE || nfnl.FindU32(d, unix.NFTA_FIB_FLAGS) != unix.NFTA_FIB_F_DADDR {
+			return fmt.Errorf("result %d, flags %#x: only daddr type", nfnl.FindU32(d, unix.NFTA_FIB_RESULT), nfnl.FindU32(d, unix.NFTA_FIB_FLAGS))
 		}
 		typ := uint32(unix.RTN_UNICAST)
 		if tr.local(tr.p.Dst) {
 			typ = unix.RTN_LOCAL
 		}
-		return tr.load(u32(d, unix.NFTA_FIB_DREG), binary.NativeEndian.AppendUint32(nil, typ))
+		return tr.load(nfnl.FindU32(d, unix.NFTA_FIB_DREG), binary.NativeEndian.AppendUint32(nil, typ))
 	case "nat":
 		return tr.nat(d)
 	case "masq":
@@ -299,7 +299,7 @@ func (tr *tracer) expr(t *table, name string, d []byte) error {
 // sets the mark.
 func (tr *tracer) meta(key uint32, d []byte) error {
 	if _, set := nfnl.Find(d, unix.NFTA_META_SREG); set {
-		v, err := tr.reg(u32(d, unix.NFTA_META_SREG), 4)
+		v, err := tr.reg(nfnl.FindU32(d, unix.NFTA_META_SREG), 4)
 		if err != nil || key != unix.NFT_META_MARK {
 			return fmt.Errorf("set of key %d: %v", key, err)
 		}
@@ -317,7 +317,7 @@ func (tr *tracer) meta(key uint32, d []byte) error {
 	default:
 		return fmt.Errorf("key %d", key)
 	}
-	return tr.load(u32(d, unix.NFTA_META_DREG), v)
+	return tr.load(nfnl.FindU32(d, unix.NFTA_META_DREG), v)
 }
 
 // lookup looks the source register up in a set, or a map that loads the
@@ -329,12 +329,12 @@ func (tr *tracer) lookup(t *table, d []byte) error {
 	if s == nil {
 		return fmt.Errorf("no set %s", name)
 	}
-	key, err := tr.reg(u32(d, unix.NFTA_LOOKUP_SREG), int(u32(s.attrs, unix.NFTA_SET_KEY_LEN)))
+	key, err := tr.reg(nfnl.FindU32(d, unix.NFTA_LOOKUP_SREG), int(nfnl.FindU32(s.attrs, unix.NFTA_SET_KEY_LEN)))
 	if err != nil {
 		return err
 	}
 	e := s.holding(key)
-	if (e == nil) != (u32(d, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV != 0) {
+	if (e == nil) != (nfnl.FindU32(d, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV != 0) {
 		tr.code = unix.NFT_BREAK
 		return nil
 	}
@@ -346,27 +346,27 @@ func (tr *tracer) lookup(t *table, d []byte) error {
 		return nil
 	}
 	v, _ := nfnl.Find(e.data, unix.NFTA_DATA_VALUE)
-	return tr.load(u32(d, unix.NFTA_LOOKUP_DREG), v)
+	return tr.load(nfnl.FindU32(d, unix.NFTA_LOOKUP_DREG), v)
 }
 
 // nat translates the destination to the address (and port) its
 // registers hold; a source translation fails.
 func (tr *tracer) nat(d []byte) error {
-	if u32(d, unix.NFTA_NAT_TYPE) != unix.NFT_NAT_DNAT {
-		return fmt.Errorf("type %d: only dnat", u32(d, unix.NFTA_NAT_TYPE))
+	if nfnl.FindU32(d, unix.NFTA_NAT_TYPE) != unix.NFT_NAT_DNAT {
+		return fmt.Errorf("type %d: only dnat", nfnl.FindU32(d, unix.NFTA_NAT_TYPE))
 	}
 	n := 4
-	if u32(d, unix.NFTA_NAT_FAMILY) == unix.NFPROTO_IPV6 {
+	if nfnl.FindU32(d, unix.NFTA_NAT_FAMILY) == unix.NFPROTO_IPV6 {
 		n = 16
 	}
-	a, err := tr.reg(u32(d, unix.NFTA_NAT_REG_ADDR_MIN), n)
+	a, err := tr.reg(nfnl.FindU32(d, unix.NFTA_NAT_REG_ADDR_MIN), n)
 	if err != nil {
 		return err
 	}
 	addr, _ := netip.AddrFromSlice(a)
 	port := tr.p.Dport
 	if _, ok := nfnl.Find(d, unix.NFTA_NAT_REG_PROTO_MIN); ok {
-		v, err := tr.reg(u32(d, unix.NFTA_NAT_REG_PROTO_MIN), 2)
+		v, err := tr.reg(nfnl.FindU32(d, unix.NFTA_NAT_REG_PROTO_MIN), 2)
 		if err != nil {
 			return err
 		}

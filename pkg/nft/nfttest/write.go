@@ -55,7 +55,7 @@ func (b *batch) apply(m nfnl.Msg) unix.Errno {
 			return unix.ENOENT
 		}
 		name := str(m.Attrs, unix.NFTA_SET_ELEM_LIST_SET)
-		if id := u32(m.Attrs, unix.NFTA_SET_ELEM_LIST_SET_ID); id != 0 && b.ids[id] != "" {
+		if id := nfnl.FindU32(m.Attrs, unix.NFTA_SET_ELEM_LIST_SET_ID); id != 0 && b.ids[id] != "" {
 			name = b.ids[id]
 		}
 		_, s := t.set(name)
@@ -183,7 +183,7 @@ func (b *batch) newSet(t *table, attrs []byte, excl bool) unix.Errno {
 	if t == nil {
 		return unix.ENOENT
 	}
-	name, flags := str(attrs, unix.NFTA_SET_NAME), u32(attrs, unix.NFTA_SET_FLAGS)
+	name, flags := str(attrs, unix.NFTA_SET_NAME), nfnl.FindU32(attrs, unix.NFTA_SET_FLAGS)
 	if flags&unix.NFT_SET_ANONYMOUS != 0 {
 		// the kernel names it from the template (__set%d, __map%d) with
 		// the lowest number no set of the table has
@@ -196,7 +196,7 @@ func (b *batch) newSet(t *table, attrs []byte, excl bool) unix.Errno {
 	} else if _, s := t.set(name); s != nil {
 		return errIf(excl, unix.EEXIST)
 	}
-	s := &set{name: name, attrs: replaceString(attrs, unix.NFTA_SET_NAME, name), flags: flags, id: u32(attrs, unix.NFTA_SET_ID)}
+	s := &set{name: name, attrs: replaceString(attrs, unix.NFTA_SET_NAME, name), flags: flags, id: nfnl.FindU32(attrs, unix.NFTA_SET_ID)}
 	if s.id != 0 {
 		b.ids[s.id] = name
 	}
