@@ -3,8 +3,9 @@ package iptables
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -238,7 +239,7 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 	}
 	l := parseAccept(lines)
 	pl := filterPayload()
-	for _, chain := range sortedChains(l.chains) {
+	for _, chain := range slices.Sorted(maps.Keys(l.chains)) {
 		o, ok := l.owners[chain]
 		if !ok || o[0] != network || ids[o[1]] || chain != AcceptChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
 			continue
@@ -252,15 +253,6 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 		return fmt.Errorf("forwardAccept gc: %w", err)
 	}
 	return nil
-}
-
-func sortedChains(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // Sync brings the forwardAccept rules to the wanted plans (those with
@@ -310,7 +302,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 	if len(want) > 0 && !l.shared {
 		v.Shared = append(v.Shared, "forwardAccept: chain "+forwardChain+" or the jump to it from FORWARD missing")
 	}
-	for _, chain := range sortedChains(l.chains) {
+	for _, chain := range slices.Sorted(maps.Keys(l.chains)) {
 		if !wanted[chain] {
 			ow := l.owners[chain] // zero: no entry rule names the owner
 			v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: ow[0], ContainerID: ow[1],

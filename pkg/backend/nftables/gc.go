@@ -3,6 +3,8 @@ package nftables
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -54,7 +56,7 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 // removeChains deletes the chains of set and the elements that point at
 // them, in name order.
 func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
-	for _, id := range sortedIDs(s.Holders) {
+	for _, id := range slices.Sorted(maps.Keys(s.Holders)) {
 		if set[s.Holders[id]] {
 			if k, ok := keyFromID(id); ok {
 				tx.Delete(elemObj{key: k})
@@ -66,7 +68,7 @@ func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
 			tx.Delete(hairpinObj{h})
 		}
 	}
-	for _, name := range sortedChains(s) {
+	for _, name := range slices.Sorted(maps.Keys(s.Chains)) {
 		if set[name] {
 			dropRecord(tx, name, s.Chains[name])
 			tx.Flush(&nft.Chain{Name: name})

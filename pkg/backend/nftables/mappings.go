@@ -2,6 +2,8 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -26,12 +28,12 @@ func forwardsOf(s *State) []plan.Installed {
 	}
 	var fs []plan.Installed
 	flat := map[string][]Key{} // by chain: its flat keys
-	for _, id := range sortedIDs(s.Targets) {
+	for _, id := range slices.Sorted(maps.Keys(s.Targets)) {
 		if k, ok := keyFromID(id); ok {
 			flat[s.Holders[id]] = append(flat[s.Holders[id]], k)
 		}
 	}
-	for _, name := range sortedChains(s) {
+	for _, name := range slices.Sorted(maps.Keys(s.Chains)) {
 		c := s.Chains[name]
 		if !strings.HasPrefix(name, "dn-") {
 			continue

@@ -2,6 +2,8 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -51,7 +53,7 @@ func (m *Memory) Dump() string {
 				continue
 			}
 			fmt.Fprintf(&b, "table %s %s\n", nftFamily(f), table)
-			for _, n := range sortedStrings(st.Chains) {
+			for _, n := range slices.Sorted(maps.Keys(st.Chains)) {
 				c := st.Chains[n]
 				fmt.Fprintf(&b, "  chain %s %q", n, c.Comment)
 				if c.Owned {
@@ -66,10 +68,10 @@ func (m *Memory) Dump() string {
 					fmt.Fprintf(&b, "    %+v\n", r)
 				}
 			}
-			for _, n := range sortedStrings(st.Maps) {
+			for _, n := range slices.Sorted(maps.Keys(st.Maps)) {
 				fmt.Fprintf(&b, "  set %s\n", n)
 			}
-			for _, id := range sortedStrings(st.Holders) {
+			for _, id := range slices.Sorted(maps.Keys(st.Holders)) {
 				fmt.Fprintf(&b, "  element %s : %s %s %v\n", id, st.Holders[id], st.Targets[id], st.Srcs[id])
 			}
 			hps := make([]string, 0, len(st.Hairpins))

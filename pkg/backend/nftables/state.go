@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"regexp"
-	"sort"
 	"strings"
 	"sync"
 
@@ -96,15 +95,6 @@ func (c *ChainState) owner() (network, id string, ok bool) {
 		return "", "", false
 	}
 	return m[1], m[2], true
-}
-
-func sortedChains(s *State) []string {
-	out := make([]string, 0, len(s.Chains))
-	for k := range s.Chains {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // Kernel reads and writes nf_tables.

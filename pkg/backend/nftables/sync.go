@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -79,7 +80,7 @@ func (s *syncState) decide() converge.Verdict[orphan] {
 		wanted[ChainName(p.Owner)] = true
 		wantedIDs[p.Owner.ContainerID] = true
 	}
-	for _, name := range sortedChains(s.st) {
+	for _, name := range slices.Sorted(maps.Keys(s.st.Chains)) {
 		if strings.HasPrefix(name, "dn-") && !wanted[name] {
 			network, id, _ := s.st.Chains[name].owner()
 			v.Candidates = append(v.Candidates, converge.Candidate[orphan]{Network: network, ContainerID: id,
@@ -87,7 +88,7 @@ func (s *syncState) decide() converge.Verdict[orphan] {
 		}
 	}
 	upRules := upstreamRules(s.up)
-	for _, id := range sortedStrings(upRules) {
+	for _, id := range slices.Sorted(maps.Keys(upRules)) {
 		if !wantedIDs[id] { // upstream's rules name the container only
 			v.Candidates = append(v.Candidates, converge.Candidate[orphan]{ContainerID: id,
 				Object: fmt.Sprintf("%d rules in table %s", upRules[id], upstreamTable), Handle: orphan{upstreamID: id}})
@@ -117,7 +118,7 @@ func (s *syncState) skeleton() []string {
 			}
 		}
 	}
-	for _, k := range sortedStrings(s.kinds) {
+	for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
 		skel := skeletonRules(s.kinds[k], s.flatLengths)
 		for _, c := range skeletonOrder(skel) {
 			cs, ok := s.st.Chains[c]
@@ -179,7 +180,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) || (flatRepair && !s.flatSkeleton(need)) {
 		// the lengths the node has, and those of every wanted plan
 		lengths := lengthsOf(s.st.Chains[DispatchChain], s.want...)
-		for _, k := range sortedStrings(s.kinds) {
+		for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
 			addSkeleton(tx, s.kinds[k], lengths)
 		}
 	}
@@ -193,7 +194,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	}
 	writeElements(tx, s.st, desired)
 	s.writeHairpins(tx, desired, wantHP)
-	for _, name := range sortedChains(s.st) {
+	for _, name := range slices.Sorted(maps.Keys(s.st.Chains)) {
 		if orphanChains[name] {
 			dropRecord(tx, name, s.st.Chains[name])
 			tx.Flush(&nft.Chain{Name: name})
@@ -290,5 +291,3 @@ func contains(list []string, prefix string) bool {
 	}
 	return false
 }
-
-func sortedIDs(m map[string]string) []string { return sortedStrings(m) }

@@ -5,8 +5,8 @@ package nftables
 // writes that make the maps hold them, and the hairpin elements beside.
 
 import (
+	"maps"
 	"slices"
-	"sort"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -77,7 +77,7 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 // the transaction leaves.
 func writeElements(tx *nft.Tx, st *State, desired map[string]Element) {
 	for _, deleting := range []bool{true, false} {
-		for _, id := range sortedStrings(desired) {
+		for _, id := range slices.Sorted(maps.Keys(desired)) {
 			want := desired[id]
 			cur := st.Holders[id]
 			if cur == want.Chain && st.Targets[id] == want.To && slices.Equal(st.Srcs[id], want.Srcs) {
@@ -110,7 +110,7 @@ func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP
 		}
 	}
 	kept := map[string]bool{}
-	for _, id := range sortedStrings(s.hairpins) {
+	for _, id := range slices.Sorted(maps.Keys(s.hairpins)) {
 		h := s.hairpins[id]
 		_, rewritten := wantHP[h.Chain]
 		if holder(h.Key) == h.Chain && (!rewritten || wanted[id] == h.Chain) {
@@ -119,7 +119,7 @@ func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP
 		}
 		tx.Delete(hairpinObj{h})
 	}
-	for _, chain := range sortedStrings(wantHP) {
+	for _, chain := range slices.Sorted(maps.Keys(wantHP)) {
 		for _, h := range wantHP[chain] {
 			if !kept[h.ID()] {
 				tx.Add(hairpinObj{h})
@@ -193,20 +193,11 @@ func cutIntervals(st *State, all []Element, desired map[string]Element) {
 // elementsOfState lists the elements of a table read whole.
 func elementsOfState(st *State) []Element {
 	out := make([]Element, 0, len(st.Holders))
-	for _, id := range sortedStrings(st.Holders) {
+	for _, id := range slices.Sorted(maps.Keys(st.Holders)) {
 		if k, ok := keyFromID(id); ok {
 			out = append(out, Element{Key: k, Chain: st.Holders[id], To: st.Targets[id], Srcs: st.Srcs[id]})
 		}
 	}
-	return out
-}
-
-func sortedStrings[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }
 

@@ -5,6 +5,8 @@ package nftables
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -53,7 +55,7 @@ func upstreamTx(f plan.Family, up *State, ids map[string]bool) *nft.Tx {
 	if up == nil {
 		return tx
 	}
-	for _, name := range sortedChains(up) {
+	for _, name := range slices.Sorted(maps.Keys(up.Chains)) {
 		for _, r := range up.Chains[name].Rules {
 			if ids[r.Comment] {
 				tx.Delete(&nft.Rule{Chain: name, Handle: r.Handle})
