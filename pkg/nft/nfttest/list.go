@@ -1,7 +1,6 @@
 package nfttest
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -28,13 +27,8 @@ import (
 func (k *Kernel) List() (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	keys := make([]tableKey, 0, len(k.tables))
-	for key := range k.tables {
-		keys = append(keys, key)
-	}
-	slices.SortFunc(keys, func(a, b tableKey) int { return cmp.Or(cmp.Compare(a.family, b.family), cmp.Compare(a.name, b.name)) })
 	var b strings.Builder
-	for _, key := range keys {
+	for _, key := range k.sortedTables() {
 		t := k.tables[key]
 		fmt.Fprintf(&b, "table %s %s {\n", familyName(key.family), key.name)
 		if ud, ok := nfnl.Find(t.attrs, tableUserdata); ok && nft.CommentOf(ud) != "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -24,13 +25,8 @@ import (
 func (k *Kernel) Ruleset() string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	keys := make([]tableKey, 0, len(k.tables))
-	for key := range k.tables {
-		keys = append(keys, key)
-	}
-	slices.SortFunc(keys, func(a, b tableKey) int { return cmp.Or(cmp.Compare(a.family, b.family), cmp.Compare(a.name, b.name)) })
 	var b strings.Builder
-	for _, key := range keys {
+	for _, key := range k.sortedTables() {
 		t := k.tables[key]
 		fmt.Fprintf(&b, "table %s %s\n", familyName(key.family), key.name)
 		for _, c := range t.chains {
@@ -76,6 +72,13 @@ func (k *Kernel) Ruleset() string {
 		}
 	}
 	return b.String()
+}
+
+// sortedTables are the tables' keys by family, then name.
+func (k *Kernel) sortedTables() []tableKey {
+	keys := slices.Collect(maps.Keys(k.tables))
+	slices.SortFunc(keys, func(a, b tableKey) int { return cmp.Or(cmp.Compare(a.family, b.family), cmp.Compare(a.name, b.name)) })
+	return keys
 }
 
 // attrsText spells an expression's attributes as "type=value": a name
