@@ -13,6 +13,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
@@ -122,7 +123,7 @@ func (k *execKernel) Writable() error {
 	if err != nil {
 		return err
 	}
-	return c.Writable(nfproto(k.family))
+	return c.Writable(nft.Family(k.family).Proto())
 }
 
 // nftTool reports whether the restore tool at path is iptables-nft's, by

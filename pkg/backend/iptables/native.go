@@ -153,7 +153,7 @@ func ruleMsg(f plan.Family, r xt.Rule, chains map[string]bool) (nfnl.Msg, error)
 	if r.Insert {
 		flags = unix.NLM_F_CREATE // no position: the kernel puts it first
 	}
-	return nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWRULE), Flags: flags, Family: nfproto(f), Attrs: a.Bytes()}, nil
+	return nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWRULE), Flags: flags, Family: nft.Family(f).Proto(), Attrs: a.Bytes()}, nil
 }
 
 // addChainMsgs is ADD's fast path as one nf_tables transaction: flush
@@ -169,11 +169,11 @@ func addChainMsgs(f plan.Family, witness, chain string, rules, entries []xt.Rule
 	if witness != "" {
 		var flush nfnl.Attrs
 		flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, witness)
-		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: nfproto(f), Attrs: flush.Bytes()})
+		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: nft.Family(f).Proto(), Attrs: flush.Bytes()})
 	}
 	var c nfnl.Attrs
 	c.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
-	msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWCHAIN), Flags: unix.NLM_F_CREATE | unix.NLM_F_EXCL, Family: nfproto(f), Attrs: c.Bytes()})
+	msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWCHAIN), Flags: unix.NLM_F_CREATE | unix.NLM_F_EXCL, Family: nft.Family(f).Proto(), Attrs: c.Bytes()})
 	// the entries each go to the top: in reverse, so they keep their
 	// order (fillChain)
 	all := append([]xt.Rule(nil), rules...)
@@ -215,6 +215,3 @@ func NativeExprs(chain string, args, jumps []string) ([]byte, error) {
 	}
 	return nil, err
 }
-
-// nfproto is f's nf_tables family.
-func nfproto(f plan.Family) uint8 { return nft.Family(f).Proto() }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
@@ -44,7 +45,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 	for _, name := range names {
 		var get nfnl.Attrs
 		get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, name)
-		reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nfproto(f), Attrs: get.Bytes()})
+		reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: get.Bytes()})
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
@@ -57,7 +58,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 			out[name] = xt.ChainSummary{}
 			continue
 		}
-		rules, err := dumpRules(c, nfproto(f), table, name)
+		rules, err := dumpRules(c, nft.Family(f).Proto(), table, name)
 		if err != nil {
 			return nil, err
 		}
@@ -97,7 +98,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 //
 // read is how many of parent's rules were read.
 func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read int, err error) {
-	fam := nfproto(f)
+	fam := nft.Family(f).Proto()
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
 	reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})

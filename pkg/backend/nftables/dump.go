@@ -15,7 +15,7 @@ import (
 func dumpSet(c nft.Conn, f plan.Family, table, name string) ([]nfnl.Reply, error) {
 	var el nfnl.Attrs
 	el.String(unix.NFTA_SET_ELEM_LIST_TABLE, table).String(unix.NFTA_SET_ELEM_LIST_SET, name)
-	return c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: el.Bytes()})
+	return c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: el.Bytes()})
 }
 
 // dumpElements lists the elements of one map of the family's cni_portmap

@@ -45,7 +45,7 @@ func (k *netlinkKernel) Writable(f plan.Family) error {
 	if err != nil {
 		return err
 	}
-	return c.Writable(uint8(nfproto(f)))
+	return c.Writable(nft.Family(f).Proto())
 }
 
 func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
@@ -68,13 +68,13 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	}
 	var get nfnl.Attrs
 	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
-	reqs := []nfnl.Msg{{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: get.Bytes()}}
+	reqs := []nfnl.Msg{{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: get.Bytes()}}
 	owner := ownerKey(chain)
 	if table == Table && owner != nil {
 		// in the same round trip: whether the owners map holds it
 		var a nfnl.Attrs
 		ownerObj{chain}.element().Attrs(&a, table, false)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
 	}
 	replies, errs, err := c.Get(reqs)
 	if err == nil {
@@ -96,7 +96,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 	}
 	var dump nfnl.Attrs
 	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
-	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: uint8(nfproto(f)), Attrs: dump.Bytes()})
+	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: nft.Family(f).Proto(), Attrs: dump.Bytes()})
 	if err != nil {
 		return nil, &nft.Error{Op: "list rules of chain " + chain, Err: err}
 	}
@@ -184,18 +184,18 @@ func getElements(c nft.Conn, f plan.Family, chains, sets []string, keys []Key) (
 	for _, name := range chains {
 		var a nfnl.Attrs
 		a.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, name)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
 	}
 	for _, name := range sets {
 		var a nfnl.Attrs
 		a.String(unix.NFTA_SET_TABLE, Table).String(unix.NFTA_SET_NAME, name)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSET), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSET), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
 	}
 	chains = append(chains[:len(chains):len(chains)], sets...)
 	for _, key := range keys {
 		var a nfnl.Attrs
 		elemObj{key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()})
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
 	}
 	if len(reqs) == 0 {
 		return nil, nil, nil
@@ -243,7 +243,7 @@ func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, er
 	for i, h := range points {
 		var a nfnl.Attrs
 		hairpinObj{h}.element(nft.Family(f)).Attrs(&a, Table, false)
-		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: uint8(nfproto(f)), Attrs: a.Bytes()}
+		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()}
 	}
 	replies, errs, err := c.Get(reqs)
 	if err != nil {
@@ -267,7 +267,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	fam := uint8(nfproto(f))
+	fam := nft.Family(f).Proto()
 	var get nfnl.Attrs
 	get.String(unix.NFTA_TABLE_NAME, table)
 	_, err = c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETTABLE), Family: fam, Attrs: get.Bytes()})

@@ -123,9 +123,6 @@ func (k Key) appendBytes(b []byte) []byte {
 // protoNum is the protocol's IP protocol number.
 func protoNum(p plan.Protocol) byte { return nft.ProtoNum(string(p)) }
 
-// nfproto is the family's netlink message family.
-func nfproto(f plan.Family) uint8 { return nft.Family(f).Proto() }
-
 // flatComment is a flat element's comment: its chain, then its sources.
 func flatComment(chain string, srcs []string) string {
 	return strings.Join(append([]string{chain}, srcs...), " ")
