@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	kjson "sigs.k8s.io/json"
@@ -48,6 +49,21 @@ func Decode(data []byte) (*appsv1.DaemonSet, error) {
 		return nil, errors.Join(strict...)
 	}
 	return &ds, nil
+}
+
+// RuntimeDefaults are the capabilities containerd and CRI-O give a
+// container by default; a pod's securityContext adds to them.
+var RuntimeDefaults = []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+	"NET_BIND_SERVICE", "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+// AgentContainerCapabilities are the capabilities the agent's container
+// runs with: the runtime's defaults and what the manifest adds, sorted.
+func AgentContainerCapabilities() ([]string, error) {
+	added, err := AgentCapabilities()
+	if err != nil {
+		return nil, err
+	}
+	return slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(RuntimeDefaults), added...)))), nil
 }
 
 // AgentCapabilities are the capabilities the manifest adds to the agent's

@@ -16,11 +16,6 @@ import (
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
-// runtimeDefaults are the capabilities containerd and CRI-O give a
-// container by default; a pod's securityContext adds to them.
-var runtimeDefaults = []string{"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-	"NET_BIND_SERVICE", "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-
 // linkPrograms are the IDs of the programs the site's links run, by hook.
 func linkPrograms(t *testing.T, pinDir string) map[string]ebpf.ProgramID {
 	t.Helper()
@@ -58,11 +53,10 @@ func TestSocketPathCapabilities(t *testing.T) {
 	if !nfnl.ReleaseAtLeast(nfnl.Release(), 5, 14) {
 		t.Skipf("Linux %s: the socket path needs 5.14 and is refused here", nfnl.Release())
 	}
-	added, err := deploy.AgentCapabilities()
+	daemonSet, err := deploy.AgentContainerCapabilities()
 	if err != nil {
 		t.Fatal(err)
 	}
-	daemonSet := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(runtimeDefaults), added...))))
 	t.Logf("the DaemonSet's capabilities: %s", strings.Join(daemonSet, " "))
 	withoutBPF := slices.DeleteFunc(slices.Clone(daemonSet), func(c string) bool { return c == "BPF" })
 

@@ -1,37 +1,94 @@
 package socket
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// cgroup2Root is the mount point of the host's cgroup v2 hierarchy that
-// this process can reach (a mount hidden under a later one is not), or
-// "" when none is mounted.
+// cgroup2Root is the mount point of the root of the cgroup v2 hierarchy
+// as the node sees it that this process can reach (a mount hidden under
+// a later one is not), or "" when none is mounted.
 func cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return "", fmt.Errorf("find the cgroup v2 hierarchy: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options ... - fstype source super
-		fields := strings.Fields(sc.Text())
-		for i, x := range fields {
-			if x == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" && len(fields) > 4 && fields[3] == "/" {
-				if t, err := fsType(fields[4]); err == nil && t == cgroup2Magic {
-					return fields[4], nil
-				}
-			}
+	for _, at := range cgroup2Roots(string(b)) {
+		if t, err := fsType(at); err == nil && t == cgroup2Magic {
+			return at, nil
 		}
 	}
-	return "", sc.Err()
+	return "", nil
+}
+
+// cgroup2Roots are the mount points of the cgroup v2 mounts in
+// mountinfo that show the hierarchy at the cgroup namespace's root or
+// above it, highest first. Mountinfo shows a cgroup mount's root
+// relative to the reader's cgroup namespace: "/" where the mount's root
+// is the namespace's, "/.." per level above it, a path below it. On the
+// node that is the hierarchy's root, "/"; in a pod with a cgroup
+// namespace of its own (every runtime on a unified hierarchy gives it
+// one), the node's mount, reached through the host's / (--root), shows
+// as "/../../.." and the pod's own mount as "/": the highest is the
+// node's. A mount of a subtree (a path with a name) is not the root.
+func cgroup2Roots(mountinfo string) []string {
+	type mount struct {
+		at     string
+		levels int
+	}
+	var found []mount
+	for _, line := range strings.Split(mountinfo, "\n") {
+		// id parent major:minor root mountpoint options ... - fstype source super
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "cgroup2" {
+			continue
+		}
+		root := f[3]
+		levels := 0
+		for rest := root; rest != "/" && rest != ""; levels++ {
+			var ok bool
+			if rest, ok = strings.CutPrefix(rest, "/.."); !ok {
+				levels = -1
+				break
+			}
+		}
+		if levels >= 0 {
+			found = append(found, mount{unescape(f[4]), levels})
+		}
+	}
+	slices.SortStableFunc(found, func(a, b mount) int { return b.levels - a.levels })
+	out := make([]string, len(found))
+	for i, m := range found {
+		out[i] = m.at
+	}
+	return out
+}
+
+// unescape undoes mountinfo's octal escapes of space, tab, newline and
+// backslash in a path.
+func unescape(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // PrivateCgroup2 is where the cgroup v2 hierarchy is mounted for the
