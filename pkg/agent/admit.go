@@ -131,6 +131,17 @@ func (ad *admission) hold(network, containerID string) string {
 	return ""
 }
 
+// dead reports whether the ledger names the owner (network "" for any)
+// gone: an ADD of it is on record and that namespace is gone.
+func (ad *admission) dead(network, containerID string) bool {
+	for _, r := range ad.byID[containerID] {
+		if r.Verb == ledger.Add && (network == "" || r.Network == network) && ad.gone(r.NetNS) {
+			return true
+		}
+	}
+	return false
+}
+
 // stale are the records a pass forgets: a Del record of an owner the
 // runtime no longer caches, and an Add record of one it does not cache
 // whose namespace is gone.

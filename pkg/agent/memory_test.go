@@ -31,6 +31,8 @@ type pass struct {
 	ledger *ledger.Dir
 	live   map[string]bool
 	cache  func(id string, port int)
+	// cacheIn caches a pod of network in the cache directory dir.
+	cacheIn func(dir, network, id string, port int)
 }
 
 // TestPruneOverMemory: a pruning pass on each real backend over its
@@ -41,8 +43,12 @@ type pass struct {
 // holds no entry, when the ledger holds a file that is not a record,
 // when c2's record is a newer release's (cached or not), when its ADD is
 // on record and its namespace lives, and when its DEL is on record
-// while its cache entry is still there. They go once nothing but the
-// cache speaks for c2, or its ADD's namespace is gone.
+// while its cache entry is still there; and when the cache cannot name
+// c2 gone: a results directory without entries, one with another
+// network's only, c2's entry cut short, or one whose configuration ADD
+// refuses. They go once nothing but the cache speaks for c2 (its
+// network's entries, or its container's on another network), or its
+// ADD's namespace is gone.
 func TestPruneOverMemory(t *testing.T) {
 	c2 := plan.Owner{Network: "net1", ContainerID: "c2", IfName: "eth0"}
 	both := []string{"c1 8080", "c2 9090"}
@@ -101,6 +107,48 @@ func TestPruneOverMemory(t *testing.T) {
 		{"no record", func(t *testing.T, dir string, _ pass) string {
 			return dir
 		}, []string{"c1 8080"}, nil, []string{"net1 c2 -: pruned: "}, ""},
+		{"a results directory without entries", func(t *testing.T, _ string, _ pass) string {
+			empty := t.TempDir()
+			if err := os.Mkdir(filepath.Join(empty, "results"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return empty
+		}, both, nil, []string{"net1 c2 -: kept: ", `holds no entry of network "net1"`, "net1 c1 -: kept: "}, ""},
+		{"another network's entries only", func(t *testing.T, _ string, p pass) string {
+			other := t.TempDir()
+			p.cacheIn(other, "net2", "c7", 7070)
+			return other
+		}, []string{"c1 8080", "c2 9090", "c7 7070"}, nil, []string{"net1 c2 -: kept: ", `holds no entry of network "net1"`}, ""},
+		{"its cache entry cut short", func(t *testing.T, dir string, p pass) string {
+			p.cache("c2", 9090)
+			f := filepath.Join(dir, "results", "net1-c2-eth0")
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, b[:len(b)/2], 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, both, nil, []string{"net1 c2 -: kept: ", "its cache entry net1-c2-eth0 may be the one that cannot be used (not a cache entry: "}, ""},
+		{"no entry of its network, its ADD on record and its namespace gone", func(t *testing.T, _ string, p pass) string {
+			record(t, p, ledger.Add)
+			delete(p.live, "/run/netns/c2")
+			empty := t.TempDir()
+			if err := os.Mkdir(filepath.Join(empty, "results"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return empty
+		}, []string{"c1 8080"}, nil, []string{"net1 c2 -: pruned: ", "net1 c1 -: kept: "}, ""},
+		{"no entry of its network, its container cached on another", func(t *testing.T, _ string, p pass) string {
+			other := t.TempDir()
+			p.cacheIn(other, "net2", "c2", 7070)
+			return other
+		}, []string{"c1 8080", "c2 7070"}, nil, []string{"net1 c2 -: pruned: ", "net1 c1 -: kept: "}, ""},
+		{"its cache entry with a configuration ADD refuses", func(t *testing.T, dir string, p pass) string {
+			p.cache("c2", 70000)
+			return dir
+		}, both, nil, []string{"net1 c2 -: kept: ", "its cache entry net1-c2-eth0 may be the one that cannot be used (invalid portmap configuration: "}, ""},
 	} {
 		for _, be := range []backend.Name{backend.NFTables, backend.IPTables} {
 			t.Run(string(be)+"/"+tc.name, func(t *testing.T) {
@@ -110,11 +158,11 @@ func TestPruneOverMemory(t *testing.T) {
 				h.Ledger = p.ledger
 				a := &Agent{Host: h, Gone: func(ns string) bool { return !p.live[ns] }}
 				dir := t.TempDir()
-				p.cache = func(id string, port int) {
+				p.cacheIn = func(dir, network, id string, port int) {
 					ns := "/run/netns/" + id
 					p.live[ns] = true
-					err := cnicache.Write(dir, cnicache.Entry{Network: "net1", ContainerID: id, IfName: "eth0", NetNS: ns,
-						Conflist: []byte(`{"cniVersion":"1.0.0","name":"net1","plugins":[{"type":"ptp"},
+					err := cnicache.Write(dir, cnicache.Entry{Network: network, ContainerID: id, IfName: "eth0", NetNS: ns,
+						Conflist: []byte(`{"cniVersion":"1.0.0","name":"` + network + `","plugins":[{"type":"ptp"},
 						  {"type":"portmap","backend":"` + string(be) + `","capabilities":{"portMappings":true}}]}`),
 						CapabilityArgs: map[string]any{"portMappings": []any{map[string]any{"hostPort": port, "containerPort": 80}}},
 						Result: map[string]any{"cniVersion": "1.0.0",
@@ -124,6 +172,7 @@ func TestPruneOverMemory(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				p.cache = func(id string, port int) { p.cacheIn(dir, "net1", id, port) }
 				p.cache("c1", 8080)
 				p.cache("c2", 9090)
 				if _, err := a.Sync(Options{CacheDir: dir}); err != nil {

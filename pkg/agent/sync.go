@@ -97,6 +97,7 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	ev := evidenceOf(o.CacheDir, atts, rep.Skipped)
 	copts := converge.Options{InScope: inScope, Prune: o.Prune, DryRun: o.DryRun}
 	if o.Prune {
 		if why := noEvidence(o.CacheDir); why != "" {
@@ -125,6 +126,9 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	}
 	ws = ad.admit(ws, rep)
 	copts.Keep = func(network, id string) converge.Keep {
+		if id == "" {
+			return converge.Keep{By: converge.NoEvidence, Why: ev.missing(network, id)}
+		}
 		if o.protect != nil && o.protect(network, id) {
 			return converge.Keep{By: converge.ByLastPass, Why: "no pass before this one saw it orphaned"}
 		}
@@ -135,6 +139,9 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		}
 		if why := ad.hold(network, id); why != "" {
 			return converge.Keep{By: converge.ByLedger, Why: why}
+		}
+		if why := ev.missing(network, id); why != "" && !ad.dead(network, id) {
+			return converge.Keep{By: converge.NoEvidence, Why: why}
 		}
 		return converge.Keep{}
 	}

@@ -18,8 +18,8 @@ type Options struct {
 	// name only the container).
 	InScope func(network string) bool
 	// Keep says why the objects of an owner no wanted plan owns stay
-	// (network "" for any), and which clock said so; the zero Keep: they
-	// are an orphan.
+	// (network "" for any; containerID "" where the objects name no
+	// owner), and which clock said so; the zero Keep: they are an orphan.
 	Keep func(network, containerID string) Keep
 	// Prune removes orphans; without it they are only reported.
 	Prune bool
@@ -29,10 +29,12 @@ type Options struct {
 
 // Keep is why an owner's objects that look orphaned stay, and the clock
 // that answered: its cache entry appeared while the pass ran (ByCache),
-// its ADD or DEL is on record (ByLedger), or no pass before this one saw
-// it orphaned (ByLastPass: the watcher prunes what two passes saw). Only
-// the ledger's are reported (Report.Kept): the others are no orphans
-// yet.
+// its ADD or DEL is on record (ByLedger), nothing the pass read can name
+// it gone (NoEvidence: a cache that holds no entry of its network, an
+// entry of its that cannot be read, objects that name no owner), or no
+// pass before this one saw it orphaned (ByLastPass: the watcher prunes
+// what two passes saw). The ledger's and the evidence's are reported
+// (Report.Kept): the others are no orphans yet.
 type Keep struct {
 	By  Clock
 	Why string
@@ -44,6 +46,7 @@ type Clock string
 const (
 	ByCache    Clock = "cache"
 	ByLedger   Clock = "ledger"
+	NoEvidence Clock = "evidence"
 	ByLastPass Clock = "last pass"
 )
 
@@ -80,8 +83,9 @@ type Orphan struct {
 type Report struct {
 	Results []Result
 	Orphans []Orphan
-	// Kept are owners' objects no wanted plan owns that the ledger kept
-	// (Options.Keep, ByLedger); Err says why.
+	// Kept are owners' objects no wanted plan owns that the ledger or
+	// the want of evidence kept (Options.Keep, ByLedger, NoEvidence); Err
+	// says why.
 	Kept []Orphan
 	// Shared names shared objects (base chains, jumps, maps) the pass
 	// found missing or wrong; they were repaired unless DryRun.
@@ -108,11 +112,11 @@ func (r *Report) AddOrphan(o Options, network, containerID, object string) bool 
 	if o.InScope != nil && !o.InScope(network) {
 		return false
 	}
-	if o.Keep != nil && containerID != "" {
+	if o.Keep != nil {
 		switch k := o.Keep(network, containerID); k.By {
 		case "":
-		case ByLedger:
-			r.Kept = append(r.Kept, Orphan{Network: orUnknown(network), ContainerID: containerID, Object: object, Err: k.Why})
+		case ByLedger, NoEvidence:
+			r.Kept = append(r.Kept, Orphan{Network: orUnknown(network), ContainerID: orUnknown(containerID), Object: object, Err: k.Why})
 			return false
 		default:
 			return false

@@ -45,13 +45,17 @@ func TestRun(t *testing.T) {
 		{name: "orphans without prune: reported, not written", st: state{owners: [][2]string{{"n", "c"}}}, orphans: "n/c"},
 		{name: "orphans pruned", st: state{owners: [][2]string{{"n", "c"}, {"", "d"}}}, o: Options{Prune: true}, wrote: true,
 			asked: "shared=false broken=[] prune=[n/c /d]", orphans: "n/c pruned,?/d pruned", pass: true},
-		{name: "the orphan rule: out of scope, kept by each clock", st: state{owners: [][2]string{{"other", "a"}, {"n", "fresh"}, {"n", "once"}, {"n", "held"}, {"n", "c"}}},
+		{name: "the orphan rule: out of scope, kept by each clock", st: state{owners: [][2]string{{"other", "a"}, {"n", "fresh"}, {"n", "once"}, {"n", "held"}, {"n", "c"}, {"m", "x"}, {"", ""}}},
 			o: Options{Prune: true, InScope: func(n string) bool { return n != "other" },
-				Keep: func(_, id string) Keep {
+				Keep: func(network, id string) Keep {
+					if network == "m" {
+						return Keep{NoEvidence, "no entry of network m"}
+					}
 					return map[string]Keep{"fresh": {ByCache, "cached during the pass"}, "once": {ByLastPass, "seen once"},
-						"held": {ByLedger, "ADD in flight"}}[id]
+						"held": {ByLedger, "ADD in flight"}, "": {NoEvidence, "names no owner"}}[id]
 				}},
-			wrote: true, asked: "shared=false broken=[] prune=[n/c]", orphans: "n/c pruned", held: "n/held ADD in flight", pass: true},
+			wrote: true, asked: "shared=false broken=[] prune=[n/c]", orphans: "n/c pruned",
+			held: "n/held ADD in flight,m/x no entry of network m,?/? names no owner", pass: true},
 		{name: "bookkeeping alone is written", st: state{tidy: true}, wrote: true, asked: "shared=false broken=[] prune=[]", pass: true},
 		{name: "a write that changed nothing", st: state{whys: []string{"x"}}, asked: "shared=false broken=[0] prune=[]", results: "repaired x"},
 		{name: "a failed write", st: state{whys: []string{"x", ""}, owners: [][2]string{{"n", "c"}}}, o: Options{Prune: true}, writeErr: kernelSaysNo,

@@ -216,8 +216,9 @@ func TestSyncOrphans(t *testing.T) {
 		planted := map[string]int{"renamed": 6102, "gone": 6103}
 		orphans := map[string]int{"renamed": 6102}
 		if upstreamRuns(t, b) {
-			// The upstream plugin's own rules, of a container not cached.
-			up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "orph-up", V4: "192.0.2.64/28", Portmap: "portmap-upstream", Extra: extra}, t.TempDir())
+			// The upstream plugin's own rules, of a container not cached,
+			// on a network the cache holds (its evidence: docs/safety.md).
+			up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "orph", V4: "192.0.2.64/28", Portmap: "portmap-upstream", Extra: extra}, t.TempDir())
 			upc := up.MustAdd(t, "upstream", nettest.Mapping{HostPort: 6104, ContainerPort: srvPort, Protocol: "tcp"})
 			nettest.Serve(t, upc.NS, "upstream", srvPort)
 			planted["upstream"], orphans["upstream"] = 6104, 6104

@@ -65,7 +65,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 		nettest.ResetNAT(t)
 		cl := lan(t)
 		rt := nettest.NewRuntime(t, nettest.Net{Name: "kill", V4: "192.0.2.96/27", Extra: extra})
-		up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "killup", V4: "192.0.2.128/27", Portmap: "portmap-upstream", NoMasq: true}, t.TempDir())
+		up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "kill", V4: "192.0.2.128/27", Portmap: "portmap-upstream", NoMasq: true}, t.TempDir())
 		var live []*nettest.Container
 		for i := range 12 {
 			c := rt.MustAdd(t, fmt.Sprintf("k%d", i), nettest.Mapping{HostPort: 6400 + i, ContainerPort: srvPort})

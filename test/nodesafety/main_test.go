@@ -11,8 +11,12 @@
 //   - the conntrack flush: the node's and its pods' flows to other hosts
 //     on a host port's number survive ADD, DEL and the agent's repairs
 //     (flush_test.go);
-//   - missing evidence: a cache directory that is not there, or holds no
-//     entries, prunes nothing (prune_test.go);
+//   - missing evidence: a cache directory that is not there, holds no
+//     entries or none of the owner's network, or whose entry of the owner
+//     is cut short, prunes nothing (prune_test.go);
+//   - the agent as the DaemonSet runs it: a cgroup namespace of its own,
+//     the node's / as --root, the manifest's capabilities, the socket
+//     path at its default sites (daemonset_test.go);
 //   - a wedged system bus: ADD answers within its bound, and so does the
 //     agent (bus_test.go).
 //

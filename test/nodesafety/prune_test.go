@@ -1,7 +1,9 @@
 package nodesafety
 
 import (
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,14 +14,19 @@ import (
 // ledger record of ours: a node mid-migration) keeps its host port
 // through `portmap-agent sync --prune` given a cache directory that is
 // not there (a wrong flag, a hostPath that mounts another directory, a
-// wiped cache: the pass fails, naming it) or one that holds no entries
-// (the pass prunes nothing and says why). Given a cache that holds
-// entries and not this container's, the same pass prunes it: the
-// evidence is there, so the test can fail.
+// wiped cache: the pass fails, naming it), one that holds no entries
+// (the pass prunes nothing and says why), one whose results directory
+// is there and empty (a cache wiped by hand, another runtime's, Multus's:
+// no entry of the container's network), and one where its own entry is
+// cut to half its bytes (the file's name names it; the pass keeps it and
+// says so). Given a cache that holds another container of its network
+// and nothing of it, the same pass prunes it: the evidence is there, so
+// the test can fail.
 func TestPruneOnlyOnEvidence(t *testing.T) {
 	nettest.ResetNAT(t)
 	cl := lan(t)
-	up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "up", V4: "192.0.2.32/28", Portmap: "portmap-upstream"}, t.TempDir())
+	cache := t.TempDir()
+	up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "up", V4: "192.0.2.32/28", Portmap: "portmap-upstream"}, cache)
 	c := up.MustAdd(t, "upstreams", nettest.Mapping{HostPort: 6104, ContainerPort: srvPort, Protocol: "tcp"})
 	nettest.Serve(t, c.NS, "upstreams", srvPort)
 	answers := func(when string) {
@@ -32,6 +39,14 @@ func TestPruneOnlyOnEvidence(t *testing.T) {
 		}
 		t.Logf("%s: the upstream container's host port answers, its rules are there", when)
 	}
+	// a pass that skipped a cache file it should have read exits 1
+	prune := func(dir string, exit int, says ...string) {
+		t.Helper()
+		out, stderr, status, err := nettest.Agent("sync", "--prune", "--cache-dir", dir)
+		if err != nil || status != exit || slices.ContainsFunc(says, func(s string) bool { return !strings.Contains(out, s) }) {
+			t.Errorf("sync --prune --cache-dir %s: exit %d, %v; want exit %d, saying %q\n%s%s", dir, status, err, exit, says, out, stderr)
+		}
+	}
 	answers("before")
 
 	missing := filepath.Join(t.TempDir(), "no-such-dir")
@@ -42,19 +57,33 @@ func TestPruneOnlyOnEvidence(t *testing.T) {
 	answers("after sync --prune --cache-dir " + missing)
 
 	empty := t.TempDir()
-	out, stderr, status, err = nettest.Agent("sync", "--prune", "--cache-dir", empty)
-	if err != nil || status != 0 || !strings.Contains(out, "orphans not pruned: "+empty+" holds no cache entries") || !strings.Contains(out, "0 pruned") {
-		t.Errorf("sync --prune of a cache without entries: exit %d, %v; want nothing pruned, and why\n%s%s", status, err, out, stderr)
-	}
+	prune(empty, 0, "orphans not pruned: "+empty+" holds no cache entries", "0 pruned")
 	answers("after sync --prune --cache-dir " + empty + " (no results)")
 
-	// evidence: a cache of this node that holds another container
-	ours := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "ours", V4: "192.0.2.48/28"}, t.TempDir())
-	ours.MustAdd(t, "cached", nettest.Mapping{HostPort: 6105, ContainerPort: srvPort})
-	out, stderr, status, err = nettest.Agent("sync", "--prune", "--cache-dir", ours.CacheDir)
-	if err != nil || status != 0 || !strings.Contains(out, "upstreams -: pruned") {
-		t.Errorf("sync --prune of a cache without the upstream container: exit %d, %v; want it pruned\n%s%s", status, err, out, stderr)
+	if err := os.Mkdir(filepath.Join(empty, "results"), 0o700); err != nil {
+		t.Fatal(err)
 	}
+	prune(empty, 0, "up upstreams -: kept: ", `holds no entry of network "up"`, "0 pruned")
+	answers("after sync --prune --cache-dir " + empty + " (an empty results directory)")
+
+	// evidence of the network: another container of it, ours, cached
+	ours := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "up", V4: "192.0.2.48/28"}, cache)
+	ours.MustAdd(t, "cached", nettest.Mapping{HostPort: 6105, ContainerPort: srvPort})
+	entry := filepath.Join(cache, "results", "up-upstreams-eth0")
+	b, err := os.ReadFile(entry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(entry, b[:len(b)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	prune(cache, 1, "up upstreams -: kept: ", "its cache entry up-upstreams-eth0 may be the one that cannot be used", "0 pruned")
+	answers("after sync --prune with its cache entry cut to half its bytes")
+
+	if err := os.Remove(entry); err != nil {
+		t.Fatal(err)
+	}
+	prune(cache, 0, "up upstreams -: pruned")
 	if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6104)); err == nil {
 		t.Errorf("the pruned host port still answers %q", got)
 	}
