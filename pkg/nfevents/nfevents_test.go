@@ -65,10 +65,13 @@ func TestSubscription(t *testing.T) {
 	}
 }
 
-// Another program's tables wake nobody: their commits (a table, a chain,
-// a set, its elements, again and again, as kube-proxy's nftables mode
-// and firewalld commit) bring no token; a change to the nat table of
-// ip or ip6, or to ours, does, and so does any table's deletion.
+// Another program's tables and chains wake nobody: their commits (a
+// table, a chain, a set, its elements, again and again, as kube-proxy's
+// nftables mode and firewalld commit; chains of their own in iptables'
+// nat table, as kube-proxy's iptables mode commits) bring no token; a
+// change to portmap's chains or a built-in one of the nat or filter
+// table of ip or ip6, or to ours, does, and so does any table's
+// deletion.
 func TestForeignTablesWakeNobody(t *testing.T) {
 	userns.Require(t)
 	s, err := Subscribe()
@@ -110,8 +113,14 @@ func TestForeignTablesWakeNobody(t *testing.T) {
 			table(unix.NFT_MSG_NEWTABLE, unix.NFPROTO_INET, "firewalld"), chain(unix.NFPROTO_INET, "firewalld", fmt.Sprintf("zone-%d", i)),
 			table(unix.NFT_MSG_NEWTABLE, unix.NFPROTO_ARP, "filter"))
 	}
+	// kube-proxy's iptables mode: its chains in iptables' nat table
+	commit(table(unix.NFT_MSG_NEWTABLE, unix.NFPROTO_IPV4, "nat"))
+	token(300 * time.Millisecond) // the nat table's own creation
+	for i := range 20 {
+		commit(chain(unix.NFPROTO_IPV4, "nat", fmt.Sprintf("KUBE-SVC-%d", i)))
+	}
 	if token(300 * time.Millisecond) {
-		t.Fatal("a token after 20 commits of other programs' tables")
+		t.Fatal("a token after 40 commits of other programs' tables and chains")
 	}
 	for _, tt := range []struct {
 		what string
@@ -145,12 +154,25 @@ func TestRelevant(t *testing.T) {
 	}
 	nft := func(m int) int { return unix.NFNL_SUBSYS_NFTABLES<<8 | m }
 	tbl := func(name string) [2]any { return [2]any{uint16(1), name} }
+	rchain := func(name string) [2]any { return [2]any{uint16(unix.NFTA_RULE_CHAIN), name} }
+	cchain := func(name string) [2]any { return [2]any{uint16(unix.NFTA_CHAIN_NAME), name} }
 	for _, tt := range []struct {
 		name string
 		b    []byte
 		want bool
 	}{
-		{"a rule in ip nat", msg(nft(unix.NFT_MSG_NEWRULE), unix.NFPROTO_IPV4, tbl("nat")), true},
+		{"a rule in ip nat, its chain not named", msg(nft(unix.NFT_MSG_NEWRULE), unix.NFPROTO_IPV4, tbl("nat")), true},
+		{"a rule of ours in ip nat", msg(nft(unix.NFT_MSG_DELRULE), unix.NFPROTO_IPV4, tbl("nat"), rchain("CNI-HOSTPORT-DNAT")), true},
+		{"a rule in an attachment's chain", msg(nft(unix.NFT_MSG_NEWRULE), unix.NFPROTO_IPV6, tbl("nat"), rchain("CNI-DN-4cbb58d4f7a53f51ff607")), true},
+		{"a rule in PREROUTING", msg(nft(unix.NFT_MSG_DELRULE), unix.NFPROTO_IPV4, tbl("nat"), rchain("PREROUTING")), true},
+		{"a rule destroyed in FORWARD", msg(nft(28), unix.NFPROTO_IPV4, tbl("filter"), rchain("FORWARD")), true},
+		{"our forward chain", msg(nft(unix.NFT_MSG_DELCHAIN), unix.NFPROTO_IPV4, tbl("filter"), cchain("CNI-HOSTPORT-FWD")), true},
+		{"kube-proxy's rule in ip nat", msg(nft(unix.NFT_MSG_NEWRULE), unix.NFPROTO_IPV4, tbl("nat"), rchain("KUBE-SVC-ABCDEF")), false},
+		{"kube-proxy's rule deleted", msg(nft(unix.NFT_MSG_DELRULE), unix.NFPROTO_IPV6, tbl("nat"), rchain("KUBE-SERVICES")), false},
+		{"Docker's chain in ip filter", msg(nft(unix.NFT_MSG_NEWCHAIN), unix.NFPROTO_IPV4, tbl("filter"), cchain("DOCKER-USER")), false},
+		{"Calico's chain deleted", msg(nft(27), unix.NFPROTO_IPV4, tbl("filter"), cchain("cali-FORWARD")), false},
+		{"a chain of ip nat, unnamed", msg(nft(unix.NFT_MSG_NEWCHAIN), unix.NFPROTO_IPV4, tbl("nat")), true},
+		{"a set in ip nat", msg(nft(unix.NFT_MSG_NEWSET), unix.NFPROTO_IPV4, tbl("nat")), true},
 		{"an element of ip6 cni_portmap", msg(nft(unix.NFT_MSG_NEWSETELEM), unix.NFPROTO_IPV6, tbl("cni_portmap")), true},
 		{"upstream's table", msg(nft(unix.NFT_MSG_DELRULE), unix.NFPROTO_INET, tbl("cni_hostport")), true},
 		{"a rule in inet firewalld", msg(nft(unix.NFT_MSG_NEWRULE), unix.NFPROTO_INET, tbl("firewalld")), false},
