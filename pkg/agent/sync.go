@@ -145,7 +145,8 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		}
 		return converge.Keep{}
 	}
-	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws)), notRun: make([][]string, len(ws))}
+	out := &outcomes{repaired: make([][]string, len(ws)), failed: make([][]string, len(ws)), notRun: make([][]string, len(ws)),
+		rewrote: make([]bool, len(ws))}
 	units := a.units(ws, o.Sites)
 	errs := a.runUnits(units, ws, copts, rep, out)
 	if o.Prune && o.Retire && !o.DryRun && len(errs) == 0 {
@@ -153,11 +154,13 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	}
 	errs = append(errs, a.fixRouteLocalnet(ws, out, o.DryRun)...)
 	// A UDP flow that met no DNAT while the rules were missing must meet
-	// them now: the repaired attachments' ports, in one conntrack walk.
+	// them now: the rewritten attachments' ports, in one conntrack walk,
+	// which keeps the flows translated right (a live flow from the pod).
+	// A repair of route_localnet alone changed no translation.
 	if !o.DryRun {
 		var repaired []*plan.Plan
 		for i, w := range ws {
-			if len(out.repaired[i]) > 0 && len(out.failed[i]) == 0 {
+			if out.rewrote[i] && len(out.failed[i]) == 0 {
 				repaired = append(repaired, w.Plans...)
 			}
 		}
@@ -230,6 +233,9 @@ type outcomes struct {
 	repaired [][]string
 	failed   [][]string
 	notRun   [][]string
+	// rewrote is true where a backend or layer wrote the attachment's
+	// rules or the shared ones they hang from (not route_localnet alone).
+	rewrote []bool
 }
 
 // readWanted reads the cache and loads each entry's attachment as ADD

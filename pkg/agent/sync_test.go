@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/caps"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -295,4 +297,48 @@ func writeLedgerFile(t *testing.T, l *ledger.Dir, name, content string) string {
 		t.Fatal(err)
 	}
 	return file
+}
+
+// A pass flushes the conntrack entries of the attachments whose rules it
+// wrote (or the shared ones they hang from), telling the flush where each
+// port goes so that the flows translated right stay; one that turned
+// route_localnet back on alone changed no translation, and flushes
+// nothing.
+func TestSyncFlushesOnlyWhatItRewrote(t *testing.T) {
+	udp := `[{"hostPort":53,"containerPort":5353,"protocol":"udp"}]`
+	for _, tt := range []struct {
+		name   string
+		answer converge.Report
+		want   []conntrack.Port
+	}{
+		{"route_localnet alone", converge.Report{}, nil},
+		{"its rules", converge.Report{Results: []converge.Result{{State: converge.Repaired, What: "chain missing"}}},
+			[]conntrack.Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53, To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
+		{"the shared rules", converge.Report{Shared: []string{"jump missing"}, Wrote: true},
+			[]conntrack.Port{{Family: plan.IPv4, Protocol: plan.UDP, Port: 53, To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, h := newFake()
+			dir := t.TempDir()
+			cacheEntry(t, dir, "net1", "c1", "", udp, time.Minute)
+			h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+				r := converge.NewReport(len(want))
+				if len(want) > 0 {
+					r.Shared, r.Wrote = tt.answer.Shared, tt.answer.Wrote
+					copy(r.Results, tt.answer.Results)
+				}
+				return r
+			}
+			rep, err := a.Sync(Options{CacheDir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Attachments) != 1 || rep.Attachments[0].State != string(converge.Repaired) {
+				t.Fatalf("attachments %+v, want c1 repaired", rep.Attachments)
+			}
+			if !slices.Equal(h.Flushed, tt.want) {
+				t.Errorf("flushed %+v, want %+v", h.Flushed, tt.want)
+			}
+		})
+	}
 }

@@ -127,6 +127,12 @@ func (a *Agent) runUnits(units []unit, ws []*wanted, copts converge.Options, rep
 			}
 			rep.addUnit(u.name, u.f, r)
 			for j, res := range r.Results {
+				// flows of the port may have met no DNAT while its
+				// rules, or the shared ones they hang from, were not
+				// there
+				if i := idx[j]; res.State == converge.Repaired || (r.Wrote && len(r.Shared) > 0) {
+					out.rewrote[i] = true
+				}
 				switch i := idx[j]; res.State {
 				case converge.Repaired:
 					out.repaired[i] = append(out.repaired[i], fmt.Sprintf("%s: %s", u.f, res.What))

@@ -2,12 +2,17 @@
 // SCTP flow that started before the port was mapped keeps its old
 // translation (often none) for as long as packets keep coming, so ADD, DEL
 // and a repairing sync flush the entries whose original destination is a
-// host port: its port, at an address of the node (the mapping's hostIP
-// where it names one). The node's and its pods' flows to other hosts on
-// the same port number are not the host port's, and are kept: an address
-// is the node's when the kernel's route to it is of type local, which is
-// what the DNAT rules' "fib daddr type local" and "--dst-type LOCAL" ask,
-// looked up once per destination among the entries of a flushed port.
+// host port — its port, at an address of the node (the mapping's hostIP
+// where it names one) — and whose translation is not the rules' now: their
+// reply does not come from the container the port goes to (ADD, a repair),
+// or comes from the one whose rules went (DEL). Flows translated right are
+// kept: a live flow from the pod across a firewall flush and its repair, a
+// newer attachment's flows across an older one's DEL. The node's and its
+// pods' flows to other hosts on the same port number are not the host
+// port's, and are kept: an address is the node's when the kernel's route
+// to it is of type local, which is what the DNAT rules' "fib daddr type
+// local" and "--dst-type LOCAL" ask, looked up once per destination among
+// the entries of a flushed port.
 //
 // Finding them means reading the namespace's table, and the kernel's hash
 // is shared by every namespace (262144 buckets on a small machine). Over
@@ -30,6 +35,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -49,7 +55,8 @@ func NeedsFlush(proto plan.Protocol) bool {
 	return proto == plan.UDP || proto == plan.SCTP
 }
 
-// Port is a host port of one family and protocol.
+// Port is a host port of one family and protocol, and where the rules
+// send it.
 type Port struct {
 	Family   plan.Family
 	Protocol plan.Protocol
@@ -57,6 +64,19 @@ type Port struct {
 	// Addr is the mapping's hostIP; the zero Addr is every address of
 	// the node. An Addr that is not the node's flushes nothing.
 	Addr netip.Addr
+	// To is the container's address and port the rules send the host
+	// port to. A flow whose reply comes from there is translated right
+	// and kept (a live UDP flow, an SCTP association across a firewall
+	// flush and its repair); every other is wrong and flushed: one that
+	// met no DNAT, one to a container that had the port before. The zero
+	// To: every flow of the port is flushed.
+	To netip.AddrPort
+	// Gone says the rules that sent the port To are gone (DEL): the flows
+	// whose reply comes from To are wrong and flushed, every other is
+	// kept (one to a newer attachment that has the port, one that met no
+	// DNAT). Gone with the zero To (a DEL that does not know the
+	// container's address): every flow of the port, as upstream flushes.
+	Gone bool
 }
 
 // key is what a conntrack entry is matched on: its family, and the
@@ -109,15 +129,17 @@ type table interface {
 	local(addr netip.Addr) bool
 }
 
-// flush deletes the entries of t that ports name, after one dump: those
-// of a port's family, protocol and port whose original destination is an
-// address of the node, and the port's own address where it names one. An
-// entry gone meanwhile is no failure.
+// flush deletes the entries of t that ports name and find wrong, after
+// one dump: those of a port's family, protocol and port whose original
+// destination is an address of the node, and the port's own address
+// where it names one, and whose reply does not come from where the port
+// is sent (Port.To, Port.Gone). An entry gone meanwhile is no failure.
 func flush(t table, ports []Port) error {
-	// per key, the addresses it names; an invalid one is any of the node's
-	want := map[key][]netip.Addr{}
+	// per key, the ports of it
+	want := map[key][]Port{}
 	for _, p := range ports {
-		want[keyOf(p)] = append(want[keyOf(p)], p.Addr.Unmap())
+		p.Addr = p.Addr.Unmap()
+		want[keyOf(p)] = append(want[keyOf(p)], p)
 	}
 	msgs, err := t.dump()
 	if err != nil {
@@ -135,7 +157,11 @@ func flush(t table, ports []Port) error {
 	var errs []error
 	for _, m := range msgs {
 		k, dst, ok := origTuple(m)
-		if !ok || !named(want[k], dst) || !isLocal(dst) {
+		if !ok {
+			continue
+		}
+		ps := named(want[k], dst)
+		if len(ps) == 0 || !isLocal(dst) || !wrong(ps, m) {
 			continue
 		}
 		if err := t.remove(k.family, m); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -148,15 +174,47 @@ func flush(t table, ports []Port) error {
 	return nil
 }
 
-// named reports whether one of addrs, the addresses a flushed port names,
-// is dst: the same address, or the invalid Addr (any of the node's).
-func named(addrs []netip.Addr, dst netip.Addr) bool {
-	for _, a := range addrs {
-		if !a.IsValid() || a == dst {
-			return true
+// named returns the ports of ps that name dst, as the rules match it: a
+// port of that hostIP where there is one, else those of every address of
+// the node.
+func named(ps []Port, dst netip.Addr) []Port {
+	var exact, any []Port
+	for _, p := range ps {
+		switch {
+		case p.Addr == dst && dst.IsValid():
+			exact = append(exact, p)
+		case !p.Addr.IsValid():
+			any = append(any, p)
 		}
 	}
-	return false
+	if len(exact) > 0 {
+		return exact
+	}
+	return any
+}
+
+// wrong reports whether the entry m, of a port of ps, is translated
+// otherwise than the rules now say: its reply comes from a place no port
+// of ps sends it, or from where a port whose rules are gone sent it. A
+// port whose rules are gone without saying where they sent it (DEL
+// without prevResult) finds every flow of it wrong, as upstream's DEL
+// does; so does a mapped port for an entry whose reply cannot be read.
+func wrong(ps []Port, m []byte) bool {
+	from, known := replySource(m)
+	del := false
+	for _, p := range ps {
+		switch {
+		case p.Gone && !p.To.IsValid():
+			del = true
+		case p.Gone:
+			del = del || (known && from == p.To)
+		case known && from == p.To:
+			return false // translated right
+		default:
+			del = true
+		}
+	}
+	return del
 }
 
 // ctnetlink's messages and attributes (linux/netfilter/nfnetlink_conntrack.h).
@@ -164,6 +222,7 @@ const (
 	ctGet         = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
 	ctDelete      = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2 // IPCTNL_MSG_CT_DELETE
 	ctaTupleOrig  = 1
+	ctaTupleReply = 2
 	ctaTupleProto = 2
 	ctaProtoNum   = 1
 	ctaProtoDport = 3
@@ -230,6 +289,38 @@ func origTuple(m []byte) (key, netip.Addr, bool) {
 		}
 	}
 	return k, dst, true
+}
+
+// replySource reads where an entry's replies come from: the source
+// address and port of its reply tuple (for a DNATed flow, the
+// container's).
+func replySource(m []byte) (netip.AddrPort, bool) {
+	if len(m) < 4 {
+		return netip.AddrPort{}, false
+	}
+	reply, ok := nfnl.Find(m[4:], ctaTupleReply)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ip, ok1 := nfnl.Find(reply, ctaTupleIP)
+	proto, ok2 := nfnl.Find(reply, ctaTupleProto)
+	if !ok1 || !ok2 {
+		return netip.AddrPort{}, false
+	}
+	attr := uint16(ctaIPv4Src)
+	if m[0] == unix.AF_INET6 {
+		attr = ctaIPv6Src
+	}
+	b, ok1 := nfnl.Find(ip, attr)
+	port, ok2 := nfnl.Find(proto, ctaProtoSport)
+	if !ok1 || !ok2 || len(port) < 2 {
+		return netip.AddrPort{}, false
+	}
+	a, ok := netip.AddrFromSlice(b)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(port)), true
 }
 
 // countPath is this namespace's number of conntrack entries.
@@ -328,62 +419,94 @@ func parseProc(listing string) ([][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read conntrack listing: protocol %q: %w", f[3], err)
 		}
-		var src, dst netip.Addr
-		var sport, dport, zone uint64
-		var seen [4]bool
+		// the original tuple, then the reply's
+		var t [2]tuple
+		var zone uint64
+		var n [4]int // src, dst, sport, dport seen
 		for _, kv := range f[4:] {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
 				continue
 			}
-			switch {
-			case k == "src" && !seen[0]:
-				src, err = netip.ParseAddr(v)
-				seen[0] = true
-			case k == "dst" && !seen[1]:
-				dst, err = netip.ParseAddr(v)
-				seen[1] = true
-			case k == "sport" && !seen[2]:
-				sport, err = strconv.ParseUint(v, 10, 16)
-				seen[2] = true
-			case k == "dport" && !seen[3]:
-				dport, err = strconv.ParseUint(v, 10, 16)
-				seen[3] = true
-			case k == "zone":
-				zone, err = strconv.ParseUint(v, 10, 16)
-			case k == "zone-orig" || k == "zone-reply":
+			var i int
+			switch k {
+			case "src", "dst", "sport", "dport":
+				i = slices.Index([]string{"src", "dst", "sport", "dport"}, k)
+				if n[i] == 2 {
+					continue
+				}
+			case "zone":
+				if zone, err = strconv.ParseUint(v, 10, 16); err != nil {
+					return nil, fmt.Errorf("read conntrack listing: %s: %w", kv, err)
+				}
+				continue
+			case "zone-orig", "zone-reply":
 				return nil, errDirZone
+			default:
+				continue
+			}
+			d := &t[n[i]]
+			switch i {
+			case 0:
+				d.src, err = netip.ParseAddr(v)
+			case 1:
+				d.dst, err = netip.ParseAddr(v)
+			case 2:
+				d.sport, err = parsePort(v)
+			case 3:
+				d.dport, err = parsePort(v)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("read conntrack listing: %s: %w", kv, err)
 			}
+			n[i]++
 		}
-		if seen != [4]bool{true, true, true, true} {
+		if n[0] == 0 || n[1] == 0 || n[2] == 0 || n[3] == 0 {
 			continue
 		}
-		msgs = append(msgs, entryMsg(family, src, dst, uint8(proto), uint16(sport), uint16(dport), uint16(zone)))
+		if n != [4]int{2, 2, 2, 2} {
+			t[1] = tuple{}
+		}
+		msgs = append(msgs, entryMsg(family, uint8(proto), t[0], t[1], uint16(zone)))
 	}
 	return msgs, nil
 }
 
-// entryMsg is the message naming one entry: its original tuple and zone.
-func entryMsg(family uint8, src, dst netip.Addr, proto uint8, sport, dport, zone uint16) []byte {
+// tuple is one direction of an entry.
+type tuple struct {
+	src, dst     netip.Addr
+	sport, dport uint16
+}
+
+func parsePort(v string) (uint16, error) {
+	p, err := strconv.ParseUint(v, 10, 16)
+	return uint16(p), err
+}
+
+// entryMsg is the message naming one entry: its original tuple, its
+// reply tuple (where reply's addresses are valid) and its zone.
+func entryMsg(family, proto uint8, orig, reply tuple, zone uint16) []byte {
 	var a nfnl.Attrs
 	ipSrc := uint16(ctaIPv4Src)
 	if family == unix.AF_INET6 {
 		ipSrc = ctaIPv6Src
 	}
-	a.Nested(ctaTupleOrig, func(a *nfnl.Attrs) {
-		a.Nested(ctaTupleIP, func(a *nfnl.Attrs) {
-			a.Raw(ipSrc, src.AsSlice())
-			a.Raw(ipSrc+1, dst.AsSlice())
+	for i, d := range []tuple{orig, reply} {
+		if !d.src.IsValid() || !d.dst.IsValid() {
+			continue
+		}
+		a.Nested(uint16(ctaTupleOrig+i), func(a *nfnl.Attrs) {
+			a.Nested(ctaTupleIP, func(a *nfnl.Attrs) {
+				a.Raw(ipSrc, d.src.AsSlice())
+				a.Raw(ipSrc+1, d.dst.AsSlice())
+			})
+			a.Nested(ctaTupleProto, func(a *nfnl.Attrs) {
+				a.Raw(ctaProtoNum, []byte{proto})
+				a.Raw(ctaProtoSport, binary.BigEndian.AppendUint16(nil, d.sport))
+				a.Raw(ctaProtoDport, binary.BigEndian.AppendUint16(nil, d.dport))
+			})
 		})
-		a.Nested(ctaTupleProto, func(a *nfnl.Attrs) {
-			a.Raw(ctaProtoNum, []byte{proto})
-			a.Raw(ctaProtoSport, binary.BigEndian.AppendUint16(nil, sport))
-			a.Raw(ctaProtoDport, binary.BigEndian.AppendUint16(nil, dport))
-		})
-	})
+	}
 	if zone != 0 {
 		a.Raw(ctaZone, binary.BigEndian.AppendUint16(nil, zone))
 	}

@@ -148,13 +148,14 @@ ipv4     2 sctp     132 3 COOKIE_WAIT src=198.51.100.4 dst=192.0.2.1 sport=5000 
 			addr, _ := netip.AddrFromSlice(a.Value)
 			addrs = append(addrs, fmt.Sprintf("%d:%s", a.Type, addr))
 		}
-		got = append(got, fmt.Sprintf("%s %v zone%x", entryKey(t, m), addrs, zone))
+		from, _ := replySource(m)
+		got = append(got, fmt.Sprintf("%s %v from %s zone%x", entryKey(t, m), addrs, from, zone))
 	}
 	want := []string{
-		"2/17/53 [1:198.51.100.2 2:192.0.2.1] zone",
-		"10/17/6701 [3:2001:db8::2 4:2001:db8::1] zone",
-		"2/6/8080 [1:198.51.100.3 2:192.0.2.1] zone",
-		"2/132/9000 [1:198.51.100.4 2:192.0.2.1] zone0007",
+		"2/17/53 [1:198.51.100.2 2:192.0.2.1] from 192.0.2.1:53 zone",
+		"10/17/6701 [3:2001:db8::2 4:2001:db8::1] from [2001:db8::1]:80 zone",
+		"2/6/8080 [1:198.51.100.3 2:192.0.2.1] from 10.0.0.2:80 zone",
+		"2/132/9000 [1:198.51.100.4 2:192.0.2.1] from 192.0.2.1:9000 zone0007",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("parseProc:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -184,6 +185,8 @@ type memTable struct {
 	// asked counts the questions
 	locals map[netip.Addr]bool
 	asked  int
+	// onRemove, when set, sees each message removed
+	onRemove func(msg []byte)
 }
 
 func (m *memTable) dump() ([][]byte, error) { return m.msgs, m.dumpErr }
@@ -197,6 +200,9 @@ func (m *memTable) remove(family uint8, msg []byte) error {
 		r = fmt.Sprintf("%d/%d/%s", family, k.proto, netip.AddrPortFrom(dst, k.port))
 	}
 	m.removed = append(m.removed, r)
+	if m.onRemove != nil {
+		m.onRemove(msg)
+	}
 	return nil
 }
 func (m *memTable) local(a netip.Addr) bool {
@@ -295,6 +301,75 @@ func TestFlushOnlyTheNodesAddresses(t *testing.T) {
 	}
 }
 
+// entryFrom is entryTo of UDP to dst:dport whose replies come from from
+// (a DNATed flow's: the container's address and port).
+func entryFrom(dst netip.Addr, dport uint16, from netip.AddrPort) []byte {
+	m := entryTo(unix.AF_INET, unix.IPPROTO_UDP, dst, dport)
+	// the reply tuple entryTo wrote holds no ports: replace it
+	orig, _ := nfnl.Find(m[4:], ctaTupleOrig)
+	m = append(m[:4:4], nla(nl.CTA_TUPLE_ORIG, true, orig)...)
+	ip := nla(nl.CTA_TUPLE_IP, true, append(nla(nl.CTA_IP_V4_SRC, false, from.Addr().AsSlice()), nla(nl.CTA_IP_V4_DST, false, []byte{198, 51, 100, 2})...))
+	pr := nla(nl.CTA_TUPLE_PROTO, true, append(append(nla(nl.CTA_PROTO_NUM, false, []byte{unix.IPPROTO_UDP}),
+		nla(nl.CTA_PROTO_SRC_PORT, false, be16(from.Port()))...), nla(nl.CTA_PROTO_DST_PORT, false, be16(40001))...))
+	return append(m, nla(nl.CTA_TUPLE_REPLY, true, append(ip, pr...))...)
+}
+
+// A flush deletes only the flows the rules now translate otherwise. For a
+// port mapped (ADD, a repair): those whose reply does not come from the
+// container's address and port (a flow that met no DNAT while the rules
+// were missing, one to a container that had the port before); the
+// flows translated right stay. For a port whose rules went (DEL): those
+// whose reply comes from the deleted container, not a newer one's nor one
+// that met no DNAT; a DEL that does not know where the port went flushes
+// every flow of it, as upstream's does. An entry whose reply cannot be
+// read is wrong for a mapped port.
+func TestFlushOnlyWrongFlows(t *testing.T) {
+	a, ap := netip.MustParseAddr, netip.MustParseAddrPort
+	node := a("192.0.2.1")
+	now, before := ap("10.0.0.2:53"), ap("10.0.0.3:53")
+	msgs := [][]byte{
+		entryFrom(node, 5353, now),                          // translated right
+		entryFrom(node, 5353, before),                       // to the container before
+		entryFrom(node, 5353, ap("192.0.2.1:5353")),         // met no DNAT
+		entryTo(unix.AF_INET, unix.IPPROTO_UDP, node, 5353), // no reply read
+	}
+	port := func(to netip.AddrPort, gone bool) Port {
+		return Port{Family: plan.IPv4, Protocol: plan.UDP, Port: 5353, To: to, Gone: gone}
+	}
+	for _, tt := range []struct {
+		name  string
+		ports []Port
+		want  string // the flows flushed, by where their reply comes from
+	}{
+		{"ADD, a repair", []Port{port(now, false)}, "10.0.0.3:53 192.0.2.1:5353 ?"},
+		{"ADD of the container before", []Port{port(before, false)}, "10.0.0.2:53 192.0.2.1:5353 ?"},
+		{"where the port goes not said", []Port{port(netip.AddrPort{}, false)}, "10.0.0.2:53 10.0.0.3:53 192.0.2.1:5353 ?"},
+		{"DEL", []Port{port(now, true)}, "10.0.0.2:53"},
+		{"DEL of the container before, the port a newer one's", []Port{port(before, true)}, "10.0.0.3:53"},
+		{"DEL without prevResult", []Port{port(netip.AddrPort{}, true)}, "10.0.0.2:53 10.0.0.3:53 192.0.2.1:5353 ?"},
+		{"a hostIP's port beside the wildcard's", []Port{port(before, false), {Family: plan.IPv4, Protocol: plan.UDP, Port: 5353, Addr: node, To: now}},
+			"10.0.0.3:53 192.0.2.1:5353 ?"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &memTable{msgs: msgs}
+			var flushed []string
+			m.onRemove = func(msg []byte) {
+				if from, ok := replySource(msg); ok {
+					flushed = append(flushed, from.String())
+				} else {
+					flushed = append(flushed, "?")
+				}
+			}
+			if err := flush(m, tt.ports); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(flushed, " "); got != tt.want {
+				t.Errorf("flushed the flows from %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 // openKernelTable is the table of the test's own namespace (userns.Main).
 func openKernelTable(t *testing.T) kernelTable {
 	t.Helper()
@@ -350,6 +425,65 @@ func udpEntry(t *testing.T, src, dst string, sport, dport uint16) {
 	}
 }
 
+// natEntry makes an IPv4 UDP entry src:sport → dst:dport whose replies
+// come from to:toPort, as a DNATed flow's do.
+func natEntry(t *testing.T, src, dst string, sport, dport uint16, to string, toPort uint16) {
+	t.Helper()
+	s, d, c := net.ParseIP(src).To4(), net.ParseIP(dst).To4(), net.ParseIP(to).To4()
+	flow := &netlink.ConntrackFlow{
+		FamilyType: unix.AF_INET,
+		Forward:    netlink.IPTuple{SrcIP: s, DstIP: d, Protocol: unix.IPPROTO_UDP, SrcPort: sport, DstPort: dport},
+		Reverse:    netlink.IPTuple{SrcIP: c, DstIP: s, Protocol: unix.IPPROTO_UDP, SrcPort: toPort, DstPort: sport},
+		TimeOut:    300,
+	}
+	if err := netlink.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(unix.AF_INET), flow); err != nil {
+		t.Fatalf("create conntrack entry %s:%d → %s:%d (replies from %s:%d): %v", src, sport, dst, dport, to, toPort, err)
+	}
+}
+
+// froms lists where the replies of a table's entries come from, sorted.
+func froms(t *testing.T, tb table) []string {
+	t.Helper()
+	return listed(t, tb, func(m []byte) string {
+		from, _ := replySource(m)
+		return from.String()
+	})
+}
+
+// On the real kernel: a flush of a mapped port through the procfs
+// listing keeps the flow translated to the container and deletes the one
+// to the container before and the one that met no DNAT; a flush of a
+// port whose rules went (DEL) through the dump deletes the deleted
+// container's flow alone.
+func TestKernelFlushesWrongFlowsOnly(t *testing.T) {
+	kt := openKernelTable(t)
+	nodeAddrs(t)
+	t.Cleanup(func() { _ = netlink.ConntrackTableFlush(netlink.ConntrackTable) })
+	natEntry(t, "198.51.100.2", "192.0.2.1", 40001, 5353, "10.0.0.2", 53)
+	natEntry(t, "198.51.100.3", "192.0.2.1", 40002, 5353, "10.0.0.3", 53)
+	udpEntry(t, "198.51.100.4", "192.0.2.1", 40003, 5353)
+	if got := froms(t, procTable{kt, procPath}); !slices.Equal(got, []string{"10.0.0.2:53", "10.0.0.3:53", "192.0.2.1:5353"}) {
+		t.Fatalf("the listing's replies: %v", got)
+	}
+	mapped := Port{Family: plan.IPv4, Protocol: plan.UDP, Port: 5353, To: netip.MustParseAddrPort("10.0.0.2:53")}
+	if err := flush(procTable{kt, procPath}, []Port{mapped}); err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(t, kt); !slices.Equal(got, []string{"10.0.0.2:53"}) {
+		t.Errorf("after a flush of the port mapped to 10.0.0.2:53: the flows from %v, want the one from it alone", got)
+	}
+	natEntry(t, "198.51.100.3", "192.0.2.1", 40002, 5353, "10.0.0.3", 53)
+	udpEntry(t, "198.51.100.4", "192.0.2.1", 40003, 5353)
+	gone := mapped
+	gone.Gone = true
+	if err := flush(kt, []Port{gone}); err != nil {
+		t.Fatal(err)
+	}
+	if got := froms(t, kt); !slices.Equal(got, []string{"10.0.0.3:53", "192.0.2.1:5353"}) {
+		t.Errorf("after a flush of the port whose rules to 10.0.0.2:53 went: the flows from %v, want the others", got)
+	}
+}
+
 // keys lists what a table's dump holds, sorted.
 func keys(t *testing.T, tb table) []string {
 	t.Helper()
@@ -396,13 +530,13 @@ func nodeAddrs(t *testing.T) {
 	}
 	for _, a := range []string{"192.0.2.1/32", "2001:db8::1/128"} {
 		addr, _ := netlink.ParseAddr(a)
-		if err := netlink.AddrAdd(lo, addr); err != nil {
+		if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 			t.Fatalf("address %s: %v", a, err)
 		}
 	}
 	for _, d := range []string{"203.0.113.0/24", "2001:db8:ff::/48"} {
 		_, dst, _ := net.ParseCIDR(d)
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst}); err != nil {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst}); err != nil && !errors.Is(err, unix.EEXIST) {
 			t.Fatalf("route %s: %v", d, err)
 		}
 	}

@@ -186,19 +186,36 @@ func (h *Host) Stack(name backend.Name, f plan.Family, req *plan.Request) (backe
 	return s, nil
 }
 
-// Flush removes stale UDP/SCTP conntrack entries of the plans' host
-// ports, both families in one walk of the table. Failures go to the log,
-// not to the caller: the rules are right either way.
-func (h *Host) Flush(pls ...*plan.Plan) {
+// Flush removes the UDP/SCTP conntrack entries of the plans' host ports
+// that the plans' rules, just written, translate otherwise (conntrack.Port:
+// a flow whose reply does not come from the container), both families in
+// one walk of the table. Failures go to the log, not to the caller: the
+// rules are right either way.
+func (h *Host) Flush(pls ...*plan.Plan) { h.flush(false, pls) }
+
+// FlushRemoved removes the UDP/SCTP conntrack entries of the plans' host
+// ports whose replies come from the plans' container, whose rules are
+// gone (DEL): a newer attachment's flows on the port stay.
+func (h *Host) FlushRemoved(pls ...*plan.Plan) { h.flush(true, pls) }
+
+func (h *Host) flush(gone bool, pls []*plan.Plan) {
 	var ports []conntrack.Port
 	seen := map[conntrack.Port]bool{}
 	for _, pl := range pls {
+		var ip netip.Addr
+		if pl.ContainerNet != nil {
+			ip, _ = netip.AddrFromSlice(pl.ContainerNet.IP)
+			ip = ip.Unmap()
+		}
 		for _, r := range pl.Runs() {
 			if !conntrack.NeedsFlush(r.Protocol) {
 				continue // a TCP range: nothing of it is read
 			}
 			for port := r.HostPort; port <= r.Last(); port++ {
-				cp := conntrack.Port{Family: pl.Family, Protocol: r.Protocol, Port: port, Addr: hostAddr(r.HostIP)}
+				cp := conntrack.Port{Family: pl.Family, Protocol: r.Protocol, Port: port, Addr: hostAddr(r.HostIP), Gone: gone}
+				if ip.IsValid() {
+					cp.To = netip.AddrPortFrom(ip, uint16(r.ContainerPortOf(port)))
+				}
 				if !seen[cp] {
 					seen[cp] = true
 					ports = append(ports, cp)

@@ -48,7 +48,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			flush = append(flush, pl)
 		}
 	}
-	p.Host.Flush(flush...)
+	p.Host.FlushRemoved(flush...)
 	if usable == 0 {
 		return cniError(a, fmt.Errorf("no family's tools are on PATH: %w", errors.Join(missing...)))
 	}

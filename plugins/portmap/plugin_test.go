@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
+	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -209,6 +212,43 @@ func TestDelFlushesKnownPorts(t *testing.T) {
 	got = h.Calls()
 	if !strings.Contains(got, "flush ipv4 udp 8053") || strings.Contains(got, "flush ipv6") || !strings.Contains(got, "remove ipv6") {
 		t.Errorf("calls:\n%s\nwant both families removed, only IPv4 flushed", got)
+	}
+}
+
+// The flush is told where each host port goes: ADD, where its rules send
+// it (the flows translated there are right and stay); DEL, where they
+// sent it (only those flows are wrong now: a newer attachment's stay),
+// and, without prevResult, nowhere known (every flow, as upstream).
+func TestFlushSaysWhereThePortGoes(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	port := func(f plan.Family, to string, gone bool) conntrack.Port {
+		p := conntrack.Port{Family: f, Protocol: plan.UDP, Port: 8053, Gone: gone}
+		if to != "" {
+			p.To = ap(to)
+		}
+		return p
+	}
+	prev4 := `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],"ips":[{"address":"192.0.2.2/24","interface":0}]}`
+	for _, tt := range []struct {
+		name string
+		verb func(*Plugin, *skel.CmdArgs) error
+		keys map[string]string
+		want []conntrack.Port
+	}{
+		{"ADD", (*Plugin).Add, withMappings(map[string]string{"prevResult": prevDual}),
+			[]conntrack.Port{port(plan.IPv4, "192.0.2.2:53", false), port(plan.IPv6, "[2001:db8::2]:53", false)}},
+		{"DEL", (*Plugin).Del, withMappings(map[string]string{"prevResult": prev4}), []conntrack.Port{port(plan.IPv4, "192.0.2.2:53", true)}},
+		{"DEL without prevResult", (*Plugin).Del, withMappings(nil), []conntrack.Port{port(plan.IPv4, "", true), port(plan.IPv6, "", true)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, h, _ := newFake()
+			if err := tt.verb(p, args(t, tt.keys)); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(h.Flushed, tt.want) {
+				t.Errorf("flushed %+v, want %+v", h.Flushed, tt.want)
+			}
+		})
 	}
 }
 

@@ -51,6 +51,8 @@ type Host struct {
 	// Installed is what Mappings reads back, by backend or layer and
 	// family ("nftables ipv4").
 	Installed map[string][]plan.Installed
+	// Flushed are the conntrack ports flushed so far, in order.
+	Flushed []conntrack.Port
 	// Ledger is the host's ledger; its writes and forgets are recorded
 	// ("ledger add net1/c1/eth0", "ledger forget net1/c1/eth0").
 	Ledger Ledger
@@ -218,6 +220,9 @@ func (h *Host) RouteLocalnet(ifName string) (bool, error) {
 	return h.Localnet[ifName], nil
 }
 func (h *Host) FlushDstPorts(ports []conntrack.Port) error {
+	h.mu.Lock()
+	h.Flushed = append(h.Flushed, ports...)
+	h.mu.Unlock()
 	for _, pp := range ports {
 		if pp.Addr.IsValid() {
 			h.Record(fmt.Sprintf("flush %s %s %d at %s", pp.Family, pp.Protocol, pp.Port, pp.Addr))

@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -97,6 +99,114 @@ func TestFlushKeepsOtherHostsFlows(t *testing.T) {
 		kept("after DEL")
 		if out, err := exec.Command("conntrack", "-L", "-p", "udp", "--dport", "4433").CombinedOutput(); err == nil {
 			t.Logf("conntrack at the end:\n%s", out)
+		}
+	})
+}
+
+// pusher serves UDP port in namespace n: after the first datagram from a
+// peer it sends "push" to that peer every 100 ms (a game server, a media
+// stream, a QUIC server pushing), until the test ends.
+func pusher(t *testing.T, n ns.NetNS, port int) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := n.Do(func(ns.NetNS) error {
+		var err error
+		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 100)
+		_, peer, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		for {
+			if _, err := pc.WriteTo([]byte("push\n"), peer); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+}
+
+// TestRepairKeepsRightFlows: a client on the LAN holds a connected UDP
+// flow to a host port, and the container pushes to it every 100 ms. The
+// firewall is flushed under it (the flow's conntrack entry keeps
+// translating the pushes), and one `portmap-agent sync` repairs the
+// rules: the client keeps receiving the pushes, with either backend. The
+// repair's flush deletes only the flows the rules translate otherwise
+// (before, it deleted this one, and every push after it left
+// untranslated, from the container's address, which the client's
+// connected socket drops: 0 of ~20). A flow that met no DNAT while the
+// rules were missing is still flushed, and meets them after the repair.
+func TestRepairKeepsRightFlows(t *testing.T) {
+	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
+		nettest.ResetNAT(t)
+		cl := lan(t)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "pushes", V4: "192.0.2.176/28", Extra: extra})
+		c := rt.MustAdd(t, "pusher", nettest.Mapping{HostPort: 6710, ContainerPort: srvPort, Protocol: "udp"},
+			nettest.Mapping{HostPort: 6711, ContainerPort: srvPort + 1, Protocol: "udp"})
+		pusher(t, c.NS, srvPort)
+		nettest.Serve(t, c.NS, "pusher", srvPort+1)
+
+		var conn net.Conn
+		if err := cl.NS.Do(func(ns.NetNS) error {
+			var err error
+			conn, err = net.Dial("udp", addr(nodeIP, 6710))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if _, err := conn.Write([]byte("hi\n")); err != nil {
+			t.Fatal(err)
+		}
+		pushes := func(d time.Duration) int {
+			n := 0
+			buf := make([]byte, 100)
+			for end := time.Now().Add(d); time.Now().Before(end); {
+				_ = conn.SetReadDeadline(end)
+				if k, err := conn.Read(buf); err == nil && strings.HasPrefix(string(buf[:k]), "push") {
+					n++
+				}
+			}
+			return n
+		}
+		if n := pushes(time.Second); n < 5 {
+			t.Fatalf("the pushes before the flush: %d in 1 s, want about 10", n)
+		}
+
+		if backend == "nftables" {
+			nettest.Run(t, "nft", "flush", "table", "ip", "cni_portmap")
+		} else {
+			nettest.Run(t, "iptables", "-t", "nat", "-F", "CNI-HOSTPORT-DNAT")
+		}
+		if n := pushes(time.Second); n < 5 {
+			t.Fatalf("the pushes after the flush, before the repair: %d in 1 s, want about 10 (the entry translates them)", n)
+		}
+		// a flow that meets no DNAT while the rules are missing
+		stale := nettest.NewUDPFlow(t, cl.NS, addr(remoteIP, 40011), addr(nodeIP, 6711))
+		if got := stale.Ask(t); got != "" {
+			t.Fatalf("host port 6711 answered %q with its rules flushed", got)
+		}
+		out, stderr, status, err := nettest.Agent("sync", "--cache-dir", rt.CacheDir)
+		if err != nil || status != 0 || !strings.Contains(out, "repaired") {
+			t.Fatalf("sync after the flush: %d %v\n%s%s", status, err, out, stderr)
+		}
+		pushes(300 * time.Millisecond) // those sent before the repair, queued
+		n := pushes(2 * time.Second)
+		t.Logf("%s: %d pushes in the 2 s after the repair", backend, n)
+		if n < 10 {
+			t.Errorf("%d pushes reached the client in the 2 s after the repair, want about 20: the repair's flush deleted a flow that was right", n)
+		}
+		if got, want := stale.Ask(t), "pusher sees "+remoteIP; got != want {
+			t.Errorf("the flow that met no DNAT while the rules were missing, after the repair: %q, want %q (flushed, so it meets them)", got, want)
+		}
+		if err := rt.Del(c); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
