@@ -80,10 +80,18 @@ func TestAgentKilledMidPass(t *testing.T) {
 			}
 		}
 		args := []string{"--prune", "--cache-dir", rt.CacheDir}
-		flush()
-		start := time.Now()
-		syncPass(t, args...)
-		whole := time.Since(start)
+		// the shortest of three whole passes: the first, with cold
+		// caches, can take ten times the others, and kills timed by it
+		// would land after most passes ended
+		var whole time.Duration
+		for i := range 3 {
+			flush()
+			start := time.Now()
+			syncPass(t, args...)
+			if took := time.Since(start); i == 0 || took < whole {
+				whole = took
+			}
+		}
 		t.Logf("a whole pass repairing 12 attachments: %s", whole.Round(time.Millisecond))
 
 		killed, before := 0, 0
