@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/child"
 )
 
 // ErrRefused marks nft refusing a script (exit status 1): nft reports the
@@ -29,7 +31,7 @@ func RunScript(script string, commit bool) error {
 	if !commit {
 		args = []string{"--check", "-f", "-"}
 	}
-	cmd := exec.Command(path, args...)
+	cmd := child.Command(path, args...)
 	cmd.Stdin = strings.NewReader(script)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

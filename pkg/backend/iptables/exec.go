@@ -11,6 +11,7 @@ import (
 
 	goiptables "github.com/coreos/go-iptables/iptables"
 
+	"github.com/portmap-dev/portmap/pkg/child"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
@@ -140,7 +141,7 @@ func nftTool(path string) bool {
 }
 
 func (k *execKernel) run(payload []byte, extra ...string) error {
-	cmd := exec.Command(k.restore, append([]string{"--noflush", "-w", "20"}, extra...)...)
+	cmd := child.Command(k.restore, append([]string{"--noflush", "-w", "20"}, extra...)...)
 	cmd.Stdin = bytes.NewReader(payload)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -198,7 +199,7 @@ func (k *execKernel) handle() (*goiptables.IPTables, error) {
 func (k *execKernel) ListTable() ([]string, error) {
 	// Listing one chain would be less text, but iptables-nft answers
 	// "incompatible" instead of "no such chain" when the table is missing.
-	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S")
+	cmd := child.Command(k.list, "-w", "20", "-t", k.table, "-S")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -209,7 +210,7 @@ func (k *execKernel) ListTable() ([]string, error) {
 }
 
 func (k *execKernel) ListChain(chain string) ([]string, error) {
-	cmd := exec.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
+	cmd := child.Command(k.list, "-w", "20", "-t", k.table, "-S", chain)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
