@@ -89,6 +89,16 @@ func (ad *admission) withhold(at cnicache.Attachment, plans []*plan.Plan) (reaso
 	return "", ""
 }
 
+// resolved is what the ADD on record of the cached attachment resolved
+// "localhost": "auto" to, or "" where no record says.
+func (ad *admission) resolved(at cnicache.Attachment) plan.Localhost {
+	r, ok := ad.records[plan.Owner{Network: at.Network, ContainerID: at.ContainerID, IfName: at.IfName}]
+	if !ok || r.Verb != ledger.Add {
+		return ""
+	}
+	return r.Localhost
+}
+
 // newerRecord says why a record of verb v, which a newer release wrote,
 // keeps this one's hands off its owner.
 func newerRecord(v ledger.Verb) string {

@@ -125,6 +125,9 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 		copts.Prune, rep.NotPruned = false, fmt.Sprintf("the ledger holds %d files that are not records (%s): any orphan may be the attachment one names", len(unread), unread[0].File)
 	}
 	ws = ad.admit(ws, rep)
+	for _, w := range ws {
+		w.Attachment = w.ResolvedAs(ad.resolved(w.att))
+	}
 	copts.Keep = func(network, id string) converge.Keep {
 		if id == "" {
 			return converge.Keep{By: converge.NoEvidence, Why: ev.missing(network, id)}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/attach"
 	"github.com/portmap-dev/portmap/pkg/caps"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
@@ -338,6 +339,63 @@ func TestSyncFlushesOnlyWhatItRewrote(t *testing.T) {
 			}
 			if !slices.Equal(h.Flushed, tt.want) {
 				t.Errorf("flushed %+v, want %+v", h.Flushed, tt.want)
+			}
+		})
+	}
+}
+
+// A pass plans an attachment that said "localhost": "auto" as its ADD
+// resolved it, which the ADD's ledger record says: the agent, in another
+// mount namespace, may see the socket path's filesystems otherwise than
+// the runtime's plugin did, and would rewrite the attachment to the other
+// path on every pass. A record of a release before says nothing, and the
+// pass resolves as it sees.
+func TestSyncResolvesAutoAsADDDid(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		recorded plan.Localhost
+		ready    error // what the agent's own look at the socket path finds
+		want     plan.Localhost
+	}{
+		{"ADD chose the socket path, the agent would not", plan.LocalhostSocket, errors.New("no bpf filesystem here"), plan.LocalhostSocket},
+		{"ADD chose NAT, the agent would not", plan.LocalhostNAT, nil, plan.LocalhostNAT},
+		{"a record of a release before", "", nil, plan.LocalhostSocket},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, h := newFake()
+			a.Host.SocketReady = func(*plan.Request) error { return tt.ready }
+			a.Host.Ledger = &ledger.Dir{Root: t.TempDir()}
+			a.Gone = func(string) bool { return false }
+			dir := t.TempDir()
+			cacheEntry(t, dir, "net1", "c1", `,"localhost":"auto"`, `[{"hostPort":8080,"containerPort":80}]`, time.Minute)
+			atts, _, err := cnicache.Read(dir, "portmap")
+			if err != nil || len(atts) != 1 {
+				t.Fatalf("the cache: %v %v", atts, err)
+			}
+			loaded, err := attach.Load(a.Host, atts[0].Stdin, "c1", "eth0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := ledger.New(loaded.Request.Owner, ledger.Add)
+			r.NetNS, r.Plans, r.Localhost = "/run/netns/c1", plan.Fingerprint(loaded.Plans), tt.recorded
+			if err := a.Host.Ledger.Write(r); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			planned := map[string]plan.Localhost{}
+			h.SyncAnswer = func(be string, f plan.Family, want []*plan.Plan, o converge.Options) *converge.Report {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, pl := range want {
+					planned[be] = pl.Localhost
+				}
+				return converge.NewReport(len(want))
+			}
+			if _, err := a.Sync(Options{CacheDir: dir}); err != nil {
+				t.Fatal(err)
+			}
+			if planned["iptables"] != tt.want {
+				t.Errorf("the pass planned c1 with localhost %q, want %q (%v)", planned["iptables"], tt.want, planned)
 			}
 		})
 	}

@@ -21,6 +21,9 @@ type Attachment struct {
 	// Plans are its non-empty plans, one per family the container has
 	// an address of (none without prevResult or mappings).
 	Plans []*plan.Plan
+	// Auto is true where the configuration said "localhost": "auto",
+	// which Request.Localhost holds resolved on this node.
+	Auto bool
 }
 
 // Load parses stdin for the attachment of containerID on ifName and
@@ -37,9 +40,28 @@ func Load(h *host.Host, stdin []byte, containerID, ifName string) (*Attachment, 
 // becomes what h serves, the owner is set, and the plans are built. c
 // becomes the attachment's: it is not to be finished twice.
 func Of(h *host.Host, c *Config, containerID, ifName string) *Attachment {
+	auto := c.Request.Localhost == plan.LocalhostAuto
 	h.Resolve(&c.Request)
 	c.Request.Owner = plan.Owner{Network: c.Network, ContainerID: containerID, IfName: ifName}
-	a := &Attachment{Config: c}
+	return build(c, auto)
+}
+
+// ResolvedAs is the attachment with "auto" resolved to mode, as its ADD
+// resolved it on a node that may have seen otherwise than this process
+// (the agent, in another mount namespace): a copy with its plans rebuilt,
+// or a itself where the configuration did not say "auto" or mode is
+// what a holds.
+func (a *Attachment) ResolvedAs(mode plan.Localhost) *Attachment {
+	if !a.Auto || mode == a.Request.Localhost || (mode != plan.LocalhostNAT && mode != plan.LocalhostSocket) {
+		return a
+	}
+	c := *a.Config
+	c.Request.Localhost = mode
+	return build(&c, true)
+}
+
+func build(c *Config, auto bool) *Attachment {
+	a := &Attachment{Config: c, Auto: auto}
 	for _, f := range plan.Families {
 		if n := c.ContainerNets[f]; n != nil {
 			if pl := plan.Build(c.Request, f, n); !pl.Empty() {

@@ -78,8 +78,13 @@ type Record struct {
 	// (CNI_NETNS); ADD only.
 	NetNS string `json:"netns,omitempty"`
 	// Plans is plan.Fingerprint of what ADD mapped.
-	Plans string    `json:"plans,omitempty"`
-	Time  time.Time `json:"time"`
+	Plans string `json:"plans,omitempty"`
+	// Localhost is what ADD resolved "localhost": "auto" to (nat or
+	// socket): a pass plans the attachment so, whatever it would resolve
+	// itself. Empty where the configuration did not say "auto", and in
+	// records of releases before it.
+	Localhost plan.Localhost `json:"localhost,omitempty"`
+	Time      time.Time      `json:"time"`
 }
 
 // Owner is the record's attachment.

@@ -20,6 +20,9 @@ import (
 func (p *Plugin) recordAdd(a *attach.Attachment, netnsPath string) error {
 	r := ledger.New(a.Request.Owner, ledger.Add)
 	r.NetNS, r.Plans = netnsPath, plan.Fingerprint(a.Plans)
+	if a.Auto {
+		r.Localhost = a.Request.Localhost
+	}
 	return p.inLedger(func(l ledger.Ledger) error {
 		if err := l.Write(r); err != nil {
 			// Not the backend's: nothing has been written yet.

@@ -48,6 +48,30 @@ func TestAddAndDelKeepTheLedger(t *testing.T) {
 	}
 }
 
+// ADD of "localhost": "auto" records what it resolved it to, for the
+// agent to plan the attachment alike; of "nat" or "socket", nothing.
+func TestAddRecordsWhatAutoResolvedTo(t *testing.T) {
+	for _, tt := range []struct {
+		localhost string
+		ready     error
+		want      plan.Localhost
+	}{
+		{`"auto"`, errors.New("no bpf filesystem"), plan.LocalhostNAT},
+		{`"auto"`, nil, plan.LocalhostSocket},
+		{`"nat"`, nil, ""},
+	} {
+		p, h, _ := newFake()
+		p.Host.SocketReady = func(*plan.Request) error { return tt.ready }
+		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual, "localhost": tt.localhost}))); err != nil {
+			t.Fatal(err)
+		}
+		recs, _, _ := h.Ledger.Read()
+		if got := recs[owner1].Localhost; got != tt.want {
+			t.Errorf("localhost %s, socket path ready %v: recorded %q, want %q", tt.localhost, tt.ready == nil, got, tt.want)
+		}
+	}
+}
+
 // DEL of an attachment without a record — ADDed before this node's
 // plugin kept a ledger — leaves a Del record while the runtime caches
 // it, and nothing once the runtime has removed its entry (the second DEL
