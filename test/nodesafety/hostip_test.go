@@ -2,10 +2,16 @@ package nodesafety
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
+
+	cnins "github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/inventory"
 	"github.com/portmap-dev/portmap/test/nettest"
@@ -118,4 +124,103 @@ func hostileHostIPs(t *testing.T, backend, localhost string, extra map[string]st
 	if err := rt.Check(c); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
+}
+
+// TestAddressThatMoves: a mapping whose hostIP is an address of the node
+// (a /32 on its LAN interface: a VIP) serves the node's own connect() and
+// sendto() to it; once the address moves to another host (the VIP fails
+// over), the node's connections to it reach its new owner within a
+// second, and once it comes back they reach the container again — with
+// either backend, with localhost by NAT or by the socket path. The socket
+// path serves loopback only and leaves the node's own addresses to the
+// DNAT rules, which judge every packet by the addresses the node has
+// then (before, the socket path kept the address's entry from ADD on,
+// and the node's connections kept reaching the pod after the address
+// left).
+func TestAddressThatMoves(t *testing.T) {
+	const vip, port = "198.51.100.10", 6720
+	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
+		for _, localhost := range []string{"nat", "socket"} {
+			t.Run(localhost, func(t *testing.T) {
+				cl := lan(t)
+				var site *nettest.CgroupSite
+				if localhost == "socket" {
+					site = nettest.NewCgroupSite(t)
+					extra["cgroupPath"] = fmt.Sprintf("%q", site.Cgroup)
+					extra["bpfPinDir"] = fmt.Sprintf("%q", site.PinDir)
+				}
+				extra["localhost"] = fmt.Sprintf("%q", localhost)
+				dial := func(proto string) (string, error) {
+					if site != nil {
+						res, err := site.Client(proto, addr(vip, port), false)
+						return res.Reply, err
+					}
+					return nettest.Dial(nil, proto, addr(vip, port))
+				}
+				node := func(on bool) {
+					t.Helper()
+					ns := cl.NS                   // the other host
+					from, to := "pmns0", "pmns0p" // the node's to the other host's
+					if on {
+						from, to = to, from
+					}
+					a, _ := netlink.ParseAddr(vip + "/32")
+					move := func(ifName string, add bool) error {
+						l, err := netlink.LinkByName(ifName)
+						if err != nil {
+							return err
+						}
+						if add {
+							a.Flags = unix.IFA_F_NODAD
+							return netlink.AddrAdd(l, a)
+						}
+						return netlink.AddrDel(l, a)
+					}
+					inOther := func(ifName string, add bool) error {
+						if ifName == "pmns0p" {
+							return ns.Do(func(cnins.NetNS) error { return move(ifName, add) })
+						}
+						return move(ifName, add)
+					}
+					if err := inOther(from, false); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+						t.Fatalf("remove %s from %s: %v", vip, from, err)
+					}
+					if err := inOther(to, true); err != nil {
+						t.Fatalf("add %s to %s: %v", vip, to, err)
+					}
+				}
+				node(true)
+				rt := nettest.NewRuntime(t, nettest.Net{Name: "vip", V4: "192.0.2.224/28", Extra: extra})
+				c := rt.MustAdd(t, "vip", nettest.Mapping{HostPort: port, ContainerPort: srvPort, Protocol: "tcp", HostIP: vip},
+					nettest.Mapping{HostPort: port, ContainerPort: srvPort, Protocol: "udp", HostIP: vip})
+				nettest.Serve(t, c.NS, "vip", srvPort)
+				expect := func(when, who string) {
+					t.Helper()
+					for _, proto := range []string{"tcp", "udp"} {
+						var got string
+						var err error
+						ok := nettest.Eventually(time.Second, func() bool {
+							got, err = dial(proto)
+							return err == nil && strings.HasPrefix(got, who+" sees ")
+						})
+						if !ok {
+							t.Errorf("%s: the node's %s to %s: %q, %v; want %s's answer within 1 s", when, proto, addr(vip, port), got, err, who)
+						}
+					}
+				}
+				expect("the address the node's", "vip")
+				node(false)
+				serveRemote(t, cl.NS, port, vip) // its UDP socket binds the address
+				expect("the address moved to another host", "remote")
+				node(true)
+				expect("the address back on the node", "vip")
+				if err := rt.Check(c); err != nil {
+					t.Errorf("CHECK: %v", err)
+				}
+				if err := rt.Del(c); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	})
 }

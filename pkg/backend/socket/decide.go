@@ -41,9 +41,9 @@ func (w *Write) Empty() bool {
 // apply is ADD's write: p's entries take their keys unless an entry of
 // a higher rank holds one (an exact host IP over a wildcard), and what
 // the attachment held before in this family and is not wanted goes.
-func apply(s *State, p *plan.Plan, netns uint64, local Local) *Write {
+func apply(s *State, p *plan.Plan, netns uint64) *Write {
 	w := &Write{}
-	want := Entries(p, netns, local)
+	want := Entries(p, netns)
 	id := OwnerID(p.Owner)
 	wanted := make(map[Key]bool, len(want))
 	gone := map[uint64]int{} // entries leaving each owner
@@ -99,9 +99,9 @@ func ownerGone(s *State, id uint64) []uint64 {
 // the container: missing, wrong, or taken by another attachment of the
 // same or a lower rank. A key held by a higher rank is served by that
 // mapping, as the NAT path's exact host IP shadows a wildcard.
-func check(s *State, p *plan.Plan, netns uint64, local Local) error {
+func check(s *State, p *plan.Plan, netns uint64) error {
 	id := OwnerID(p.Owner)
-	for _, e := range Entries(p, netns, local) {
+	for _, e := range Entries(p, netns) {
 		cur, ok := s.Entries[e.Key]
 		switch {
 		case !ok:
@@ -178,7 +178,7 @@ type entryDiff struct {
 }
 
 // diffEntries compares the entries of s with the wanted plans.
-func diffEntries(s *State, want []*plan.Plan, netns uint64, local Local, f plan.Family) entryDiff {
+func diffEntries(s *State, want []*plan.Plan, netns uint64, f plan.Family) entryDiff {
 	type claim struct {
 		e Entry
 		i int
@@ -187,7 +187,7 @@ func diffEntries(s *State, want []*plan.Plan, netns uint64, local Local, f plan.
 	wantedOwner := map[uint64]int{}
 	for i, p := range want {
 		wantedOwner[OwnerID(p.Owner)] = i
-		for _, e := range Entries(p, netns, local) {
+		for _, e := range Entries(p, netns) {
 			if c, ok := win[e.Key]; !ok || e.Value.Rank >= c.e.Value.Rank {
 				win[e.Key] = claim{e, i}
 			}

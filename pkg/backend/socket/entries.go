@@ -163,20 +163,19 @@ type Entry struct {
 // path).
 func Served(m plan.Mapping) bool { _, ok := protoNumbers[m.Protocol]; return ok }
 
-// Local reports whether ip is one of the node's own addresses (see
-// netns.Local). The socket path serves a mapping's host IP only where it
-// is loopback or one of them: a connect() to any other address leaves
-// the node for another host, and is not the pod's to take (the DNAT
-// rules, which match only local destinations, never take it either).
-type Local func(ip net.IP) bool
-
 // Entries are the keys p's attachment wants in the namespace whose
 // cookie is netns, with their values; the values' addresses are zero
 // when p has no container address (DEL without prevResult). A key
-// wanted twice keeps its first mapping, as the first DNAT rule wins. A
-// host IP that is neither loopback nor local (nil local: none is) has
-// no entry.
-func Entries(p *plan.Plan, netns uint64, local Local) []Entry {
+// wanted twice keeps its first mapping, as the first DNAT rule wins.
+// Only loopback is served: a wildcard mapping at 127.0.0.1 and ::1, a
+// mapping whose host IP is loopback at that address. A host IP that is
+// not loopback — another host's, or one of the node's own — has no
+// entry: the DNAT rules judge the node's own connections to it packet by
+// packet ("fib daddr type local", "--dst-type LOCAL"), so one to an
+// address that leaves the node (a VIP failing over) reaches its new
+// owner at once, and one that comes back reaches the container again,
+// with nothing for a pass to follow.
+func Entries(p *plan.Plan, netns uint64) []Entry {
 	owner, network := OwnerID(p.Owner), NetworkID(p.Owner.Network)
 	var caddr [16]byte
 	if p.ContainerNet != nil {
@@ -191,7 +190,7 @@ func Entries(p *plan.Plan, netns uint64, local Local) []Entry {
 		k := Key{Netns: netns, Port: uint16(m.HostPort), Protocol: m.Protocol}
 		rank := RankWildcard
 		if m.HostIP != nil {
-			if !m.HostIP.IsLoopback() && (local == nil || !local(m.HostIP)) {
+			if !m.HostIP.IsLoopback() {
 				continue
 			}
 			k.Addr, rank = addr16(m.HostIP), RankExact

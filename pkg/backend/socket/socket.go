@@ -19,8 +19,10 @@
 // in, so only sockets of the node's namespace are rewritten — a
 // container's own localhost never is, and several node namespaces on one
 // kernel do not see each other's ports. A wildcard mapping is served at
-// 127.0.0.1 (and ::ffff:127.0.0.1) and ::1; a mapping with a host IP at
-// that address. The rest of 127.0.0.0/8 is left alone.
+// 127.0.0.1 (and ::ffff:127.0.0.1) and ::1; a mapping with a loopback
+// host IP at that address. The rest of 127.0.0.0/8 is left alone, and so
+// is every address that is not loopback, the node's own too: the DNAT
+// rules judge those packet by packet, as the addresses come and go.
 //
 // Ownership is the NAT path's: an entry names its attachment (OwnerID);
 // ADD takes the keys it wants (newest wins; an exact host IP beats a
@@ -31,8 +33,6 @@ package socket
 import (
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"slices"
 	"sync"
 
@@ -51,9 +51,6 @@ type Layer struct {
 	Netns func() (uint64, error)
 	// Lock takes the host-wide lock.
 	Lock func() (release func(), err error)
-	// Local reports whether an address is the node's, as the kernel
-	// routes it now; nil: none is (loopback is served all the same).
-	Local func(netip.Addr) bool
 }
 
 // New returns the socket path of family f at the site of cfg on the
@@ -63,23 +60,7 @@ func New(f plan.Family, cfg plan.Socket) (*Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host, Local: netns.Local}, nil
-}
-
-// local is Local for one verb or pass: the node is asked once per
-// address, however many mappings name it.
-func (l *Layer) local() Local {
-	seen := map[netip.Addr]bool{}
-	return func(ip net.IP) bool {
-		a, _ := netip.AddrFromSlice(ip)
-		a = a.Unmap()
-		v, ok := seen[a]
-		if !ok {
-			v = l.Local != nil && l.Local(a)
-			seen[a] = v
-		}
-		return v
-	}
+	return &Layer{Family: f, Site: s, Netns: NetnsCookie, Lock: lock.Host}, nil
 }
 
 // NetnsCookie is the cookie of the calling thread's network namespace.
@@ -137,11 +118,10 @@ func (l *Layer) Apply(p *plan.Plan) (err error) {
 	if p.ContainerNet == nil {
 		return errors.New("socket path: no container address to send connections to")
 	}
-	local := l.local()
-	read := func(netns uint64) (*State, error) { return l.readFor(p, netns, local) }
+	read := func(netns uint64) (*State, error) { return l.readFor(p, netns) }
 	return l.lockedRead(read, func(st *State, netns uint64) error {
-		w := apply(st, p, netns, local)
-		if len(Entries(p, netns, local)) > 0 {
+		w := apply(st, p, netns)
+		if len(Entries(p, netns)) > 0 {
 			states, err := l.Site.Hooks()
 			if err != nil {
 				return err
@@ -164,8 +144,8 @@ func (l *Layer) Apply(p *plan.Plan) (err error) {
 // another attachment holds) the family's entries and records whole: a
 // dump walks every bucket of the entries map, which has room for a
 // million, about a millisecond whatever it holds.
-func (l *Layer) readFor(p *plan.Plan, netns uint64, local Local) (*State, error) {
-	want := Entries(p, netns, local)
+func (l *Layer) readFor(p *plan.Plan, netns uint64) (*State, error) {
+	want := Entries(p, netns)
 	keys := make([]Key, len(want))
 	for i, e := range want {
 		keys[i] = e.Key
@@ -201,8 +181,7 @@ func (l *Layer) Check(p *plan.Plan) (err error) {
 	if err != nil {
 		return err
 	}
-	local := l.local()
-	if len(Entries(p, netns, local)) == 0 {
+	if len(Entries(p, netns)) == 0 {
 		return nil
 	}
 	s := l.Site
@@ -217,7 +196,7 @@ func (l *Layer) Check(p *plan.Plan) (err error) {
 	if err != nil {
 		return err
 	}
-	return check(st, p, netns, local)
+	return check(st, p, netns)
 }
 
 // GC removes the entries of network's attachments that are not in
@@ -284,14 +263,13 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (_ *converge.Report,
 		st *State
 		d  entryDiff
 	}
-	local := l.local()
 	rep, err := converge.Run(len(want), o, converge.Pass[read, Key]{
 		Read: func() (read, error) {
 			st, err := l.Site.Read(netns, l.Family)
 			if err != nil {
 				return read{}, err
 			}
-			return read{st, diffEntries(st, want, netns, local, l.Family)}, nil
+			return read{st, diffEntries(st, want, netns, l.Family)}, nil
 		},
 		Decide: func(r read) converge.Verdict[Key] {
 			v := converge.Verdict[Key]{Whys: r.d.whys}
