@@ -19,6 +19,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/cnicache"
 	"github.com/portmap-dev/portmap/pkg/converge"
+	"github.com/portmap-dev/portmap/pkg/deadline"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/netns"
@@ -88,6 +89,7 @@ type wanted struct {
 // kernel state to it, one listing and at most one write per backend and
 // family.
 func (a *Agent) Sync(o Options) (*Report, error) {
+	defer deadline.Set(deadline.Pass)()
 	rep := &Report{DryRun: o.DryRun, Attachments: []Attachment{}, Orphans: []Orphan{},
 		Shared: []Shared{}, Withheld: []Withheld{}, Kept: []Orphan{}, Skipped: []Skipped{}}
 	inScope := func(network string) bool {

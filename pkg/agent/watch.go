@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/cnicache"
-	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/deadline"
 )
 
 // WatchOptions are the flags of `portmap-agent sync --watch`.
@@ -76,10 +76,12 @@ type Firewall interface {
 const settleTimeout = 30 * time.Second
 
 // passBound is the longest a pass that makes progress takes: it waits
-// out a reload (settleTimeout), then the host lock (lock.Timeout), then
-// works (seconds at thousands of attachments). The watchdog is fed
-// while a pass runs within it, and not after: that pass is stuck.
-var passBound = settleTimeout + lock.Timeout + 30*time.Second
+// out a reload (settleTimeout), then runs within its deadline
+// (deadline.Pass: the host lock, the tools, the work), and 10 s more for
+// the work past its last wait (seconds at thousands of attachments). The
+// watchdog is fed while a pass runs within it, and not after: that pass
+// is stuck.
+var passBound = settleTimeout + deadline.Pass + 10*time.Second
 
 // The triggers of a pass.
 const (

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os/exec"
 	"time"
+
+	"github.com/portmap-dev/portmap/pkg/deadline"
 )
 
 // Timeout is how long a tool may run: the 20 s the iptables tools wait
@@ -26,16 +28,19 @@ type Cmd struct {
 	*exec.Cmd
 	ctx    context.Context
 	cancel context.CancelFunc
+	bound  time.Duration
 }
 
-// Command is exec.Command with a deadline of Timeout from now; Run or
-// Output it once.
+// Command is exec.Command with a deadline of Timeout from now, or the
+// verb's or pass's where that comes sooner (pkg/deadline); Run or Output
+// it once.
 func Command(name string, args ...string) *Cmd {
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	bound := deadline.Within(Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	cmd := exec.CommandContext(ctx, name, args...)
 	// a grandchild holding the pipes open may not keep Wait past it
 	cmd.WaitDelay = time.Second
-	return &Cmd{Cmd: cmd, ctx: ctx, cancel: cancel}
+	return &Cmd{Cmd: cmd, ctx: ctx, cancel: cancel, bound: bound}
 }
 
 // Run runs the command; one killed at its deadline fails wrapping
@@ -54,7 +59,7 @@ func (c *Cmd) Output() ([]byte, error) {
 
 func (c *Cmd) wrap(err error) error {
 	if err != nil && errors.Is(c.ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("%s killed after %s: %w (%w)", c.Path, Timeout, ErrTimeout, err)
+		return fmt.Errorf("%s killed after %s: %w (%w)", c.Path, c.bound, ErrTimeout, err)
 	}
 	return err
 }

@@ -14,11 +14,14 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/conntrack"
 	"github.com/portmap-dev/portmap/pkg/firewalld"
 	"github.com/portmap-dev/portmap/pkg/ledger"
 	"github.com/portmap-dev/portmap/pkg/lock"
+	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/sysctl"
 )
@@ -105,8 +108,12 @@ func (h *Host) cachedAt(key openKey, open func(plan.Family, io.Writer, *plan.Req
 	return b, nil
 }
 
-// Real returns the handle on this host; log receives its notes.
+// Real returns the handle on this host; log receives its notes. Route
+// and link lookups through vishvananda/netlink answer within
+// nfnl.ReadTimeout, as the process's own netlink reads do (the library
+// waits 60 s by default).
 func Real(log io.Writer) *Host {
+	_ = netlink.SetSocketTimeout(nfnl.ReadTimeout)
 	return &Host{
 		Kinds:          backend.Kinds,
 		Layers:         backend.Layers,

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/deadline"
 )
 
 // DefaultPath is where the lock file lives. Both backends share it.
@@ -23,9 +25,14 @@ const DefaultPath = "/run/cni-portmap.lock"
 // Timeout bounds the wait for the host-wide lock.
 const Timeout = 30 * time.Second
 
-// Host takes the host-wide lock at DefaultPath, waiting at most Timeout:
+// Host takes the host-wide lock at DefaultPath, waiting at most Timeout,
+// and no longer than the verb's or pass's deadline (pkg/deadline):
 // what the plugin, the agent and both backends take.
-func Host() (release func(), err error) { return Acquire(DefaultPath, Timeout) }
+func Host() (release func(), err error) { return hostAt(DefaultPath) }
+
+func hostAt(path string) (release func(), err error) {
+	return Acquire(path, deadline.Within(Timeout))
+}
 
 // ErrTimeout is returned when a lock could not be taken in time: the
 // portmap lock here, or the xtables lock an iptables tool gave up on

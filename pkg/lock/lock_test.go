@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/portmap-dev/portmap/pkg/deadline"
 )
 
 func TestAcquireExcludesAndTimesOut(t *testing.T) {
@@ -31,6 +33,28 @@ func TestAcquireExcludesAndTimesOut(t *testing.T) {
 		t.Fatalf("acquire after release: %v", err)
 	}
 	release2()
+}
+
+// The host lock waits within the verb's deadline: a verb that asks for
+// it again and again while another holds it waits what is left of its
+// deadline in all, not Timeout each time.
+func TestHostLockWithinTheDeadline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "portmap.lock")
+	release, err := Acquire(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	defer deadline.Set(300 * time.Millisecond)()
+	start := time.Now()
+	for i := range 7 {
+		if _, err := hostAt(path); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("wait %d for the held lock: %v, want ErrTimeout", i, err)
+		}
+	}
+	if took := time.Since(start); took < 250*time.Millisecond || took > 2*time.Second {
+		t.Errorf("seven waits for the held lock took %s, want the deadline's 300 ms", took)
+	}
 }
 
 // A lock held past the timeout names its holder as /proc/locks does:

@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/portmap-dev/portmap/pkg/attach"
+	"github.com/portmap-dev/portmap/pkg/deadline"
 	"github.com/portmap-dev/portmap/pkg/stdinpipe"
 )
 
@@ -64,5 +65,14 @@ func pipeOf(b []byte) *os.File {
 
 // Funcs are the verbs for skel.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+	return skel.CNIFuncs{Add: inTime(p.Add), Del: inTime(p.Del), Check: inTime(p.Check), GC: inTime(p.GC), Status: inTime(p.Status)}
+}
+
+// inTime runs verb within one deadline (deadline.Verb): its waits for
+// the host lock and the tools it runs share it.
+func inTime(verb func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		defer deadline.Set(deadline.Verb)()
+		return verb(args)
+	}
 }
