@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,28 @@ func TestSocketPath(t *testing.T) {
 	}
 }
 
+// programNames are the names of the programs pinned beside the site's
+// links, sorted.
+func programNames(t *testing.T, pinDir string) string {
+	t.Helper()
+	pins, _ := filepath.Glob(filepath.Join(pinDir, socket.Layout, "prog_*"))
+	var names []string
+	for _, pin := range pins {
+		p, err := ebpf.LoadPinnedProgram(pin, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := p.Info()
+		p.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, info.Name)
+	}
+	slices.Sort(names)
+	return strings.Join(names, " ")
+}
+
 // The lifecycle on the real kernel: CHECK fails when a link's pin or an
 // entry is removed behind its back, sync repairs both; another build's
 // programs are replaced in place while a client dials without a failure;
@@ -128,7 +151,7 @@ func TestSocketPathLifecycle(t *testing.T) {
 	p := socketPlan(plan.IPv4, c, site, "c1", plan.Mapping{HostPort: 18081, ContainerPort: 80, Protocol: plan.TCP})
 
 	// an older build left its programs: ADD updates them in place
-	if err := socket.InstallBuild(cfg, "00000000"); err != nil {
+	if err := socket.InstallBuild(cfg, socket.Revision-1, "000000"); err != nil {
 		t.Fatal(err)
 	}
 	l, err := socket.New(plan.IPv4, cfg)
@@ -156,7 +179,7 @@ func TestSocketPathLifecycle(t *testing.T) {
 	}()
 	rounds := 0
 	for finished := false; !finished; {
-		if err := socket.InstallBuild(cfg, "11111111"); err != nil {
+		if err := socket.InstallBuild(cfg, socket.Revision-1, "111111"); err != nil {
 			t.Fatal(err)
 		}
 		if err := l.Check(p); err == nil {
@@ -181,6 +204,29 @@ func TestSocketPathLifecycle(t *testing.T) {
 	t.Logf("%d upgrade rounds under 1000 connections", rounds)
 	if after := pinnedLinks(t, site.PinDir); strings.Join(after, " ") != strings.Join(before, " ") {
 		t.Errorf("links changed across updates: %v → %v", before, after)
+	}
+
+	// a newer revision's programs (the other side of a rolling update):
+	// CHECK passes and ADD leaves them, so the two builds do not rewrite
+	// each other's on every ADD and pass
+	if err := socket.InstallBuild(cfg, socket.Revision+1, "222222"); err != nil {
+		t.Fatal(err)
+	}
+	newer := programNames(t, site.PinDir)
+	if err := l.Check(p); err != nil {
+		t.Errorf("CHECK with a newer revision's programs: %v", err)
+	}
+	if err := l.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := programNames(t, site.PinDir); got != newer || !strings.Contains(got, fmt.Sprintf("_%02d_222222", socket.Revision+1)) {
+		t.Errorf("ADD beside a newer revision's programs: %s, were %s; want them left", got, newer)
+	}
+	if _, err := site.Client("tcp", "127.0.0.1:18081", false); err != nil {
+		t.Errorf("127.0.0.1:18081 through a newer revision's programs: %v", err)
+	}
+	if err := socket.InstallBuild(cfg, socket.Revision, socket.Version()); err != nil {
+		t.Fatal(err)
 	}
 
 	// a link's pin removed: the program is detached

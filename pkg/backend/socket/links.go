@@ -118,7 +118,12 @@ func (s *kernelSite) hook(h Hook, cg uint64) (HookState, error) {
 	}
 	if id, _ := pi.ID(); id != info.Program {
 		st.Problem, st.Detail = HookStale, fmt.Sprintf("the link runs program %d, %d is pinned", info.Program, id)
-	} else if want := progName(h, Version()); pi.Name != want {
+	} else if want := progName(h, Revision, Version()); pi.Name != want {
+		if r, ok := revisionOf(pi.Name); ok && r > Revision {
+			// a newer build's, met in a rolling update: its to keep
+			st.Detail = fmt.Sprintf("program %q of a newer revision", pi.Name)
+			return st, nil
+		}
 		st.Problem, st.Detail = HookStale, fmt.Sprintf("program %q, want %q", pi.Name, want)
 	}
 	return st, nil
@@ -133,13 +138,15 @@ func denied(err error) bool { return errors.Is(err, unix.EPERM) || errors.Is(err
 // attached where missing, replaced where detached or moved, updated in
 // place (the link stays, so no connect() goes unrewritten) where stale.
 // The caller holds the host-wide lock.
-func (s *kernelSite) Install(states []HookState) error { return s.install(states, Version()) }
+func (s *kernelSite) Install(states []HookState) error {
+	return s.install(states, Revision, Version())
+}
 
-// InstallBuild puts programs named as build version on every hook of
-// cfg's site (attached where missing, updated in place elsewhere), as
-// another build of the plugin would have left them: the kernel tests
-// stand for an older or newer build with it.
-func InstallBuild(cfg plan.Socket, version string) error {
+// InstallBuild puts programs named as a build of revision and version
+// on every hook of cfg's site (attached where missing, updated in place
+// elsewhere), as another build of the plugin would have left them: the
+// kernel tests stand for an older or newer build with it.
+func InstallBuild(cfg plan.Socket, revision int, version string) error {
 	site, err := OpenSite(cfg)
 	if err != nil {
 		return err
@@ -152,10 +159,10 @@ func InstallBuild(cfg plan.Socket, version string) error {
 			states[i].Problem = HookMissing
 		}
 	}
-	return ks.install(states, version)
+	return ks.install(states, revision, version)
 }
 
-func (s *kernelSite) install(states []HookState, version string) error {
+func (s *kernelSite) install(states []HookState, revision int, version string) error {
 	if err := s.Ready(); err != nil {
 		return err
 	}
@@ -204,16 +211,19 @@ func (s *kernelSite) install(states []HookState, version string) error {
 		if st.Problem == HookOK {
 			continue
 		}
-		if err := s.fix(st, maps[svcMap], maps[revMap], cg, version); err != nil {
+		if err := s.fix(st, maps[svcMap], maps[revMap], cg, revision, version); err != nil {
 			return fmt.Errorf("socket path: %s %s: %w", st.Action(), st.Hook.Name, err)
 		}
 	}
 	return nil
 }
 
-func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, version string) error {
+func (s *kernelSite) fix(st HookState, svc, rev *ebpf.Map, cg *os.File, revision int, version string) error {
 	var prog *ebpf.Program
-	err := lockedMemory(func() (err error) { prog, err = ebpf.NewProgram(spec(st.Hook, svc, rev, version)); return err })
+	err := lockedMemory(func() (err error) {
+		prog, err = ebpf.NewProgram(spec(st.Hook, svc, rev, revision, version))
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -201,18 +203,37 @@ var Version = sync.OnceValue(func() string {
 	return hex.EncodeToString(h.Sum(nil))[:8]
 })
 
-// progName is hook h's program name: at most 15 characters, carrying
-// the version ("pm_c4_1a2b3c4d").
-func progName(h Hook, version string) string {
+// Revision orders the programs' behaviours: a build whose programs do
+// what the last revision's did not bumps it (TestProgramRevision holds
+// Version to it). During a rolling update the plugin and the agent of two
+// builds meet: a build updates the programs of an older revision, and
+// leaves a newer revision's, so neither rewrites the other's on every ADD
+// and pass; builds of one revision run the same programs.
+const Revision = 1
+
+// progName is hook h's program name: at most 15 characters, carrying the
+// revision and the first six digits of the version ("pm_c4_01_1a2b3c").
+func progName(h Hook, revision int, version string) string {
 	short := map[string]string{"connect": "c", "sendmsg": "s", "recvmsg": "r", "getpeername": "p"}
 	base := h.Name[:len(h.Name)-1]
-	return "pm_" + short[base] + h.Name[len(h.Name)-1:] + "_" + version
+	return fmt.Sprintf("pm_%s%s_%02d_%.6s", short[base], h.Name[len(h.Name)-1:], revision, version)
+}
+
+// revisionOf reads the revision from a program's name; false for a name
+// progName did not make.
+func revisionOf(name string) (int, bool) {
+	parts := strings.Split(name, "_")
+	if len(parts) != 4 || parts[0] != "pm" || len(parts[2]) != 2 {
+		return 0, false
+	}
+	r, err := strconv.Atoi(parts[2])
+	return r, err == nil
 }
 
 // spec is hook h's program for maps svc and rev.
-func spec(h Hook, svc, rev *ebpf.Map, version string) *ebpf.ProgramSpec {
+func spec(h Hook, svc, rev *ebpf.Map, revision int, version string) *ebpf.ProgramSpec {
 	return &ebpf.ProgramSpec{
-		Name:         progName(h, version),
+		Name:         progName(h, revision, version),
 		Type:         ebpf.CGroupSockAddr,
 		AttachType:   h.Attach,
 		Instructions: program(h, svc.FD(), rev.FD()),

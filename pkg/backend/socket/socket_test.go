@@ -471,14 +471,34 @@ func TestOnlyLoopback(t *testing.T) {
 func TestProgramNames(t *testing.T) {
 	seen := map[string]bool{}
 	for _, h := range Hooks {
-		n := progName(h, Version())
+		n := progName(h, Revision, Version())
 		if len(n) > 15 || seen[n] {
 			t.Errorf("program name %q: too long or twice", n)
 		}
 		seen[n] = true
+		if r, ok := revisionOf(n); !ok || r != Revision {
+			t.Errorf("the revision of %q: %d %v, want %d", n, r, ok, Revision)
+		}
 	}
 	if len(Version()) != 8 {
 		t.Errorf("version %q", Version())
+	}
+	for _, n := range []string{"pm_c4_1a2b3c4d", "pm_c4_x1_1a2b3c", "prog", "pm_c4_1_1a2b3c"} {
+		if _, ok := revisionOf(n); ok {
+			t.Errorf("revisionOf(%q) read a revision from a name progName does not make", n)
+		}
+	}
+}
+
+// revisions are the programs' Version at each Revision: a change to the
+// programs that does not bump Revision fails here, since builds of one
+// revision must run the same programs (or the older one would rewrite the
+// newer's in a rolling update).
+var revisions = map[int]string{1: "e298cc65"}
+
+func TestProgramRevision(t *testing.T) {
+	if got, want := Version(), revisions[Revision]; got != want {
+		t.Errorf("the programs of revision %d are %s, recorded %s: a change to what they do bumps Revision (and records its version here)", Revision, got, want)
 	}
 }
 
