@@ -41,7 +41,8 @@ type pass struct {
 // ledger keeps. c1 is cached throughout and keeps its rules; c2's stay
 // after its cache entry went when the cache directory is missing or
 // holds no entry, when the ledger holds a file that is not a record,
-// when c2's record is a newer release's (cached or not), when its ADD is
+// when the ledger is not there at all, when c2's record is a newer
+// release's (cached or not), when its ADD is
 // on record and its namespace lives, and when its DEL is on record
 // while its cache entry is still there; and when the cache cannot name
 // c2 gone: a results directory without entries, one with another
@@ -107,6 +108,12 @@ func TestPruneOverMemory(t *testing.T) {
 		{"no record", func(t *testing.T, dir string, _ pass) string {
 			return dir
 		}, []string{"c1 8080"}, nil, []string{"net1 c2 -: pruned: "}, ""},
+		{"no ledger at all (the agent's /run is not the plugin's)", func(t *testing.T, dir string, p pass) string {
+			if err := os.RemoveAll(p.ledger.Root); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, both, nil, []string{"orphans not pruned: ledger: ", "is not there: no ledger", "net1 c2 -: orphan"}, ""},
 		{"a results directory without entries", func(t *testing.T, _ string, _ pass) string {
 			empty := t.TempDir()
 			if err := os.Mkdir(filepath.Join(empty, "results"), 0o700); err != nil {

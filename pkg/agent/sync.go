@@ -116,6 +116,13 @@ func (a *Agent) Sync(o Options) (*Report, error) {
 	}
 	// Under the lock: what the ledger says now holds when the pass writes.
 	ad, unread, err := a.admission(atts)
+	if errors.Is(err, ledger.ErrNone) {
+		// no ADD in flight could be told: any orphan may be one
+		if copts.Prune {
+			copts.Prune, rep.NotPruned = false, err.Error()+": an ADD in flight, whose cache entry the runtime has not written yet, could not be told from an orphan"
+		}
+		err = nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +200,9 @@ func (a *Agent) admission(atts []cnicache.Attachment) (ad *admission, unread []l
 		var ue *ledger.UnreadError
 		if errors.As(err, &ue) {
 			unread, err = ue.Files, nil
+		}
+		if errors.Is(err, ledger.ErrNone) {
+			return newAdmission(records, epoch, atts, gone), nil, err
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("read the ledger: %w", err)

@@ -97,12 +97,20 @@ func New(o plan.Owner, v Verb) Record {
 	return Record{Network: o.Network, ContainerID: o.ContainerID, IfName: o.IfName, Verb: v, Time: time.Now().UTC()}
 }
 
+// ErrNone is a Read that found no ledger at all: no plugin of this
+// release wrote one on this node, or the reader's /run is not the
+// plugin's (an agent whose /run is a directory of its own). A caller
+// that would act on the records' absence (prune what no record holds)
+// cannot tell the two apart, and must not.
+var ErrNone = errors.New("no ledger")
+
 // Ledger is where the records are kept: Dir on a node, fakehost.Ledger in tests.
 type Ledger interface {
 	// Write replaces the owner's record. Callers hold the host-wide lock.
 	Write(r Record) error
 	// Read returns every record, and when the ledger began (zero when
-	// no plugin has written one yet).
+	// no plugin has written one yet); an error wrapping ErrNone (and no
+	// records) where no ledger is there at all.
 	Read() (map[plan.Owner]Record, time.Time, error)
 	// Forget removes the owner's record and reports whether there was
 	// one. Callers hold the host-wide lock.
@@ -231,6 +239,9 @@ func (d *Dir) Read() (map[plan.Owner]Record, time.Time, error) {
 	dir, err := d.path()
 	if err != nil {
 		return nil, time.Time{}, err
+	}
+	if _, err := os.Stat(filepath.Dir(dir)); errors.Is(err, os.ErrNotExist) {
+		return map[plan.Owner]Record{}, time.Time{}, fmt.Errorf("ledger: %s is not there: %w", filepath.Dir(dir), ErrNone)
 	}
 	fi, err := os.Stat(filepath.Join(dir, epochFile))
 	if errors.Is(err, os.ErrNotExist) {

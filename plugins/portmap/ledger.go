@@ -70,7 +70,7 @@ func (p *Plugin) forgetInvalid(network string, valid []plan.Owner) error {
 	return p.inLedger(func(l ledger.Ledger) error {
 		recs, _, err := l.Read()
 		var ue *ledger.UnreadError
-		if err != nil && !errors.As(err, &ue) { // files that are no records are not forgotten here
+		if err != nil && !errors.As(err, &ue) && !errors.Is(err, ledger.ErrNone) { // files that are no records are not forgotten here
 			return err
 		}
 		for o := range recs {
