@@ -7,6 +7,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/portmap-dev/portmap/pkg/host"
+	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -18,9 +19,15 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := p.recordDel(a); err != nil {
-		// The rules go all the same: a DEL that failed here would leave
-		// them and the cache entry, for the runtime to retry.
+	if err := p.recordDel(a); errors.Is(err, lock.ErrTimeout) {
+		// Nothing removed, "try again later": a DEL that removed the
+		// rules without its record would leave the ADD on record, and
+		// a pass that read the cache entry before the runtime removed
+		// it would bring the rules back. The runtime retries DEL.
+		return cniError(a, err)
+	} else if err != nil {
+		// A ledger that cannot be written (a read-only /run): the rules
+		// go all the same, or DEL would fail for as long as it lasts.
 		fmt.Fprintf(p.Host.Log, "portmap: %v\n", err)
 	}
 	var errs, missing []error

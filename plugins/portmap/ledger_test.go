@@ -1,16 +1,22 @@
 package portmap
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/attach"
+	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/ledger"
+	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/test/fakehost"
 )
 
 var owner1 = plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"}
@@ -137,5 +143,47 @@ func TestGCForgetsInvalidRecords(t *testing.T) {
 	}
 	if got := h.Ledger.String(); got != "add net1/c1/eth0\nadd net2/c3/eth0" {
 		t.Errorf("records after GC:\n%s\nwant the valid one and the other network's", got)
+	}
+}
+
+// A DEL that cannot take the host lock to record itself removes nothing
+// and answers code 11, "try again later": removing the rules with the ADD
+// still on record would let a pass that read the cache entry before the
+// runtime removed it bring them back. Its retry, with the lock free,
+// removes them.
+func TestDelWithoutItsRecordRemovesNothing(t *testing.T) {
+	h, _ := fakehost.New()
+	k := fakehost.BackendsInMemory(h)[backend.NFTables]
+	p := &Plugin{Stdout: &bytes.Buffer{}, Host: h}
+	conf := withMappings(map[string]string{"backend": `"nftables"`, "prevResult": prevDual})
+	if err := p.Add(args(t, conf)); err != nil {
+		t.Fatal(err)
+	}
+	mapped := func() []string {
+		return k.Mapped(t, func(m plan.Installed) string {
+			return fmt.Sprintf("%s %s %d", m.Owner.ContainerID, m.ContainerIP, m.HostPort)
+		})
+	}
+	before := mapped()
+	if len(before) == 0 {
+		t.Fatal("ADD mapped nothing")
+	}
+	free := h.Lock
+	h.Lock = func() (func(), error) { return nil, fmt.Errorf("the portmap lock: %w", lock.ErrTimeout) }
+	if err := p.Del(args(t, conf)); codeOf(err) != 11 {
+		t.Errorf("DEL with the host lock held: %v (code %d), want code 11", err, codeOf(err))
+	}
+	if got := mapped(); !slices.Equal(got, before) {
+		t.Errorf("DEL that could not record itself removed %q of %q", got, before)
+	}
+	if recs, _, _ := h.Ledger.Read(); recs[owner1].Verb != ledger.Add {
+		t.Errorf("the record after the failed DEL: %+v, want the ADD's", recs[owner1])
+	}
+	h.Lock = free
+	if err := p.Del(args(t, conf)); err != nil {
+		t.Fatal(err)
+	}
+	if got := mapped(); len(got) != 0 {
+		t.Errorf("after the retried DEL: %q, want nothing", got)
 	}
 }
