@@ -48,14 +48,26 @@ func Agent(args ...string) (stdout, stderr string, status int, err error) {
 // ...) in its bounding set, and so in effect (it runs as root), as in a
 // container given them: setpriv --bounding-set. Nil: every capability.
 func AgentWith(caps []string, args ...string) (stdout, stderr string, status int, err error) {
-	cmd := exec.Command(filepath.Join(BinDir(), "portmap-agent"), args...)
-	if caps != nil {
-		set := "-all"
-		for _, c := range caps {
-			set += ",+" + strings.ToLower(c)
-		}
-		cmd = exec.Command("setpriv", append([]string{"--bounding-set", set, "--", cmd.Path}, args...)...)
+	argv := append(withCaps(caps), filepath.Join(BinDir(), "portmap-agent"))
+	return runAgent(exec.Command(argv[0], append(argv[1:], args...)...))
+}
+
+// withCaps is the command line that runs what follows it with exactly
+// the capabilities caps in its bounding set (setpriv); nil caps: none.
+func withCaps(caps []string) []string {
+	if caps == nil {
+		return nil
 	}
+	set := "-all"
+	for _, c := range caps {
+		set += ",+" + strings.ToLower(c)
+	}
+	return []string{"setpriv", "--bounding-set", set, "--"}
+}
+
+// runAgent runs cmd, an agent's, as a person would (no CNI_ variable),
+// and returns its stdout, its stderr and its exit status.
+func runAgent(cmd *exec.Cmd) (stdout, stderr string, status int, err error) {
 	cmd.Env = PluginEnv("", "", "", "")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -2,12 +2,10 @@ package nettest
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -148,17 +146,9 @@ func (n *Node) Runtime(tb TB, net Net, cacheDir string) *Runtime {
 // capabilities caps in its bounding set (setpriv; nil: all).
 func (n *Node) AgentAsPod(caps []string, args ...string) (stdout, stderr string, status int, err error) {
 	host := filepath.Join(n.dir, "host")
-	set := []string{}
-	if caps != nil {
-		s := "-all"
-		for _, c := range caps {
-			s += ",+" + strings.ToLower(c)
-		}
-		set = []string{"setpriv", "--bounding-set", s, "--"}
-	}
 	argv := append([]string{"unshare", "--cgroup", "--mount", "--", "sh", "-c",
 		`h=$1; shift; mount --rbind / "$h" && mount --make-rslave "$h" && exec "$@"`, "sh", host},
-		set...)
+		withCaps(caps)...)
 	argv = append(append(argv, filepath.Join(BinDir(), "portmap-agent")), args...)
 	argv = append(argv, "--root", host)
 	cg, err := os.Open(filepath.Join(n.Cgroup, "agent"))
@@ -168,12 +158,5 @@ func (n *Node) AgentAsPod(caps []string, args ...string) (stdout, stderr string,
 	defer cg.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-	cmd.Env = PluginEnv("", "", "", "")
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err = cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return out.String(), errb.String(), ee.ExitCode(), nil
-	}
-	return out.String(), errb.String(), 0, err
+	return runAgent(cmd)
 }
