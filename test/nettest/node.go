@@ -145,6 +145,32 @@ func (n *Node) Runtime(tb TB, net Net, cacheDir string) *Runtime {
 // bind-mounted and given as --root (appended to args), with exactly the
 // capabilities caps in its bounding set (setpriv; nil: all).
 func (n *Node) AgentAsPod(caps []string, args ...string) (stdout, stderr string, status int, err error) {
+	cmd, done, err := n.asPod(caps, args)
+	if err != nil {
+		return "", "", 0, err
+	}
+	defer done()
+	return runAgent(cmd)
+}
+
+// WatchAsPod is StartWatch of `portmap-agent sync --watch args` run as
+// AgentAsPod runs the agent.
+func (n *Node) WatchAsPod(tb LogTB, caps []string, started string, args ...string) *Watcher {
+	tb.Helper()
+	cmd, done, err := n.asPod(caps, append([]string{"sync", "--watch"}, args...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Env = PluginEnv("", "", "", "")
+	w := startWatch(tb, cmd, true, started)
+	done()
+	return w
+}
+
+// asPod is the command that runs portmap-agent with args as the
+// DaemonSet's container runs it (AgentAsPod); done closes what starting
+// it needed.
+func (n *Node) asPod(caps, args []string) (cmd *exec.Cmd, done func(), err error) {
 	host := filepath.Join(n.dir, "host")
 	argv := append([]string{"unshare", "--cgroup", "--mount", "--", "sh", "-c",
 		`h=$1; shift; mount --rbind / "$h" && mount --make-rslave "$h" && exec "$@"`, "sh", host},
@@ -153,10 +179,9 @@ func (n *Node) AgentAsPod(caps []string, args ...string) (stdout, stderr string,
 	argv = append(argv, "--root", host)
 	cg, err := os.Open(filepath.Join(n.Cgroup, "agent"))
 	if err != nil {
-		return "", "", 0, err
+		return nil, nil, err
 	}
-	defer cg.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd = exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-	return runAgent(cmd)
+	return cmd, func() { cg.Close() }, nil
 }

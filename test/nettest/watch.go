@@ -32,9 +32,16 @@ type Watcher struct {
 // bus), and kills it at the end of the test, logging its log.
 func StartWatch(tb LogTB, bin string, env []string, started string, args ...string) *Watcher {
 	tb.Helper()
-	w := &Watcher{done: make(chan error, 1)}
-	w.cmd = exec.Command(filepath.Join(BinDir(), bin), append([]string{"sync", "--watch"}, args...)...)
-	w.cmd.Env = append(os.Environ(), env...)
+	cmd := exec.Command(filepath.Join(BinDir(), bin), append([]string{"sync", "--watch"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	return startWatch(tb, cmd, bin == "portmap-agent", started)
+}
+
+// startWatch starts cmd, a watcher, as StartWatch does; agent says it
+// is portmap-agent.
+func startWatch(tb LogTB, cmd *exec.Cmd, agent bool, started string) *Watcher {
+	tb.Helper()
+	w := &Watcher{done: make(chan error, 1), cmd: cmd}
 	out, err := w.cmd.StdoutPipe()
 	if err != nil {
 		tb.Fatal(err)
@@ -57,7 +64,7 @@ func StartWatch(tb LogTB, bin string, env []string, started string, args ...stri
 		tb.Logf("watch log:\n%s", w.Text())
 	})
 	w.WaitFor(tb, started, 5*time.Second)
-	if bin == "portmap-agent" {
+	if agent {
 		// it looks for firewalld's bus in the background and says what it
 		// found ("following firewalld on the system bus", "no system
 		// bus"): after that, its log is quiet while nothing changes

@@ -9,7 +9,6 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/agent"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
-	"github.com/portmap-dev/portmap/test/deploy"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -29,10 +28,7 @@ func TestAgentAsDaemonSet(t *testing.T) {
 	if !nfnl.ReleaseAtLeast(nfnl.Release(), 5, 14) {
 		t.Skipf("Linux %s: the socket path needs 5.14 and is refused here", nfnl.Release())
 	}
-	caps, err := deploy.AgentContainerCapabilities()
-	if err != nil {
-		t.Fatal(err)
-	}
+	caps := daemonSetCaps(t)
 	t.Logf("the DaemonSet's capabilities: %s", strings.Join(caps, " "))
 	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
 		node := nettest.NewNode(t)

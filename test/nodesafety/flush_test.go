@@ -88,7 +88,7 @@ func TestFlushKeepsOtherHostsFlows(t *testing.T) {
 
 		// the agent's repair flushes the repaired ports too
 		nettest.ResetNAT(t)
-		if out, stderr, status, err := nettest.Agent("sync", "--cache-dir", rt.CacheDir); err != nil || status != 0 || !strings.Contains(out, "repaired") {
+		if out, stderr, status, err := podAgent(t, nettest.NewNode(t), "sync", "--cache-dir", rt.CacheDir); err != nil || status != 0 || !strings.Contains(out, "repaired") {
 			t.Fatalf("sync after the nat table was emptied: %d %v\n%s%s", status, err, out, stderr)
 		}
 		kept("after the agent's repair")
@@ -135,8 +135,8 @@ func pusher(t *testing.T, n ns.NetNS, port int) {
 // TestRepairKeepsRightFlows: a client on the LAN holds a connected UDP
 // flow to a host port, and the container pushes to it every 100 ms. The
 // firewall is flushed under it (the flow's conntrack entry keeps
-// translating the pushes), and one `portmap-agent sync` repairs the
-// rules: the client keeps receiving the pushes, with either backend. The
+// translating the pushes), and one `portmap-agent sync`, run as the
+// DaemonSet runs it, repairs the rules: the client keeps receiving the pushes, with either backend. The
 // repair's flush deletes only the flows the rules translate otherwise
 // (before, it deleted this one, and every push after it left
 // untranslated, from the container's address, which the client's
@@ -192,7 +192,7 @@ func TestRepairKeepsRightFlows(t *testing.T) {
 		if got := stale.Ask(t); got != "" {
 			t.Fatalf("host port 6711 answered %q with its rules flushed", got)
 		}
-		out, stderr, status, err := nettest.Agent("sync", "--cache-dir", rt.CacheDir)
+		out, stderr, status, err := podAgent(t, nettest.NewNode(t), "sync", "--cache-dir", rt.CacheDir)
 		if err != nil || status != 0 || !strings.Contains(out, "repaired") {
 			t.Fatalf("sync after the flush: %d %v\n%s%s", status, err, out, stderr)
 		}

@@ -39,6 +39,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/portmap-dev/portmap/test/deploy"
 	"github.com/portmap-dev/portmap/test/nettest"
 )
 
@@ -63,6 +64,25 @@ func forBackends(t *testing.T, f func(t *testing.T, backend string, extra map[st
 }
 
 func addr(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+
+// daemonSetCaps are the capabilities the DaemonSet's agent runs with:
+// the runtime's defaults and what deploy/portmap.yaml adds.
+func daemonSetCaps(t *testing.T) []string {
+	t.Helper()
+	caps, err := deploy.AgentContainerCapabilities()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return caps
+}
+
+// podAgent runs portmap-agent with args on node as the DaemonSet runs it
+// (a cgroup namespace of its own, the node's / as --root, the manifest's
+// capabilities).
+func podAgent(t *testing.T, node *nettest.Node, args ...string) (stdout, stderr string, status int, err error) {
+	t.Helper()
+	return node.AgentAsPod(daemonSetCaps(t), args...)
+}
 
 // lan makes the node's LAN: a host at .2 that also holds another node's
 // address and the metadata address (routed to it by the node), each

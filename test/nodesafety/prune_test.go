@@ -12,7 +12,8 @@ import (
 
 // TestPruneOnlyOnEvidence: a container mapped by upstream v1.10.0 (no
 // ledger record of ours: a node mid-migration) keeps its host port
-// through `portmap-agent sync --prune` given a cache directory that is
+// through `portmap-agent sync --prune`, run as the DaemonSet runs it,
+// given a cache directory that is
 // not there (a wrong flag, a hostPath that mounts another directory, a
 // wiped cache: the pass fails, naming it), one that holds no entries
 // (the pass prunes nothing and says why), one whose results directory
@@ -25,6 +26,7 @@ import (
 func TestPruneOnlyOnEvidence(t *testing.T) {
 	nettest.ResetNAT(t)
 	cl := lan(t)
+	node := nettest.NewNode(t)
 	cache := t.TempDir()
 	up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "up", V4: "192.0.2.32/28", Portmap: "portmap-upstream"}, cache)
 	c := up.MustAdd(t, "upstreams", nettest.Mapping{HostPort: 6104, ContainerPort: srvPort, Protocol: "tcp"})
@@ -42,7 +44,7 @@ func TestPruneOnlyOnEvidence(t *testing.T) {
 	// a pass that skipped a cache file it should have read exits 1
 	prune := func(dir string, exit int, says ...string) {
 		t.Helper()
-		out, stderr, status, err := nettest.Agent("sync", "--prune", "--cache-dir", dir)
+		out, stderr, status, err := podAgent(t, node, "sync", "--prune", "--cache-dir", dir)
 		if err != nil || status != exit || slices.ContainsFunc(says, func(s string) bool { return !strings.Contains(out, s) }) {
 			t.Errorf("sync --prune --cache-dir %s: exit %d, %v; want exit %d, saying %q\n%s%s", dir, status, err, exit, says, out, stderr)
 		}
@@ -50,7 +52,7 @@ func TestPruneOnlyOnEvidence(t *testing.T) {
 	answers("before")
 
 	missing := filepath.Join(t.TempDir(), "no-such-dir")
-	out, stderr, status, err := nettest.Agent("sync", "--prune", "--cache-dir", missing)
+	out, stderr, status, err := podAgent(t, node, "sync", "--prune", "--cache-dir", missing)
 	if err != nil || status == 0 || !strings.Contains(stderr, "no such cache directory") || !strings.Contains(stderr, missing) {
 		t.Errorf("sync --prune of a cache directory that is not there: exit %d, %v; want a failure naming it\n%s%s", status, err, out, stderr)
 	}

@@ -115,7 +115,8 @@ func kubeProxyChurn(t *testing.T, rate int, d time.Duration) int {
 	return n
 }
 
-// TestForeignCommitStorm: with the agent watching, another program
+// TestForeignCommitStorm: with the agent watching (as the DaemonSet runs
+// it), another program
 // committing to a table of its own 20 times a second starts no pass (it
 // took one a --min-sync-period before), and neither does kube-proxy's
 // iptables mode committing to its own chains in the nat table 20 times a
@@ -145,7 +146,7 @@ func TestForeignCommitStorm(t *testing.T) {
 		storm(t, 20, 2*time.Second)
 		alone := <-done
 
-		w := nettest.StartWatch(t, "portmap-agent", nil, "serving /metrics", "--cache-dir", rt.CacheDir, "--metrics-addr", "127.0.0.1:0")
+		w := nettest.NewNode(t).WatchAsPod(t, daemonSetCaps(t), "serving /metrics", "--cache-dir", rt.CacheDir, "--metrics-addr", "127.0.0.1:0")
 		m := regexp.MustCompile(`serving /metrics.* addr=(\S+)`).FindStringSubmatch(w.Text())
 		if m == nil {
 			t.Fatalf("no metrics address:\n%s", w.Text())
