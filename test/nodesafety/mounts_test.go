@@ -1,10 +1,14 @@
 package nodesafety
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/test/nettest"
 )
@@ -63,6 +67,43 @@ func TestSocketPathMountsNothingPrivate(t *testing.T) {
 		}
 		if after := mounts(t); after != before {
 			t.Errorf("\"auto\" mounted in the runtime's mount namespace:\n%s\nwas:\n%s", after, before)
+		}
+	})
+}
+
+// TestSocketPathReadOnlyBPFFS: a bpfPinDir on a bpf filesystem mounted
+// read-only (a runtime's sandboxed view of /sys/fs/bpf) gets code 50
+// naming it, from STATUS's question and ADD alike, and "auto" takes the
+// NAT path; before, Ready passed and ADD failed pinning.
+func TestSocketPathReadOnlyBPFFS(t *testing.T) {
+	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
+		site := nettest.NewCgroupSite(t)
+		ro := filepath.Join(t.TempDir(), "bpffs-ro")
+		if err := os.Mkdir(ro, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("bpffs", ro, "bpf", unix.MS_RDONLY, ""); err != nil {
+			t.Fatalf("mount a read-only bpffs: %v", err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(ro, unix.MNT_DETACH) })
+		extra["localhost"] = `"socket"`
+		extra["cgroupPath"] = fmt.Sprintf("%q", site.Cgroup)
+		extra["bpfPinDir"] = fmt.Sprintf("%q", ro)
+		rt := nettest.NewRuntime(t, nettest.Net{Name: "robpf", V4: "192.0.2.96/28", Extra: extra})
+		c, err := rt.Add(t, "r1", nettest.Mapping{HostPort: 6410, ContainerPort: srvPort})
+		if nettest.Code(err) != 50 || !strings.Contains(err.Error(), "read-only bpf filesystem") {
+			t.Errorf("ADD with bpfPinDir on a read-only bpffs: %v (code %d), want code 50 naming it", err, nettest.Code(err))
+		}
+		_ = rt.Del(c)
+		extra["localhost"] = `"auto"`
+		rt = nettest.NewRuntime(t, nettest.Net{Name: "robpf-auto", V4: "192.0.2.112/28", Extra: extra})
+		c = rt.MustAdd(t, "a1", nettest.Mapping{HostPort: 6411, ContainerPort: srvPort})
+		nettest.Serve(t, c.NS, "a1", srvPort)
+		if got, err := nettest.Dial(nil, "tcp", addr("127.0.0.1", 6411)); err != nil || !strings.HasPrefix(got, "a1 sees ") {
+			t.Errorf("\"auto\" at 127.0.0.1 beside a read-only bpffs: %q, %v; want the NAT path", got, err)
+		}
+		if err := rt.Del(c); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

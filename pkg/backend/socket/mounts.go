@@ -132,6 +132,12 @@ func fsType(path string) (int64, error) {
 	return int64(st.Type), nil
 }
 
+// readOnly reports whether the filesystem at path is mounted read-only.
+func readOnly(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Flags&unix.ST_RDONLY != 0
+}
+
 // onBPFFS finds the nearest existing directory of path and reports
 // whether it is on a bpf filesystem.
 func onBPFFS(path string) (string, bool) {

@@ -180,6 +180,8 @@ func (s *kernelSite) Ready() error {
 	}
 	if at, ok := onBPFFS(s.dir); !ok && !s.mountsBPFFS() {
 		return fmt.Errorf("socket path: bpfPinDir %q is not on a bpf filesystem (%s is not bpffs)", filepath.Dir(s.dir), at)
+	} else if ok && readOnly(at) && !s.Exists() {
+		return fmt.Errorf("socket path: bpfPinDir %q is on a read-only bpf filesystem (%s): nothing can be pinned there", filepath.Dir(s.dir), at)
 	} else if !ok {
 		// Install mounts one at /sys/fs/bpf, where the node's init sees it
 		if err := mountHere("bpf filesystem at "+bpffsRoot, "mount one on the node (mount -t bpf bpffs "+bpffsRoot+"), or set bpfPinDir to a directory on one"); err != nil {
