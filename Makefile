@@ -211,7 +211,10 @@ fuzz:
 soak: deps plugins
 	PORTMAP_CNI_BIN=$(CNI_BIN) $(GO) test -count=1 -timeout 60m -run '^TestSoak$$' -v ./test/kernel -soak.n=1000 -soak.cycles=10000 -soak.timing
 
-demo: deps plugins
+# The demo installs only what it uses (iptables, nftables, iproute2,
+# conntrack); make test installs the rest.
+demo: plugins
+	@./test/deps.sh demo
 	./test/demo/demo.sh $(CNI_BIN)
 
 # The kube suite's kubelet, built static from the Go module proxy at the

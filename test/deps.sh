@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the host tools the plugin, its tests and the demo use, when they
-# are missing (Debian/Ubuntu, as root).
+# are missing (Debian/Ubuntu, as root). "deps.sh demo": only what the demo
+# uses (make demo); no argument: what every test uses besides (make test).
 set -euo pipefail
 need=()
 command -v iptables-restore >/dev/null || need+=(iptables)
@@ -8,6 +9,7 @@ command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v unshare >/dev/null || need+=(util-linux)
+if [ "${1:-}" != demo ]; then
 # The image tests (test/image) build and run the image with podman.
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
@@ -26,6 +28,7 @@ command -v busybox >/dev/null || need+=(busybox-static)
 command -v depmod >/dev/null || need+=(kmod)
 # make cross-test runs the unit tests of arm64 and s390x under qemu-user.
 command -v qemu-s390x-static >/dev/null || need+=(qemu-user-static)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     echo "missing: ${need[*]} (install them, or run as root on Debian)" >&2
