@@ -55,13 +55,7 @@ func TestSocketPathMountsNothingPrivate(t *testing.T) {
 			t.Errorf("the plugin mounted in the runtime's mount namespace:\n%s\nwas:\n%s", after, before)
 		}
 
-		extra["localhost"] = `"auto"`
-		rt = nettest.NewRuntime(t, nettest.Net{Name: "mounts-auto", V4: "192.0.2.112/28", Extra: extra})
-		c = rt.MustAdd(t, "a1", nettest.Mapping{HostPort: 6401, ContainerPort: srvPort})
-		nettest.Serve(t, c.NS, "a1", srvPort)
-		if got, err := nettest.Dial(nil, "tcp", addr("127.0.0.1", 6401)); err != nil || !strings.HasPrefix(got, "a1 sees ") {
-			t.Errorf("\"auto\" at 127.0.0.1: %q, %v; want the NAT path", got, err)
-		}
+		autoTakesNAT(t, extra, "mounts-auto", 6401)
 		if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6401)); err != nil || !strings.HasPrefix(got, "a1 sees ") {
 			t.Errorf("\"auto\" from the LAN: %q, %v", got, err)
 		}
@@ -73,8 +67,8 @@ func TestSocketPathMountsNothingPrivate(t *testing.T) {
 
 // TestSocketPathReadOnlyBPFFS: a bpfPinDir on a bpf filesystem mounted
 // read-only (a runtime's sandboxed view of /sys/fs/bpf) gets code 50
-// naming it, from STATUS's question and ADD alike, and "auto" takes the
-// NAT path; before, Ready passed and ADD failed pinning.
+// naming it at ADD (from Ready, which STATUS asks too), and "auto" takes
+// the NAT path; before, Ready passed and ADD failed pinning.
 func TestSocketPathReadOnlyBPFFS(t *testing.T) {
 	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
 		site := nettest.NewCgroupSite(t)
@@ -95,15 +89,23 @@ func TestSocketPathReadOnlyBPFFS(t *testing.T) {
 			t.Errorf("ADD with bpfPinDir on a read-only bpffs: %v (code %d), want code 50 naming it", err, nettest.Code(err))
 		}
 		_ = rt.Del(c)
-		extra["localhost"] = `"auto"`
-		rt = nettest.NewRuntime(t, nettest.Net{Name: "robpf-auto", V4: "192.0.2.112/28", Extra: extra})
-		c = rt.MustAdd(t, "a1", nettest.Mapping{HostPort: 6411, ContainerPort: srvPort})
-		nettest.Serve(t, c.NS, "a1", srvPort)
-		if got, err := nettest.Dial(nil, "tcp", addr("127.0.0.1", 6411)); err != nil || !strings.HasPrefix(got, "a1 sees ") {
-			t.Errorf("\"auto\" at 127.0.0.1 beside a read-only bpffs: %q, %v; want the NAT path", got, err)
-		}
-		if err := rt.Del(c); err != nil {
-			t.Fatal(err)
-		}
+		autoTakesNAT(t, extra, "robpf-auto", 6411)
 	})
+}
+
+// autoTakesNAT adds a container a1 with host port port on a network
+// name of the portmap keys extra with "localhost": "auto", where the
+// socket path cannot be served, and checks that 127.0.0.1:port reaches
+// it all the same: "auto" took the NAT path. The container goes with the
+// test.
+func autoTakesNAT(t *testing.T, extra map[string]string, name string, port int) {
+	t.Helper()
+	extra["localhost"] = `"auto"`
+	rt := nettest.NewRuntime(t, nettest.Net{Name: name, V4: "192.0.2.112/28", Extra: extra})
+	c := rt.MustAdd(t, "a1", nettest.Mapping{HostPort: port, ContainerPort: srvPort})
+	t.Cleanup(func() { _ = rt.Del(c) })
+	nettest.Serve(t, c.NS, "a1", srvPort)
+	if got, err := nettest.Dial(nil, "tcp", addr("127.0.0.1", port)); err != nil || !strings.HasPrefix(got, "a1 sees ") {
+		t.Errorf("\"auto\" at 127.0.0.1: %q, %v; want the NAT path", got, err)
+	}
 }
