@@ -8,6 +8,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
 	"github.com/portmap-dev/portmap/test/fixture"
 	"github.com/portmap-dev/portmap/test/userns"
 )
@@ -94,4 +95,69 @@ func TestRealKernel(t *testing.T) {
 	if err := fw.Ready(p); err != nil {
 		t.Errorf("forwardAccept Ready: %v", err)
 	}
+}
+
+// noTools is a kernel whose tools may not run: a listing or a restore
+// fails.
+type noTools struct{ xt.Kernel }
+
+var errTool = errors.New("a tool ran")
+
+func (noTools) Restore([]byte) error               { return errTool }
+func (noTools) Test([]byte) error                  { return errTool }
+func (noTools) ListTable() ([]string, error)       { return nil, errTool }
+func (noTools) ListChain(string) ([]string, error) { return nil, errTool }
+
+// A pass beside kube-proxy's chains, on the real kernel: steady, it runs
+// no tool (it reads our chains over netlink); after the attachment's
+// chain and the mark chain were flushed, it repairs with the tools, and
+// the pass after that is steady again — the repair's rules, written by
+// this machine's iptables-restore, read as the native writer's.
+func TestRealKernelSteadyPass(t *testing.T) {
+	userns.Require(t)
+	b, err := New(plan.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Lock = func() (func(), error) { return func() {}, nil }
+	real := b.Kernel.(*execKernel)
+	if legacyTable(plan.IPv4, Table) || !nftTool(real.restore) {
+		t.Skipf("%s writes no nf_tables table here", real.restore)
+	}
+	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+		r.Mappings = plan.Mappings{}
+		r.Mappings.Add(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP})
+		r.Mappings.Add(plan.Mapping{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: fixture.HostIP})
+	})
+	if err := b.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	kube := "*nat\n-N KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp --dport 443 -j ACCEPT\n-I PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+	if err := real.Restore([]byte(kube)); err != nil {
+		t.Fatal(err)
+	}
+	steady := func(when string) {
+		t.Helper()
+		b.Kernel = noTools{real}
+		defer func() { b.Kernel = real }()
+		rep, err := b.Sync([]*plan.Plan{p}, converge.Options{})
+		if err != nil || rep.Wrote || rep.Results[0].State != converge.OK {
+			t.Fatalf("%s: %+v, %v; want steady without a tool", when, rep, err)
+		}
+	}
+	steady("after ADD")
+	flush := "*nat\n-F " + ChainName(p.Owner) + "\n-F " + SetMarkChain + "\nCOMMIT\n"
+	if err := real.Restore([]byte(flush)); err != nil {
+		t.Fatal(err)
+	}
+	b.Kernel = noTools{real}
+	if _, err := b.Sync([]*plan.Plan{p}, converge.Options{}); !errors.Is(err, errTool) {
+		t.Fatalf("after the flush, a pass without the tools: %v; want it to need them", err)
+	}
+	b.Kernel = real
+	rep, err := b.Sync([]*plan.Plan{p}, converge.Options{})
+	if err != nil || rep.Results[0].State != converge.Repaired {
+		t.Fatalf("after the flush: %+v, %v; want repaired", rep, err)
+	}
+	steady("after the repair")
 }

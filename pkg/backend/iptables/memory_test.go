@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"strings"
@@ -511,5 +512,112 @@ func TestSyncLeavesOutAMissingMarkChain(t *testing.T) {
 	}
 	if got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, 9090, false).DNAT; got == "" {
 		t.Error("b's host port goes nowhere after the pass")
+	}
+}
+
+// A pass over nf_tables reads our chains over netlink and, when they hold
+// what is wanted, nothing else: no listing of the table (kube-proxy's
+// chains are in it), no restore of -C lines. Anything it cannot call
+// steady — a chain emptied, an orphan's entry rule, a plan with
+// conditions — is read as before, and repaired.
+func TestSyncSteadyReadsOurChainsOnly(t *testing.T) {
+	tools := func(k *recordingKernel) (n int) {
+		for _, c := range k.calls {
+			if c == "restore" || c == "test" || strings.HasPrefix(c, "list ") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name   string
+		break_ func(t *testing.T, m *xttest.Memory, a, b *plan.Plan)
+		want   []*plan.Plan // nil: a and b
+		tools  bool         // the pass runs the tools (lists or restores)
+		state  converge.State
+	}{
+		{name: "steady"},
+		{name: "chain emptied", tools: true, state: converge.Repaired, break_: func(t *testing.T, m *xttest.Memory, a, _ *plan.Plan) {
+			restore(t, m, "*nat\n-F "+ChainName(a.Owner)+"\nCOMMIT\n")
+		}},
+		{name: "entry rule deleted", tools: true, state: converge.Repaired, break_: func(t *testing.T, m *xttest.Memory, a, _ *plan.Plan) {
+			r := EntryRules(a)[0]
+			restore(t, m, "*nat\n-D "+r.Chain+" "+xt.QuoteArgs(r.Args())+"\nCOMMIT\n")
+		}},
+		{name: "mark rule flushed", tools: true, break_: func(t *testing.T, m *xttest.Memory, _, _ *plan.Plan) {
+			restore(t, m, "*nat\n-F "+SetMarkChain+"\nCOMMIT\n")
+		}},
+		{name: "an orphan's entry rule", tools: true, break_: func(t *testing.T, _ *xttest.Memory, _, _ *plan.Plan) {}, want: []*plan.Plan{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, m := memBackend()
+			// TCP and UDP, one with a hostIP (the native writer does not
+			// write SCTP: such a plan is read as before)
+			pa := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+				r.Mappings = plan.Mappings{}
+				r.Mappings.Add(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP})
+				r.Mappings.Add(plan.Mapping{HostPort: 8053, ContainerPort: 53, Protocol: plan.UDP, HostIP: fixture.HostIP})
+			})
+			pb := fixture.Attachment("b", "192.0.2.5/24", 7070, 7071)
+			for _, p := range []*plan.Plan{pa, pb} {
+				if err := b.Apply(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restore(t, m, "*nat\n-N KUBE-SERVICES\n-A KUBE-SERVICES -p tcp -d 10.96.0.1/32 --dport 443 -j ACCEPT\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
+			want := []*plan.Plan{pa, pb}
+			if tc.want != nil {
+				want = []*plan.Plan{pa}
+			}
+			if tc.break_ != nil {
+				tc.break_(t, m, pa, pb)
+			}
+			k := &recordingKernel{Kernel: b.Kernel}
+			b.Kernel = k
+			rep, err := b.Sync(want, converge.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tools(k) > 0; got != tc.tools {
+				t.Errorf("the pass ran the tools: %v, want %v (%q)", got, tc.tools, k.calls)
+			}
+			if want := cmp.Or(tc.state, converge.OK); rep.Results[0].State != want {
+				t.Errorf("a: %+v, want %v", rep.Results[0], want)
+			}
+			if tc.want != nil && (len(rep.Orphans) != 1 || rep.Orphans[0].ContainerID != pb.Owner.ContainerID) {
+				t.Errorf("orphans %+v, want b's chain", rep.Orphans)
+			}
+			if tc.want != nil {
+				return
+			}
+			// whatever was broken is repaired: the next pass is steady
+			k.calls = nil
+			if rep, err := b.Sync(want, converge.Options{}); err != nil || rep.Wrote || tools(k) > 0 {
+				t.Errorf("the next pass: %+v, %v, calls %q; want steady", rep, err, k.calls)
+			}
+		})
+	}
+	// a plan with conditions is judged by iptables' -C; SCTP is read
+	// from the listing
+	for _, p := range []*plan.Plan{
+		fixture.TestPlan(plan.IPv4, func(r *plan.Request) { r.ConditionsV4 = []string{"-s", "192.0.2.0/24"} }),
+		fixture.TestPlan(plan.IPv4, nil),
+	} {
+		b, _ := memBackend()
+		if err := b.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+		k := &recordingKernel{Kernel: b.Kernel}
+		b.Kernel = k
+		if rep, err := b.Sync([]*plan.Plan{p}, converge.Options{}); err != nil || rep.Results[0].State != converge.OK || tools(k) == 0 {
+			t.Errorf("%v: %+v, %v, calls %q; want ok, judged by the tools", p.Conditions, rep, err, k.calls)
+		}
+	}
+}
+
+func restore(t *testing.T, m *xttest.Memory, payload string) {
+	t.Helper()
+	if err := m.Kernel(Table).Restore([]byte(payload)); err != nil {
+		t.Fatal(err)
 	}
 }

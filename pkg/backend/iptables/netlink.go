@@ -272,8 +272,61 @@ func exprForms(list []byte) []exprForm {
 		}
 		out = append(out, f)
 	}
+	return portForms(out)
+}
+
+// portForms spells a destination port match one way, whichever release
+// of iptables-nft wrote it: 1.8.7 writes --dport as the x_tables tcp or
+// udp match (the native writer does too); 1.8.8 and later as a load of
+// the transport header's bytes 2–3 and a cmp (one port) or a range (a
+// span). Both become a "dport" form of the first and last port, so a
+// chain an iptables-restore of any release repaired compares equal to
+// what the native writer writes.
+func portForms(forms []exprForm) []exprForm {
+	var out []exprForm
+	for i := 0; i < len(forms); i++ {
+		f := forms[i]
+		if lo, hi, ok := xtPorts(f); ok {
+			out = append(out, dportForm(lo, hi))
+			continue
+		}
+		if i+1 < len(forms) && f.name == "payload" && f.attrs["2"] == be32(unix.NFT_PAYLOAD_TRANSPORT_HEADER) &&
+			f.attrs["3"] == be32(2) && f.attrs["4"] == be32(2) {
+			n := forms[i+1]
+			eq := n.attrs["1"] == f.attrs["1"] && n.attrs["2"] == be32(0) // NFT_CMP_EQ, NFT_RANGE_EQ
+			switch {
+			case eq && n.name == "cmp" && len(n.attrs["3.1"]) == 2:
+				out, i = append(out, dportForm(n.attrs["3.1"], n.attrs["3.1"])), i+1
+				continue
+			case eq && n.name == "range" && len(n.attrs["3.1"]) == 2 && len(n.attrs["4.1"]) == 2:
+				out, i = append(out, dportForm(n.attrs["3.1"], n.attrs["4.1"])), i+1
+				continue
+			}
+		}
+		out = append(out, f)
+	}
 	return out
 }
+
+// xtPorts reads the tcp or udp match of a destination port span with any
+// source port and no flags: its ports in network order.
+func xtPorts(f exprForm) (lo, hi string, ok bool) {
+	info := []byte(f.attrs["3"])
+	if f.name != "match" || (f.attrs["1"] != "tcp\x00" && f.attrs["1"] != "udp\x00") || f.attrs["2"] != be32(0) ||
+		len(info) != portInfoLen || binary.NativeEndian.Uint16(info) != 0 || binary.NativeEndian.Uint16(info[2:]) != 0xffff || !isZero(info[8:]) {
+		return "", "", false
+	}
+	port := func(b []byte) string {
+		return string(binary.BigEndian.AppendUint16(nil, binary.NativeEndian.Uint16(b)))
+	}
+	return port(info[4:]), port(info[6:]), true
+}
+
+func dportForm(lo, hi string) exprForm {
+	return exprForm{name: "dport", attrs: map[string]string{"lo": lo, "hi": hi}}
+}
+
+func be32(v uint32) string { return string(binary.BigEndian.AppendUint32(nil, v)) }
 
 func flatten(m map[string]string, prefix string, b []byte, nested map[string]bool) {
 	for a := range nfnl.All(b) {

@@ -9,7 +9,9 @@ import (
 )
 
 // Sync brings this family's nat table to the wanted plans (oldest first)
-// for `portmap-agent sync`: one listing of the table and one iptables-restore of
+// for `portmap-agent sync`. On iptables-nft a pass first reads our chains
+// over netlink (steady); when they hold what is wanted, that is the whole
+// pass. Otherwise one listing of the table and one iptables-restore of
 // -C lines judge every attachment; one iptables-restore re-applies the
 // ones missing or wrong and, with Prune, removes the orphans — chains
 // CNI-DN-* that no wanted plan names (ours or the upstream plugin's: the
@@ -30,7 +32,10 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 // iptables' own comparison found wrong.
 type syncState struct {
 	want []*plan.Plan
-	lt   *listing
+	// steady: our chains read over netlink hold what is wanted, and
+	// nothing else was read.
+	steady bool
+	lt     *listing
 	// sharedBroken names what of the shared rules the exact check found
 	// missing ("": none); checked holds, per wanted plan, what of its
 	// entry rules with conditions it found missing.
@@ -41,9 +46,15 @@ type syncState struct {
 	witnesses []xt.Chain
 }
 
-// readSync lists the table and runs the exact check, side by side: they
-// are independent.
+// readSync reads our chains over netlink and, unless they are steady,
+// lists the table and runs the exact check, side by side: they are
+// independent.
 func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
+	if ok, err := b.steady(want); err != nil {
+		return nil, err
+	} else if ok {
+		return &syncState{want: want, steady: true}, nil
+	}
 	type checked struct {
 		shared string
 		broken map[int]string
@@ -78,6 +89,10 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 // CNI-DN chains no wanted plan names.
 func (s *syncState) decide() converge.Verdict[string] {
 	var v converge.Verdict[string]
+	if s.steady {
+		v.Whys = make([]string, len(s.want))
+		return v
+	}
 	v.Whys = converge.Judge(len(s.want), func(i int) string { return s.lt.judge(s.want[i]) })
 	for i, why := range v.Whys {
 		if why == "" {

@@ -1,0 +1,128 @@
+package iptables
+
+import (
+	"errors"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/portmap-dev/portmap/pkg/plan"
+	"github.com/portmap-dev/portmap/pkg/xt"
+)
+
+// steady reports whether a pass finds nothing to write, read over
+// nf_tables netlink from our chains alone: no process, no listing of the
+// nat table (kube-proxy's iptables mode keeps thousands of rules there).
+// It holds when
+//   - every wanted attachment's chain holds exactly its rules, as the
+//     native writer writes them (sameRules, as CHECK compares them);
+//   - CNI-HOSTPORT-DNAT holds exactly the wanted attachments' entry
+//     rules, in any order, and jumps to no other chain;
+//   - the shared rules and witnesses are there, judged as CHECK judges
+//     them (skeleton: each rule's jump or target in its chain).
+//
+// Anything else — a plan with conditions (iptables' -C judges those), a
+// rule another iptables release spelled otherwise, an orphan, an
+// iptables-legacy table — is false, and the pass reads as it always did:
+// one listing and the exact check. A CNI-DN chain that nothing jumps to
+// is not read here; no pass prunes one (it names no owner).
+func (b *Backend) steady(want []*plan.Plan) (bool, error) {
+	names := []string{TopLevelDNATChain}
+	var entries, shared []xt.Rule
+	var witnesses []string
+	seen, jumps := map[string]bool{}, map[string]bool{}
+	for _, p := range want {
+		if len(p.Conditions) > 0 {
+			return false, nil
+		}
+		own := ChainName(p.Owner)
+		names = append(names, own)
+		jumps[own] = true
+		entries = append(entries, EntryRules(p)...)
+		if c, ok := Witness(p); ok && !slices.Contains(witnesses, c.Name) {
+			witnesses = append(witnesses, c.Name)
+		}
+		for _, r := range skeletonRules(p) {
+			if d := describe(r); !seen[d] {
+				seen[d] = true
+				shared = append(shared, r)
+			}
+		}
+	}
+	got, err := b.Kernel.Chains(Table, names, true)
+	if errors.Is(err, xt.ErrLegacy) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, p := range want {
+		own := ChainName(p.Owner)
+		c, ok := got[own]
+		if !ok || c.Refs != len(EntryRules(p)) {
+			return false, nil
+		}
+		same, err := sameRules(b.Family, c.Exprs, ChainRules(p), jumpSet(own, []string{setMarkChainOf(p)}))
+		if err != nil || !same {
+			return false, nil
+		}
+	}
+	if same, err := sameSet(b.Family, got[TopLevelDNATChain].Exprs, entries, jumps); err != nil || !same {
+		return false, nil
+	}
+	if w, err := b.Kernel.Chains(Table, witnesses, false); err != nil || len(w) != len(witnesses) {
+		return false, err
+	}
+	missing, _, err := b.skeleton(shared)
+	if errors.Is(err, xt.ErrLegacy) {
+		return false, nil
+	}
+	return missing == "" && err == nil, err
+}
+
+// sameSet reports whether the kernel's dump of a chain's rules holds
+// rules as encodeRule writes them, each once, in any order;
+// errNotNative when one of rules is not one it writes.
+func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool) (bool, error) {
+	if len(dumped) != len(rules) {
+		return false, nil
+	}
+	count := make(map[string]int, len(rules))
+	for _, r := range rules {
+		e, _, _, err := encodeRule(f, r, chains)
+		if err != nil {
+			return false, err
+		}
+		count[exprKey(e)]++
+	}
+	for _, d := range dumped {
+		k := exprKey(d)
+		if count[k] == 0 {
+			return false, nil
+		}
+		count[k]--
+	}
+	return true, nil
+}
+
+// exprKey spells a rule's expressions as sameExprs compares them: each
+// expression's name and its attributes by path, sorted, without the
+// ones the kernel dumps at their default.
+func exprKey(list []byte) string {
+	var b strings.Builder
+	for _, e := range exprForms(list) {
+		b.WriteString(e.name)
+		paths := make([]string, 0, len(e.attrs))
+		for p, v := range e.attrs {
+			if dumpDefaults[e.name][p] != v {
+				paths = append(paths, p)
+			}
+		}
+		sort.Strings(paths)
+		for _, p := range paths {
+			b.WriteString("|" + p + "=" + e.attrs[p])
+		}
+		b.WriteString(";")
+	}
+	return b.String()
+}
