@@ -121,13 +121,14 @@ compat-test: deps plugins
 # races with the runtime (60 cases of the agent's logic, no kernel API of
 # their own: 3 minutes a kernel under the emulator), about 2 minutes a
 # kernel here; GUEST_TESTS=api the kernel-API ones alone; and, of the
-# end-to-end suite, a traffic test per backend and the DaemonSet's agent
-# with exactly its capabilities (GUEST_E2E).
+# end-to-end suite, a traffic test per backend, the DaemonSet's agent
+# with exactly its capabilities, and an SCTP association through a repair
+# (the host's kernel here has no SCTP) (GUEST_E2E).
 GUEST_KERNELS ?= bullseye bookworm trixie
 GUEST_API     := TestBPFMap|TestBPFLink|TestNFTApplyCheckRemove|TestNFTFastPathMisses|TestNFTReAddReplaces|TestNFTSamePortAndIP|TestApplyCheckRemove|TestNativeAddAsRestore|TestCheckOverNetlink|TestIPTablesFastPathMisses|TestReadyCommitsNothing|TestReadyReadsTheSkeleton|TestSocketPath
 GUEST_SLOW    := $(COMPAT_SKIP)|TestFiftyParallelAddsThenDels|TestKilledMidwayRecovers|TestSyncPassesKeepSockets|TestPassAfterARuntimeVerb
 GUEST_TESTS   ?= all
-GUEST_E2E     := TestTraffic|TestSocketPathCapabilities
+GUEST_E2E     := TestTraffic|TestSocketPathCapabilities|TestSCTPAssociationSurvivesRepair
 
 guest-test: deps plugins
 	@mkdir -p build/guest-bin
