@@ -1,6 +1,8 @@
 // Package deploy reads deploy/portmap.yaml into the Kubernetes API types
 // (strictly), for its tests here and for the image tests, which run the
-// DaemonSet's pod with podman.
+// DaemonSet's pod with podman. Its tests hold the manifest equal to the
+// Helm chart deploy/chart rendered with its defaults, and the chart's
+// values to what they change.
 package deploy
 
 import (
@@ -20,6 +22,9 @@ var Manifest = func() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "portmap.yaml")
 }()
+
+// ChartDir is the Helm chart whose default render is the manifest.
+var ChartDir = filepath.Join(filepath.Dir(Manifest), "chart")
 
 // Read decodes the manifest.
 func Read() (*appsv1.DaemonSet, error) {
