@@ -158,8 +158,12 @@ cross-build:
 # .sha256 and .sha512, into RELEASE_DIR. Reproducible: -trimpath, an empty
 # build ID, the version from the tag (git describe), the tar's entries
 # sorted, owned by root and dated at the commit, gzip without a name or
-# time. make release-check builds it twice (the second time with a build
-# cache of its own) and compares the bytes.
+# time. Beside them the Helm chart as `helm package` names it,
+# portmap-<version without the v>.tgz (a top directory portmap/), its
+# version the release's and its image tag the release's tag, packed the
+# same reproducible way, with its checksums. make release-check builds it
+# all twice (the second time with a build cache of its own) and compares
+# the bytes.
 RELEASE_DIR ?= $(CURDIR)/build/release
 RELEASE_LDFLAGS := -buildid= -X github.com/portmap-dev/portmap/pkg/buildinfo.version=$(VERSION)
 RELEASE_TIME := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
@@ -174,13 +178,21 @@ release:
 		(cd $(RELEASE_DIR) && sha256sum $$tgz >$$tgz.sha256 && sha512sum $$tgz >$$tgz.sha512); \
 		echo "$(RELEASE_DIR)/$$tgz"; \
 	done
+	@set -e; stage=$$(mktemp -d); v=$(VERSION); \
+		cp -r deploy/chart $$stage/portmap; \
+		sed -i -e "s/^version: .*/version: $${v#v}/" -e "s/^appVersion: .*/appVersion: $$v/" $$stage/portmap/Chart.yaml; \
+		chart=portmap-$${v#v}.tgz; \
+		tar --sort=name --mtime=@$(RELEASE_TIME) --owner=0 --group=0 --numeric-owner --mode=go-w -C $$stage -cf - portmap | gzip -n -9 >$(RELEASE_DIR)/$$chart; \
+		rm -rf $$stage; \
+		(cd $(RELEASE_DIR) && sha256sum $$chart >$$chart.sha256 && sha512sum $$chart >$$chart.sha512); \
+		echo "$(RELEASE_DIR)/$$chart"
 
 release-check:
 	@rm -rf build/release-a build/release-b build/release-cache
 	$(MAKE) --no-print-directory release RELEASE_DIR=$(CURDIR)/build/release-a
 	GOCACHE=$(CURDIR)/build/release-cache $(MAKE) --no-print-directory release RELEASE_DIR=$(CURDIR)/build/release-b CROSS_ARCHES=amd64
 	@set -e; for f in build/release-b/*; do cmp $$f build/release-a/$${f##*/}; done; \
-		echo "release: portmap-linux-amd64-$(VERSION).tgz the same, byte for byte, from a build cache of its own"; \
+		echo "release: portmap-linux-amd64-$(VERSION).tgz and the chart the same, byte for byte, from a build cache of its own"; \
 		rm -rf build/release-cache
 
 # The unit tests (those that need no kernel of their own: the ones in user
