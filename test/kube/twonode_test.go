@@ -162,7 +162,11 @@ func daemonSetOnTwoNodes(t *testing.T, c *controlPlane, l *lan, n1, n2 *node) {
 	// the rolling update: one node's agent at a time
 	start = time.Now()
 	failed := map[string]int{}
-	asked, rolled := c.restartDaemonSet(ds.Namespace, ds.Name, func() {
+	restart := func() error {
+		_, err := c.kubectl("-n", ds.Namespace, "rollout", "restart", "daemonset/"+ds.Name)
+		return err
+	}
+	asked, rolled := c.rollDaemonSet(ds.Namespace, ds.Name, restart, func() {
 		for _, addr := range []string{web, probe} {
 			if _, err := nettest.Dial(l.client.NS, "tcp", addr); err != nil {
 				failed[addr]++
