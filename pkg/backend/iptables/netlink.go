@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -254,7 +255,7 @@ var dumpDefaults = map[string]map[string]string{
 	"bitwise": {"6": "\x00\x00\x00\x00"},
 }
 
-func exprForms(list []byte) []exprForm {
+func exprForms(fam plan.Family, list []byte) []exprForm {
 	var out []exprForm
 	for el := range nfnl.All(list) {
 		f := exprForm{attrs: map[string]string{}}
@@ -272,17 +273,25 @@ func exprForms(list []byte) []exprForm {
 		}
 		out = append(out, f)
 	}
-	return portForms(out)
+	return matchForms(fam, out)
 }
 
-// portForms spells a destination port match one way, whichever release
-// of iptables-nft wrote it: 1.8.7 writes --dport as the x_tables tcp or
-// udp match (the native writer does too); 1.8.8 and later as a load of
-// the transport header's bytes 2–3 and a cmp (one port) or a range (a
-// span). Both become a "dport" form of the first and last port, so a
-// chain an iptables-restore of any release repaired compares equal to
-// what the native writer writes.
-func portForms(forms []exprForm) []exprForm {
+// matchForms spells a rule's matches one way, whichever release of
+// iptables-nft wrote them, so that a chain an iptables-restore of any
+// release repaired compares equal to what the native writer writes
+// (which writes as 1.8.7 does):
+//   - a load of packet data, its mask and its comparison are one form,
+//     without the register they pass through;
+//   - the protocol is one form whether loaded as the packet's layer 4
+//     protocol (1.8.7) or, on IPv4, as the header's protocol byte
+//     (1.8.11);
+//   - a destination port is one form whether the x_tables tcp or udp
+//     match (1.8.7) or a load of the transport header's bytes 2–3 and a
+//     cmp or range (1.8.8 and later);
+//   - the matches before the counter are sorted: they are a conjunction,
+//     and releases order them differently (1.8.11 puts the addresses
+//     first).
+func matchForms(fam plan.Family, forms []exprForm) []exprForm {
 	var out []exprForm
 	for i := 0; i < len(forms); i++ {
 		f := forms[i]
@@ -290,22 +299,86 @@ func portForms(forms []exprForm) []exprForm {
 			out = append(out, dportForm(lo, hi))
 			continue
 		}
-		if i+1 < len(forms) && f.name == "payload" && f.attrs["2"] == be32(unix.NFT_PAYLOAD_TRANSPORT_HEADER) &&
-			f.attrs["3"] == be32(2) && f.attrs["4"] == be32(2) {
-			n := forms[i+1]
-			eq := n.attrs["1"] == f.attrs["1"] && n.attrs["2"] == be32(0) // NFT_CMP_EQ, NFT_RANGE_EQ
-			switch {
-			case eq && n.name == "cmp" && len(n.attrs["3.1"]) == 2:
-				out, i = append(out, dportForm(n.attrs["3.1"], n.attrs["3.1"])), i+1
-				continue
-			case eq && n.name == "range" && len(n.attrs["3.1"]) == 2 && len(n.attrs["4.1"]) == 2:
-				out, i = append(out, dportForm(n.attrs["3.1"], n.attrs["4.1"])), i+1
-				continue
-			}
+		if m, n, ok := loadCompare(fam, forms[i:]); ok {
+			out, i = append(out, m), i+n-1
+			continue
 		}
 		out = append(out, f)
 	}
+	end := slices.IndexFunc(out, func(e exprForm) bool { return e.name == "counter" })
+	if end < 0 {
+		end = len(out)
+	}
+	slices.SortStableFunc(out[:end], func(a, b exprForm) int { return strings.Compare(formKey(a), formKey(b)) })
 	return out
+}
+
+// loadCompare reads a payload or meta load into a register, an optional
+// mask of that register, and the cmp or range that judges it, as one
+// form; n is how many expressions it took.
+func loadCompare(fam plan.Family, forms []exprForm) (m exprForm, n int, ok bool) {
+	load := forms[0]
+	if load.name != "payload" && load.name != "meta" {
+		return exprForm{}, 0, false
+	}
+	reg := load.attrs["1"] // NFTA_PAYLOAD_DREG, NFTA_META_DREG
+	m = exprForm{name: "match", attrs: map[string]string{}}
+	n = 1
+	if n < len(forms) && forms[n].name == "bitwise" && forms[n].attrs["1"] == reg && forms[n].attrs["2"] == reg {
+		for k, v := range forms[n].attrs {
+			if k != "1" && k != "2" && dumpDefaults["bitwise"][k] != v {
+				m.attrs["mask."+k] = v
+			}
+		}
+		n++
+	}
+	if n >= len(forms) || (forms[n].name != "cmp" && forms[n].name != "range") || forms[n].attrs["1"] != reg {
+		return exprForm{}, 0, false
+	}
+	c := forms[n]
+	n++
+	for k, v := range c.attrs {
+		if k != "1" {
+			m.attrs[c.name+"."+k] = v
+		}
+	}
+	transport := load.name == "payload" && load.attrs["2"] == be32(unix.NFT_PAYLOAD_TRANSPORT_HEADER)
+	switch {
+	case load.name == "meta" && load.attrs["2"] == be32(unix.NFT_META_L4PROTO),
+		fam == plan.IPv4 && load.name == "payload" && load.attrs["2"] == be32(unix.NFT_PAYLOAD_NETWORK_HEADER) &&
+			load.attrs["3"] == be32(9) && load.attrs["4"] == be32(1):
+		m.attrs["what"] = "l4proto"
+	case transport && load.attrs["3"] == be32(2) && load.attrs["4"] == be32(2) && len(m.attrs) == 2 && m.attrs[c.name+".2"] == be32(0):
+		// a destination port (cmp) or span (range) that equals
+		if c.name == "cmp" {
+			return dportForm(c.attrs["3.1"], c.attrs["3.1"]), n, true
+		}
+		return dportForm(c.attrs["3.1"], c.attrs["4.1"]), n, true
+	default:
+		for k, v := range load.attrs {
+			if k != "1" {
+				m.attrs[load.name+"."+k] = v
+			}
+		}
+	}
+	return m, n, true
+}
+
+// formKey spells a form as exprKey does.
+func formKey(e exprForm) string {
+	paths := make([]string, 0, len(e.attrs))
+	for p, v := range e.attrs {
+		if dumpDefaults[e.name][p] != v {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	var b strings.Builder
+	b.WriteString(e.name)
+	for _, p := range paths {
+		b.WriteString("|" + p + "=" + e.attrs[p])
+	}
+	return b.String()
 }
 
 // xtPorts reads the tcp or udp match of a destination port span with any
@@ -341,28 +414,8 @@ func flatten(m map[string]string, prefix string, b []byte, nested map[string]boo
 
 // sameExprs reports whether the kernel's dump of a rule's expressions
 // is the rule we write as want.
-func sameExprs(dumped, want []byte) bool {
-	got, exp := exprForms(dumped), exprForms(want)
-	if len(got) != len(exp) {
-		return false
-	}
-	for i, g := range got {
-		e := exp[i]
-		if g.name != e.name {
-			return false
-		}
-		for p, v := range e.attrs {
-			if g.attrs[p] != v {
-				return false
-			}
-		}
-		for p, v := range g.attrs {
-			if _, ok := e.attrs[p]; !ok && dumpDefaults[g.name][p] != v {
-				return false
-			}
-		}
-	}
-	return true
+func sameExprs(fam plan.Family, dumped, want []byte) bool {
+	return exprKey(fam, dumped) == exprKey(fam, want)
 }
 
 // sameRules reports whether the kernel's dump of a chain's rules
@@ -381,7 +434,7 @@ func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[strin
 		return false, nil
 	}
 	for i := range want {
-		if !sameExprs(dumped[i], want[i]) {
+		if !sameExprs(f, dumped[i], want[i]) {
 			return false, nil
 		}
 	}

@@ -3,7 +3,6 @@ package iptables
 import (
 	"errors"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -93,10 +92,10 @@ func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]
 		if err != nil {
 			return false, err
 		}
-		count[exprKey(e)]++
+		count[exprKey(f, e)]++
 	}
 	for _, d := range dumped {
-		k := exprKey(d)
+		k := exprKey(f, d)
 		if count[k] == 0 {
 			return false, nil
 		}
@@ -106,23 +105,12 @@ func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]
 }
 
 // exprKey spells a rule's expressions as sameExprs compares them: each
-// expression's name and its attributes by path, sorted, without the
-// ones the kernel dumps at their default.
-func exprKey(list []byte) string {
+// form (matchForms) with its attributes by path, sorted, without the ones
+// the kernel dumps at their default.
+func exprKey(fam plan.Family, list []byte) string {
 	var b strings.Builder
-	for _, e := range exprForms(list) {
-		b.WriteString(e.name)
-		paths := make([]string, 0, len(e.attrs))
-		for p, v := range e.attrs {
-			if dumpDefaults[e.name][p] != v {
-				paths = append(paths, p)
-			}
-		}
-		sort.Strings(paths)
-		for _, p := range paths {
-			b.WriteString("|" + p + "=" + e.attrs[p])
-		}
-		b.WriteString(";")
+	for _, e := range exprForms(fam, list) {
+		b.WriteString(formKey(e) + ";")
 	}
 	return b.String()
 }
