@@ -53,14 +53,18 @@ func (c *Conn) dumpFrames(b []byte, seq uint32) ([]rawMsg, error) {
 	var out []rawMsg
 	interrupted := false
 	for {
-		// A fresh buffer per read: the replies keep slices of it. The
-		// kernel fills at most 32 KiB per read of a dump.
-		buf := make([]byte, c.dumpBuf())
-		n, err := recv(c.fd, buf, 0)
+		// One read buffer for every read, and the bytes read copied out
+		// at their size: the replies keep slices of the copy. The kernel
+		// fills at most 32 KiB per read of a dump; a dump of a chain of
+		// a few rules is a few hundred bytes.
+		if len(c.scratch) != c.dumpBuf() {
+			c.scratch = make([]byte, c.dumpBuf())
+		}
+		n, err := recv(c.fd, c.scratch, 0)
 		if err != nil {
 			return nil, fmt.Errorf("read netlink dump: %w", err)
 		}
-		for _, m := range split(buf[:n]) {
+		for _, m := range split(append([]byte(nil), c.scratch[:n]...)) {
 			if m.seq != seq {
 				continue
 			}

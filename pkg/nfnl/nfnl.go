@@ -53,6 +53,9 @@ type Conn struct {
 	seq atomic.Uint32
 	// readSize, when set, is the dumps' read buffer (tests).
 	readSize int
+	// scratch is the dumps' read buffer, kept between reads (under mu):
+	// what a read returns is copied out at its size.
+	scratch []byte
 }
 
 // Open opens the socket in the calling thread's network namespace.

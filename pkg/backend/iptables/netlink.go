@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -43,10 +44,19 @@ func legacyTable(f plan.Family, table string) bool {
 // chains are not read).
 func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]xt.ChainSummary, error) {
 	out := map[string]xt.ChainSummary{}
-	for _, name := range names {
+	// the chains' gets in one exchange (a pass asks for every attachment's)
+	gets := make([]nfnl.Msg, len(names))
+	for i, name := range names {
 		var get nfnl.Attrs
 		get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, name)
-		reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: get.Bytes()})
+		gets[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: get.Bytes()}
+	}
+	replies, errs, err := c.Get(gets)
+	if err != nil {
+		return nil, fmt.Errorf("get chains of table %s: %w", table, err)
+	}
+	for i, name := range names {
+		reply, err := replies[i], errs[i]
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
@@ -288,9 +298,10 @@ func exprForms(fam plan.Family, list []byte) []exprForm {
 //   - a destination port is one form whether the x_tables tcp or udp
 //     match (1.8.7) or a load of the transport header's bytes 2–3 and a
 //     cmp or range (1.8.8 and later);
-//   - the matches before the counter are sorted: they are a conjunction,
-//     and releases order them differently (1.8.11 puts the addresses
-//     first).
+//
+// and exprKey sorts the matches before the counter: they are a
+// conjunction, and releases order them differently (1.8.11 puts the
+// addresses first).
 func matchForms(fam plan.Family, forms []exprForm) []exprForm {
 	var out []exprForm
 	for i := 0; i < len(forms); i++ {
@@ -305,11 +316,6 @@ func matchForms(fam plan.Family, forms []exprForm) []exprForm {
 		}
 		out = append(out, f)
 	}
-	end := slices.IndexFunc(out, func(e exprForm) bool { return e.name == "counter" })
-	if end < 0 {
-		end = len(out)
-	}
-	slices.SortStableFunc(out[:end], func(a, b exprForm) int { return strings.Compare(formKey(a), formKey(b)) })
 	return out
 }
 
@@ -415,7 +421,100 @@ func flatten(m map[string]string, prefix string, b []byte, nested map[string]boo
 // sameExprs reports whether the kernel's dump of a rule's expressions
 // is the rule we write as want.
 func sameExprs(fam plan.Family, dumped, want []byte) bool {
-	return exprKey(fam, dumped) == exprKey(fam, want)
+	return sameAsWritten(dumped, want) || exprKey(fam, dumped) == exprKey(fam, want)
+}
+
+// sameAsWritten reports, without allocating, whether the dump of a
+// rule's expressions is want expression for expression, attribute for
+// attribute: what the kernel dumps of a rule the native writer wrote. The counter's
+// values are the traffic's, and the dump has no nested flag, so a
+// counter's data is not compared and the nested attributes are compared
+// by their contents. Anything else (another order, another release's
+// spelling) is false, and exprKey judges it.
+func sameAsWritten(dumped, want []byte) bool {
+	next := func(b []byte) (name string, data, rest []byte, ok bool) {
+		el, rest, ok := nextAttr(b)
+		if !ok {
+			return "", nil, nil, false
+		}
+		for a := range nfnl.All(el) {
+			switch a.Type {
+			case unix.NFTA_EXPR_NAME:
+				name = a.String()
+			case unix.NFTA_EXPR_DATA:
+				data = a.Value
+			}
+		}
+		return name, data, rest, true
+	}
+	for len(dumped) > 0 || len(want) > 0 {
+		n1, d1, r1, ok1 := next(dumped)
+		n2, d2, r2, ok2 := next(want)
+		if !ok1 || !ok2 || n1 != n2 || (n1 != "counter" && !sameAttrs(d1, d2, "", nestedAttrs[n1])) {
+			return false
+		}
+		dumped, want = r1, r2
+	}
+	return true
+}
+
+// sameAttrs compares two attribute lists in any order (the kernel dumps
+// an expression's attributes in an order of its own), each type once,
+// the nested ones (by path) by their contents.
+func sameAttrs(a, b []byte, prefix string, nested map[string]bool) bool {
+	count := 0
+	for rest := a; len(rest) > 0; count++ {
+		va, ra, ok := nextAttr(rest)
+		if !ok {
+			return false
+		}
+		ta := attrType(rest)
+		vb, found := findAttr(b, ta)
+		p := prefix + strconv.Itoa(int(ta))
+		if !found || (nested[p] && !sameAttrs(va, vb, p+".", nested)) || (!nested[p] && !bytes.Equal(va, vb)) {
+			return false
+		}
+		rest = ra
+	}
+	for rest := b; len(rest) > 0; count-- {
+		_, rb, ok := nextAttr(rest)
+		if !ok {
+			return false
+		}
+		rest = rb
+	}
+	return count == 0
+}
+
+// findAttr is the value of b's attribute of type typ.
+func findAttr(b []byte, typ uint16) ([]byte, bool) {
+	for len(b) > 0 {
+		v, rest, ok := nextAttr(b)
+		if !ok {
+			return nil, false
+		}
+		if attrType(b) == typ {
+			return v, true
+		}
+		b = rest
+	}
+	return nil, false
+}
+
+// nextAttr splits off b's first attribute: its value, and what follows.
+func nextAttr(b []byte) (value, rest []byte, ok bool) {
+	if len(b) < 4 {
+		return nil, nil, false
+	}
+	n := int(binary.NativeEndian.Uint16(b))
+	if n < 4 || n > len(b) {
+		return nil, nil, false
+	}
+	return b[4:n], b[min((n+3)&^3, len(b)):], true
+}
+
+func attrType(b []byte) uint16 {
+	return binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
 }
 
 // sameRules reports whether the kernel's dump of a chain's rules

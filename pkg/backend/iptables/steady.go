@@ -27,7 +27,7 @@ import (
 // is not read here; no pass prunes one (it names no owner).
 func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	names := []string{TopLevelDNATChain}
-	var entries, shared []xt.Rule
+	var shared []xt.Rule
 	var witnesses []string
 	seen, jumps := map[string]bool{}, map[string]bool{}
 	for _, p := range want {
@@ -37,7 +37,6 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 		own := ChainName(p.Owner)
 		names = append(names, own)
 		jumps[own] = true
-		entries = append(entries, EntryRules(p)...)
 		if c, ok := Witness(p); ok && !slices.Contains(witnesses, c.Name) {
 			witnesses = append(witnesses, c.Name)
 		}
@@ -47,6 +46,11 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 				shared = append(shared, r)
 			}
 		}
+	}
+	// newest first, as ADD inserts each attachment's at the top
+	newest := make([]xt.Rule, 0, 2*len(want))
+	for i := len(want) - 1; i >= 0; i-- {
+		newest = append(newest, EntryRules(want[i])...)
 	}
 	got, err := b.Kernel.Chains(Table, names, true)
 	if errors.Is(err, xt.ErrLegacy) {
@@ -66,7 +70,7 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 			return false, nil
 		}
 	}
-	if same, err := sameSet(b.Family, got[TopLevelDNATChain].Exprs, entries, jumps); err != nil || !same {
+	if same, err := sameSet(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps); err != nil || !same {
 		return false, nil
 	}
 	if w, err := b.Kernel.Chains(Table, witnesses, false); err != nil || len(w) != len(witnesses) {
@@ -81,17 +85,28 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 
 // sameSet reports whether the kernel's dump of a chain's rules holds
 // rules as encodeRule writes them, each once, in any order;
-// errNotNative when one of rules is not one it writes.
+// errNotNative when one of rules is not one it writes. Rules in the
+// order given, as the native writer wrote them, are judged without
+// allocating; otherwise each is spelled out (exprKey).
 func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool) (bool, error) {
 	if len(dumped) != len(rules) {
 		return false, nil
 	}
-	count := make(map[string]int, len(rules))
-	for _, r := range rules {
+	want := make([][]byte, len(rules))
+	inOrder := true
+	for i, r := range rules {
 		e, _, _, err := encodeRule(f, r, chains)
 		if err != nil {
 			return false, err
 		}
+		want[i] = e
+		inOrder = inOrder && sameAsWritten(dumped[i], e)
+	}
+	if inOrder {
+		return true, nil
+	}
+	count := make(map[string]int, len(rules))
+	for _, e := range want {
 		count[exprKey(f, e)]++
 	}
 	for _, d := range dumped {
@@ -106,11 +121,18 @@ func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]
 
 // exprKey spells a rule's expressions as sameExprs compares them: each
 // form (matchForms) with its attributes by path, sorted, without the ones
-// the kernel dumps at their default.
+// the kernel dumps at their default; the matches before the counter in
+// sorted order.
 func exprKey(fam plan.Family, list []byte) string {
-	var b strings.Builder
-	for _, e := range exprForms(fam, list) {
-		b.WriteString(formKey(e) + ";")
+	forms := exprForms(fam, list)
+	keys := make([]string, len(forms))
+	end := len(forms)
+	for i, e := range forms {
+		keys[i] = formKey(e)
+		if e.name == "counter" && end == len(forms) {
+			end = i
+		}
 	}
-	return b.String()
+	slices.Sort(keys[:end])
+	return strings.Join(keys, ";")
 }
