@@ -29,7 +29,8 @@ const (
 )
 
 // Main is TestMain for privileged packages. As root it re-runs the test
-// binary in a new network and mount namespace and exits with its status;
+// binary in a new network, mount and PID namespace (the test binary is its
+// init, whose mount table is the node's) and exits with its status;
 // inside, it brings loopback up and runs the tests. Not as root it skips
 // with a message, except under CI=true, where privileged tests must run.
 func Main(m *testing.M) {
@@ -100,7 +101,11 @@ func Reexec(argv []string) int {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS}
+	// A PID namespace too: the test binary is its first process, so the
+	// node's init that the plugin asks about (/proc/1: its mount
+	// namespace, its mount table) is the test's, whose mounts (the
+	// tests' bpf filesystems and cgroup hierarchies) are the node's.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
 			return ee.ExitCode()
@@ -133,15 +138,31 @@ func setupIsolated() error {
 	if err := unix.Mount("tmpfs", runDir, "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mount a tmpfs on %s: %w", runDir, err)
 	}
+	// The test binary is the node's init here, so a plugin run in its
+	// mount namespace may mount a cgroup v2 hierarchy where none is
+	// (the socket path's default site, PrivateCgroup2): that would be
+	// the machine's whole hierarchy, its root. A file where that mount
+	// would go makes such an ADD fail instead; a test that wants the
+	// default sites runs the plugin in a Node, or in a mount namespace
+	// of the runtime's own, which mounts nothing.
+	if err := os.WriteFile(filepath.Join(runDir, "cgroupv2"), []byte("no cgroup v2 mount here: the machine's hierarchy is not the tests'\n"), 0o444); err != nil {
+		return err
+	}
 	// The agents the tests run follow firewalld on the system bus: never
 	// the machine's (a suite with a bus of its own names it).
 	if err := os.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+runDir+"/no-system-bus"); err != nil {
 		return err
 	}
+	// Before /proc is this PID namespace's, its 1 is the machine's init.
 	self, err1 := os.Readlink("/proc/self/ns/net")
 	root, err2 := os.Readlink("/proc/1/ns/net")
 	if err1 == nil && err2 == nil && self == root {
 		return fmt.Errorf("refusing to run: still in the root network namespace")
+	}
+	if os.Getpid() == 1 {
+		if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount a /proc of this PID namespace: %w", err)
+		}
 	}
 	return setupNS()
 }

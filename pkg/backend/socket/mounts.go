@@ -169,6 +169,33 @@ var initMountNS = func() (bool, error) {
 	return self == init, nil
 }
 
+// privateMount reports whether the filesystem at path is mounted in this
+// process's mount namespace and not in the node's init's: its device is
+// in no line of the init's mount table. Where this process is in the
+// init's mount namespace, or cannot tell (no /proc/1 to read: a
+// process without CAP_SYS_PTRACE over the init, the agent in its pod),
+// it is false.
+func privateMount(path string) bool {
+	if same, err := initMountNS(); err != nil || same {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/1/mountinfo")
+	if err != nil {
+		return false
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[2] == dev {
+			return false
+		}
+	}
+	return true
+}
+
 // mountHere says why what (a filesystem the host lacks, where) cannot
 // be mounted by this process, or nil where it can: in the mount
 // namespace the node's init is in.

@@ -182,6 +182,8 @@ func (s *kernelSite) Ready() error {
 		return fmt.Errorf("socket path: bpfPinDir %q is not on a bpf filesystem (%s is not bpffs)", filepath.Dir(s.dir), at)
 	} else if ok && readOnly(at) && !s.Exists() {
 		return fmt.Errorf("socket path: bpfPinDir %q is on a read-only bpf filesystem (%s): nothing can be pinned there", filepath.Dir(s.dir), at)
+	} else if ok && privateMount(at) {
+		return fmt.Errorf("socket path: bpfPinDir %q is on a bpf filesystem (%s) that the node's init does not see: it is mounted in this process's mount namespace alone, and the pins in it would die with that namespace (a runtime's restart); mount the node's bpf filesystem into the runtime's namespace, or set bpfPinDir to a directory on it", filepath.Dir(s.dir), at)
 	} else if !ok {
 		// Install mounts one at /sys/fs/bpf, where the node's init sees it
 		if err := mountHere("bpf filesystem at "+bpffsRoot, "mount one on the node (mount -t bpf bpffs "+bpffsRoot+"), or set bpfPinDir to a directory on one"); err != nil {
