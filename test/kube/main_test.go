@@ -279,6 +279,17 @@ func setupNode() error {
 			return fmt.Errorf("mount a tmpfs on %s: %w", d, err)
 		}
 	}
+	// The node is in the machine's cgroup namespace: a plugin asked for
+	// the socket path at its default site would mount the cgroup v2
+	// hierarchy at PrivateCgroup2 and attach at the machine's root. A
+	// file where that mount would go makes such an ADD fail instead (the
+	// suite's socket-path nodes name a cgroup of the test's).
+	if err := os.MkdirAll("/run/cni-portmap", 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile("/run/cni-portmap/cgroupv2", []byte("no cgroup v2 mount here: the machine's hierarchy is not the node's\n"), 0o444); err != nil {
+		return err
+	}
 	// Shared within the node's mount namespace, as on a systemd host:
 	// containerd requires it of a HostToContainer volume (the DaemonSet's
 	// /host). Made private first, so nothing propagates to the machine.
