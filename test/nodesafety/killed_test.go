@@ -107,6 +107,11 @@ func TestAgentKilledMidPass(t *testing.T) {
 			was, pid := killedAfter(t, delay, args...)
 			if was {
 				killed++
+			} else {
+				// the pass was shorter than the window: the whole passes
+				// were measured slow (go test runs other suites beside
+				// this one), so the window shrinks toward the passes
+				whole = max(whole*2/3, time.Millisecond)
 			}
 			// the lock goes with the process (another suite's plugin
 			// may hold it meanwhile: the file is the machine's) — and
