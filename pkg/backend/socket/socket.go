@@ -244,12 +244,15 @@ var hooksMu sync.Mutex
 // holds the host-wide lock.
 func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (_ *converge.Report, err error) {
 	defer func() { err = explain(err) }()
+	// nothing wanted and nothing installed: nothing to ask the kernel
+	// (a kernel before 5.14 has no netns cookie, and its passes must not
+	// fail for a path no attachment takes)
+	if len(want) == 0 && !l.Site.Exists() {
+		return converge.NewReport(0), nil
+	}
 	netns, err := l.Netns()
 	if err != nil {
 		return nil, err
-	}
-	if len(want) == 0 && !l.Site.Exists() {
-		return converge.NewReport(0), nil
 	}
 	// the families' passes run at once and share the hooks: one looks
 	// and repairs at a time, so the other finds them right

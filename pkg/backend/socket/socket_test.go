@@ -550,3 +550,18 @@ func TestRetire(t *testing.T) {
 		t.Errorf("ADD after retire: %v, installs %v", err, m.Installs)
 	}
 }
+
+// A pass where no attachment takes the socket path and nothing of it is
+// installed asks the kernel nothing: on a kernel before 5.14 (no netns
+// cookie) it is not an error (before, every pass of the agent there
+// failed).
+func TestSyncWithoutTheSocketPathAsksNothing(t *testing.T) {
+	l := newLayer(plan.IPv4, NewMemory())
+	l.Netns = func() (uint64, error) {
+		return 0, errors.New("netns cookie (SO_NETNS_COOKIE, Linux 5.14): protocol not available")
+	}
+	rep, err := l.Sync(nil, converge.Options{Prune: true})
+	if err != nil || rep.Wrote {
+		t.Errorf("Sync with nothing wanted or installed: %+v, %v; want nothing, no error", rep, err)
+	}
+}
