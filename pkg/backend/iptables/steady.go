@@ -30,12 +30,14 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	var shared []xt.Rule
 	var witnesses []string
 	seen, jumps := map[string]bool{}, map[string]bool{}
-	for _, p := range want {
+	entries := make([][]xt.Rule, len(want)) // each plan's, computed once
+	for i, p := range want {
 		if len(p.Conditions) > 0 {
 			return false, nil
 		}
 		own := ChainName(p.Owner)
 		names = append(names, own)
+		entries[i] = EntryRules(p)
 		jumps[own] = true
 		if c, ok := Witness(p); ok && !slices.Contains(witnesses, c.Name) {
 			witnesses = append(witnesses, c.Name)
@@ -50,7 +52,7 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	// newest first, as ADD inserts each attachment's at the top
 	newest := make([]xt.Rule, 0, 2*len(want))
 	for i := len(want) - 1; i >= 0; i-- {
-		newest = append(newest, EntryRules(want[i])...)
+		newest = append(newest, entries[i]...)
 	}
 	got, err := b.Kernel.Chains(Table, names, true)
 	if errors.Is(err, xt.ErrLegacy) {
@@ -59,10 +61,10 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, p := range want {
-		own := ChainName(p.Owner)
+	for i, p := range want {
+		own := names[i+1]
 		c, ok := got[own]
-		if !ok || c.Refs != len(EntryRules(p)) {
+		if !ok || c.Refs != len(entries[i]) {
 			return false, nil
 		}
 		same, err := sameRules(b.Family, c.Exprs, ChainRules(p), jumpSet(own, []string{setMarkChainOf(p)}))
