@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/portmap-dev/portmap/pkg/backend/socket"
 	"github.com/portmap-dev/portmap/test/deploy"
 	"github.com/portmap-dev/portmap/test/nettest"
 	corev1 "k8s.io/api/core/v1"
@@ -230,7 +231,10 @@ var flushes = map[string][][]string{
 // repaired by the agent and the host port answers again; pod churn with
 // the agent running leaves no mapping behind; an update of the
 // DaemonSet's pod (a rolling update, on this node) keeps a running pod's
-// host port answering throughout.
+// host port answering throughout. On a node whose localhost takes the
+// socket path at its default site (the node's root cgroup, pins under
+// /sys/fs/bpf), the node's 127.0.0.1 and [::1] reach the pod, and the
+// agent repairs a link removed with the flush.
 func TestDaemonSet(t *testing.T) {
 	ds, err := deploy.Read()
 	if err != nil {
@@ -246,9 +250,23 @@ func TestDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range backends {
-		t.Run(b, func(t *testing.T) {
-			n.setNetwork(t, map[string]any{"backend": b})
+	for _, v := range []struct {
+		name, backend string
+		socket        bool
+	}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}} {
+		b := v.backend
+		t.Run(v.name, func(t *testing.T) {
+			keys := map[string]any{"backend": b}
+			// The socket path at its default site: no cgroupPath, no
+			// bpfPinDir. The node's root cgroup is the suite's (its cgroup
+			// namespace), so what attaches there serves the node's
+			// processes and the test's clients, in a cgroup below it.
+			var site *nettest.CgroupSite
+			if v.socket {
+				keys["localhost"] = "socket"
+				site = nettest.NewCgroupSite(t)
+			}
+			n.setNetwork(t, keys)
 			installed := filepath.Join(n.cniBin, "portmap")
 			if err := os.Remove(installed); err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
@@ -259,7 +277,7 @@ func TestDaemonSet(t *testing.T) {
 				// of its own per subtest, so no status of the last one is
 				// taken for this one's.
 				ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace, Labels: ds.Spec.Template.Labels,
-					Annotations: map[string]string{"portmap.test/backend": b}},
+					Annotations: map[string]string{"portmap.test/network": v.name}},
 				Spec: ds.Spec.Template.Spec,
 			}
 			n.runManifest(t, ds.Name, agent)
@@ -268,7 +286,15 @@ func TestDaemonSet(t *testing.T) {
 			if !nettest.Eventually(60*time.Second, func() bool { return n.status(name).Ready }) {
 				t.Fatalf("the DaemonSet's pod is not Ready 60 s after its manifest appeared: %+v", n.status(name))
 			}
-			t.Logf("%s: the DaemonSet's pod Ready %s after its manifest appeared", b, time.Since(start).Round(100*time.Millisecond))
+			t.Logf("%s: the DaemonSet's pod Ready %s after its manifest appeared", v.name, time.Since(start).Round(100*time.Millisecond))
+			// As on a unified hierarchy, the pod has a cgroup namespace of
+			// its own (runcCgroupNS): the agent finds the node's hierarchy
+			// from there.
+			if pid, err := agentPID(); err != nil {
+				t.Error(err)
+			} else if own, theirs := nsOf("self"), nsOf(pid); own == "" || theirs == "" || own == theirs {
+				t.Errorf("the agent (pid %s) runs in cgroup namespace %q, the node in %q: want one of its own", pid, theirs, own)
+			}
 			got, err := os.ReadFile(installed)
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("%s after the init container: %d bytes %v, want the image's plugin (%d bytes)", installed, len(got), err, len(want))
@@ -277,6 +303,32 @@ func TestDaemonSet(t *testing.T) {
 			n.run(t, pod{Name: "web", Ports: []port{{ContainerPort: 8080, HostPort: 18090, Protocol: "TCP"}}})
 			who := "web sees " + cl.IP[0].String()
 			reply(t, cl, "tcp", at(18090), who, 90*time.Second)
+			// From the node: through the socket path, [::1] too (NAT
+			// serves only 127.0.0.1), and no NAT rule for 127.0.0.1.
+			viaSocket := func() error {
+				for _, a := range []string{net.JoinHostPort("127.0.0.1", "18090"), net.JoinHostPort("::1", "18090")} {
+					if res, err := site.Client("tcp", a, false); err != nil || !strings.HasPrefix(res.Reply, "web sees ") || res.Peer != a {
+						return fmt.Errorf("%s from the node's cgroup: %+v %v, want the pod, peer %s", a, res, err, a)
+					}
+				}
+				return nil
+			}
+			connect4 := filepath.Join(socket.DefaultPinDir, "v1", "connect4")
+			if v.socket {
+				if err := viaSocket(); err != nil {
+					t.Error(err)
+				}
+				if _, err := os.Stat(connect4); err != nil {
+					t.Errorf("ADD at the default site pinned no link: %v", err)
+				}
+				if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil || strings.Contains(string(out), "127.0.0.1") {
+					t.Errorf("nft list ruleset: %v, want no rule for 127.0.0.1 (the socket path serves it):\n%s", err, out)
+				}
+				// Removed with the flush: the pass the flush wakes repairs both.
+				if err := os.Remove(connect4); err != nil {
+					t.Fatal(err)
+				}
+			}
 
 			for _, c := range flushes[b] {
 				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
@@ -285,7 +337,16 @@ func TestDaemonSet(t *testing.T) {
 			}
 			start = time.Now()
 			reply(t, cl, "tcp", at(18090), who, 15*time.Second)
-			t.Logf("%s: the host port answered again %s after %v", b, time.Since(start).Round(100*time.Millisecond), flushes[b])
+			t.Logf("%s: the host port answered again %s after %v", v.name, time.Since(start).Round(100*time.Millisecond), flushes[b])
+			if v.socket {
+				var err error
+				if !nettest.Eventually(15*time.Second, func() bool { err = viaSocket(); return err == nil }) {
+					t.Errorf("15 s after connect4 was removed and the ruleset flushed: %v", err)
+				}
+				if shared := metric(t, "http://127.0.0.1:9765/metrics", `portmap_agent_repairs_total{kind="shared"}`); shared < 1 {
+					t.Errorf("the agent counts %v shared repairs after connect4 was removed, want at least 1", shared)
+				}
+			}
 			// The agent did it: nothing else writes rules without an ADD.
 			// It counts a repair when its pass has ended, which may be just
 			// after the write that let the reply through.
@@ -334,7 +395,7 @@ func TestDaemonSet(t *testing.T) {
 			if failed > 0 {
 				t.Errorf("the running pod's host port failed %d of %d times while the DaemonSet's pod was updated, first %q", failed, tries, failures)
 			}
-			t.Logf("%s: the updated DaemonSet pod Ready %s after its manifest changed; the running pod's host port answered throughout", b, time.Since(start).Round(100*time.Millisecond))
+			t.Logf("%s: the updated DaemonSet pod Ready %s after its manifest changed; the running pod's host port answered throughout", v.name, time.Since(start).Round(100*time.Millisecond))
 			reply(t, cl, "tcp", at(18090), who, 5*time.Second)
 
 			n.remove(t, "web")
@@ -343,6 +404,11 @@ func TestDaemonSet(t *testing.T) {
 			}
 			for _, port := range []int{18090, 18100, 18101, 18102, 18103, 18104, 18105} {
 				refused(t, cl, "tcp", at(port))
+			}
+			if v.socket {
+				if res, err := site.Client("tcp", net.JoinHostPort("127.0.0.1", "18090"), false); err == nil {
+					t.Errorf("127.0.0.1:18090 from the node's cgroup answered %q after the pod's end", res.Reply)
+				}
 			}
 			if s := n.status(name, "portmap.test/revision", "2"); !s.Ready || s.Restarts != 0 {
 				t.Errorf("the DaemonSet's pod after the churn: %+v, want Ready and never restarted", s)
@@ -358,6 +424,34 @@ func TestDaemonSet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// agentPID is the process id of the node's one `portmap-agent sync`.
+func agentPID() (string, error) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var found []string
+	for _, p := range procs {
+		args := strings.Split(readString(p), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "portmap-agent" && args[1] == "sync" {
+			found = append(found, filepath.Base(filepath.Dir(p)))
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("portmap-agent sync processes: %v, want one", found)
+	}
+	return found[0], nil
+}
+
+// nsOf is the cgroup namespace of a process ("self" or a pid), "" when
+// it cannot be read.
+func nsOf(pid string) string {
+	ns, _ := os.Readlink("/proc/" + pid + "/ns/cgroup")
+	return ns
+}
+
+func readString(path string) string {
+	data, _ := os.ReadFile(path)
+	return string(data)
 }
 
 // metric reads one sample (name with its labels, as exposed) from a

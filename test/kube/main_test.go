@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,14 +32,18 @@ const (
 	// parentNetEnv is the network namespace the suite was started in,
 	// which the node must not be in.
 	parentNetEnv = "PORTMAP_KUBE_PARENT_NET"
+	// nodeStage is childEnv's value once the node's first process runs
+	// in its cgroup namespace (enterCgroupNS).
+	nodeStage = "node"
 )
 
 // TestMain runs the suite as a node of its own: the test binary re-runs
-// itself in new network, mount and PID namespaces, where containerd, the
-// kubelet, the pods' shims and the pods live and end with it. The parent
-// makes the cgroup the kubelet puts pods under, removes it at the end,
-// and compares what the node must not touch (the root namespace's rules,
-// links and sysctls, host directories) before and after.
+// itself in new network, mount, PID and cgroup namespaces, where
+// containerd, the kubelet, the pods' shims and the pods live and end with
+// it. The parent makes the cgroup that is the node's root cgroup (in
+// every hierarchy), removes it at the end, and compares what the node
+// must not touch (the root namespace's rules, links and sysctls, host
+// directories) before and after.
 func TestMain(m *testing.M) {
 	nettest.RunClientIfAsked() // the socket path's clients, in a test cgroup
 	if os.Getenv(childEnv) == peerEnv {
@@ -48,6 +54,11 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if os.Getenv(childEnv) == "1" {
+		err := enterCgroupNS() // returns only on failure
+		fmt.Fprintf(os.Stderr, "kube: %v\n", err)
+		os.Exit(1)
+	}
+	if os.Getenv(childEnv) == nodeStage {
 		if err := setupNode(); err != nil {
 			fmt.Fprintf(os.Stderr, "kube: %v\n", err)
 			os.Exit(1)
@@ -219,8 +230,9 @@ func removeCgroup(made []string) error {
 }
 
 // setupNode prepares the node's namespaces (this process is the first of
-// its PID namespace): mounts private; a sysfs of this network namespace
-// with the machine's cgroup hierarchies moved under it; a /proc of this
+// its PID namespace, and in its cgroup namespace): mounts private; a
+// sysfs of this network namespace with the cgroup hierarchies mounted
+// from this cgroup namespace and a bpf filesystem of its own; a /proc of this
 // PID namespace with the kubelet's global sysctls shadowed by files; a
 // tmpfs on each shadowed host directory; loopback up.
 func setupNode() error {
@@ -228,23 +240,46 @@ func setupNode() error {
 	if err != nil || self == os.Getenv(parentNetEnv) {
 		return fmt.Errorf("refusing to run: not in a network namespace of its own (%s %v)", self, err)
 	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
-	keep, err := os.MkdirTemp("", "kube-cgroup-")
+	// At the root of a cgroup namespace in every hierarchy (enterCgroupNS):
+	// "/" is the suite's cgroup, not the machine's root.
+	cgroups, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return err
 	}
-	if err := unix.Mount("/sys/fs/cgroup", keep, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("keep the cgroup mounts: %w", err)
+	for _, l := range strings.Fields(string(cgroups)) {
+		if !strings.HasSuffix(l, ":/") {
+			return fmt.Errorf("refusing to run: not at the root of a cgroup namespace of its own (%s)", l)
+		}
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	// The machine's hierarchies, read before sysfs is replaced; mounted
+	// again from this cgroup namespace, each shows the suite's cgroup as
+	// its root, as a node's own hierarchies show the node's root.
+	layout, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	// The machine's sysfs and what is mounted under it leave this mount
+	// namespace (a mount over them would hide them, not remove them from
+	// mountinfo, where a program looking for cgroup2 mounts would still
+	// find the machine's).
+	if err := unix.Unmount("/sys", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount the machine's /sys: %w", err)
 	}
 	if err := unix.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
 		return fmt.Errorf("mount sysfs: %w", err)
 	}
-	if err := unix.Mount(keep, "/sys/fs/cgroup", "", unix.MS_MOVE, ""); err != nil {
-		return fmt.Errorf("move the cgroup mounts back: %w", err)
+	if err := mountCgroups(layout); err != nil {
+		return err
 	}
-	_ = os.Remove(keep)
+	// The bpf filesystem a node's init mounts (systemd does), where the
+	// socket path pins by default: this one is the node's and ends with
+	// its mount namespace.
+	if err := unix.Mount("bpffs", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs: %w", err)
+	}
 	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
 		return fmt.Errorf("mount proc: %w", err)
 	}
@@ -279,17 +314,6 @@ func setupNode() error {
 			return fmt.Errorf("mount a tmpfs on %s: %w", d, err)
 		}
 	}
-	// The node is in the machine's cgroup namespace: a plugin asked for
-	// the socket path at its default site would mount the cgroup v2
-	// hierarchy at PrivateCgroup2 and attach at the machine's root. A
-	// file where that mount would go makes such an ADD fail instead (the
-	// suite's socket-path nodes name a cgroup of the test's).
-	if err := os.MkdirAll("/run/cni-portmap", 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile("/run/cni-portmap/cgroupv2", []byte("no cgroup v2 mount here: the machine's hierarchy is not the node's\n"), 0o444); err != nil {
-		return err
-	}
 	// Shared within the node's mount namespace, as on a systemd host:
 	// containerd requires it of a HostToContainer volume (the DaemonSet's
 	// /host). Made private first, so nothing propagates to the machine.
@@ -298,4 +322,119 @@ func setupNode() error {
 	}
 	nettest.MarkIsolated()
 	return nettest.SetupNetNS()
+}
+
+// enterCgroupNS is the node's first stage: its first process joins the
+// suite's cgroup in every hierarchy, takes a cgroup namespace rooted
+// there and runs the suite again in it (the namespace is the calling
+// thread's; the exec makes it the process's). The node then sees the
+// suite's cgroup as the root, as a node sees its own: the socket path's
+// default site, a hierarchy's root, is the suite's cgroup and no more.
+func enterCgroupNS() error {
+	cg := os.Getenv(cgroupEnv)
+	for _, h := range cgroupHierarchies() {
+		procs := filepath.Join(h, cg, "cgroup.procs")
+		if err := os.WriteFile(procs, []byte("0"), 0o644); err != nil {
+			return fmt.Errorf("join %s: %w", procs, err)
+		}
+	}
+	goruntime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("new cgroup namespace: %w", err)
+	}
+	env := []string{childEnv + "=" + nodeStage, cgroupEnv + "=/"}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != childEnv && k != cgroupEnv {
+			env = append(env, kv)
+		}
+	}
+	return syscall.Exec("/proc/self/exe", os.Args, env)
+}
+
+// cgroupLayout is the machine's /sys/fs/cgroup: its hierarchies (where,
+// the type and the options that name one: v1 controllers, name=systemd)
+// and the symbolic links beside them (cpu -> cpu,cpuacct).
+type cgroupLayout struct {
+	mounts []cgroupMount
+	links  map[string]string
+}
+
+type cgroupMount struct{ at, fstype, opts string }
+
+// cgroupMounts reads the machine's cgroup layout.
+func cgroupMounts() (*cgroupLayout, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	links := map[string]string{}
+	for _, e := range entries {
+		if e.Type()&os.ModeSymlink != 0 {
+			if links[e.Name()], err = os.Readlink(filepath.Join("/sys/fs/cgroup", e.Name())); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var ms []cgroupMount
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		sep := slices.Index(f, "-")
+		if sep < 5 || sep+3 >= len(f) || (f[sep+1] != "cgroup" && f[sep+1] != "cgroup2") || !strings.HasPrefix(f[4], "/sys/fs/cgroup") {
+			continue
+		}
+		var opts []string
+		for _, o := range strings.Split(f[sep+3], ",") {
+			if o != "rw" && o != "ro" {
+				opts = append(opts, o)
+			}
+		}
+		ms = append(ms, cgroupMount{f[4], f[sep+1], strings.Join(opts, ",")})
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("no cgroup hierarchy mounted under /sys/fs/cgroup")
+	}
+	return &cgroupLayout{ms, links}, nil
+}
+
+// mountCgroups mounts each hierarchy again at its place under the new
+// sysfs: on a tmpfs at /sys/fs/cgroup unless the unified hierarchy is
+// mounted there itself, with the machine's links beside them.
+func mountCgroups(l *cgroupLayout) error {
+	ms := l.mounts
+	if !slices.ContainsFunc(ms, func(m cgroupMount) bool { return m.at == "/sys/fs/cgroup" }) {
+		if err := unix.Mount("tmpfs", "/sys/fs/cgroup", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755"); err != nil {
+			return fmt.Errorf("mount a tmpfs on /sys/fs/cgroup: %w", err)
+		}
+	}
+	for _, m := range ms {
+		if err := os.MkdirAll(m.at, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.fstype, m.at, m.fstype, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, m.opts); err != nil {
+			return fmt.Errorf("mount %s (%s) at %s: %w", m.fstype, m.opts, m.at, err)
+		}
+	}
+	for name, to := range l.links {
+		if err := os.Symlink(to, filepath.Join("/sys/fs/cgroup", name)); err != nil {
+			return err
+		}
+	}
+	// Every cgroup mount left shows the node's root or below it: none of
+	// the machine's, above it ("/.."), where the socket path's default
+	// site would be the machine's root cgroup.
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if sep := slices.Index(f, "-"); sep > 4 && sep+1 < len(f) && strings.HasPrefix(f[sep+1], "cgroup") && strings.HasPrefix(f[3], "/..") {
+			return fmt.Errorf("a cgroup mount above the node's root is left: %s", line)
+		}
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -126,7 +127,7 @@ func (l *lan) plug(t *testing.T, name string, to ns.NetNS) {
 // through the LAN.
 func startPeerNode(t *testing.T, c *controlPlane, l *lan, rt runtime, name, ip string) *node {
 	t.Helper()
-	cg := strings.TrimPrefix(os.Getenv(cgroupEnv), "/") + "/" + name
+	cg := path.Join(os.Getenv(cgroupEnv), name)
 	made, err := makeCgroup(cg)
 	t.Cleanup(func() {
 		if err := removeCgroup(made); err != nil {
@@ -167,7 +168,7 @@ func startPeerNode(t *testing.T, c *controlPlane, l *lan, rt runtime, name, ip s
 	if err := netNS.Do(func(ns.NetNS) error { return nettest.Configure(link, []string{ip + "/24"}, nil) }); err != nil {
 		t.Fatalf("%s's link: %v", name, err)
 	}
-	n := prepare(t, &node{name: name, cgroup: "/" + cg, rt: rt, peer: holder, link: link, netNS: netNS})
+	n := prepare(t, &node{name: name, cgroup: cg, rt: rt, peer: holder, link: link, netNS: netNS})
 	kc := filepath.Join(n.dir, "kubeconfig")
 	data, err := os.ReadFile(c.kubeconfig)
 	if err == nil {
