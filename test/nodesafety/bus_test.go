@@ -45,15 +45,44 @@ func firewalldInstalled(t *testing.T) string {
 	return "/etc/firewalld"
 }
 
+// systemBus shows sock where a node's system bus is, for the rest of the
+// test: its directory over /run/dbus in the test's own mount namespace,
+// so that the plugin and the agent, which chroots into the node's / from
+// its pod as the DaemonSet runs it, find it with no
+// DBUS_SYSTEM_BUS_ADDRESS. A machine without /run/dbus gets no directory
+// made: the address names sock instead.
+func systemBus(t *testing.T, sock string) {
+	t.Helper()
+	if !nettest.Isolated() {
+		t.Fatal("a bus over /run/dbus outside the test's own mount namespace")
+	}
+	if _, err := os.Stat("/run/dbus"); err != nil {
+		t.Logf("no /run/dbus on this machine (%v): the bus is named by DBUS_SYSTEM_BUS_ADDRESS", err)
+		t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+sock)
+		return
+	}
+	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "")
+	os.Unsetenv("DBUS_SYSTEM_BUS_ADDRESS")
+	if err := unix.Mount(filepath.Dir(sock), "/run/dbus", "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("the test's bus over /run/dbus: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount("/run/dbus", unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount the test's bus from /run/dbus: %v", err)
+		}
+	})
+}
+
 // TestWedgedBus: where firewalld is installed and the system bus accepts
 // connections and never answers, ADD of a host port answers within
 // firewalld.ConnectTimeout and a second more, with either backend: it
 // takes firewalld.conf's word (none: off, the port is mapped and
-// answers; StrictForwardPorts=yes: refused, code 50). The agent is ready
-// (its first pass done) without waiting for the bus.
+// answers; StrictForwardPorts=yes: refused, code 50). The agent, run as
+// the DaemonSet runs it, is ready (its first pass done) without waiting
+// for the bus. The bus is where a node's is (/run/dbus).
 func TestWedgedBus(t *testing.T) {
 	etc := firewalldInstalled(t)
-	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path="+nettest.WedgedBus(t))
+	systemBus(t, nettest.WedgedBus(t))
 	bound := firewalld.ConnectTimeout + time.Second
 	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
 		cl := lan(t)
@@ -91,7 +120,7 @@ func TestWedgedBus(t *testing.T) {
 		}
 	})
 	t.Run("agent", func(t *testing.T) {
-		w := nettest.StartWatch(t, "portmap-agent", nil, `msg=watching`, "--cache-dir", t.TempDir())
+		w := nettest.NewNode(t).WatchAsPod(t, daemonSetCaps(t), `msg=watching`, "--cache-dir", t.TempDir())
 		at := func(msg string) time.Time {
 			t.Helper()
 			m := regexp.MustCompile(`time=(\S+) level=\S+ msg=` + regexp.QuoteMeta(msg)).FindStringSubmatch(w.Text())
