@@ -167,6 +167,17 @@ func (n *Node) WatchAsPod(tb LogTB, caps []string, started string, args ...strin
 	return w
 }
 
+// AgentPodCommand is the command AgentAsPod runs, not started, for a
+// test that starts it itself (to kill it midway); done closes what
+// starting it needed, once it has started.
+func (n *Node) AgentPodCommand(caps []string, args ...string) (cmd *exec.Cmd, done func(), err error) {
+	cmd, done, err = n.asPod(caps, args)
+	if err == nil {
+		cmd.Env = PluginEnv("", "", "", "")
+	}
+	return cmd, done, err
+}
+
 // asPod is the command that runs portmap-agent with args as the
 // DaemonSet's container runs it (AgentAsPod); done closes what starting
 // it needed.

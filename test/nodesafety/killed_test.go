@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +19,9 @@ type pass struct {
 	Summary struct{ OK, Repaired, Errors, Orphans, Pruned int }
 }
 
-func syncPass(t *testing.T, args ...string) pass {
+func syncPass(t *testing.T, node *nettest.Node, args ...string) pass {
 	t.Helper()
-	out, stderr, status, err := nettest.Agent(append([]string{"sync", "--json"}, args...)...)
+	out, stderr, status, err := podAgent(t, node, append([]string{"sync", "--json"}, args...)...)
 	var p pass
 	if err != nil || status != 0 || json.Unmarshal([]byte(out), &p) != nil {
 		t.Fatalf("portmap-agent sync %s: exit %d, %v\n%s%s", strings.Join(args, " "), status, err, out, stderr)
@@ -31,14 +29,19 @@ func syncPass(t *testing.T, args ...string) pass {
 	return p
 }
 
-// killedAfter starts `portmap-agent sync args...` and kills it (SIGKILL)
-// after delay; it reports whether the pass was still running, and its
-// pid.
-func killedAfter(t *testing.T, delay time.Duration, args ...string) (bool, int) {
+// killedAfter starts `portmap-agent sync args...` as the DaemonSet runs
+// it and kills it (SIGKILL) after delay; it reports whether the pass was
+// still running, and its pid (the pod's setup execs the agent: one
+// process).
+func killedAfter(t *testing.T, node *nettest.Node, delay time.Duration, args ...string) (bool, int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(nettest.BinDir(), "portmap-agent"), append([]string{"sync"}, args...)...)
-	cmd.Env = nettest.PluginEnv("", "", "", "")
-	if err := cmd.Start(); err != nil {
+	cmd, started, err := node.AgentPodCommand(daemonSetCaps(t), append([]string{"sync"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Start()
+	started()
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -53,7 +56,8 @@ func killedAfter(t *testing.T, delay time.Duration, args ...string) (bool, int) 
 	}
 }
 
-// TestAgentKilledMidPass: `portmap-agent sync --prune`, killed (SIGKILL)
+// TestAgentKilledMidPass: `portmap-agent sync --prune`, run as the
+// DaemonSet runs it and killed (SIGKILL)
 // at a random moment of a pass that repairs twelve attachments after a
 // firewall flush and prunes an orphan (a container of upstream's plugin
 // that the cache does not name), ten times per backend. After each kill
@@ -64,6 +68,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 	forBackends(t, func(t *testing.T, backend string, extra map[string]string) {
 		nettest.ResetNAT(t)
 		cl := lan(t)
+		node := nettest.NewNode(t)
 		rt := nettest.NewRuntime(t, nettest.Net{Name: "kill", V4: "192.0.2.96/27", Extra: extra})
 		up := nettest.NewRuntimeWithCache(t, nettest.Net{Name: "kill", V4: "192.0.2.128/27", Portmap: "portmap-upstream", NoMasq: true}, t.TempDir())
 		var live []*nettest.Container
@@ -87,7 +92,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 		for i := range 3 {
 			flush()
 			start := time.Now()
-			syncPass(t, args...)
+			syncPass(t, node, args...)
 			if took := time.Since(start); i == 0 || took < whole {
 				whole = took
 			}
@@ -104,7 +109,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 			}
 			flush()
 			delay := time.Duration(rand.Int64N(int64(whole)))
-			was, pid := killedAfter(t, delay, args...)
+			was, pid := killedAfter(t, node, delay, args...)
 			if was {
 				killed++
 			} else {
@@ -134,7 +139,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 				t.Fatalf("trial %d (killed after %s): the host lock: %v", trial, delay, err)
 			}
 			release()
-			p := syncPass(t, args...)
+			p := syncPass(t, node, args...)
 			if p.Summary.Errors != 0 {
 				t.Fatalf("trial %d (killed after %s): the next pass: %+v", trial, delay, p)
 			}
@@ -156,7 +161,7 @@ func TestAgentKilledMidPass(t *testing.T) {
 			if got, err := nettest.Dial(cl.NS, "tcp", addr(nodeIP, 6500+trial)); err == nil {
 				t.Errorf("trial %d: the orphan's host port still answers %q", trial, got)
 			}
-			if p := syncPass(t, args...); p.Summary.Repaired+p.Summary.Orphans+len(p.Shared) != 0 {
+			if p := syncPass(t, node, args...); p.Summary.Repaired+p.Summary.Orphans+len(p.Shared) != 0 {
 				t.Errorf("trial %d: the pass after the next: %+v, want nothing to do", trial, p)
 			}
 		}
