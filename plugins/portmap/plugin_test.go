@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -28,6 +29,56 @@ func newFake() (*Plugin, *fakehost.Host, *bytes.Buffer) {
 	h, fh := fakehost.New()
 	out := &bytes.Buffer{}
 	return &Plugin{Stdout: out, Host: h}, fh, out
+}
+
+// onMemory is the plugin over a host whose backends and forwardAccept
+// layer are the real ones over kernels in memory, behind the recorder's
+// knobs (fakehost.NewInMemory): a test judges a verb by what the
+// kernels, the ledger, route_localnet and the conntrack flushes hold
+// afterwards.
+func onMemory() (*Plugin, *fakehost.Host, *bytes.Buffer, map[backend.Name]fakehost.InMemory) {
+	h, fh, mem := fakehost.NewInMemory()
+	out := &bytes.Buffer{}
+	return &Plugin{Stdout: out, Host: h}, fh, out, mem
+}
+
+// held is what the kernels hold forwarded, both backends and families,
+// sorted: "iptables tcp 8080 -> 192.0.2.2:80 c=c1".
+func held(t *testing.T, mem map[backend.Name]fakehost.InMemory) []string {
+	t.Helper()
+	var out []string
+	for _, b := range []backend.Name{backend.IPTables, backend.NFTables} {
+		for _, l := range mapped(t, mem[b]) {
+			out = append(out, string(b)+" "+l)
+		}
+	}
+	return out
+}
+
+// heldBoth is what ADD of withMappings for c1 at prevDual forwards on
+// backend b.
+func heldBoth(b backend.Name) []string {
+	var out []string
+	for _, l := range []string{"tcp 8080 -> 192.0.2.2:80", "tcp 8080 -> [2001:db8::2]:80", "udp 8053 -> 192.0.2.2:53", "udp 8053 -> [2001:db8::2]:53"} {
+		out = append(out, string(b)+" "+l+" c=c1")
+	}
+	return out
+}
+
+// untouched checks that nothing was done to the host: no rule, chain or
+// table in either kernel, no ledger record, no lock taken, no conntrack
+// walk, no route_localnet, nothing printed.
+func untouched(t *testing.T, h *fakehost.Host, mem map[backend.Name]fakehost.InMemory, out *bytes.Buffer) {
+	t.Helper()
+	_, _, fresh := fakehost.NewInMemory()
+	for name, k := range mem {
+		if got, want := k.Ruleset(), fresh[name].Ruleset(); got != want {
+			t.Errorf("%s holds:\n%s\nwant what a fresh kernel holds:\n%s", name, got, want)
+		}
+	}
+	if s := h.Ledger.String(); s != "" || h.Locks != 0 || h.Walks != 0 || len(h.Localnet) != 0 || out.Len() != 0 {
+		t.Errorf("ledger %q, %d locks, %d conntrack walks, route_localnet %v, stdout %q: want nothing", s, h.Locks, h.Walks, h.Localnet, out)
+	}
 }
 
 const prevDual = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],
@@ -58,25 +109,30 @@ func codeOf(err error) uint {
 	return 0
 }
 
+// ADD maps both families on the default backend, records the attachment
+// (under the host lock, once), turns route_localnet on at the
+// container's host interface, and flushes the UDP port's flows of both
+// families in one walk of the conntrack table.
 func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
-	p, h, out := newFake()
+	p, h, out, mem := onMemory()
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	want := []string{
-		"backend iptables ipv4",
-		"backend iptables ipv6",
-		"lock", // the ledger's record, before any rule
-		"ledger add net1/c1/eth0",
-		"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]",
-		"apply ipv6 net1/c1/eth0 2001:db8::2 [*:8080/tcp->80 *:8053/udp->53]",
-		"route_localnet veth-192.0.2.2",
-		"flush ipv4 udp 8053",
-		"flush ipv6 udp 8053",
-		"flushed", // one walk of the conntrack table for both families
+	if got, want := held(t, mem), heldBoth(backend.IPTables); !slices.Equal(got, want) {
+		t.Errorf("the kernels hold %q, want %q", got, want)
 	}
-	if got := h.Calls(); got != strings.Join(want, "\n") {
-		t.Errorf("calls:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	if s := h.Ledger.String(); s != "add net1/c1/eth0" || h.Locks != 1 {
+		t.Errorf("ledger %q after %d locks, want the ADD's record under one", s, h.Locks)
+	}
+	if !maps.Equal(h.Localnet, map[string]bool{"veth-192.0.2.2": true}) {
+		t.Errorf("route_localnet %v, want on at the container's host interface only", h.Localnet)
+	}
+	var flushed []string
+	for _, f := range h.Flushed {
+		flushed = append(flushed, fmt.Sprintf("%s %s %d", f.Family, f.Protocol, f.Port))
+	}
+	if want := []string{"ipv4 udp 8053", "ipv6 udp 8053"}; !slices.Equal(flushed, want) || h.Walks != 1 {
+		t.Errorf("flushed %q in %d walks, want %q in one", flushed, h.Walks, want)
 	}
 	var printed map[string]any
 	if err := json.Unmarshal(out.Bytes(), &printed); err != nil {
@@ -88,17 +144,19 @@ func TestAddAppliesBothFamiliesAndPrintsPrevResult(t *testing.T) {
 }
 
 func TestBackendSelection(t *testing.T) {
-	p, h, _ := newFake()
+	p, _, _, mem := onMemory()
 	p.Host.DefaultBackend = func() backend.Name { return backend.NFTables }
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
 		t.Fatal(err)
 	}
+	if got, want := held(t, mem), heldBoth(backend.NFTables); !slices.Equal(got, want) {
+		t.Errorf("without the key the kernels hold %q, want the default's (nftables) %q", got, want)
+	}
 	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual, "backend": `"iptables"`}))); err != nil {
 		t.Fatal(err)
 	}
-	got := h.Calls()
-	if !strings.Contains(got, "backend nftables ipv4") || !strings.Contains(got, "backend iptables ipv4") {
-		t.Errorf("calls:\n%s\nwant the default (nftables) first, then the configured iptables", got)
+	if got, want := held(t, mem), append(heldBoth(backend.IPTables), heldBoth(backend.NFTables)...); !slices.Equal(got, want) {
+		t.Errorf("with backend iptables the kernels hold %q, want %q", got, want)
 	}
 }
 
@@ -115,14 +173,21 @@ func TestAddPrintsInConfigVersion(t *testing.T) {
 }
 
 func TestAddWithoutMappingsPassesThrough(t *testing.T) {
-	p, h, out := newFake()
+	p, h, out, mem := onMemory()
 	if err := p.Add(args(t, map[string]string{"prevResult": prevDual})); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	// Only the ledger's record, which DEL forgets.
-	if h.Calls() != "lock\nledger add net1/c1/eth0" || !strings.Contains(out.String(), "192.0.2.2/24") {
-		t.Errorf("calls %v, stdout %q: want the record only and the prevResult", h.CallList(), out)
+	if !strings.Contains(out.String(), "192.0.2.2/24") {
+		t.Errorf("stdout %q: want the prevResult", out)
 	}
+	// Only the ledger's record, which DEL forgets.
+	if s := h.Ledger.String(); s != "add net1/c1/eth0" {
+		t.Errorf("ledger %q, want the ADD's record", s)
+	}
+	h.Ledger = fakehost.Ledger{}
+	h.Locks = 0
+	out.Reset()
+	untouched(t, h, mem, out)
 }
 
 func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
@@ -136,39 +201,36 @@ func TestAddRejectsBeforeTouchingAnything(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, h, out := newFake()
+			p, h, out, mem := onMemory()
 			err := p.Add(args(t, tt.extra))
 			if codeOf(err) != tt.code {
 				t.Fatalf("error %v (code %d), want code %d", err, codeOf(err), tt.code)
 			}
-			if h.Calls() != "" || out.Len() != 0 {
-				t.Errorf("calls %v, stdout %q: want nothing", h.CallList(), out)
-			}
+			untouched(t, h, mem, out)
 		})
 	}
 }
 
 func TestAddUndoesOnFailure(t *testing.T) {
 	t.Run("second family fails", func(t *testing.T) {
-		p, h, _ := newFake()
+		p, h, _, mem := onMemory()
 		h.FailApply["iptables ipv6"] = errors.New("kernel says no")
 		err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual})))
 		if err == nil || !strings.Contains(err.Error(), "iptables backend: kernel says no") {
 			t.Fatalf("error %v, want the ipv6 failure", err)
 		}
-		if last := h.CallList()[len(h.CallList())-1]; !strings.HasPrefix(last, "remove ipv4 net1/c1/eth0 192.0.2.2") {
-			t.Errorf("calls %v: want ipv4 removed last", h.CallList())
+		if got := held(t, mem); len(got) != 0 || h.Walks != 0 {
+			t.Errorf("the kernels hold %q after %d conntrack walks, want IPv4's mappings removed and nothing flushed", got, h.Walks)
 		}
 	})
 	t.Run("route_localnet fails", func(t *testing.T) {
-		p, h, _ := newFake()
+		p, h, _, mem := onMemory()
 		h.FailSysctl = errors.New("read-only /proc")
 		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err == nil {
 			t.Fatal("Add succeeded, want the sysctl error")
 		}
-		got := h.Calls()
-		if !strings.Contains(got, "remove ipv4") || !strings.Contains(got, "remove ipv6") || strings.Contains(got, "flush") {
-			t.Errorf("calls:\n%s\nwant both families removed and no flush", got)
+		if got := held(t, mem); len(got) != 0 || h.Walks != 0 {
+			t.Errorf("the kernels hold %q after %d conntrack walks, want both families removed and nothing flushed", got, h.Walks)
 		}
 	})
 	t.Run("lock timeout is try again later", func(t *testing.T) {
@@ -180,38 +242,59 @@ func TestAddUndoesOnFailure(t *testing.T) {
 	})
 }
 
+// DEL without a prevResult or mappings (a runtime's DEL after the
+// container's end) removes what ADD wrote in both families, forgets the
+// record and prints nothing.
 func TestDelWithoutPrevResultOrMappings(t *testing.T) {
-	p, h, out := newFake()
-	if err := p.Del(args(t, nil)); err != nil {
-		t.Fatalf("Del: %v", err)
-	}
-	want := "lock\nledger forget net1/c1/eth0\nbackend iptables ipv4\nremove ipv4 net1/c1/eth0 - []\nbackend iptables ipv6\nremove ipv6 net1/c1/eth0 - []"
-	if got := h.Calls(); got != want {
-		t.Errorf("calls:\n%s\nwant:\n%s", got, want)
-	}
-	if out.Len() != 0 {
-		t.Errorf("DEL printed %q", out)
+	for _, b := range []backend.Name{backend.IPTables, backend.NFTables} {
+		t.Run(string(b), func(t *testing.T) {
+			p, h, out, mem := onMemory()
+			be := map[string]string{"backend": strconv.Quote(string(b))}
+			if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual, "backend": be["backend"]}))); err != nil {
+				t.Fatal(err)
+			}
+			out.Reset()
+			if err := p.Del(args(t, be)); err != nil {
+				t.Fatalf("Del: %v", err)
+			}
+			if got := held(t, mem); len(got) != 0 || h.Ledger.String() != "" || out.Len() != 0 {
+				t.Errorf("after DEL the kernels hold %q, the ledger %q, stdout %q: want nothing", got, h.Ledger.String(), out)
+			}
+		})
 	}
 }
 
+// DEL flushes the UDP ports it knows, not TCP's; with a prevResult of one
+// family it removes both families' rules (the other family's are not
+// known absent) and walks the conntrack table for that family only.
 func TestDelFlushesKnownPorts(t *testing.T) {
-	p, h, _ := newFake()
+	p, h, _, _ := onMemory()
 	if err := p.Del(args(t, withMappings(nil))); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	got := h.Calls()
-	if !strings.Contains(got, "flush ipv4 udp 8053") || !strings.Contains(got, "flush ipv6 udp 8053") || strings.Contains(got, "tcp 8080") {
-		t.Errorf("calls:\n%s\nwant UDP flushed in both families, TCP not", got)
+	flushed := func() (out []string) {
+		for _, f := range h.Flushed {
+			out = append(out, fmt.Sprintf("%s %s %d", f.Family, f.Protocol, f.Port))
+		}
+		return out
 	}
-	// With a prevResult of one family, the other family's walk is skipped.
-	p, h, _ = newFake()
+	if got, want := flushed(), []string{"ipv4 udp 8053", "ipv6 udp 8053"}; !slices.Equal(got, want) {
+		t.Errorf("flushed %q, want UDP in both families, TCP not: %q", got, want)
+	}
+	p, h, _, mem := onMemory()
+	if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
+		t.Fatal(err)
+	}
+	h.Flushed = nil
 	prev4 := `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/c"}],"ips":[{"address":"192.0.2.2/24","interface":0}]}`
 	if err := p.Del(args(t, withMappings(map[string]string{"prevResult": prev4}))); err != nil {
 		t.Fatalf("Del: %v", err)
 	}
-	got = h.Calls()
-	if !strings.Contains(got, "flush ipv4 udp 8053") || strings.Contains(got, "flush ipv6") || !strings.Contains(got, "remove ipv6") {
-		t.Errorf("calls:\n%s\nwant both families removed, only IPv4 flushed", got)
+	if got, want := flushed(), []string{"ipv4 udp 8053"}; !slices.Equal(got, want) {
+		t.Errorf("flushed %q, want only IPv4's %q", got, want)
+	}
+	if got := held(t, mem); len(got) != 0 {
+		t.Errorf("after DEL with an IPv4 prevResult the kernels hold %q, want both families removed", got)
 	}
 }
 
@@ -275,15 +358,27 @@ func TestGCReadsValidAttachments(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, h, out := newFake()
+			p, _, out, mem := onMemory()
+			for i, o := range []struct{ id, ifName string }{{"c1", "eth0"}, {"c2", "net1"}, {"c3", "eth0"}} {
+				prev := fmt.Sprintf(`{"cniVersion":"1.0.0","interfaces":[{"name":%q,"sandbox":"/run/netns/c"}],"ips":[{"address":"192.0.2.%d/24","interface":0},{"address":"2001:db8::%d/64","interface":0}]}`, o.ifName, 2+i, 2+i)
+				a := args(t, map[string]string{"prevResult": prev, "runtimeConfig": fmt.Sprintf(`{"portMappings":[{"hostPort":%d,"containerPort":80}]}`, 8080+i)})
+				a.ContainerID, a.IfName = o.id, o.ifName
+				if err := p.Add(a); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out.Reset()
 			a := args(t, map[string]string{"cniVersion": `"1.1.0"`,
 				tt.key: `[{"containerID":"c1","ifname":"eth0"},{"containerID":"c2","ifname":"net1"}]`})
 			if err := p.GC(a); err != nil {
 				t.Fatalf("GC: %v", err)
 			}
-			want := "gc ipv4 net1 [net1/c1/eth0 net1/c2/net1]"
-			if got := h.Calls(); !strings.Contains(got, want) || !strings.Contains(got, "gc ipv6 net1") {
-				t.Errorf("calls:\n%s\nwant %q in both families", got, want)
+			want := []string{
+				"iptables tcp 8080 -> 192.0.2.2:80 c=c1", "iptables tcp 8080 -> [2001:db8::2]:80 c=c1",
+				"iptables tcp 8081 -> 192.0.2.3:80 c=c2", "iptables tcp 8081 -> [2001:db8::3]:80 c=c2",
+			}
+			if got := held(t, mem); !slices.Equal(got, want) {
+				t.Errorf("after GC the kernels hold %q, want the valid attachments' %q", got, want)
 			}
 			if out.Len() != 0 {
 				t.Errorf("GC printed %q", out)
@@ -336,8 +431,8 @@ func TestStatusFollowsTheSpec(t *testing.T) {
 	if err := p.Status(cfg()); err != nil {
 		t.Errorf("shared rules flushed under an attachment, ADD servable: %v, want nil", err)
 	}
-	if calls := h.Calls(); strings.Contains(calls, "skeleton") {
-		t.Errorf("calls:\n%s\nwant the shared rules unread while ADD can be served", calls)
+	if h.SkeletonReads != 0 {
+		t.Errorf("the shared rules read %d times, want unread while ADD can be served", h.SkeletonReads)
 	}
 
 	h.FailReady = errors.New("no cgroup v2 hierarchy")
@@ -417,7 +512,7 @@ func TestConflictPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, h, _ := newFake()
+			p, h, out, mem := onMemory()
 			p.Inventory = tt.inv
 			m := `{"hostPort":8080,"containerPort":80}`
 			a := args(t, map[string]string{"prevResult": prevDual, "hostPortConflict": tt.policy, "runtimeConfig": `{"portMappings":[` + m + `]}`})
@@ -431,11 +526,7 @@ func TestConflictPolicy(t *testing.T) {
 			if codeOf(err) != tt.wantCode || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Fatalf("Add: %v, want code %d with %q", err, tt.wantCode, tt.wantMsg)
 			}
-			for _, c := range h.CallList() {
-				if strings.HasPrefix(c, "apply") {
-					t.Errorf("a rejected ADD applied: %v", h.CallList())
-				}
-			}
+			untouched(t, h, mem, out)
 		})
 	}
 	p, _, _ := newFake()
@@ -446,32 +537,57 @@ func TestConflictPolicy(t *testing.T) {
 }
 
 func TestAddOtherFamilyOnlyIsNoOp(t *testing.T) {
-	p, h, out := newFake()
+	p, _, out, mem := onMemory()
 	prev4 := `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"address":"192.0.2.2/24","interface":0}]}`
 	err := p.Add(args(t, map[string]string{"prevResult": prev4,
 		"runtimeConfig": `{"portMappings":[{"hostPort":80,"containerPort":80,"hostIP":"::1"}]}`}))
 	if err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	for _, c := range h.CallList() {
-		if strings.HasPrefix(c, "apply") {
-			t.Errorf("an IPv6-only mapping was applied to an IPv4-only container: %v", h.CallList())
-		}
+	if got := held(t, mem); len(got) != 0 {
+		t.Errorf("an IPv6-only mapping for an IPv4-only container: the kernels hold %q, want nothing", got)
 	}
 	if !strings.Contains(out.String(), "192.0.2.2/24") {
 		t.Errorf("prevResult not passed through: %s", out)
 	}
 }
 
+// acceptRules are the forwardAccept layer's rules the x_tables filter
+// tables hold, both families.
+func acceptRules(mem map[backend.Name]fakehost.InMemory) []string {
+	var out []string
+	for _, l := range strings.Split(mem[backend.IPTables].Ruleset(), "\n") {
+		if strings.HasPrefix(l, "-A CNI-FW-") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// forwardAccept writes an accept rule per mapping and family beside the
+// backend's mappings; CHECK passes over both, DEL removes both; without
+// the key nothing of it is written; a family whose accept rules fail
+// leaves neither family's rules nor mappings, no flush, no
+// route_localnet.
 func TestForwardAcceptVerbs(t *testing.T) {
 	fa := func(extra map[string]string) map[string]string {
 		extra["forwardAccept"] = "true"
 		return extra
 	}
-	t.Run("add, check, del, gc", func(t *testing.T) {
-		p, h, _ := newFake()
+	t.Run("add, check, del", func(t *testing.T) {
+		p, _, _, mem := onMemory()
 		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err != nil {
 			t.Fatal(err)
+		}
+		got := acceptRules(mem)
+		for _, want := range []string{"--ctorigdstport 8080 --ctreplsrc 192.0.2.2 --ctreplsrcport 80 -j ACCEPT", "--ctorigdstport 8053 --ctreplsrc 192.0.2.2 --ctreplsrcport 53 -j ACCEPT",
+			"--ctorigdstport 8080 --ctreplsrc 2001:db8::2 --ctreplsrcport 80 -j ACCEPT", "--ctorigdstport 8053 --ctreplsrc 2001:db8::2 --ctreplsrcport 53 -j ACCEPT"} {
+			if !slices.ContainsFunc(got, func(l string) bool { return strings.HasSuffix(l, want) }) {
+				t.Errorf("accept rules %q lack one ending %q", got, want)
+			}
+		}
+		if len(got) != 4 || len(held(t, mem)) != 4 {
+			t.Errorf("accept rules %q and mappings %q, want four of each", got, held(t, mem))
 		}
 		if err := p.Check(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err != nil {
 			t.Fatal(err)
@@ -479,52 +595,27 @@ func TestForwardAcceptVerbs(t *testing.T) {
 		if err := p.Del(args(t, fa(map[string]string{}))); err != nil {
 			t.Fatal(err)
 		}
-		got := h.Calls()
-		for _, want := range []string{
-			"layer forwardAccept ipv4\nbackend iptables ipv6\nlayer forwardAccept ipv6\nlock\nledger add net1/c1/eth0\napply ipv4 net1/c1/eth0 192.0.2.2",
-			"apply ipv4 net1/c1/eth0 192.0.2.2 [*:8080/tcp->80 *:8053/udp->53]\napply ipv6 net1/c1/eth0 2001:db8::2",
-		} {
-			if !strings.Contains(got, want) {
-				t.Errorf("calls lack %q:\n%s", want, got)
-			}
-		}
-		// The host opens each once; CHECK and DEL reach the backend and
-		// the layer.
-		for _, verb := range []string{"check ipv4 ", "remove ipv4 ", "remove ipv6 "} {
-			if n := strings.Count(got, verb); n != 2 {
-				t.Errorf("%q %d times, want 2 (backend and layer):\n%s", verb, n, got)
-			}
-		}
-		if n := strings.Count(got, "layer forwardAccept ipv4\n"); n != 1 {
-			t.Errorf("the layer opened %d times, want once:\n%s", n, got)
+		if got := acceptRules(mem); len(got) != 0 || len(held(t, mem)) != 0 {
+			t.Errorf("after DEL: accept rules %q, mappings %q, want none", got, held(t, mem))
 		}
 	})
 	t.Run("off by default", func(t *testing.T) {
-		p, h, _ := newFake()
+		p, _, _, mem := onMemory()
 		if err := p.Add(args(t, withMappings(map[string]string{"prevResult": prevDual}))); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Del(args(t, map[string]string{})); err != nil {
-			t.Fatal(err)
-		}
-		if got := h.Calls(); strings.Contains(got, "forwardAccept") {
-			t.Errorf("forwardAccept rules touched without the key:\n%s", got)
+		if rs := mem[backend.IPTables].Ruleset(); strings.Contains(rs, "CNI-HOSTPORT-FWD") || strings.Contains(rs, "CNI-FW-") {
+			t.Errorf("forwardAccept's chains written without the key:\n%s", rs)
 		}
 	})
 	t.Run("a failing accept undoes the ADD", func(t *testing.T) {
-		p, h, _ := newFake()
+		p, h, _, mem := onMemory()
 		h.FailApply["forwardAccept ipv6"] = errors.New("filter table is read-only")
 		if err := p.Add(args(t, withMappings(fa(map[string]string{"prevResult": prevDual})))); err == nil {
 			t.Fatal("ADD succeeded")
 		}
-		// The ipv6 stack undoes its own backend; ADD undoes ipv4's stack.
-		got := h.CallList()
-		want := []string{"remove ipv6 net1/c1/eth0 2001:db8::2", "remove ipv4 net1/c1/eth0 192.0.2.2", "remove ipv4 net1/c1/eth0 192.0.2.2"}
-		if len(got) < 3 || !strings.HasPrefix(got[len(got)-3], want[0]) || !strings.HasPrefix(got[len(got)-2], want[1]) || !strings.HasPrefix(got[len(got)-1], want[2]) {
-			t.Errorf("calls:\n%s\nwant the ipv6 mappings, then the ipv4 accept rules and mappings removed", strings.Join(got, "\n"))
-		}
-		if strings.Contains(h.Calls(), "flush") || strings.Contains(h.Calls(), "route_localnet") {
-			t.Errorf("a failed ADD flushed or set route_localnet:\n%s", h.Calls())
+		if rules, ms := acceptRules(mem), held(t, mem); len(rules)+len(ms) != 0 || h.Walks != 0 || len(h.Localnet) != 0 {
+			t.Errorf("after the failed ADD: accept rules %q, mappings %q, %d conntrack walks, route_localnet %v: want nothing", rules, ms, h.Walks, h.Localnet)
 		}
 	})
 }
@@ -553,7 +644,7 @@ func TestAddUnderStrictForwardPorts(t *testing.T) {
 		{"no answer, the file says on", true, "read from firewalld.conf: system bus: no answer in 2s", nil, true, 50},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, h, _ := newFake()
+			p, h, out, mem := onMemory()
 			var log strings.Builder
 			p.Host.Log = &log
 			asked := 0
@@ -575,9 +666,7 @@ func TestAddUnderStrictForwardPorts(t *testing.T) {
 			if tt.code == 0 {
 				return
 			}
-			if h.Calls() != "" {
-				t.Errorf("calls %v: want nothing", h.CallList())
-			}
+			untouched(t, h, mem, out)
 			if tt.code == 50 {
 				for _, want := range []string{"StrictForwardPorts is on", "8080/tcp", "8053/udp", "forward them in firewalld", "StrictForwardPorts=no"} {
 					if !strings.Contains(err.Error(), want) {

@@ -1,5 +1,10 @@
-// Package fakehost is a host (pkg/host) whose backends and layers record
-// what the plugin's verbs and the agent ask of them, for their unit tests.
+// Package fakehost is a host (pkg/host) for the plugin's and the agent's
+// unit tests. It keeps what a node would hold as state a test reads: the
+// ledger, route_localnet, the conntrack flushes and walks, the times the
+// host lock was taken; NewInMemory puts the real backends over kernels in
+// memory under it, so a verb is judged by what they hold afterwards. Its
+// call log is for a test about order; its recording backends, for one
+// about what a unit was answered.
 package fakehost
 
 import (
@@ -43,6 +48,8 @@ type Host struct {
 	// some of the shared objects of a family with one missing exist.
 	Missing map[string]string
 	Traces  map[string]bool
+	// SkeletonReads counts the reads of shared objects (Skeleton).
+	SkeletonReads int
 	// Localnet is route_localnet per interface; FailSysctl fails turning
 	// it on.
 	Localnet   map[string]bool
@@ -51,8 +58,12 @@ type Host struct {
 	// Installed is what Mappings reads back, by backend or layer and
 	// family ("nftables ipv4").
 	Installed map[string][]plan.Installed
-	// Flushed are the conntrack ports flushed so far, in order.
+	// Flushed are the conntrack ports flushed so far, in order; Walks,
+	// the walks of the conntrack table that flushed them.
 	Flushed []conntrack.Port
+	Walks   int
+	// Locks counts the times the host lock was taken.
+	Locks int
 	// Ledger is the host's ledger; its writes and forgets are recorded
 	// ("ledger add net1/c1/eth0", "ledger forget net1/c1/eth0").
 	Ledger Ledger
@@ -68,6 +79,9 @@ func New() (*host.Host, *Host) {
 		Conntrack:      fh,
 		Lock: func() (func(), error) {
 			fh.Record("lock")
+			fh.mu.Lock()
+			fh.Locks++
+			fh.mu.Unlock()
 			return func() {}, nil
 		},
 		Ledger: recLedger{fh},
@@ -174,6 +188,9 @@ func (b fakeBackend) Mappings() ([]plan.Installed, error) {
 func (b fakeBackend) Skeleton(*plan.Plan) (string, bool, error) {
 	key := b.name + " " + b.f.String()
 	b.h.Record("skeleton " + key)
+	b.h.mu.Lock()
+	b.h.SkeletonReads++
+	b.h.mu.Unlock()
 	missing := b.h.Missing[key]
 	return missing, missing == "" || b.h.Traces[key], b.h.FailAll
 }
@@ -181,6 +198,15 @@ func (b fakeBackend) Skeleton(*plan.Plan) (string, bool, error) {
 var _ backend.Skeletal = fakeBackend{}
 
 func (b fakeBackend) record(op string, p *plan.Plan, err error) error {
+	b.h.Record(describe(op, p))
+	if b.h.FailAll != nil {
+		return b.h.FailAll
+	}
+	return err
+}
+
+// describe is a call of op on p as the log records it.
+func describe(op string, p *plan.Plan) string {
 	var ms []string
 	for m := range p.Mappings.All() {
 		ms = append(ms, m.String())
@@ -189,11 +215,7 @@ func (b fakeBackend) record(op string, p *plan.Plan, err error) error {
 	if p.ContainerNet != nil {
 		ip = p.ContainerNet.IP.String()
 	}
-	b.h.Record(fmt.Sprintf("%s %s %s/%s/%s %s [%s]", op, p.Family, p.Owner.Network, p.Owner.ContainerID, p.Owner.IfName, ip, strings.Join(ms, " ")))
-	if b.h.FailAll != nil {
-		return b.h.FailAll
-	}
-	return err
+	return fmt.Sprintf("%s %s %s/%s/%s %s [%s]", op, p.Family, p.Owner.Network, p.Owner.ContainerID, p.Owner.IfName, ip, strings.Join(ms, " "))
 }
 
 func (h *Host) HostInterface(ip net.IP) (string, error) { return "veth-" + ip.String(), nil }
@@ -222,6 +244,7 @@ func (h *Host) RouteLocalnet(ifName string) (bool, error) {
 func (h *Host) FlushDstPorts(ports []conntrack.Port) error {
 	h.mu.Lock()
 	h.Flushed = append(h.Flushed, ports...)
+	h.Walks++
 	h.mu.Unlock()
 	for _, pp := range ports {
 		if pp.Addr.IsValid() {

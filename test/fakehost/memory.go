@@ -11,6 +11,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/backend"
 	"github.com/portmap-dev/portmap/pkg/backend/iptables"
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/host"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
@@ -48,7 +49,9 @@ type InMemory struct {
 // one per family, as iptables and ip6tables are — and returns them by
 // name: the plugin's verbs and the agent's passes then write and read
 // rules as on a node, and a test asserts on what a read shows. The
-// layers stay recording fakes.
+// forwardAccept layer is the real one over x_tables' filter table in
+// memory too (iptables' Ruleset shows it); the localhost layer stays a
+// recording fake.
 func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 	k := nfttest.New()
 	xs := map[plan.Family]*xttest.Memory{}
@@ -65,6 +68,13 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return nfts(f), nil }
 		case backend.IPTables:
 			h.Kinds[i].Open = func(f plan.Family, _ io.Writer) (backend.Backend, error) { return ipt(f), nil }
+		}
+	}
+	for i, l := range h.Layers {
+		if l.Name == "forwardAccept" {
+			h.Layers[i].Open = func(f plan.Family, _ io.Writer, _ *plan.Request) (backend.Backend, error) {
+				return &iptables.Accept{Family: f, Kernel: xs[f].Kernel(iptables.FilterTable), Lock: func() (func(), error) { return func() {}, nil }}, nil
+			}
 		}
 	}
 	return map[backend.Name]InMemory{
@@ -122,4 +132,114 @@ func (m InMemory) Mapped(t testing.TB, line func(plan.Installed) string) []strin
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// NewInMemory is New with the backends and the forwardAccept layer over
+// kernels in memory (BackendsInMemory), each behind the recorder's knobs
+// (FailOpen, FailApply, FailAll, FailReady, FailSync) and its call log:
+// a test judges a verb by what the kernels, the ledger, route_localnet
+// and the conntrack flushes hold afterwards.
+func NewInMemory() (*host.Host, *Host, map[backend.Name]InMemory) {
+	h, fh := New()
+	mem := BackendsInMemory(h)
+	for i, k := range h.Kinds {
+		name, open := string(k.Name), k.Open
+		h.Kinds[i].Open = func(f plan.Family, w io.Writer) (backend.Backend, error) {
+			return fh.knobbed("backend "+name, name, f, func() (backend.Backend, error) { return open(f, w) })
+		}
+	}
+	for i, l := range h.Layers {
+		if l.Name != "forwardAccept" {
+			continue
+		}
+		name, open := l.Name, l.Open
+		h.Layers[i].Open = func(f plan.Family, w io.Writer, r *plan.Request) (backend.Backend, error) {
+			return fh.knobbed("layer "+name, name, f, func() (backend.Backend, error) { return open(f, w, r) })
+		}
+	}
+	return h, fh, mem
+}
+
+func (h *Host) knobbed(call, name string, f plan.Family, open func() (backend.Backend, error)) (backend.Backend, error) {
+	h.Record(call + " " + f.String())
+	if err := h.FailOpen[name]; err != nil {
+		return nil, err
+	}
+	b, err := open()
+	if err != nil {
+		return nil, err
+	}
+	return knobs{b, h, f, name}, nil
+}
+
+// knobs is a real backend behind the recorder's knobs: a call fails as
+// they say before it reaches the backend, and is recorded as the
+// recording fakes record it.
+type knobs struct {
+	backend.Backend
+	h    *Host
+	f    plan.Family
+	name string
+}
+
+func (k knobs) fail(op string, p *plan.Plan, err error) error {
+	if p != nil {
+		k.h.Record(describe(op, p))
+	}
+	if k.h.FailAll != nil {
+		return k.h.FailAll
+	}
+	return err
+}
+
+func (k knobs) Apply(p *plan.Plan) error {
+	if err := k.fail("apply", p, k.h.FailApply[k.name+" "+k.f.String()]); err != nil {
+		return err
+	}
+	return k.Backend.Apply(p)
+}
+
+func (k knobs) Remove(p *plan.Plan) error {
+	if err := k.fail("remove", p, nil); err != nil {
+		return err
+	}
+	return k.Backend.Remove(p)
+}
+
+func (k knobs) Check(p *plan.Plan) error {
+	if err := k.fail("check", p, nil); err != nil {
+		return err
+	}
+	return k.Backend.Check(p)
+}
+
+func (k knobs) GC(network string, valid []plan.Owner) error {
+	if err := k.fail("gc", nil, nil); err != nil {
+		return err
+	}
+	return k.Backend.GC(network, valid)
+}
+
+func (k knobs) Ready(p *plan.Plan) error {
+	if err := k.fail("ready", nil, k.h.FailReady); err != nil {
+		return err
+	}
+	return k.Backend.Ready(p)
+}
+
+func (k knobs) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	if err := k.fail("sync", nil, k.h.FailSync[k.name+" "+k.f.String()]); err != nil {
+		return nil, err
+	}
+	return k.Backend.Sync(want, o)
+}
+
+func (k knobs) Skeleton(p *plan.Plan) (string, bool, error) {
+	if err := k.fail("skeleton", nil, nil); err != nil {
+		return "", false, err
+	}
+	if s, ok := k.Backend.(backend.Skeletal); ok {
+		return s.Skeleton(p)
+	}
+	return "", true, nil
 }
