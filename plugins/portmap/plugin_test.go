@@ -677,3 +677,44 @@ func TestAddUnderStrictForwardPorts(t *testing.T) {
 		})
 	}
 }
+
+// TestTwoInterfacesOnOneNetwork: a container attached twice to one
+// network (eth0 and net1, a host port each). nftables keeps both; the
+// iptables layout names an attachment's chain after its network and
+// container ID only, as upstream does, so there the second ADD's
+// mappings replace the first's and DEL of either removes them
+// (docs/backends.md). DEL of one leaves the other's on nftables.
+func TestTwoInterfacesOnOneNetwork(t *testing.T) {
+	for _, tt := range []struct {
+		backend        backend.Name
+		added, deleted []string
+	}{
+		{backend.NFTables, []string{"nftables tcp 8080 -> 192.0.2.2:80 c=c1", "nftables tcp 8081 -> 192.0.2.3:80 c=c1"}, []string{"nftables tcp 8081 -> 192.0.2.3:80 c=c1"}},
+		{backend.IPTables, []string{"iptables tcp 8081 -> 192.0.2.3:80 c=c1"}, nil},
+	} {
+		t.Run(string(tt.backend), func(t *testing.T) {
+			p, _, _, mem := onMemory()
+			cmd := func(i int, ifName string) *skel.CmdArgs {
+				prev := fmt.Sprintf(`{"cniVersion":"1.0.0","interfaces":[{"name":%q,"sandbox":"/run/netns/c"}],"ips":[{"address":"192.0.2.%d/24","interface":0}]}`, ifName, 2+i)
+				a := args(t, map[string]string{"backend": strconv.Quote(string(tt.backend)), "prevResult": prev,
+					"runtimeConfig": fmt.Sprintf(`{"portMappings":[{"hostPort":%d,"containerPort":80}]}`, 8080+i)})
+				a.IfName = ifName
+				return a
+			}
+			for i, ifName := range []string{"eth0", "net1"} {
+				if err := p.Add(cmd(i, ifName)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := held(t, mem); !slices.Equal(got, tt.added) {
+				t.Errorf("after both ADDs the kernel holds %q, want %q", got, tt.added)
+			}
+			if err := p.Del(cmd(0, "eth0")); err != nil {
+				t.Fatal(err)
+			}
+			if got := held(t, mem); !slices.Equal(got, tt.deleted) {
+				t.Errorf("after eth0's DEL the kernel holds %q, want %q", got, tt.deleted)
+			}
+		})
+	}
+}
