@@ -59,7 +59,7 @@ func (a *Agent) units(ws []*wanted, extra []*plan.Request) []unit {
 				add(&w.Request)
 			}
 		}
-		if l.Sites != nil {
+		if l.Site != nil {
 			for _, req := range extra {
 				add(req)
 			}

@@ -199,7 +199,7 @@ func (c *Config) parseLocalhost(nc netConf) error {
 		}
 		*kv.to = *kv.v
 	}
-	backend.Canon(&c.Request) // one name for each site
+	backend.Normalize(&c.Request) // one name for each site
 	return nil
 }
 

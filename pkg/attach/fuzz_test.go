@@ -111,7 +111,7 @@ func checkIPTables(t *testing.T, p *plan.Plan, script string) {
 	for _, r := range iptables.GuardRules(p) {
 		want = append(want, append([]string{"-C", r.Chain}, r.Args()...))
 	}
-	if c, ok := iptables.Witness(p); ok {
+	if c, ok := iptables.Marker(p); ok {
 		want = append(want, []string{"-F", c.Name})
 	}
 	want = append(want, []string{"-N", iptables.ChainName(p.Owner)})

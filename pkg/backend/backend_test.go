@@ -139,14 +139,14 @@ func TestDefault(t *testing.T) {
 	}
 }
 
-// Canon gives each site one spelling: the socket path's default pin
+// Normalize gives each site one spelling: the socket path's default pin
 // directory named by its path is the default site "".
-func TestCanon(t *testing.T) {
+func TestNormalize(t *testing.T) {
 	for in, want := range map[string]string{"": "", "/sys/fs/bpf/cni-portmap": "", "/sys/fs/bpf/other": "/sys/fs/bpf/other"} {
 		req := &plan.Request{Socket: plan.Socket{PinDir: in}}
-		Canon(req)
+		Normalize(req)
 		if req.Socket.PinDir != want {
-			t.Errorf("Canon(%q) = %q, want %q", in, req.Socket.PinDir, want)
+			t.Errorf("Normalize(%q) = %q, want %q", in, req.Socket.PinDir, want)
 		}
 	}
 }
@@ -240,7 +240,7 @@ func TestRegistryRows(t *testing.T) {
 		t.Errorf("Choices() = %s", got)
 	}
 	l, ok := LayerNamed("localhost")
-	if !ok || l.Sites == nil || l.Sites.Canon == nil || l.Sites.Ready == nil || !l.ReadyFirst {
+	if !ok || l.Site == nil || l.Normalize == nil || l.SiteReady == nil || !l.ReadyFirst {
 		t.Fatalf("LayerNamed(localhost) = %+v, %v", l, ok)
 	}
 	if _, ok := LayerNamed("nothing"); ok {
@@ -251,7 +251,7 @@ func TestRegistryRows(t *testing.T) {
 		t.Errorf("sites: wants %v, %q %q %q", l.Wants(req), l.SiteOf(req), l.SiteOf(nil), Layers[0].SiteOf(req))
 	}
 	// A pin directory on no bpf filesystem: the site cannot be served.
-	if err := l.Sites.Ready(&plan.Request{Socket: plan.Socket{PinDir: t.TempDir(), CgroupPath: t.TempDir()}}); err == nil {
+	if err := l.SiteReady(&plan.Request{Socket: plan.Socket{PinDir: t.TempDir(), CgroupPath: t.TempDir()}}); err == nil {
 		t.Error("SiteReady of a temporary directory: nil, want what the host lacks")
 	}
 	ipt, _ := Lookup(IPTables)

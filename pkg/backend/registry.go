@@ -126,10 +126,19 @@ type Layer struct {
 	Name string
 	// Wants reports whether attachments of req use the layer.
 	Wants func(req *plan.Request) bool
-	// Sites tells the instances of a layer whose configuration places
-	// it apart (the socket path's cgroup and pin directory); nil for a
-	// layer with one instance.
-	Sites *Sites
+	// Site names the instance req's attachments use, for a layer whose
+	// configuration places it apart (the socket path's pin directory,
+	// "" the default one); nil for a layer with one instance, which
+	// leaves Normalize and SiteReady nil too.
+	Site func(req *plan.Request) string
+	// Normalize writes req's site in its one spelling (the default site
+	// named by its path becomes ""), so that two spellings of one site
+	// are one instance.
+	Normalize func(req *plan.Request)
+	// SiteReady says what the host lacks to serve the layer at req's
+	// site, for every family at once, or nil; "localhost": "auto" asks
+	// it.
+	SiteReady func(req *plan.Request) error
 	// ReadyFirst makes ADD ask the layer's Ready before anything is
 	// written, so that a host that cannot serve it fails ADD with nothing
 	// changed (a cheap Ready: no process).
@@ -139,34 +148,20 @@ type Layer struct {
 	Open func(f plan.Family, log io.Writer, req *plan.Request) (Backend, error)
 }
 
-// Sites are the instances of a placed layer: each a place of its own on
-// the host, named by what the configuration says.
-type Sites struct {
-	// Of names the instance req's attachments use ("" the default one).
-	Of func(req *plan.Request) string
-	// Canon writes req's site in its one spelling (the default site named
-	// by its path becomes ""), so that two spellings of one site are one
-	// instance.
-	Canon func(req *plan.Request)
-	// Ready says what the host lacks to serve the layer at req's site,
-	// for every family at once, or nil; "localhost": "auto" asks it.
-	Ready func(req *plan.Request) error
-}
-
 // SiteOf is the instance of l that req uses ("" for the default one, and
 // for a layer with one instance).
 func (l Layer) SiteOf(req *plan.Request) string {
-	if l.Sites == nil || req == nil {
+	if l.Site == nil || req == nil {
 		return ""
 	}
-	return l.Sites.Of(req)
+	return l.Site(req)
 }
 
 // Layers is the registry of layers, in the order a stack applies them.
 var Layers = []Layer{
 	{Name: "forwardAccept", Wants: func(r *plan.Request) bool { return r.ForwardAccept }, Open: openAccept},
 	{Name: "localhost", Wants: func(r *plan.Request) bool { return r.Localhost == plan.LocalhostSocket },
-		Sites: &Sites{Of: socketSite, Canon: socketCanon, Ready: socketReady}, ReadyFirst: true, Open: openSocket},
+		Site: socketSite, Normalize: socketNormalize, SiteReady: socketReady, ReadyFirst: true, Open: openSocket},
 }
 
 // LayerNamed returns the registered layer called name.
@@ -179,17 +174,18 @@ func LayerNamed(name string) (Layer, bool) {
 	return Layer{}, false
 }
 
-// Canon writes every site of req in its one spelling (Sites.Canon).
-func Canon(req *plan.Request) {
+// Normalize writes every site of req in its one spelling (each layer's
+// Normalize).
+func Normalize(req *plan.Request) {
 	for _, l := range Layers {
-		if l.Sites != nil {
-			l.Sites.Canon(req)
+		if l.Normalize != nil {
+			l.Normalize(req)
 		}
 	}
 }
 
-// socketCanon names the default pin directory "".
-func socketCanon(r *plan.Request) {
+// socketNormalize names the default pin directory "".
+func socketNormalize(r *plan.Request) {
 	if r.Socket.PinDir == socket.DefaultPinDir {
 		r.Socket.PinDir = ""
 	}

@@ -142,7 +142,7 @@ func pinDirSite(dir string) (*plan.Request, error) {
 		return nil, fmt.Errorf("--bpf-pin-dir %q: want a clean absolute path", dir)
 	}
 	req := &plan.Request{Socket: plan.Socket{PinDir: dir}}
-	backend.Canon(req) // the default site is visited anyway
+	backend.Normalize(req) // the default site is visited anyway
 	return req, nil
 }
 

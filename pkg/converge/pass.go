@@ -40,7 +40,7 @@ type Verdict[H any] struct {
 	Candidates []Candidate[H]
 	// Tidy says the state needs a write that no result, shared object
 	// or orphan names: bookkeeping of the mechanism (the socket path's
-	// owner records).
+	// owner entries).
 	Tidy bool
 }
 

@@ -129,10 +129,10 @@ func Real(log io.Writer) *Host {
 	}
 }
 
-// socketReady is the socket path's Sites.Ready, from the registry.
+// socketReady is the socket path's SiteReady, from the registry.
 func socketReady() func(*plan.Request) error {
 	l, _ := backend.LayerNamed(SocketLayer)
-	return l.Sites.Ready
+	return l.SiteReady
 }
 
 // SocketLayer is the registry's name of the socket path: the layer

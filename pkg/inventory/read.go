@@ -51,7 +51,7 @@ func family(h *host.Host, f plan.Family, sites []*plan.Request) ([]Entry, error)
 		read(l.Name, b, err)
 		seen := map[string]bool{"": true}
 		for _, req := range sites {
-			if s := l.SiteOf(req); l.Sites != nil && !seen[s] {
+			if s := l.SiteOf(req); l.Site != nil && !seen[s] {
 				seen[s] = true
 				b, err := h.OpenLayer(l, f, req)
 				read(l.Name, b, err)

@@ -6,9 +6,9 @@ import (
 )
 
 // Mappings are mappings in the order a request gave them, held as the
-// stretches their consecutive entries make: an entry that continues the
+// runs their consecutive entries make: an entry that continues the
 // one before it (the same protocol and host IP, both ports one up) adds
-// to its stretch instead of taking room of its own, so a Podman range of
+// to its run instead of taking room of its own, so a Podman range of
 // 5000 ports is one Run here, not 5000 Mappings. Expanding them gives
 // back every entry, in order, repeats and all. The zero value is empty.
 type Mappings struct {
@@ -25,7 +25,7 @@ func MappingsOf(ms ...Mapping) Mappings {
 	return l
 }
 
-// Add appends m. It may change the last stretch in place, which a copy
+// Add appends m. It may change the last run in place, which a copy
 // of l shares: build a list, then hand it on.
 func (l *Mappings) Add(m Mapping) {
 	l.addRun(Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
@@ -85,7 +85,7 @@ func (l Mappings) Ascending() bool {
 }
 
 // HostPorts spells the host ports as "8080/tcp, 20000-20999/udp" in
-// order, each stretch once (stretches that differ only in host IP or
+// order, each run once (runs that differ only in host IP or
 // container port are one).
 func (l Mappings) HostPorts() string {
 	var out []string

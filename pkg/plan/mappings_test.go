@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// Mappings hold their entries as stretches and give every one back, in
-// order, repeats and all; a stretch is never longer than the entries
+// Mappings hold their entries as runs and give every one back, in
+// order, repeats and all; a run is never longer than the entries
 // that continue one another, and a host IP keeps the bytes it came with.
 func TestMappingsRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -39,7 +39,7 @@ func TestMappingsRoundTrip(t *testing.T) {
 			}
 		}
 		if want := min(len(ms), breaks+1); len(l.seq) != want {
-			t.Fatalf("MappingsOf(%v): %d stretches, want %d", ms, len(l.seq), want)
+			t.Fatalf("MappingsOf(%v): %d runs, want %d", ms, len(l.seq), want)
 		}
 		ascending := true
 		for j := 1; j < len(ms); j++ {
@@ -52,12 +52,12 @@ func TestMappingsRoundTrip(t *testing.T) {
 		}
 	}
 	if l := MappingsOf(span(TCP, 20000, 20000, 5000)...); len(l.seq) != 1 || l.Len() != 5000 || !l.Ascending() {
-		t.Errorf("a range of 5000 ports: %d stretches, Len %d", len(l.seq), l.Len())
+		t.Errorf("a range of 5000 ports: %d runs, Len %d", len(l.seq), l.Len())
 	}
 }
 
 // A fingerprint is what the ledger records hold: these are the values of
-// the same plans from before mappings were held as stretches, and must
+// the same plans from before mappings were held as runs, and must
 // not change.
 func TestFingerprintUnchanged(t *testing.T) {
 	n4 := &net.IPNet{IP: net.ParseIP("192.0.2.2").To4(), Mask: net.CIDRMask(24, 32)}

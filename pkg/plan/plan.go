@@ -79,7 +79,7 @@ func Build(req Request, f Family, containerNet *net.IPNet) *Plan {
 
 // ofFamily are the mappings of family f, "any" for an unspecified host
 // IP. When that is all of them, as it is for a range, they are ms itself
-// (its stretches clipped: an Add cannot write into them), not a copy.
+// (its runs clipped: an Add cannot write into them), not a copy.
 func ofFamily(ms Mappings, f Family) Mappings {
 	keep := func(ip net.IP) bool { return ip == nil || (FamilyOf(ip) == f && !ip.IsUnspecified()) }
 	all := true
@@ -107,7 +107,7 @@ func ofFamily(ms Mappings, f Family) Mappings {
 
 // dedupe drops the repeats of a mapping, keeping the first (in a new
 // list: ms may be the request's). Mappings in strictly ascending order
-// (a Podman range) have none: that is checked on their stretches,
+// (a Podman range) have none: that is checked on their runs,
 // without a set.
 func dedupe(ms Mappings) Mappings {
 	if ms.Ascending() {
@@ -188,7 +188,7 @@ func Fingerprint(plans []*Plan) string {
 		b = append(b, 0xff)
 		for _, r := range p.Mappings.seq {
 			// a record a mapping: its host IP, the length it was given
-			// in, both ports, its protocol, 0; those of a stretch
+			// in, both ports, its protocol, 0; those of a run
 			// differ in their ports alone, which are written into
 			// copies of the first
 			ip := r.HostIP.To16()

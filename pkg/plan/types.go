@@ -157,7 +157,7 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("invalid %s %q: %s", e.Key, e.Value, e.Why)
 }
 
-// Run is a stretch of consecutive host ports of one protocol and host IP
+// Run is consecutive host ports of one protocol and host IP
 // forwarded to consecutive container ports — a constant offset, the shape
 // a Podman or nerdctl port range (-p 10000-10999:10000-10999) expands to.
 // A single mapping is a run of one. The backends render a run as one

@@ -31,14 +31,14 @@ type Kernel interface {
 	// ErrLegacy when this namespace has an iptables-legacy table.
 	Unlink(parent, chain string) (found bool, err error)
 	// AddChain is ADD's fast path in one nf_tables transaction, no
-	// process: it flushes witness (failing unless it exists; "" for
+	// process: it flushes marker (failing unless it exists; "" for
 	// none), creates chain (failing if it exists), appends rules and
 	// inserts entries at the top of their chain; they may jump to chain
 	// and to jumps. It fails with ErrLegacy where only the tools reach
 	// the table (iptables-legacy), with ErrNotNative for a rule it does
 	// not write, and with the kernel's EEXIST or ENOENT when the node is
 	// not in the state the fast path assumes.
-	AddChain(witness, chain string, rules, entries []Rule, jumps ...string) error
+	AddChain(marker, chain string, rules, entries []Rule, jumps ...string) error
 	// Chains reads chains of table over nf_tables netlink — no process,
 	// no rule cache of the table: each of names that exists, with its
 	// rules' count and the chains they jump to when rules is set (a dump

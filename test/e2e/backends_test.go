@@ -23,7 +23,7 @@ type backend struct {
 	chain func(o plan.Owner) string
 	// deleteDNAT removes the DNAT rule of hostPort from the attachment's
 	// chain (on nftables, a flat attachment's DNAT element or, where
-	// another attachment took the port over, its record).
+	// another attachment took the port over, its claim rules).
 	deleteDNAT func(t *testing.T, o plan.Owner, c *nettest.Container, hostPort int)
 	// breakShared removes a shared jump, and returns how to put it back.
 	breakShared func(t *testing.T) (missing string, repair func())

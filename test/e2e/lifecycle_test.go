@@ -156,7 +156,7 @@ func TestStatusAfterFlush(t *testing.T) {
 		}
 		// A second ADD after a flush works, as STATUS promised: its host
 		// port answers and CHECK passes (iptables -t nat -F leaves every
-		// chain, the fast path's witness too, and empties the built-in
+		// chain, the fast path's marker too, and empties the built-in
 		// ones: ADD must make their jumps again).
 		flush()
 		c2 := rt.MustAdd(t, "s2", nettest.Mapping{HostPort: 6152, ContainerPort: srvPort})

@@ -123,8 +123,8 @@ type firstRestoreError struct {
 	errs []error
 }
 
-func (k *firstRestoreError) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
-	err := k.Kernel.AddChain(witness, chain, rules, entries, jumps...)
+func (k *firstRestoreError) AddChain(marker, chain string, rules, entries []xt.Rule, jumps ...string) error {
+	err := k.Kernel.AddChain(marker, chain, rules, entries, jumps...)
 	k.errs = append(k.errs, err)
 	return err
 }

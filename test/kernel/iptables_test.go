@@ -25,9 +25,9 @@ type counting struct {
 	restores, lists, chainLists, ensures, natives int
 }
 
-func (c *counting) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
+func (c *counting) AddChain(marker, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	c.natives++
-	return c.Kernel.AddChain(witness, chain, rules, entries, jumps...)
+	return c.Kernel.AddChain(marker, chain, rules, entries, jumps...)
 }
 
 func (c *counting) ListChain(chain string) ([]string, error) {
@@ -261,13 +261,13 @@ func TestUpstreamLeftoversRemoved(t *testing.T) {
 	}
 }
 
-// TestWitnessChains: ADD's fast path reads no rule; what vouches for the
-// shared rules is each mark bit's empty witness chain. A plan with another
+// TestMarkerChains: ADD's fast path reads no rule; what vouches for the
+// shared rules is each mark bit's empty marker chain. A plan with another
 // markMasqBit goes to the slow path once and gets its bit's rules; a node
-// whose skeleton predates the witness (or lost it) goes to the slow path
+// whose skeleton predates the marker (or lost it) goes to the slow path
 // once and gets it back; and what the fast path no longer proves — a
 // flush that left our chains but not their rules — CHECK reports.
-func TestWitnessChains(t *testing.T) {
+func TestMarkerChains(t *testing.T) {
 	nettest.ResetNAT(t)
 	b, c := backend(t, plan.IPv4)
 	add := func(p *plan.Plan) int {
@@ -290,7 +290,7 @@ func TestWitnessChains(t *testing.T) {
 		t.Error("an ADD with bit 5 on a bit-13 node took the fast path")
 	}
 	rules := nettest.Save(t, 4)
-	for _, w := range []string{"--set-xmark 0x20/0x20", "--mark 0x20/0x20 -j MASQUERADE", ":" + iptables.WitnessChain(5), ":" + iptables.WitnessChain(13)} {
+	for _, w := range []string{"--set-xmark 0x20/0x20", "--mark 0x20/0x20 -j MASQUERADE", ":" + iptables.MarkerChain(5), ":" + iptables.MarkerChain(13)} {
 		if !strings.Contains(rules, w) {
 			t.Errorf("no %q after ADD of bit 5:\n%s", w, rules)
 		}
@@ -299,17 +299,17 @@ func TestWitnessChains(t *testing.T) {
 		t.Errorf("CHECK of bit 5: %v", err)
 	}
 
-	// A skeleton without the witness (made before it existed): one slow
+	// A skeleton without the marker (made before it existed): one slow
 	// path brings it back.
-	nettest.Run(t, "iptables", "-t", "nat", "-X", iptables.WitnessChain(13))
+	nettest.Run(t, "iptables", "-t", "nat", "-X", iptables.MarkerChain(13))
 	if n := add(mkPlan("net1", "d", "192.0.2.5/24", 8083)); n == 1 {
-		t.Error("ADD without the witness took the fast path")
+		t.Error("ADD without the marker took the fast path")
 	}
 	if n := add(mkPlan("net1", "e", "192.0.2.6/24", 8084)); n != 1 {
-		t.Errorf("ADD after the witness came back: %d operations, want 1", n)
+		t.Errorf("ADD after the marker came back: %d operations, want 1", n)
 	}
 
-	// A flush leaves our chains (the witness too) and removes their rules:
+	// A flush leaves our chains (the marker too) and removes their rules:
 	// CHECK of an attachment names what is missing; ADD reads the shared
 	// rules over netlink, finds them gone and takes the slow path, which
 	// makes them again (the older attachment's own rules stay gone until

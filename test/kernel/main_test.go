@@ -1,7 +1,7 @@
 // Package kernel tests both backends on the real kernel, inside a network
 // namespace of its own (nettest.Main): apply, check, remove, re-ADD,
 // shared-IP ownership, upstream leftovers, the one-process (iptables) and
-// no-process (nftables) steady states, the iptables witness chains, the
+// no-process (nftables) steady states, the iptables marker chains, the
 // netlink writer held to nft's objects, and the real binary under races,
 // SIGKILL and bad input.
 package kernel

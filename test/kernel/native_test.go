@@ -220,7 +220,7 @@ func TestNativeAddAsRestore(t *testing.T) {
 
 // TestNativeAddRefusals: the native fast path fails as the restore did
 // when the node is not as it assumes — the attachment's chain exists (a
-// re-ADD), the witness is gone — and the slow path then makes the
+// re-ADD), the marker is gone — and the slow path then makes the
 // attachment; nothing of a refused transaction stays.
 func TestNativeAddRefusals(t *testing.T) {
 	nettest.ResetNAT(t)
@@ -229,7 +229,7 @@ func TestNativeAddRefusals(t *testing.T) {
 	if err := b.Apply(a); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := iptables.Witness(a)
+	w, _ := iptables.Marker(a)
 	bp := mkPlan("net1", "b", "192.0.2.3/24", 8081)
 	for _, step := range []struct {
 		name string
@@ -237,7 +237,7 @@ func TestNativeAddRefusals(t *testing.T) {
 		want error
 	}{
 		{"re-ADD", func() {}, unix.EEXIST},
-		{"no witness", func() { nettest.Run(t, "iptables", "-t", "nat", "-X", w.Name) }, unix.ENOENT},
+		{"no marker", func() { nettest.Run(t, "iptables", "-t", "nat", "-X", w.Name) }, unix.ENOENT},
 	} {
 		step.prep()
 		p := a

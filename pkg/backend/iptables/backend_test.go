@@ -67,9 +67,9 @@ func TestApplySlowPathReplaces(t *testing.T) {
 	if strings.Contains(p, "-N ") {
 		t.Errorf("replace payload creates with -N:\n%s", p)
 	}
-	// The witness of bit 13 comes after every shared rule it vouches for.
-	if last := k.ensures[len(k.ensures)-1]; last != "chain "+WitnessChain(13) {
-		t.Errorf("ensured %q; want the witness chain last", k.ensures)
+	// The marker of bit 13 comes after every shared rule it vouches for.
+	if last := k.ensures[len(k.ensures)-1]; last != "chain "+MarkerChain(13) {
+		t.Errorf("ensured %q; want the marker chain last", k.ensures)
 	}
 
 	if err := b.Apply(plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)); err == nil {
@@ -77,22 +77,22 @@ func TestApplySlowPathReplaces(t *testing.T) {
 	}
 }
 
-// TestWitnessPerBit: the fast path of a plan stands on its own mark bit's
-// witness chain, so a node whose skeleton was made for another bit sends
+// TestMarkerPerBit: the fast path of a plan stands on its own mark bit's
+// marker chain, so a node whose skeleton was made for another bit sends
 // it to the slow path, which ensures that bit's rules.
-func TestWitnessPerBit(t *testing.T) {
+func TestMarkerPerBit(t *testing.T) {
 	c, _, _ := syncPlans("192.0.2.7")
 	c.Owner.ContainerID = "new"
 	c.Masquerade.MarkBit = 5
-	b, k, locks := lockedBackend(t, "-F "+WitnessChain(5))
+	b, k, locks := lockedBackend(t, "-F "+MarkerChain(5))
 	if err := b.Apply(c); err != nil {
 		t.Fatal(err)
 	}
-	if *locks != 1 || !strings.Contains(strings.Join(k.ensures, "\n"), "--set-xmark 0x20/0x20") || k.ensures[len(k.ensures)-1] != "chain "+WitnessChain(5) {
-		t.Errorf("bit 5 on a bit-13 node: locks %d, ensures %q; want its rules, then its witness", *locks, k.ensures)
+	if *locks != 1 || !strings.Contains(strings.Join(k.ensures, "\n"), "--set-xmark 0x20/0x20") || k.ensures[len(k.ensures)-1] != "chain "+MarkerChain(5) {
+		t.Errorf("bit 5 on a bit-13 node: locks %d, ensures %q; want its rules, then its marker", *locks, k.ensures)
 	}
-	if _, nat, _ := strings.Cut(AddScript(c), "*nat\n"); strings.Contains(nat, "-C ") || !strings.Contains(nat, "-F "+WitnessChain(5)+"\n") {
-		t.Errorf("fast path's nat section checks rules, or not the witness:\n%s", nat)
+	if _, nat, _ := strings.Cut(AddScript(c), "*nat\n"); strings.Contains(nat, "-C ") || !strings.Contains(nat, "-F "+MarkerChain(5)+"\n") {
+		t.Errorf("fast path's nat section checks rules, or not the marker:\n%s", nat)
 	}
 }
 

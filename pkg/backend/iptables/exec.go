@@ -67,11 +67,11 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 // ADD takes its fast path only where it read the shared rules there
 // (skeletonStands), so the node's iptables keeps its nat table in
 // nf_tables — unless an iptables-legacy table of that name exists.
-func (k *execKernel) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
+func (k *execKernel) AddChain(marker, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	if k.table != Table || legacyTable(k.family, k.table) {
 		return xt.ErrLegacy
 	}
-	msgs, err := addChainMsgs(k.family, witness, chain, rules, entries, jumps...)
+	msgs, err := addChainMsgs(k.family, marker, chain, rules, entries, jumps...)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@
 //	CNI-HOSTPORT-BIT13:   (empty) exists once bit 13's SETMARK and MASQ rules were ensured
 //
 // ADD's fast path is one transaction (nf_tables netlink, or an
-// iptables-restore) that flushes the mark bit's empty witness chain
+// iptables-restore) that flushes the mark bit's empty marker chain
 // (failing unless the bit's shared rules were ensured), creates the
 // attachment's chain (which fails if it exists) and inserts its entry
 // rules: it never lists, checks (-C) or rewrites other attachments'
@@ -92,8 +92,8 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return fmt.Errorf("ensure rule %s: %w", describe(r), err)
 		}
 	}
-	// Last: the witness says the rules above exist.
-	if c, ok := Witness(p); ok {
+	// Last: the marker says the rules above exist.
+	if c, ok := Marker(p); ok {
 		if err := b.Kernel.EnsureChain(c); err != nil {
 			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
@@ -156,7 +156,7 @@ func missingMarkChain(f plan.Family, chain string) *plan.ConfigError {
 // none), else in one iptables-restore (addPayload). Either fails as
 // Refused when the node is not in the state it assumes.
 func (b *Backend) fastAdd(p *plan.Plan) error {
-	w, _ := Witness(p)
+	w, _ := Marker(p)
 	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
 	// the kernel's no to what native.go encodes (EINVAL, EOPNOTSUPP: an
 	// expression or an xt revision it takes otherwise) is no failure
@@ -185,12 +185,12 @@ func kernelNo(err error) bool {
 }
 
 // skeletonStands reports whether the shared rules ADD's fast path takes
-// for granted are there. The fast path's witness chain says they were
+// for granted are there. The fast path's marker chain says they were
 // made, but a flush of the table (`iptables -t nat -F`) empties every
-// chain and deletes none, the witness included: on iptables-nft the rules
+// chain and deletes none, the marker included: on iptables-nft the rules
 // themselves are read over netlink, as STATUS and CHECK read them
 // (skeleton: nothing that grows with the attachments). On
-// iptables-legacy, or when netlink fails, the witness alone decides.
+// iptables-legacy, or when netlink fails, the marker alone decides.
 func (b *Backend) skeletonStands(p *plan.Plan) bool {
 	missing, _, err := b.skeleton(skeletonRules(p))
 	return err != nil || missing == ""

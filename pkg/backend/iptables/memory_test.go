@@ -60,11 +60,11 @@ func TestMemoryTraceOfAnAttachment(t *testing.T) {
 }
 
 // ADD of a new attachment after a flush (`iptables -t nat -F` empties
-// every chain and deletes none: the fast path's witness chain survives;
+// every chain and deletes none: the fast path's marker chain survives;
 // or POSTROUTING alone, whose jump is judged by CNI-HOSTPORT-MASQ's
 // references) makes the shared rules again: the new attachment's host
 // port works and passes CHECK; the older one's CHECK fails until sync.
-// On iptables-legacy the witness alone decides (no netlink to read).
+// On iptables-legacy the marker alone decides (no netlink to read).
 func TestMemoryAddAfterFlush(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -157,18 +157,18 @@ func ruleMsg(f plan.Family, r xt.Rule, chains map[string]bool) (nfnl.Msg, error)
 }
 
 // addChainMsgs is ADD's fast path as one nf_tables transaction: flush
-// witness (which fails unless it exists), create chain (which fails if
+// marker (which fails unless it exists), create chain (which fails if
 // it exists), append its rules, insert the entry rules (entries, which
 // must be Insert rules, in their order at the top) — in the order and
 // with the outcome of addPayload's restore. It fails with
 // errNotNative when a rule is not one encodeRule writes; its rules may
 // jump to chain and to jumps.
-func addChainMsgs(f plan.Family, witness, chain string, rules, entries []xt.Rule, jumps ...string) ([]nfnl.Msg, error) {
+func addChainMsgs(f plan.Family, marker, chain string, rules, entries []xt.Rule, jumps ...string) ([]nfnl.Msg, error) {
 	chains := jumpSet(chain, jumps)
 	var msgs []nfnl.Msg
-	if witness != "" {
+	if marker != "" {
 		var flush nfnl.Attrs
-		flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, witness)
+		flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, marker)
 		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: nft.Family(f).Proto(), Attrs: flush.Bytes()})
 	}
 	var c nfnl.Attrs

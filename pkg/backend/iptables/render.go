@@ -226,7 +226,7 @@ func runTarget(p *plan.Plan, r plan.Run) string {
 	return fmt.Sprintf("%s:%d-%d/%d", ip, r.ContainerPort, r.ContainerPortOf(r.Last()), r.HostPort)
 }
 
-// WitnessChain is an empty nat chain that exists once the mark and
+// MarkerChain is an empty nat chain that exists once the mark and
 // masquerade rules of bit have been ensured: the slow path makes it after
 // them. ADD's fast path flushes it — a no-op that fails while it is
 // missing — instead of checking those rules with -C: any -C in the
@@ -234,15 +234,15 @@ func runTarget(p *plan.Plan, r plan.Run) string {
 // fetch every rule of that chain, which grows with the number of
 // attachments. One per bit, so an attachment with another markMasqBit
 // never takes a node's skeleton for its own.
-func WitnessChain(bit int) string { return fmt.Sprintf("CNI-HOSTPORT-BIT%d", bit) }
+func MarkerChain(bit int) string { return fmt.Sprintf("CNI-HOSTPORT-BIT%d", bit) }
 
-// Witness is the plan's witness chain, when it masquerades with this
+// Marker is the plan's marker chain, when it masquerades with this
 // layout's mark chains.
-func Witness(p *plan.Plan) (xt.Chain, bool) {
+func Marker(p *plan.Plan) (xt.Chain, bool) {
 	if !ownMarkChains(p) {
 		return xt.Chain{}, false
 	}
-	return xt.Chain{Table: Table, Name: WitnessChain(p.Masquerade.MarkBit)}, true
+	return xt.Chain{Table: Table, Name: MarkerChain(p.Masquerade.MarkBit)}, true
 }
 
 // ownMarkChains reports whether p uses the SETMARK and MASQ chains of this

@@ -103,7 +103,7 @@ func (p *payload) explain(out string) string {
 
 // addPayload is the fast path of ADD for an attachment with no chain yet:
 // it checks the localhost guard (filter table: cheap), flushes the mark
-// bit's empty witness chain (which fails unless that bit's mark and
+// bit's empty marker chain (which fails unless that bit's mark and
 // masquerade rules were ensured), creates the attachment's chain (failing
 // if it exists), fills it — its jumps fail without the mark chain — and
 // inserts the entry rules, which fails without CNI-HOSTPORT-DNAT. It reads
@@ -115,8 +115,8 @@ func (p *payload) explain(out string) string {
 // survived (iptables -t nat -F): CHECK reports that, sync repairs it.
 func addPayload(p *plan.Plan) *payload {
 	pl := guardPayload(p)
-	if c, ok := Witness(p); ok {
-		pl.line("-F "+c.Name, "witness chain "+c.Name)
+	if c, ok := Marker(p); ok {
+		pl.line("-F "+c.Name, "marker chain "+c.Name)
 	}
 	chain := ChainName(p.Owner)
 	pl.line("-N "+chain, "new chain "+chain)
@@ -205,7 +205,7 @@ func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
 
 // Missed reports whether a fast path's write failed the way it does when
 // the node is not in the state it assumes (a fresh node, a re-ADD, a
-// missing witness), so the slow path may run: iptables-restore refusing
+// missing marker), so the slow path may run: iptables-restore refusing
 // a line, or the native writer's EEXIST or ENOENT. Any other error is
 // returned to the caller as it is (a kernel test holds the exit statuses
 // to this). The nftables backend's word for the same is missed.

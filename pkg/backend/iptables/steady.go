@@ -17,7 +17,7 @@ import (
 //     native writer writes them (sameRules, as CHECK compares them);
 //   - CNI-HOSTPORT-DNAT holds exactly the wanted attachments' entry
 //     rules, in any order, and jumps to no other chain;
-//   - the shared rules and witnesses are there, judged as CHECK judges
+//   - the shared rules and markers are there, judged as CHECK judges
 //     them (skeleton: each rule's jump or target in its chain).
 //
 // Anything else — a plan with conditions (iptables' -C judges those), a
@@ -28,7 +28,7 @@ import (
 func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	names := []string{TopLevelDNATChain}
 	var shared []xt.Rule
-	var witnesses []string
+	var markers []string
 	seen, jumps := map[string]bool{}, map[string]bool{}
 	entries := make([][]xt.Rule, len(want)) // each plan's, computed once
 	for i, p := range want {
@@ -39,8 +39,8 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 		names = append(names, own)
 		entries[i] = EntryRules(p)
 		jumps[own] = true
-		if c, ok := Witness(p); ok && !slices.Contains(witnesses, c.Name) {
-			witnesses = append(witnesses, c.Name)
+		if c, ok := Marker(p); ok && !slices.Contains(markers, c.Name) {
+			markers = append(markers, c.Name)
 		}
 		for _, r := range skeletonRules(p) {
 			if d := describe(r); !seen[d] {
@@ -75,7 +75,7 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	if same, err := sameSet(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps); err != nil || !same {
 		return false, nil
 	}
-	if w, err := b.Kernel.Chains(Table, witnesses, false); err != nil || len(w) != len(witnesses) {
+	if w, err := b.Kernel.Chains(Table, markers, false); err != nil || len(w) != len(markers) {
 		return false, err
 	}
 	missing, _, err := b.skeleton(shared)

@@ -41,9 +41,9 @@ type syncState struct {
 	// entry rules with conditions it found missing.
 	sharedBroken string
 	checked      map[int]string
-	// witnesses are the witness chains of the wanted plans the table
+	// markers are the marker chains of the wanted plans the table
 	// lacks: made last, once what they vouch for is written.
-	witnesses []xt.Chain
+	markers []xt.Chain
 }
 
 // readSync reads our chains over netlink and, unless they are steady,
@@ -76,9 +76,9 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	s := &syncState{want: want, lt: parseListing(lines), sharedBroken: ck.shared, checked: ck.broken}
 	seen := map[string]bool{}
 	for _, p := range want {
-		if c, ok := Witness(p); ok && !s.lt.chains[c.Name] && !seen[c.Name] {
+		if c, ok := Marker(p); ok && !s.lt.chains[c.Name] && !seen[c.Name] {
 			seen[c.Name] = true
-			s.witnesses = append(s.witnesses, c)
+			s.markers = append(s.markers, c)
 		}
 	}
 	return s, nil
@@ -110,7 +110,7 @@ func (s *syncState) decide() converge.Verdict[string] {
 			v.Refused[i] = missingMarkChain(p.Family, c).Error()
 		}
 	}
-	for _, c := range s.witnesses {
+	for _, c := range s.markers {
 		v.Shared = append(v.Shared, "chain "+c.Name+" missing")
 	}
 	if s.sharedBroken != "" {
@@ -129,7 +129,7 @@ func (s *syncState) decide() converge.Verdict[string] {
 
 // writeSync ensures the shared rules the exact check found missing, then
 // writes one restore: the broken plans' chains re-declared and filled,
-// the pruned chains dropped, the missing witnesses last — the restore is
+// the pruned chains dropped, the missing markers last — the restore is
 // all or nothing, and by then the shared rules are ensured or in it.
 func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, error) {
 	pl := newPayload()
@@ -151,7 +151,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, er
 	for _, chain := range fix.Prune {
 		pl.drop(chain, s.lt.refs[chain])
 	}
-	for _, c := range s.witnesses {
+	for _, c := range s.markers {
 		pl.line("-N "+c.Name, "new chain "+c.Name)
 	}
 	if len(pl.what) == 1 { // only the table line: nothing to write

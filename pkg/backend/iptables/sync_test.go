@@ -293,7 +293,7 @@ func TestSyncChainMissing(t *testing.T) {
 		}
 	}
 	if len(rep.Shared) != 2 || rep.Shared[0] != "chain CNI-HOSTPORT-BIT13 missing" {
-		t.Errorf("shared %q, want the witness and the rules", rep.Shared)
+		t.Errorf("shared %q, want the marker and the rules", rep.Shared)
 	}
 	for _, e := range k.ensures {
 		if !strings.Contains(e, "GUARD") {
@@ -312,7 +312,7 @@ func TestSyncChainMissing(t *testing.T) {
 	}
 	if strings.Count(last, ":CNI-DN-") != 2 || strings.Index(last, "-N CNI-HOSTPORT-SETMARK") > strings.Index(last, ":CNI-DN-") ||
 		!strings.HasSuffix(last, "-N CNI-HOSTPORT-BIT13\nCOMMIT\n") {
-		t.Errorf("repair payload (shared chains first, then both attachments, the witness last):\n%s", last)
+		t.Errorf("repair payload (shared chains first, then both attachments, the marker last):\n%s", last)
 	}
 }
 

@@ -201,7 +201,7 @@ func TestRemove(t *testing.T) {
 			t.Errorf("CHECK of c after a's DEL: %v", err)
 		}
 	})
-	t.Run("without mappings: keys from the chain's record", func(t *testing.T) {
+	t.Run("without mappings: keys from the chain's claim rules", func(t *testing.T) {
 		b, k, _, _ := lockedBackend(t, true, nil)
 		bare := plan.Build(plan.Request{Owner: a.Owner}, plan.IPv4, nil)
 		if err := b.Remove(bare); err != nil {

@@ -41,7 +41,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 		keys[i].Flat = flat
 		read = append(read, keys[i])
 		if flat {
-			read = append(read, keys[i].twin())
+			read = append(read, keys[i].inOtherMap())
 		}
 	}
 	els, err := b.Kernel.Elements(b.Family, read)
@@ -65,11 +65,11 @@ func (b *Backend) Check(p *plan.Plan) error {
 	if !flat {
 		return nil
 	}
-	// the verdict map is looked up first: a twin there takes the port
+	// the verdict map is looked up first: the same port's key there takes the port
 	srcs := strings.Join(hairpinSrcs(p), " ")
 	for _, e := range els {
 		if !e.Key.Flat {
-			return fmt.Errorf("map %s sends %s to %q before map %s", e.Key.Map(), e.Key, e.Chain, e.Key.twin().Map())
+			return fmt.Errorf("map %s sends %s to %q before map %s", e.Key.Map(), e.Key, e.Chain, e.Key.inOtherMap().Map())
 		}
 		if to := targetOf(p, e.Key); e.To != to {
 			return fmt.Errorf("map %s sends %s to %s, not to %s", e.Key.Map(), e.Key, e.To, to)
@@ -288,32 +288,32 @@ func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
 	return ""
 }
 
-// judgeFlat says what of a flat attachment's chain and record is wrong,
-// or "": its chain holds no rule but its record's, which holds p's keys,
+// judgeFlat says what of a flat attachment's chain and claims are wrong,
+// or "": its chain holds no rule but its claim rules, which holds p's keys,
 // and the owners map holds it.
 func judgeFlat(p *plan.Plan, c *ChainState) string {
 	own := ChainName(p.Owner)
 	if len(c.Rules) > 0 {
-		return fmt.Sprintf("chain %s holds %d rules besides its record, want none (its keys are map elements)", own, len(c.Rules))
+		return fmt.Sprintf("chain %s holds %d rules besides its claim rules, want none (its keys are map elements)", own, len(c.Rules))
 	}
-	if !c.HasRecord {
-		return fmt.Sprintf("chain %s records no key", own)
+	if !c.HasClaims {
+		return fmt.Sprintf("chain %s claims no key", own)
 	}
 	if !c.Owned {
 		return fmt.Sprintf("map %s holds no element for chain %s", ownersMap, own)
 	}
 	want := Keys(p)
-	got := make(map[string]bool, len(c.Record))
-	for _, k := range c.Record {
+	got := make(map[string]bool, len(c.Claims))
+	for _, k := range c.Claims {
 		got[k.ID()] = true
 	}
 	for _, k := range want {
 		if !got[k.ID()] {
-			return fmt.Sprintf("chain %s does not record %s", own, k)
+			return fmt.Sprintf("chain %s does not claim %s", own, k)
 		}
 	}
-	if len(c.Record) != len(want) {
-		return fmt.Sprintf("chain %s records %d keys, want %d", own, len(c.Record), len(want))
+	if len(c.Claims) != len(want) {
+		return fmt.Sprintf("chain %s claims %d keys, want %d", own, len(c.Claims), len(want))
 	}
 	return ""
 }

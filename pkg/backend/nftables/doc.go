@@ -16,7 +16,7 @@
 //	                     ip daddr . meta l4proto . th dport vmap @hostip_hostport_ranges
 //	                     the same four for the wildcard: @hostports, @hairpin_…, @hostport_dnat, @hostport_ranges }
 //	  map owners { type ipv6_addr : verdict }                           a goto to each flat attachment's chain, which it holds
-//	  chain dn-<hash(net)>-<hash(if:cid)> { comment "net=… id=… if=…"  a flat attachment's: its owner's record
+//	  chain dn-<hash(net)>-<hash(if:cid)> { comment "net=… id=… if=…"  a flat attachment's: names its owner
 //	    meta l4proto tcp th dport 8080 comment "record tcp . 8080" }   and its keys' (rules no chain jumps to)
 //	  chain dn-<hash(net)>-<hash(if:cid)> {                         any other attachment's (conditions, ranges, …)
 //	    [conditions] ip saddr <subnet> jump mark-bit13 comment "hairpin"       once: only own keys lead here
@@ -49,14 +49,14 @@
 // the host-wide lock, its keys' map elements (and a flat one's hairpin
 // elements, which its DNAT elements name), and in one transaction
 // deletes those that still name its chain (so DEL never removes
-// another's mapping), then its record and chain (which the kernel
+// another's mapping), then its claims and chain (which the kernel
 // refuses while any element still points at it). A range's DEL first
 // tries a transaction that, for each key, adds the element with its own
 // verdict and deletes it — which fails if another attachment took the key
 // over or cut its interval down — without the lock, since an interval's
 // holders are read by dumping its maps. Only when a fast path fails does
 // the slow path run under the host-wide lock, reading the attachment's
-// own chain (its "hostport" rule comments, its DNAT maps or its record
+// own chain (its "hostport" rule comments, its DNAT maps or its claim rules
 // name the keys it claims) and its keys' map elements.
 //
 // The backend talks to the kernel itself, over netlink (pkg/nfnl), in

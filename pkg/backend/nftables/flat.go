@@ -41,7 +41,7 @@ import (
 // dispatch chain holds a lookup for each length in use (a new length is
 // written on the slow path, with the skeleton).
 //
-// The attachment's chain stays as the record of its owner (its comment)
+// The attachment's chain stays, naming its owner (its comment)
 // and of its keys: one rule for each, which matches the key and does
 // nothing else, commented "record tcp . 8080" — what DEL removes when the
 // runtime gives no mappings, and what CHECK compares. No rule jumps to
@@ -212,7 +212,7 @@ func dnatByMap(e *nft.Exprs, addr bool, set string, id uint32) {
 }
 
 // fastFlatTx is a flat ADD's fast path: create the attachment's chain
-// with its record and its owners element (failing if they exist) and its
+// with its claim rules and its owners element (failing if they exist) and its
 // elements (failing if one exists: another attachment holds the key, or
 // the maps are missing).
 func fastFlatTx(p *plan.Plan, keys []Key) *nft.Tx {
@@ -221,7 +221,7 @@ func fastFlatTx(p *plan.Plan, keys []Key) *nft.Tx {
 	hps := wantedHairpins(p, keys)
 	tx.Grow(2 + 2*len(keys) + len(hps))
 	tx.Create(chain)
-	for _, r := range recordRules(chain.Name, keys) {
+	for _, r := range claimRules(chain.Name, keys) {
 		tx.Add(r)
 	}
 	tx.Create(ownerObj{chain.Name})

@@ -41,7 +41,7 @@ func TestIsFlat(t *testing.T) {
 // A flat attachment forwards, marks its hairpin and localhost
 // connections, and holds its ports by its elements' comments: a newer
 // ADD of a port takes its DNAT and hairpin elements, DEL (without
-// mappings, by its record) removes only its own, and the last DEL leaves
+// mappings, by its claim rules) removes only its own, and the last DEL leaves
 // the skeleton alone.
 func TestFlatOwnership(t *testing.T) {
 	b, m := memBackend()
@@ -146,7 +146,7 @@ func TestFlatAndChainTakeOver(t *testing.T) {
 }
 
 // What CHECK names of a flat attachment, and what sync repairs: a DNAT
-// element, a hairpin element, its record.
+// element, a hairpin element, its claim rules.
 func TestFlatTampering(t *testing.T) {
 	a := fixture.Attachment("a", "192.0.2.2/24", 8080)
 	own := ChainName(a.Owner)
@@ -162,11 +162,11 @@ func TestFlatTampering(t *testing.T) {
 		{"localhost element", "set hairpin_32 has no element 127.0.0.1/32 . tcp . 8080", func(tx *nft.Tx) {
 			tx.Delete(hairpinObj{Hairpin{Src: "127.0.0.1/32", Key: k}})
 		}},
-		{"record", "does not record tcp . 8080", func(tx *nft.Tx) {
+		{"claim", "does not claim tcp . 8080", func(tx *nft.Tx) {
 			tx.Flush(&nft.Chain{Name: own})
-			tx.Add(recordRules(own, []Key{{Protocol: plan.TCP, Port: 9090, Flat: true}})[0])
+			tx.Add(claimRules(own, []Key{{Protocol: plan.TCP, Port: 9090, Flat: true}})[0])
 		}},
-		{"record gone", "records no key", func(tx *nft.Tx) { tx.Flush(&nft.Chain{Name: own}) }},
+		{"claims gone", "claims no key", func(tx *nft.Tx) { tx.Flush(&nft.Chain{Name: own}) }},
 		{"owners element", "map owners holds no element for chain " + own, func(tx *nft.Tx) { tx.Delete(ownerObj{own}) }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,7 +196,7 @@ func TestFlatTampering(t *testing.T) {
 
 // The record's gotos hold the chain: a DEL that deletes the chain alone
 // (an older release's, rolled back to) fails and changes nothing.
-func TestFlatRecordHoldsTheChain(t *testing.T) {
+func TestFlatClaimsHoldTheChain(t *testing.T) {
 	b, m := memBackend()
 	a := fixture.Attachment("a", "192.0.2.2/24", 8080)
 	if err := b.Apply(a); err != nil {

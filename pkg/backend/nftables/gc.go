@@ -70,7 +70,7 @@ func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Chains)) {
 		if set[name] {
-			dropRecord(tx, name, s.Chains[name])
+			dropClaims(tx, name, s.Chains[name])
 			tx.Flush(&nft.Chain{Name: name})
 			tx.Delete(&nft.Chain{Name: name})
 		}

@@ -107,7 +107,7 @@ func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, 
 		return nil, err
 	}
 	if table == Table {
-		cs.splitRecord()
+		cs.splitClaims()
 	}
 	return cs, nil
 }
@@ -300,7 +300,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 			return nil, err
 		}
 		if table == Table {
-			cs.splitRecord()
+			cs.splitClaims()
 		}
 	}
 	sets, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETSET, table)

@@ -88,23 +88,24 @@ func Keys(p *plan.Plan) []Key {
 	return out
 }
 
-// twin is the key of the same port in the other kind of exact map: a
-// verdict map's for a flat key, a DNAT map's for a key of one port in a
-// verdict map. The dispatch chain looks the verdict map up first, so
-// where both hold a port the twin of a flat element shadows it: an
-// attachment that takes a port over deletes its twin too.
-func (k Key) twin() Key {
+// inOtherMap is the key of the same port in the other kind of exact map:
+// a verdict map's for a flat key, a DNAT map's for a key of one port in
+// a verdict map. The dispatch chain looks the verdict map up first, so
+// where both hold a port the verdict map's key shadows the flat element:
+// an attachment that takes a port over deletes that key too.
+func (k Key) inOtherMap() Key {
 	k.Flat = !k.Flat
 	return k
 }
 
-// withTwins is keys and the twins of those of one port.
-func withTwins(keys []Key) []Key {
+// withOtherMaps is keys and, for those of one port, their keys in the
+// other kind of map.
+func withOtherMaps(keys []Key) []Key {
 	out := make([]Key, 0, 2*len(keys))
 	for _, k := range keys {
 		out = append(out, k)
 		if !k.IsRange() {
-			out = append(out, k.twin())
+			out = append(out, k.inOtherMap())
 		}
 	}
 	return out

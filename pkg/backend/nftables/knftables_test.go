@@ -50,7 +50,7 @@ func TestTextAsKnftables(t *testing.T) {
 			if isFlat(p) {
 				txs = append(txs, fastFlatTx(p, Keys(p)))
 				sl := newTx(f)
-				rewriteChain(sl, p, &ChainState{HasRecord: true, Owned: true})
+				rewriteChain(sl, p, &ChainState{HasClaims: true, Owned: true})
 				txs = append(txs, sl)
 			}
 		}

@@ -59,8 +59,8 @@ func (m *Memory) Dump() string {
 				if c.Owned {
 					b.WriteString(" owned")
 				}
-				if c.HasRecord {
-					fmt.Fprintf(&b, " record %v", c.Record)
+				if c.HasClaims {
+					fmt.Fprintf(&b, " record %v", c.Claims)
 				}
 				b.WriteByte('\n')
 				for _, r := range c.Rules {

@@ -30,7 +30,7 @@ const (
 	DispatchChain       = "dispatch"
 	tableComment        = "CNI portmap: host ports to containers"
 	// Rule comments that name what a rule is for; the "hostport" ones
-	// record the map keys an attachment claims, so DEL needs no other
+	// name the map keys an attachment claims, so DEL needs no other
 	// state than its own chain.
 	keyComment    = "hostport "
 	hairpinRule   = "hairpin"
@@ -51,9 +51,10 @@ const (
 	flatMax = 16
 	// ownersMap holds a goto to each flat attachment's chain.
 	ownersMap = "owners"
-	// recordComment starts the comment of a flat attachment's record
-	// rules; the key follows.
-	recordComment = "record "
+	// claimComment starts the comment of a flat attachment's claim
+	// rules, the key following ("record tcp . 8080": a name the kernel
+	// keeps).
+	claimComment = "record "
 )
 
 // upstreamTable is the upstream plugin's nftables table; DEL cleans it of

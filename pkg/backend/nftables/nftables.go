@@ -52,8 +52,8 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	ranges := slices.ContainsFunc(keys, Key.IsRange)
 	// Fast path: the skeleton is left alone (rewriting the base chains
 	// costs the kernel more than everything else). It first reads, in one
-	// round trip, the twins of its keys (an element there, another
-	// attachment's in the other kind of map, is taken over on the slow
+	// round trip, its keys in the other kind of map (an element there, another
+	// attachment's, is taken over on the slow
 	// path) and, for a flat plan, the shared chains it relies on; the
 	// elements fail while the maps are missing, and a chain's jumps to
 	// mark-bitN while that bit's skeleton is, which sends the first ADD
@@ -95,7 +95,7 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if c != nil {
 		prev = c.keys()
 	}
-	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withTwins(append(keys[:len(keys):len(keys)], prev...))))
+	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withOtherMaps(append(keys[:len(keys):len(keys)], prev...))))
 	if err != nil {
 		return err
 	}
@@ -125,12 +125,12 @@ func (b *Backend) fastAdd(p *plan.Plan, keys []Key) (done bool, err error) {
 	if flat {
 		guards, sets = flatGuards(p), flatSetNames(lengthsOf(nil, p))
 	}
-	twins := make([]Key, 0, len(keys))
+	others := make([]Key, 0, len(keys))
 	for _, k := range keys {
-		twins = append(twins, k.twin())
+		others = append(others, k.inOtherMap())
 	}
-	if len(guards)+len(sets)+len(twins) > 0 {
-		missing, held, err := b.Kernel.Probe(b.Family, guards, sets, twins)
+	if len(guards)+len(sets)+len(others) > 0 {
+		missing, held, err := b.Kernel.Probe(b.Family, guards, sets, others)
 		if err != nil {
 			return false, err
 		}
@@ -152,12 +152,12 @@ func (b *Backend) fastAdd(p *plan.Plan, keys []Key) (done bool, err error) {
 
 // Remove deletes the attachment's chain and the map elements that still
 // point at it (for a flat attachment, those that name it, with its
-// hairpin elements and its record); it is idempotent and never removes
+// hairpin elements and its claims); it is idempotent and never removes
 // another attachment's element. It reads the attachment's own chain
 // first: a failed batch costs the kernel an RCU grace period (~15 ms
 // here), so DEL writes only when there is something to remove — not for a
 // family the container never had, nor a second time. The chain's
-// "hostport" comments (or its record) name its keys, so DEL needs neither
+// "hostport" comments (or its claim rules) name its keys, so DEL needs neither
 // prevResult nor mappings.
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
@@ -198,7 +198,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		return err
 	}
 	mine := uniqueKeys(append(keys, c.keys()...))
-	keys = uniqueKeys(withTwins(mine))
+	keys = uniqueKeys(withOtherMaps(mine))
 	els, err := b.Kernel.Elements(b.Family, keys)
 	if err != nil {
 		return err
@@ -222,7 +222,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			tx.Delete(hairpinObj{h})
 		}
 	}
-	dropRecord(tx, chain, c)
+	dropClaims(tx, chain, c)
 	tx.Flush(&nft.Chain{Name: chain})
 	tx.Delete(&nft.Chain{Name: chain})
 	if err := b.Kernel.Apply(tx); err != nil {
@@ -233,7 +233,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 
 // strayHairpins reads the hairpin elements DEL removes: those own's
 // elements claim, and those of the attachment's other flat keys (of p
-// and its record), whose DNAT element is gone (deleted by hand, or by a
+// and its claims), whose DNAT element is gone (deleted by hand, or by a
 // flush of the map): looked up with the sources own or p name, and where
 // neither names one (every element gone, a DEL without prevResult), read
 // from the whole table. The caller keeps what its chain owns.

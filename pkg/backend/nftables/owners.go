@@ -1,6 +1,6 @@
 package nftables
 
-// A flat attachment's record: its chain's rules that name its keys and
+// A flat attachment's claims: its chain's rules that name its keys and
 // the owners map's element that holds a goto to the chain (flat.go).
 // Here are both kinds, spelled as text and netlink, and read back.
 
@@ -36,29 +36,29 @@ func ownerKey(chain string) []byte {
 	return b
 }
 
-// recordRules are the rules of a flat attachment's chain that record its
+// claimRules are the rules of a flat attachment's chain that claim its
 // keys: each matches its key, and does nothing.
-func recordRules(chain string, keys []Key) []*nft.Rule {
+func claimRules(chain string, keys []Key) []*nft.Rule {
 	out := make([]*nft.Rule, 0, len(keys))
 	for _, k := range keys {
 		stmts := []nft.Stmt{nft.L4Proto{Name: string(k.Protocol)}, nft.DPort{Port: k.Port, Last: 0}}
 		if k.HostIP != nil {
 			stmts = append(stmts, nft.Addr{Dst: true, Spec: k.HostIP.String()})
 		}
-		out = append(out, &nft.Rule{Chain: chain, Comment: recordComment + k.String(), Stmts: stmts})
+		out = append(out, &nft.Rule{Chain: chain, Comment: claimComment + k.String(), Stmts: stmts})
 	}
 	return out
 }
 
-// splitRecord moves the chain's record rules, as read, into its Record.
-func (c *ChainState) splitRecord() {
+// splitClaims moves the chain's claim rules, as read, into its Claims.
+func (c *ChainState) splitClaims() {
 	rules := c.Rules[:0]
 	for _, r := range c.Rules {
-		s, ok := strings.CutPrefix(r.Comment, recordComment)
+		s, ok := strings.CutPrefix(r.Comment, claimComment)
 		if ok && r.Jump == "" && r.DNAT == "" && r.DNATMap == "" && r.Lookup == "" {
 			if k, ok := parseKey(s); ok && !k.IsRange() {
 				k.Flat = true
-				c.Record, c.HasRecord = append(c.Record, k), true
+				c.Claims, c.HasClaims = append(c.Claims, k), true
 				continue
 			}
 		}
@@ -67,9 +67,9 @@ func (c *ChainState) splitRecord() {
 	c.Rules = rules
 }
 
-// dropRecord deletes what records a flat attachment beside its chain, as
+// dropClaims deletes what claims a flat attachment's keys beside its chain, as
 // c was read: its owners element.
-func dropRecord(tx *nft.Tx, name string, c *ChainState) {
+func dropClaims(tx *nft.Tx, name string, c *ChainState) {
 	if c != nil && c.Owned {
 		tx.Delete(ownerObj{name})
 	}
@@ -101,10 +101,10 @@ func decodeOwners(b []byte) []string {
 	return out
 }
 
-// writeRecord makes the attachment's chain (created or flushed before)
-// record keys and holds it in the owners map.
-func writeRecord(tx *nft.Tx, name string, keys []Key) {
-	for _, r := range recordRules(name, keys) {
+// writeClaims makes the attachment's chain (created or flushed before)
+// claim keys and holds it in the owners map.
+func writeClaims(tx *nft.Tx, name string, keys []Key) {
+	for _, r := range claimRules(name, keys) {
 		tx.Add(r)
 	}
 	tx.Add(ownerObj{name})

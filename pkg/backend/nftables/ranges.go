@@ -180,7 +180,7 @@ func (v *view) missingPort(k Key, chain string) string {
 
 // place writes into tx the element changes that make chain hold want
 // (its keys, with a flat key's target), given els, the elements
-// Kernel.Elements returns for the keys, their twins and what the chain
+// Kernel.Elements returns for the keys, their keys in the other maps and what the chain
 // held before, and hps, the hairpin elements read for the flat ones: the
 // chain's other elements go; an element another attachment holds for a
 // port of want (in either exact map), or sharing a port with one of its

@@ -217,7 +217,7 @@ func layoutRules(p *plan.Plan, from int) []*nft.Rule {
 func runKeys(r plan.Run) string { return runKey(r).String() }
 
 // rewriteChain makes the attachment's chain hold exactly its rules —
-// none for a flat attachment, whose record it writes — whether it
+// none for a flat attachment, whose claim rules it writes — whether it
 // exists or not (the slow path, sync's repair), and returns it. c is
 // the chain as read (nil: absent).
 func rewriteChain(tx *nft.Tx, p *plan.Plan, c *ChainState) *nft.Chain {
@@ -225,10 +225,10 @@ func rewriteChain(tx *nft.Tx, p *plan.Plan, c *ChainState) *nft.Chain {
 	tx.Add(chain)
 	tx.Flush(chain)
 	if isFlat(p) {
-		writeRecord(tx, chain.Name, Keys(p))
+		writeClaims(tx, chain.Name, Keys(p))
 		return chain
 	}
-	dropRecord(tx, chain.Name, c)
+	dropClaims(tx, chain.Name, c)
 	for _, r := range chainRules(p) {
 		tx.Add(r)
 	}

@@ -29,13 +29,13 @@ func newState() *State {
 }
 
 // ChainState is one chain: its comment and rules and, for a flat
-// attachment (flat.go), its record: the keys its record rules name (not
+// attachment (flat.go), its claims: the keys its claim rules name (not
 // among Rules); Owned says the owners map holds the chain.
 type ChainState struct {
 	Comment   string
 	Rules     []RuleState
-	HasRecord bool
-	Record    []Key
+	HasClaims bool
+	Claims    []Key
 	Owned     bool
 }
 
@@ -82,7 +82,7 @@ func (c *ChainState) keys() []Key {
 			out = append(out, d.Key)
 		}
 	}
-	out = append(out, c.Record...)
+	out = append(out, c.Claims...)
 	return out
 }
 

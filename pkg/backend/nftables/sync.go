@@ -196,7 +196,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	s.writeHairpins(tx, desired, wantHP)
 	for _, name := range slices.Sorted(maps.Keys(s.st.Chains)) {
 		if orphanChains[name] {
-			dropRecord(tx, name, s.st.Chains[name])
+			dropClaims(tx, name, s.st.Chains[name])
 			tx.Flush(&nft.Chain{Name: name})
 			tx.Delete(&nft.Chain{Name: name})
 		}
@@ -257,8 +257,8 @@ func (s *syncState) judge(i int) string {
 			continue // a newer attachment holds it
 		}
 		won = append(won, k)
-		if h := st.Holders[k.twin().ID()]; h != "" && k.Flat {
-			return fmt.Sprintf("map %s sends %s to %s before map %s", k.twin().Map(), k, h, k.Map())
+		if h := st.Holders[k.inOtherMap().ID()]; h != "" && k.Flat {
+			return fmt.Sprintf("map %s sends %s to %s before map %s", k.inOtherMap().Map(), k, h, k.Map())
 		}
 		if h := st.Holders[k.ID()]; h != own {
 			if h == "" {

@@ -38,8 +38,8 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 				mine[k.ID()] = true
 				if s.winner[k.port().ID()] == i {
 					desired[k.ID()] = Element{Key: k, Chain: chain.Name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
-					if s.st.Holders[k.twin().ID()] != "" {
-						gone(k.twin())
+					if s.st.Holders[k.inOtherMap().ID()] != "" {
+						gone(k.inOtherMap())
 					}
 					won = append(won, k)
 				}
@@ -140,7 +140,7 @@ func portIDs(p *plan.Plan) []string {
 	return ids
 }
 
-// wonPieces are the stretches of interval k's ports plan i wins, as keys.
+// wonPieces are the runs of interval k's ports plan i wins, as keys.
 func wonPieces(k Key, winner map[string]int, i int) []Key {
 	var out []Key
 	start := -1

@@ -13,19 +13,19 @@ import (
 )
 
 // The decisions of the socket path: pure functions from a site's state
-// (its entries and owner records) and the wanted plans to a Write; the
+// (its entries and owner entries) and the wanted plans to a Write; the
 // site reads the state and applies the write (site.go).
 
 // State is what one site holds of one namespace and family: its entries
-// and its owner records (each family keeps its own, so the two families'
-// passes never race on one record).
+// and its owner entries (each family keeps its own, so the two families'
+// passes never race on one entry).
 type State struct {
 	Entries map[Key]Value
 	Owners  map[uint64]plan.Owner
 }
 
 // Write is what one call changes: entries put and deleted, owner
-// records put and deleted.
+// entries put and deleted.
 type Write struct {
 	Put       []Entry
 	Delete    []Key
@@ -144,7 +144,7 @@ func gc(s *State, network string, valid []plan.Owner, f plan.Family) *Write {
 	return w
 }
 
-// ownersEmptied lists the owner records whose every entry is in gone
+// ownersEmptied lists the owner entries whose every entry is in gone
 // (owner → entries deleted).
 func ownersEmptied(s *State, gone map[uint64]int) []uint64 {
 	if len(gone) == 0 {
@@ -233,11 +233,11 @@ func diffEntries(s *State, want []*plan.Plan, netns uint64, f plan.Family) entry
 	return d
 }
 
-// ownerRecords adds to w the owner records its entries leave: a record
+// ownerEntries adds to w the owner entries its entries leave: an owner entry
 // for each wanted owner that holds an entry after w and has none (or
 // another), and none for an owner that holds no entry after w — a
 // wanted owner's, or with prune any owner's.
-func ownerRecords(s *State, want []*plan.Plan, w *Write, prune bool) {
+func ownerEntries(s *State, want []*plan.Plan, w *Write, prune bool) {
 	after := holders(s, w)
 	wanted := map[uint64]bool{}
 	for _, p := range want {
@@ -250,7 +250,7 @@ func ownerRecords(s *State, want []*plan.Plan, w *Write, prune bool) {
 			w.PutOwners[id] = p.Owner
 		}
 	}
-	// a record goes with its owner's last entry in the namespace
+	// an owner entry goes with its owner's last entry in the namespace
 	for id := range s.Owners {
 		if !after[id] && (wanted[id] || prune) {
 			w.DelOwners = append(w.DelOwners, id)

@@ -206,10 +206,10 @@ func Entries(p *plan.Plan, netns uint64) []Entry {
 	return out
 }
 
-// ownerRecord encodes o for the owners map: the lengths of the network,
+// ownerEntry encodes o for the owners map: the lengths of the network,
 // the container ID and the interface, then the three, cut to fit (the ID
-// in the entries stays exact; the record is for reports).
-func ownerRecord(o plan.Owner) rawOwner {
+// in the entries stays exact; the owner entry is for reports).
+func ownerEntry(o plan.Owner) rawOwner {
 	var r rawOwner
 	b := r[4:4]
 	for i, s := range []string{o.Network, o.ContainerID, o.IfName} {

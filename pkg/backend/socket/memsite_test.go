@@ -7,13 +7,13 @@ import (
 )
 
 // Memory is a Site in memory, the way the backends have an in-memory
-// kernel: entries of every namespace, owner records, and each hook's
+// kernel: entries of every namespace, owner entries, and each hook's
 // link as the kernel would report it. Unit tests drive the layer's
 // decisions through it; the real kernel judges the programs
 // (test/kernel, test/e2e).
 type Memory struct {
 	Entries map[Key]Value
-	// Owners are the owner records by namespace, family and owner.
+	// Owners are the owner entries by namespace, family and owner.
 	Owners map[OwnerKey]plan.Owner
 	// Links is each hook's problem; a hook absent from it is missing.
 	Links map[string]Problem
@@ -35,7 +35,7 @@ func NewMemory() *Memory {
 
 func (m *Memory) Exists() bool { return len(m.Links) > 0 }
 
-// OwnerKey names an owner record.
+// OwnerKey names an owner entry.
 type OwnerKey struct {
 	Netns  uint64
 	Family plan.Family
@@ -93,7 +93,7 @@ func (m *Memory) Write(netns uint64, f plan.Family, w *Write) error {
 	}
 	for _, id := range w.DelOwners {
 		if _, ok := m.Owners[OwnerKey{netns, f, id}]; !ok {
-			return errors.New("socket path: delete of a missing owner record")
+			return errors.New("socket path: delete of a missing owner entry")
 		}
 		delete(m.Owners, OwnerKey{netns, f, id})
 	}

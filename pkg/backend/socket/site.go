@@ -90,15 +90,15 @@ type Site interface {
 	// Exists reports whether anything is pinned (DEL of a site never
 	// installed is done).
 	Exists() bool
-	// Read returns the entries and owner records of family f in the
+	// Read returns the entries and owner entries of family f in the
 	// namespace netns.
 	Read(netns uint64, f plan.Family) (*State, error)
-	// ReadKeys is Read of the entries of keys and the owner record of
+	// ReadKeys is Read of the entries of keys and the owner entry of
 	// id alone: lookups, where Read dumps both maps (the entries map
 	// has room for a million, and a dump walks every bucket).
 	ReadKeys(netns uint64, f plan.Family, keys []Key, id uint64) (*State, error)
-	// Write applies w to the records of family f in netns: owner records
-	// put, entries put, entries deleted, owner records deleted.
+	// Write applies w to the maps of family f in netns: owner entries
+	// put, entries put, entries deleted, owner entries deleted.
 	Write(netns uint64, f plan.Family, w *Write) error
 	// Hooks reports each hook's link.
 	Hooks() ([]HookState, error)
@@ -107,7 +107,7 @@ type Site interface {
 	Install(states []HookState) error
 	// Ready says what this host lacks to install the site, or nil.
 	Ready() error
-	// Retire removes the site when no entry and no owner record of any
+	// Retire removes the site when no entry and no owner entry of any
 	// namespace or family remains: the links (which detaches the
 	// programs), the maps, the layout directory. It reports whether it
 	// did.
@@ -327,7 +327,7 @@ func (s *kernelSite) Write(netns uint64, f plan.Family, w *Write) error {
 		var ids []rawOwnKey
 		var recs []rawOwner
 		for id, o := range w.PutOwners {
-			ids, recs = append(ids, ownerKeyOf(netns, f, id)), append(recs, ownerRecord(o))
+			ids, recs = append(ids, ownerKeyOf(netns, f, id)), append(recs, ownerEntry(o))
 		}
 		if err := batchUpdate(s.owners, ids, recs); err != nil {
 			return fmt.Errorf("socket path: write owners: %w", err)

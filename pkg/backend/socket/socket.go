@@ -137,11 +137,11 @@ func (l *Layer) Apply(p *plan.Plan) (err error) {
 }
 
 // readFor reads what ADD of p needs to know: where the attachment holds
-// no owner record in this family and none of its keys is held, the
+// no owner entry in this family and none of its keys is held, the
 // lookups of its keys are all of it: entries are written after their
-// owner's record and deleted before it, so it holds no entry, apply
+// owner's entry and deleted before it, so it holds no entry, apply
 // deletes nothing and takes no key over. Otherwise (a second ADD, a key
-// another attachment holds) the family's entries and records whole: a
+// another attachment holds) the family's entries and owner entries whole: a
 // dump walks every bucket of the entries map, which has room for a
 // million, about a millisecond whatever it holds.
 func (l *Layer) readFor(p *plan.Plan, netns uint64) (*State, error) {
@@ -282,13 +282,13 @@ func (l *Layer) Sync(want []*plan.Plan, o converge.Options) (_ *converge.Report,
 					Object: "socket entry " + k.String(), Handle: k})
 			}
 			w := &Write{}
-			ownerRecords(r.st, want, w, o.Prune)
+			ownerEntries(r.st, want, w, o.Prune)
 			v.Tidy = !w.Empty()
 			return v
 		},
 		Write: func(r read, fix converge.Repair[Key]) (bool, error) {
 			w := &Write{Put: r.d.put, Delete: append(slices.Clip(r.d.stale), fix.Prune...)}
-			ownerRecords(r.st, want, w, o.Prune)
+			ownerEntries(r.st, want, w, o.Prune)
 			if w.Empty() {
 				return false, nil
 			}

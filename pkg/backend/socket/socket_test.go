@@ -75,9 +75,9 @@ func TestEncoding(t *testing.T) {
 		t.Errorf("value round trip: %+v, want %+v", got, v)
 	}
 	for _, o := range []plan.Owner{owner("c1"), {Network: strings.Repeat("n", 200), ContainerID: strings.Repeat("c", 200), IfName: "eth0"}} {
-		got := ownerRecord(o).owner()
+		got := ownerEntry(o).owner()
 		if !strings.HasPrefix(o.Network, got.Network) || !strings.HasPrefix(o.ContainerID, got.ContainerID) || len(got.Network)+len(got.ContainerID)+len(got.IfName) > ownerSize-4 {
-			t.Errorf("owner record of %q/%q: %+v", o.Network[:8], o.ContainerID[:2], got)
+			t.Errorf("owner entry of %q/%q: %+v", o.Network[:8], o.ContainerID[:2], got)
 		}
 		if len(o.Network) < 100 && got != o {
 			t.Errorf("owner round trip: %+v, want %+v", got, o)
@@ -131,7 +131,7 @@ func holder(t *testing.T, m *Memory, k Key) string {
 	}
 	o, ok := m.Owners[OwnerKey{k.Netns, k.Family(), v.Owner}]
 	if !ok {
-		t.Fatalf("entry %s names owner %x without a record", k, v.Owner)
+		t.Fatalf("entry %s names owner %x without an owner entry", k, v.Owner)
 	}
 	return o.ContainerID + "→" + v.Target()
 }
@@ -174,7 +174,7 @@ func TestOwnership(t *testing.T) {
 	step("ADD d (wildcard, newer)", l.Apply(d), "c→192.0.2.4:80")
 	step("DEL c", l.Remove(c), "-")
 	if _, ok := m.Owners[OwnerKey{nodeNS, plan.IPv4, OwnerID(c.Owner)}]; ok {
-		t.Error("owner record of c outlived its entries")
+		t.Error("owner entry of c outlived its entries")
 	}
 	if err := l.Check(d); err == nil || !strings.Contains(err.Error(), "no entry") {
 		t.Errorf("CHECK d with its key gone: %v", err)
@@ -201,11 +201,11 @@ func TestOwnership(t *testing.T) {
 	}
 }
 
-// ADD reads only its own keys and owner record where the attachment
+// ADD reads only its own keys and owner entry where the attachment
 // holds nothing and none of its keys is held: no dump of the maps. A
 // second ADD of the attachment, or one that takes a key over, reads the
 // family whole, so that what the attachment held elsewhere goes, and
-// the record of an owner left with nothing.
+// the entry of an owner left with nothing.
 func TestApplyReads(t *testing.T) {
 	m := NewMemory()
 	l := newLayer(plan.IPv4, m)
@@ -227,7 +227,7 @@ func TestApplyReads(t *testing.T) {
 	}
 	step("ADD c taking b's port", pl(plan.IPv4, "c", "192.0.2.4", tcp(8081)), 1)
 	if _, ok := m.Owners[OwnerKey{nodeNS, plan.IPv4, OwnerID(owner("b"))}]; ok {
-		t.Error("the owner record of b outlived its last entry")
+		t.Error("the owner entry of b outlived its last entry")
 	}
 	if got := holder(t, m, key("127.0.0.1", 8081, plan.TCP)); got != "c→192.0.2.4:80" {
 		t.Errorf("8081 held by %s", got)
@@ -235,7 +235,7 @@ func TestApplyReads(t *testing.T) {
 }
 
 // Each family keeps its keys: DEL of IPv4 leaves the IPv6 entries and the
-// owner record, which goes with the last entry.
+// owner entry, which goes with the last entry.
 func TestFamilies(t *testing.T) {
 	m := NewMemory()
 	l4, l6 := newLayer(plan.IPv4, m), newLayer(plan.IPv6, m)
@@ -255,13 +255,13 @@ func TestFamilies(t *testing.T) {
 		t.Errorf("IPv6 entry lost with the IPv4 DEL: %v", m.Entries)
 	}
 	if _, ok := m.Owners[OwnerKey{nodeNS, plan.IPv4, OwnerID(p4.Owner)}]; ok || len(m.Owners) != 1 {
-		t.Errorf("owner records after the IPv4 DEL: %v", m.Owners)
+		t.Errorf("owner entries after the IPv4 DEL: %v", m.Owners)
 	}
 	if err := l6.Remove(p6); err != nil {
 		t.Fatal(err)
 	}
 	if len(m.Owners) != 0 {
-		t.Errorf("owner record left: %v", m.Owners)
+		t.Errorf("owner entry left: %v", m.Owners)
 	}
 }
 
@@ -376,7 +376,7 @@ func TestGC(t *testing.T) {
 	}
 	for k := range m.Owners {
 		if k.ID == OwnerID(drop.Owner) {
-			t.Errorf("owner record of a collected attachment left: %+v", k)
+			t.Errorf("owner entry of a collected attachment left: %+v", k)
 		}
 	}
 }
@@ -434,7 +434,7 @@ func TestSync(t *testing.T) {
 		t.Fatalf("prune: %+v %v", rep, err)
 	}
 	if _, ok := m.Owners[OwnerKey{nodeNS, plan.IPv4, OwnerID(gone.Owner)}]; ok || holder(t, m, key("127.0.0.1", 4, plan.TCP)) != "-" {
-		t.Error("pruned orphan left its entry or owner record")
+		t.Error("pruned orphan left its entry or owner entry")
 	}
 	ms, err := l.Mappings()
 	if err != nil || len(ms) != 3 || ms[0].HostIP != nil || ms[0].ContainerIP.String() != "192.0.2.2" || ms[0].Owner.ContainerID != "a" {

@@ -111,8 +111,8 @@ func (k *memKernel) EnsureRule(r xt.Rule) error {
 // AddChain does what the native fast path does, as the real kernel
 // does it on iptables-nft: a rule the native writer does not write fails
 // with xt.ErrNotNative, and it applies them as one restore would (a
-// missing witness or an existing chain refuses it), counted in Natives.
-func (k *memKernel) AddChain(witness, chain string, rules, entries []xt.Rule, jumps ...string) error {
+// missing marker or an existing chain refuses it), counted in Natives.
+func (k *memKernel) AddChain(marker, chain string, rules, entries []xt.Rule, jumps ...string) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
 	if k.m.Legacy || k.table != xt.NAT {
@@ -120,8 +120,8 @@ func (k *memKernel) AddChain(witness, chain string, rules, entries []xt.Rule, ju
 	}
 	var pl strings.Builder
 	pl.WriteString("*" + xt.NAT + "\n")
-	if witness != "" {
-		pl.WriteString("-F " + witness + "\n")
+	if marker != "" {
+		pl.WriteString("-F " + marker + "\n")
 	}
 	pl.WriteString("-N " + chain + "\n")
 	line := func(cmd string, r xt.Rule) error {

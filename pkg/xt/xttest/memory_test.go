@@ -79,7 +79,7 @@ func TestNativePathAndSummary(t *testing.T) {
 		t.Errorf("AddChain of a rule not written natively: %v", err)
 	}
 	if err := k.AddChain("WITNESS", "DN-3", nil, nil); err == nil {
-		t.Error("AddChain with a missing witness passed")
+		t.Error("AddChain with a missing marker passed")
 	}
 	if m.Natives != 1 {
 		t.Errorf("%d native writes, want 1", m.Natives)
