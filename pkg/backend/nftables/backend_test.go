@@ -240,7 +240,7 @@ func TestCheck(t *testing.T) {
 	}
 	c, _, _ := syncPlans("192.0.2.2")
 	c.Owner.ContainerID = "c"
-	if err := b.Check(c); err == nil || !strings.Contains(err.Error(), "missing chain") {
+	if err := b.Check(c); err == nil || !strings.Contains(err.Error(), "chain "+ChainName(c.Owner)+" missing") {
 		t.Errorf("Check of an absent attachment: %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package nftables
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -14,7 +13,6 @@ import (
 // (single-element gets; a dump of its class for an interval key): its
 // cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
-	fam := nftFamily(b.Family)
 	own := ChainName(p.Owner)
 	c, err := b.Kernel.Chain(b.Family, Table, own)
 	if err != nil {
@@ -26,14 +24,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 		return err
 	}
 	if c == nil {
-		return fmt.Errorf("missing chain %s in table %s %s", own, fam, Table)
-	}
-	if flat {
-		if why := judgeFlat(p, c); why != "" {
-			return errors.New(why)
-		}
-	} else if why := judgeChain(p, c); why != "" {
-		return errors.New(why)
+		return errors.New(judge(p, nil, reading{}, nil))
 	}
 	keys := Keys(p)
 	var read []Key
@@ -48,49 +39,32 @@ func (b *Backend) Check(p *plan.Plan) error {
 	if err != nil {
 		return fmt.Errorf("check map elements: %w", err)
 	}
-	looked := func(k Key) bool { return lookups[k.Map()] }
-	v := newView(els, looked)
-	for _, k := range keys {
-		if why := v.missingPort(k, own); why != "" {
-			// an interval of the chain's that the dispatch chain does not
-			// look up: say that, not that the port goes nowhere
-			for _, e := range els {
-				if e.Chain == own && e.Key.IsRange() && overlaps(e.Key, k) && !looked(e.Key) {
-					return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
-				}
-			}
-			return errors.New(why)
-		}
-	}
-	if !flat {
-		return nil
-	}
-	// the verdict map is looked up first: the same port's key there takes the port
-	srcs := strings.Join(hairpinSrcs(p), " ")
+	// an interval of the chain's that the dispatch chain does not look
+	// up: say that, not that its ports go nowhere
 	for _, e := range els {
-		if !e.Key.Flat {
-			return fmt.Errorf("map %s sends %s to %q before map %s", e.Key.Map(), e.Key, e.Chain, e.Key.inOtherMap().Map())
-		}
-		if to := targetOf(p, e.Key); e.To != to {
-			return fmt.Errorf("map %s sends %s to %s, not to %s", e.Key.Map(), e.Key, e.To, to)
-		}
-		if got := strings.Join(e.Srcs, " "); got != srcs {
-			return fmt.Errorf("map %s: %s names hairpin sources %q, want %q", e.Key.Map(), e.Key, got, srcs)
+		if e.Chain == own && e.Key.IsRange() && !lookups[e.Key.Map()] {
+			return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
 		}
 	}
-	want := wantedHairpins(p, keys)
-	hps, err := b.Kernel.Hairpins(b.Family, want)
-	if err != nil {
-		return fmt.Errorf("check hairpin elements: %w", err)
-	}
-	have := map[string]string{}
-	for _, h := range hps {
-		have[h.ID()] = h.Chain
-	}
-	for _, h := range want {
-		if have[h.ID()] != own {
-			return fmt.Errorf("set %s has no element %s . %s of %s", h.set(), h.Src, h.Key, own)
+	r := reading{st: newState(), served: newView(els, func(k Key) bool { return lookups[k.Map()] })}
+	for _, e := range els {
+		if !e.Key.IsRange() {
+			r.st.Holders[e.Key.ID()] = e.Chain
+			r.st.Targets[e.Key.ID()], r.st.Srcs[e.Key.ID()] = e.To, e.Srcs
 		}
+	}
+	if flat {
+		hps, err := b.Kernel.Hairpins(b.Family, wantedHairpins(p, keys))
+		if err != nil {
+			return fmt.Errorf("check hairpin elements: %w", err)
+		}
+		r.hairpins = make(map[string]Hairpin, len(hps))
+		for _, h := range hps {
+			r.hairpins[h.ID()] = h
+		}
+	}
+	if why := judge(p, c, r, func(Key) bool { return true }); why != "" {
+		return errors.New(why)
 	}
 	return nil
 }

@@ -141,20 +141,16 @@ func (v *view) at(c string, port int) (Element, bool) {
 	return Element{}, false
 }
 
-// missingPort says which port of k does not reach chain, or "".
-func (v *view) missingPort(k Key, chain string) string {
+// missingPort says which port of interval key k that chain should hold
+// (wins: not those a newer attachment took over) does not reach chain,
+// or "".
+func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 	c := classOf(k)
-	if !k.IsRange() {
-		e, ok := v.exact[portKey{c, k.Port}]
-		if ok && e.Chain == chain {
-			return ""
-		}
-		if !ok {
-			return fmt.Sprintf("missing element %s in map %s (to %s)", k, k.Map(), chain)
-		}
-		return fmt.Sprintf("map %s sends %s to %q, not to %s", e.Key.Map(), k, e.Chain, chain)
-	}
 	for port := k.Port; port <= k.Last; port++ {
+		one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
+		if !wins(one) {
+			continue
+		}
 		e, ok := v.at(c, port)
 		if ok && e.Chain == chain {
 			if e.Key.IsRange() {
@@ -168,12 +164,10 @@ func (v *view) missingPort(k Key, chain string) string {
 			}
 			continue
 		}
-		one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
-		in := k.Map()
-		if ok && !e.Key.IsRange() {
-			in = e.Key.Map()
+		if !ok {
+			return fmt.Sprintf("map %s has no element for %s", k.Map(), one)
 		}
-		return fmt.Sprintf("map %s sends %s to %q, not to %s", in, one, e.Chain, chain)
+		return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), one, e.Chain, chain)
 	}
 	return ""
 }

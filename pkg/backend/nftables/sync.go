@@ -219,68 +219,10 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 }
 
 // judge says what of wanted plan i the table shows missing or wrong, or
-// "".
+// "" (judge, over the keys plan i wins).
 func (s *syncState) judge(i int) string {
-	p, st := s.want[i], s.st
-	own := ChainName(p.Owner)
-	c, ok := st.Chains[own]
-	if !ok {
-		return "chain " + own + " missing"
-	}
-	flat := isFlat(p)
-	if flat {
-		if why := judgeFlat(p, c); why != "" {
-			return "chain " + own + ": " + why
-		}
-	} else if why := judgeChain(p, c); why != "" {
-		return "chain " + own + ": " + why
-	}
-	var won []Key
-	for _, k := range Keys(p) {
-		k.Flat = flat
-		if k.IsRange() {
-			c := classOf(k)
-			for port := k.Port; port <= k.Last; port++ {
-				one := Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}
-				if s.winner[one.ID()] != i {
-					continue
-				}
-				if e, ok := s.served.at(c, port); !ok {
-					return fmt.Sprintf("map %s has no element for %s", k.Map(), one)
-				} else if e.Chain != own {
-					return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), one, e.Chain, own)
-				}
-			}
-			continue
-		}
-		if s.winner[k.port().ID()] != i {
-			continue // a newer attachment holds it
-		}
-		won = append(won, k)
-		if h := st.Holders[k.inOtherMap().ID()]; h != "" && k.Flat {
-			return fmt.Sprintf("map %s sends %s to %s before map %s", k.inOtherMap().Map(), k, h, k.Map())
-		}
-		if h := st.Holders[k.ID()]; h != own {
-			if h == "" {
-				return fmt.Sprintf("map %s has no element %s", k.Map(), k)
-			}
-			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, h, own)
-		}
-		if to := targetOf(p, k); k.Flat && st.Targets[k.ID()] != to {
-			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, st.Targets[k.ID()], to)
-		}
-		if srcs := hairpinSrcs(p); k.Flat && !slices.Equal(st.Srcs[k.ID()], srcs) {
-			return fmt.Sprintf("map %s: %s names hairpin sources %q, want %q", k.Map(), k, st.Srcs[k.ID()], srcs)
-		}
-	}
-	if flat {
-		for _, h := range wantedHairpins(p, won) {
-			if s.hairpins[h.ID()].Chain != own {
-				return fmt.Sprintf("set %s has no element %s . %s of %s", h.set(), h.Src, h.Key, own)
-			}
-		}
-	}
-	return ""
+	p := s.want[i]
+	return judge(p, s.st.Chains[ChainName(p.Owner)], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k.ID()] == i })
 }
 
 func contains(list []string, prefix string) bool {
