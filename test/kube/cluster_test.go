@@ -48,10 +48,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	installed := filepath.Join(n.cniBin, "portmap")
-	for _, v := range []struct {
-		name, backend string
-		socket        bool
-	}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}} {
+	for _, v := range networks {
 		b := v.backend
 		t.Run(v.name, func(t *testing.T) {
 			keys := map[string]any{"backend": b}

@@ -29,6 +29,13 @@ var clientNet = nettest.ClientNet{HostIf: "kc0", V4: "198.51.120", V6: "2001:db8
 
 var backends = []string{"iptables", "nftables"}
 
+// networks are the node networks pods run on: each backend, and
+// nftables with the node's localhost served by the socket path.
+var networks = []struct {
+	name, backend string
+	socket        bool
+}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}}
+
 // reply sends one request and waits, up to d, for an answer that starts
 // with want (a pod comes up some time after its manifest appears).
 func reply(t *testing.T, from *nettest.Client, proto, addr, want string, d time.Duration) string {
@@ -71,10 +78,7 @@ func TestHostPortPods(t *testing.T) {
 	n := startNode(t, containerd16)
 	node4, node6 := cl.HostIP[0].String(), cl.HostIP[1].String()
 	at := func(ip string, port int) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
-	for _, v := range []struct {
-		name, backend string
-		socket        bool
-	}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}} {
+	for _, v := range networks {
 		t.Run(v.name, func(t *testing.T) {
 			keys := map[string]any{"backend": v.backend}
 			var site *nettest.CgroupSite
@@ -250,10 +254,7 @@ func TestDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []struct {
-		name, backend string
-		socket        bool
-	}{{"iptables", "iptables", false}, {"nftables", "nftables", false}, {"nftables-socket", "nftables", true}} {
+	for _, v := range networks {
 		b := v.backend
 		t.Run(v.name, func(t *testing.T) {
 			keys := map[string]any{"backend": b}
