@@ -155,7 +155,7 @@ func TestFlatTampering(t *testing.T) {
 		name, want string
 		tamper     func(tx *nft.Tx)
 	}{
-		{"DNAT element", "map hostport_dnat has no element tcp . 8080 for ", func(tx *nft.Tx) { tx.Delete(elemObj{key: k}) }},
+		{"DNAT element", "missing element tcp . 8080 in map hostport_dnat", func(tx *nft.Tx) { tx.Delete(elemObj{key: k}) }},
 		{"hairpin element", "set hairpin_24 has no element 192.0.2.0/24 . tcp . 8080", func(tx *nft.Tx) {
 			tx.Delete(hairpinObj{Hairpin{Src: "192.0.2.0/24", Key: k}})
 		}},

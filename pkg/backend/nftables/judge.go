@@ -64,7 +64,7 @@ func judge(p *plan.Plan, c *ChainState, r reading, wins func(Key) bool) string {
 					return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), k, e.Chain, own)
 				}
 			}
-			return fmt.Sprintf("map %s has no element %s for %s", k.Map(), k, own)
+			return fmt.Sprintf("missing element %s in map %s (to %s)", k, k.Map(), own)
 		}
 		if to := targetOf(p, k); k.Flat && st.Targets[k.ID()] != to {
 			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, st.Targets[k.ID()], to)

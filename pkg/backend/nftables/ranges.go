@@ -165,7 +165,7 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 			continue
 		}
 		if !ok {
-			return fmt.Sprintf("map %s has no element for %s", k.Map(), one)
+			return fmt.Sprintf("missing element %s in map %s (to %s)", one, k.Map(), chain)
 		}
 		return fmt.Sprintf("map %s sends %s to %s, not to %s", e.Key.Map(), one, e.Chain, chain)
 	}
