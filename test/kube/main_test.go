@@ -332,6 +332,10 @@ func setupNode() error {
 // default site, a hierarchy's root, is the suite's cgroup and no more.
 func enterCgroupNS() error {
 	cg := os.Getenv(cgroupEnv)
+	if strings.Trim(cg, "/") == "" {
+		// the machine's root: the node joins only a cgroup the suite made
+		return fmt.Errorf("refusing to run: %s=%q names no cgroup of the suite's", cgroupEnv, cg)
+	}
 	for _, h := range cgroupHierarchies() {
 		procs := filepath.Join(h, cg, "cgroup.procs")
 		if err := os.WriteFile(procs, []byte("0"), 0o644); err != nil {
