@@ -23,7 +23,7 @@ func BenchmarkSpreadAddMessages(b *testing.B) {
 	p := build(plan.IPv4, spread(5000))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := fastAddTx(p).Messages(); err != nil {
+		if _, err := layoutOf(p).create().Messages(); err != nil {
 			b.Fatal(err)
 		}
 	}

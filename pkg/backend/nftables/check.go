@@ -13,27 +13,21 @@ import (
 // (single-element gets; a dump of its class for an interval key): its
 // cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
-	own := ChainName(p.Owner)
-	c, err := b.Kernel.Chain(b.Family, Table, own)
+	l := layoutOf(p)
+	c, err := b.Kernel.Chain(b.Family, Table, l.chain.Name)
 	if err != nil {
-		return fmt.Errorf("check chain %s: %w", own, err)
+		return fmt.Errorf("check chain %s: %w", l.chain.Name, err)
 	}
-	flat := isFlat(p)
-	lookups, err := b.skeleton(p, flat)
+	lookups, err := b.skeleton(l.needs, l.flat, l.lengths)
 	if err != nil {
 		return err
 	}
 	if c == nil {
-		return errors.New(judge(p, nil, reading{}, nil))
+		return errors.New(judge(l, nil, reading{}, nil))
 	}
-	keys := Keys(p)
-	var read []Key
-	for i := range keys {
-		keys[i].Flat = flat
-		read = append(read, keys[i])
-		if flat {
-			read = append(read, keys[i].inOtherMap())
-		}
+	read := l.keys
+	if l.flat {
+		read = withOtherMaps(l.keys)
 	}
 	els, err := b.Kernel.Elements(b.Family, read)
 	if err != nil {
@@ -42,7 +36,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	// an interval of the chain's that the dispatch chain does not look
 	// up: say that, not that its ports go nowhere
 	for _, e := range els {
-		if e.Chain == own && e.Key.IsRange() && !lookups[e.Key.Map()] {
+		if e.Chain == l.chain.Name && e.Key.IsRange() && !lookups[e.Key.Map()] {
 			return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
 		}
 	}
@@ -53,8 +47,8 @@ func (b *Backend) Check(p *plan.Plan) error {
 			r.st.Targets[e.Key.ID()], r.st.Srcs[e.Key.ID()] = e.To, e.Srcs
 		}
 	}
-	if flat {
-		hps, err := b.Kernel.Hairpins(b.Family, wantedHairpins(p, keys))
+	if l.flat {
+		hps, err := b.Kernel.Hairpins(b.Family, l.hairpins)
 		if err != nil {
 			return fmt.Errorf("check hairpin elements: %w", err)
 		}
@@ -63,7 +57,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 			r.hairpins[h.ID()] = h
 		}
 	}
-	if why := judge(p, c, r, func(Key) bool { return true }); why != "" {
+	if why := judge(l, c, r, func(Key) bool { return true }); why != "" {
 		return errors.New(why)
 	}
 	return nil
@@ -77,7 +71,8 @@ func (b *Backend) Check(p *plan.Plan) error {
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
 	// not the dispatch chain's rules for flat keys: CHECK of a flat
 	// attachment asks for them
-	_, err = b.skeleton(p, false)
+	l := layoutOf(p)
+	_, err = b.skeleton(l.needs, false, nil)
 	var m *missingError
 	if errors.As(err, &m) {
 		return m.what, m.some, nil
@@ -94,49 +89,62 @@ type missingError struct {
 
 func (e *missingError) Error() string { return e.what }
 
-// skeleton checks the shared chains of p and returns the maps the
-// dispatch chain looks up; flat says p's attachment is flat, which needs
-// the dispatch chain's rules for flat keys.
-func (b *Backend) skeleton(p *plan.Plan, flat bool) (map[string]bool, error) {
-	fam := nftFamily(b.Family)
-	var lengths []int
-	if flat {
-		lengths = lengthsOf(nil, p)
-	}
-	skel := skeletonRules(p, lengths)
+// skeleton checks the shared chains attachments that need n rely on and
+// returns the maps the dispatch chain looks up; flat says the
+// attachment is flat, which needs the dispatch chain's rules for flat
+// keys of its hairpin sets' lengths. It reads those chains alone.
+func (b *Backend) skeleton(n needs, flat bool, lengths []int) (map[string]bool, error) {
 	var lookups map[string]bool
-	var missing *missingError
-	for _, name := range skeletonOrder(skel) {
+	gaps, some, err := skeletonGaps(b.Family, n, lengths, flat, false, func(name string) (*ChainState, error) {
 		c, err := b.Kernel.Chain(b.Family, Table, name)
 		if err != nil {
 			return nil, fmt.Errorf("check chain %s: %w", name, err)
 		}
-		if c == nil {
-			if missing == nil {
-				missing = &missingError{what: fmt.Sprintf("missing chain %s in table %s %s", name, fam, Table)}
-			}
-			continue
-		}
-		if missing != nil {
-			missing.some = true
-			return nil, missing
-		}
-		if name == DispatchChain {
+		if c != nil && name == DispatchChain {
 			lookups = map[string]bool{}
 			for _, r := range c.Rules {
 				lookups[r.Lookup] = true
 			}
 		}
+		return c, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(gaps) > 0 {
+		return nil, &missingError{what: gaps[0], some: some}
+	}
+	return lookups, nil
+}
+
+// skeletonGaps says what of the shared chains attachments that need n
+// rely on is missing, as chain reads them (nil: absent): each missing
+// chain, and the first missing rule of each chain there, in the order
+// they are written; some says one of them is there. The dispatch chain's
+// lookups of the interval maps count where ranges says so (CHECK judges
+// their absence by the elements that need them), its rules for flat
+// keys of hairpin sets of lengths where flat does. CHECK, STATUS and a
+// pass judge the skeleton by it alike, with its messages.
+func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chain func(name string) (*ChainState, error)) (gaps []string, some bool, err error) {
+	skel := skeletonRules(n, lengths)
+	for _, name := range skeletonOrder(skel) {
+		c, err := chain(name)
+		if err != nil {
+			return nil, false, err
+		}
+		if c == nil {
+			gaps = append(gaps, fmt.Sprintf("missing chain %s in table %s %s", name, nftFamily(f), Table))
+			continue
+		}
+		some = true
 		for _, r := range skel[name] {
-			if !hasRule(c, r) && !rangesLookup(r) && (flat || !flatDispatchRule(r)) {
-				return nil, &missingError{what: fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(b.Family)), name), some: true}
+			if !hasRule(c, r) && (ranges || !rangesLookup(r)) && (flat || !flatDispatchRule(r)) {
+				gaps = append(gaps, fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(f)), name))
+				break
 			}
 		}
 	}
-	if missing != nil {
-		return nil, missing
-	}
-	return lookups, nil
+	return gaps, some, nil
 }
 
 // rangesLookup reports whether r is the dispatch chain's lookup of an
@@ -197,13 +205,8 @@ func hasRule(c *ChainState, r *nft.Rule) bool {
 // judgeChain says what of the attachment's own chain is missing or
 // wrong, or "": each rule by its comment, what it jumps to or DNATs to,
 // the hairpin source, and no rule more.
-func judgeChain(p *plan.Plan, c *ChainState) string {
-	return judgeRules(p, c, chainRules(p))
-}
-
-// judgeRules judges chain c against the rules it should hold.
-func judgeRules(p *plan.Plan, c *ChainState, rules []*nft.Rule) string {
-	own := ChainName(p.Owner)
+func judgeChain(l *layout, c *ChainState) string {
+	own, rules, f := l.chain.Name, l.rules, nft.Family(l.family)
 	byComment := make(map[string]RuleState, len(c.Rules))
 	for _, r := range c.Rules {
 		if _, dup := byComment[r.Comment]; !dup {
@@ -218,7 +221,7 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*nft.Rule) string {
 		for _, s := range r.Stmts {
 			switch s := s.(type) {
 			case nft.DNAT:
-				want := s.Text(nft.Family(p.Family))
+				want := s.Text(f)
 				if "dnat to "+got.DNAT != want {
 					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, want)
 				}
@@ -227,12 +230,12 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*nft.Rule) string {
 					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.To)
 				}
 			case dnatMap:
-				if why := judgeDNATs(p.Family, got.DNATs, s); why != "" {
+				if why := judgeDNATs(f, got.DNATs, s); why != "" {
 					return fmt.Sprintf("rule %q in chain %s: %s", r.Comment, own, why)
 				}
 			case nft.Addr:
 				if !s.Dst && !samePrefix(got.Saddr, s.Spec) {
-					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.Text(nft.Family(p.Family)))
+					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.Text(f))
 				}
 			}
 		}
@@ -245,13 +248,13 @@ func judgeRules(p *plan.Plan, c *ChainState, rules []*nft.Rule) string {
 
 // judgeDNATs says what a DNAT map read back lacks, or holds more, of
 // what m should hold, or "".
-func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
+func judgeDNATs(f nft.Family, got []MapDNAT, m dnatMap) string {
 	to := make(map[string]string, len(got))
 	for _, d := range got {
 		to[d.Key.String()] = d.To
 	}
 	for _, e := range m.entries {
-		want := nft.DNAT{IP: m.to, Port: e.port}.Text(nft.Family(f))
+		want := nft.DNAT{IP: m.to, Port: e.port}.Text(f)
 		if "dnat to "+to[e.key.String()] != want {
 			return fmt.Sprintf("%s does not %s", e.key, want)
 		}
@@ -263,10 +266,10 @@ func judgeDNATs(f plan.Family, got []MapDNAT, m dnatMap) string {
 }
 
 // judgeFlat says what of a flat attachment's chain and claims are wrong,
-// or "": its chain holds no rule but its claim rules, which holds p's keys,
-// and the owners map holds it.
-func judgeFlat(p *plan.Plan, c *ChainState) string {
-	own := ChainName(p.Owner)
+// or "": its chain holds no rule but its claim rules, which claim its
+// keys, and the owners map holds it.
+func judgeFlat(l *layout, c *ChainState) string {
+	own := l.chain.Name
 	if len(c.Rules) > 0 {
 		return fmt.Sprintf("chain %s holds %d rules besides its claim rules, want none (its keys are map elements)", own, len(c.Rules))
 	}
@@ -276,7 +279,7 @@ func judgeFlat(p *plan.Plan, c *ChainState) string {
 	if !c.Owned {
 		return fmt.Sprintf("map %s holds no element for chain %s", ownersMap, own)
 	}
-	want := Keys(p)
+	want := l.keys
 	got := make(map[string]bool, len(c.Claims))
 	for _, k := range c.Claims {
 		got[k.ID()] = true

@@ -53,8 +53,8 @@ func TestDNATMapFrom(t *testing.T) {
 		{mapMin, true, 2, 0},
 		{5000, false, 1, 0},
 	} {
-		p := build(plan.IPv4, singles(tt.n, tt.addr))
-		rules := chainRules(p)
+		p := build(plan.IPv4, inChain(singles(tt.n, tt.addr)))
+		rules := layoutOf(p).rules
 		maps := dnatMaps(rules)
 		if len(maps) != tt.maps {
 			t.Errorf("%d mappings (addr %v): %d maps, want %d", tt.n, tt.addr, len(maps), tt.maps)
@@ -82,7 +82,7 @@ func TestDNATMapFrom(t *testing.T) {
 			r.Mappings.Add(m)
 		}
 	})
-	rules := chainRules(p)
+	rules := layoutOf(p).rules
 	if last := rules[len(rules)-1]; last.Comment != keyComment+"tcp . 10000-10049" {
 		t.Errorf("the range's rule is %q, want it after the map", last.Comment)
 	}
@@ -146,31 +146,40 @@ func TestDNATMapInMemory(t *testing.T) {
 	}
 }
 
+// inChain is mod, marking with bit 14: the attachment is not flat, its
+// DNAT is in a chain of rules.
+func inChain(mod func(*plan.Request)) func(*plan.Request) {
+	return func(r *plan.Request) {
+		mod(r)
+		r.Masquerade.MarkBit = 14
+	}
+}
+
 // TestJudgeDNATMap: CHECK names a map that lost a mapping, holds one
 // more, or sends one elsewhere.
 func TestJudgeDNATMap(t *testing.T) {
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		p := build(f, singles(12, true))
-		rules, _ := roundTrip(t, f, fastAddTx(p))
+		p := build(f, inChain(singles(12, true)))
+		rules, _ := roundTrip(t, f, layoutOf(p).create())
 		c := &ChainState{Rules: rules}
-		if why := judgeChain(p, c); why != "" {
+		if why := judgeChain(layoutOf(p), c); why != "" {
 			t.Fatalf("%s: the chain as written: %s", f, why)
 		}
-		fewer := build(f, singles(12, true))
+		fewer := build(f, inChain(singles(12, true)))
 		fewer.Mappings.Add(plan.Mapping{HostPort: 30000, ContainerPort: 80, Protocol: plan.TCP})
-		if why := judgeChain(fewer, c); !strings.Contains(why, "tcp . 30000 does not dnat to") {
+		if why := judgeChain(layoutOf(fewer), c); !strings.Contains(why, "tcp . 30000 does not dnat to") {
 			t.Errorf("%s: a mapping missing from the map judged %q", f, why)
 		}
-		more := build(f, singles(12, true))
+		more := build(f, inChain(singles(12, true)))
 		more.Mappings = plan.MappingsOf(more.Mappings.Slice()[1:]...)
-		if why := judgeChain(more, c); !strings.Contains(why, "holds 12 mappings, want 11") {
+		if why := judgeChain(layoutOf(more), c); !strings.Contains(why, "holds 12 mappings, want 11") {
 			t.Errorf("%s: a mapping too many judged %q", f, why)
 		}
-		moved := build(f, singles(12, true))
+		moved := build(f, inChain(singles(12, true)))
 		ms := moved.Mappings.Slice()
 		ms[2].ContainerPort = 99
 		moved.Mappings = plan.MappingsOf(ms...)
-		if why := judgeChain(moved, c); !strings.Contains(why, "does not dnat to") || !strings.Contains(why, ":99") {
+		if why := judgeChain(layoutOf(moved), c); !strings.Contains(why, "does not dnat to") || !strings.Contains(why, ":99") {
 			t.Errorf("%s: a moved mapping judged %q", f, why)
 		}
 	}

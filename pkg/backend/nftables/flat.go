@@ -3,14 +3,12 @@ package nftables
 import (
 	"encoding/binary"
 	"net"
-	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
-	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Flat attachments. On Linux 6.18 a transaction that adds any rule, or an
@@ -67,97 +65,6 @@ import (
 // kernel less than an element each in three sets). The others keep a
 // chain reached from the verdict maps.
 
-// flatSetNames are the names of the DNAT maps and the hairpin sets of
-// lengths.
-func flatSetNames(lengths []int) []string {
-	out := []string{ownersMap, hostIPDNATMap, HostDNATMap}
-	for _, l := range lengths {
-		out = append(out, hairpinSet(true, l), hairpinSet(false, l))
-	}
-	return out
-}
-
-// flatSets are the skeleton's owners map, DNAT maps and the hairpin sets
-// of lengths.
-func flatSets(f nft.Family, lengths []int) []*nft.Set {
-	out := []*nft.Set{ownersSet(), dnatMapSet(f, hostIPDNATMap, true), dnatMapSet(f, HostDNATMap, false)}
-	for _, addr := range []bool{true, false} {
-		for _, l := range lengths {
-			out = append(out, hairpinSetOf(f, addr, l))
-		}
-	}
-	return out
-}
-
-// dnatMapSet declares a DNAT map: a key to an address and port.
-func dnatMapSet(f nft.Family, name string, addr bool) *nft.Set {
-	return &nft.Set{Name: name, Key: keyTypes(f, addr), Data: []nft.Type{f.AddrType(), nft.InetService}}
-}
-
-// flatDispatchRules are the dispatch chain's rules for flat keys of one
-// host IP kind: the hairpin marks of each prefix length, then the DNAT.
-func flatDispatchRules(addr bool, lengths []int) []*nft.Rule {
-	dm := HostDNATMap
-	if addr {
-		dm = hostIPDNATMap
-	}
-	out := make([]*nft.Rule, 0, len(lengths)+1)
-	for _, l := range lengths {
-		out = append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{hairpinLookup{addr: addr, ones: l}, nft.MarkOr{Mark: 1 << flatMarkBit}}})
-	}
-	return append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{dnatLookup{set: dm, addr: addr}}})
-}
-
-// lengthsOf are the prefix lengths of ps' hairpin sources, and of the
-// hairpin lookups chain c (the dispatch chain, as read) holds: the
-// lengths the skeleton keeps, longest first.
-func lengthsOf(c *ChainState, ps ...*plan.Plan) []int {
-	seen := map[int]bool{}
-	if c != nil {
-		for _, r := range c.Rules {
-			if _, l, ok := hairpinLength(r.Member); ok {
-				seen[l] = true
-			}
-		}
-	}
-	for _, p := range ps {
-		for _, src := range hairpinSrcs(p) {
-			if isFlat(p) {
-				ones, _ := nft.ParsePrefix(src).Mask.Size()
-				seen[ones] = true
-			}
-		}
-	}
-	out := make([]int, 0, len(seen))
-	for l := range seen {
-		out = append(out, l)
-	}
-	slices.Sort(out)
-	slices.Reverse(out)
-	return out
-}
-
-// flatDispatchRule reports whether r is one of the dispatch chain's rules
-// for flat keys: required only of a flat plan's skeleton, so that the
-// attachments of a node set up before them pass CHECK.
-func flatDispatchRule(r *nft.Rule) bool {
-	switch r.Stmts[0].(type) {
-	case hairpinLookup, dnatLookup:
-		return true
-	}
-	return false
-}
-
-// targetOf is where p sends key k of one port: "192.0.2.2:80".
-func targetOf(p *plan.Plan, k Key) string {
-	for m := range p.Mappings.All() {
-		if m.Protocol == k.Protocol && m.HostPort == k.Port && m.HostIP.Equal(k.HostIP) {
-			return p.Target(m)
-		}
-	}
-	return ""
-}
-
 // dnatLookup: dnat ip to [ip daddr .] meta l4proto . th dport map
 // @hostport_dnat — the DNAT of every flat key of a host IP kind.
 type dnatLookup struct {
@@ -209,44 +116,6 @@ func dnatByMap(e *nft.Exprs, addr bool, set string, id uint32) {
 		// takes the port as given when a register holds it, as nft writes
 		a.U32(unix.NFTA_NAT_REG_PROTO_MIN, nft.Reg32+ipLen/4)
 	})
-}
-
-// fastFlatTx is a flat ADD's fast path: create the attachment's chain
-// with its claim rules and its owners element (failing if they exist) and its
-// elements (failing if one exists: another attachment holds the key, or
-// the maps are missing).
-func fastFlatTx(p *plan.Plan, keys []Key) *nft.Tx {
-	tx := newTx(p.Family)
-	chain := ownChain(p)
-	hps := wantedHairpins(p, keys)
-	tx.Grow(2 + 2*len(keys) + len(hps))
-	tx.Create(chain)
-	for _, r := range claimRules(chain.Name, keys) {
-		tx.Add(r)
-	}
-	tx.Create(ownerObj{chain.Name})
-	srcs := hairpinSrcs(p)
-	for _, k := range keys {
-		tx.Create(elemObj{key: k, chain: chain.Name, to: targetOf(p, k), srcs: srcs})
-	}
-	for _, h := range hps {
-		tx.Create(hairpinObj{h})
-	}
-	return tx
-}
-
-// flatGuards are the shared chains a flat plan's fast path needs and does
-// not itself touch: the masquerade chain of the dispatch chain's mark, and
-// the guard where localhost connections are DNATed.
-func flatGuards(p *plan.Plan) []string {
-	var out []string
-	if p.Masquerade.Enabled {
-		out = append(out, masqChain(flatMarkBit))
-	}
-	if p.LocalNet() {
-		out = append(out, GuardChain)
-	}
-	return out
 }
 
 // toString spells a DNAT map's data as a target: "192.0.2.2:80".

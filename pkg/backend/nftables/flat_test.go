@@ -32,7 +32,7 @@ func TestIsFlat(t *testing.T) {
 		{"an identity range", build(plan.IPv4, smallRanges), false},
 		{"more than flatMax mappings", many, false},
 	} {
-		if got := isFlat(tt.p); got != tt.flat {
+		if got := layoutOf(tt.p).flat; got != tt.flat {
 			t.Errorf("%s: flat %v, want %v", tt.name, got, tt.flat)
 		}
 	}

@@ -34,44 +34,6 @@ func (h Hairpin) set() string {
 // ID names the element: its set, source and key.
 func (h Hairpin) ID() string { return h.set() + " " + h.Src + " . " + h.Key.String() }
 
-// wantedHairpins are the hairpin elements of p's attachment: for each flat key,
-// its hairpin source (the container's subnet, or every address with
-// masqAll) and, where localhost connections are DNATed, 127.0.0.1.
-func wantedHairpins(p *plan.Plan, keys []Key) []Hairpin {
-	srcs := hairpinSrcs(p)
-	chain := ChainName(p.Owner)
-	out := make([]Hairpin, 0, len(srcs)*len(keys))
-	for _, k := range keys {
-		if !k.Flat {
-			continue // a chain's rules mark its connections
-		}
-		for _, src := range srcs {
-			out = append(out, Hairpin{Src: src, Key: k, Chain: chain})
-		}
-	}
-	return out
-}
-
-// hairpinSrcs are the sources p's connections are masqueraded from, as
-// CIDRs: its hairpin source and, where localhost connections are DNATed,
-// 127.0.0.1.
-func hairpinSrcs(p *plan.Plan) []string {
-	if !p.Masquerade.Enabled || p.ContainerNet == nil {
-		return nil
-	}
-	out := []string{nft.ParsePrefix(p.HairpinSource()).String()}
-	if p.LocalhostRule() {
-		out = append(out, "127.0.0.1/32")
-	}
-	return out
-}
-
-// hairpinSetOf declares the hairpin set of a host IP kind and prefix
-// length: a source masked to it, and a key.
-func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {
-	return &nft.Set{Name: hairpinSet(addr, ones), Key: append([]nft.Type{f.AddrType()}, keyTypes(f, addr)...)}
-}
-
 // hairpinObj is one hairpin element; deleting needs no chain.
 type hairpinObj struct{ h Hairpin }
 

@@ -73,21 +73,6 @@ func (k Key) String() string {
 	return string(b)
 }
 
-// Keys are the map keys of the plan, one per DNAT rule (dnatRuns): an
-// identity run of ports is one interval key, any other mapping one key;
-// a flat plan's keys are flat (flat.go).
-func Keys(p *plan.Plan) []Key {
-	runs := dnatRuns(p.Runs())
-	out := make([]Key, 0, len(runs))
-	fl := isFlat(p)
-	for _, r := range runs {
-		k := runKey(r)
-		k.Flat = fl
-		out = append(out, k)
-	}
-	return out
-}
-
 // inOtherMap is the key of the same port in the other kind of exact map:
 // a verdict map's for a flat key, a DNAT map's for a key of one port in
 // a verdict map. The dispatch chain looks the verdict map up first, so
@@ -115,25 +100,6 @@ func withOtherMaps(keys []Key) []Key {
 func (k Key) port() Key {
 	k.Flat = false
 	return k
-}
-
-// runKey is the key of a run dnatRuns returns.
-func runKey(r plan.Run) Key {
-	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
-	if r.Len > 1 {
-		k.Last = r.Last()
-	}
-	return k
-}
-
-// hasRanges reports whether p claims an interval key.
-func hasRanges(p *plan.Plan) bool {
-	for _, r := range p.Runs() {
-		if r.Len > 1 && r.Identity() {
-			return true
-		}
-	}
-	return false
 }
 
 // parseKey reads a key back from its String form.
@@ -167,40 +133,6 @@ func parseKey(s string) (Key, bool) {
 		k.Last = last
 	}
 	return k, true
-}
-
-// kindOf is 1 for a run on a specific host IP, 0 for the wildcard.
-func kindOf(r plan.Run) int {
-	if r.HostIP != nil {
-		return 1
-	}
-	return 0
-}
-
-// dnatRuns splits the runs with an offset into single mappings.
-func dnatRuns(runs []plan.Run) []plan.Run {
-	out := make([]plan.Run, 0, len(runs))
-	for _, r := range runs {
-		if r.Len == 1 || r.Identity() {
-			out = append(out, r)
-			continue
-		}
-		for _, m := range r.Mappings() {
-			out = append(out, plan.Run{HostIP: m.HostIP, Protocol: m.Protocol, HostPort: m.HostPort, ContainerPort: m.ContainerPort, Len: 1})
-		}
-	}
-	return out
-}
-
-// isFlat reports whether p's attachment is flat.
-func isFlat(p *plan.Plan) bool {
-	if len(p.Conditions) > 0 || p.Mappings.Len() > flatMax {
-		return false
-	}
-	if p.Masquerade.Enabled && p.Masquerade.MarkBit != flatMarkBit {
-		return false
-	}
-	return !hasRanges(p)
 }
 
 // samePrefix reports whether a read-back source prefix is spec (an

@@ -34,25 +34,22 @@ func knftText(t *testing.T, tx *nft.Tx) string {
 func TestTextAsKnftables(t *testing.T) {
 	var txs []*nft.Tx
 	for _, f := range []plan.Family{plan.IPv4, plan.IPv6} {
-		for _, p := range []*plan.Plan{build(f, nil), build(f, smallRanges),
+		for _, p := range []*plan.Plan{build(f, nil), build(f, inChain(func(*plan.Request) {})), build(f, smallRanges),
 			build(f, func(r *plan.Request) { r.Masquerade.Enabled = false }),
 			build(f, func(r *plan.Request) {
 				r.Masquerade.All, r.Masquerade.MarkBit = true, 5
 				r.ConditionsV4 = []string{"ip saddr != 203.0.113.0/24"}
 			})} {
 			skel := newTx(f)
-			addSkeleton(skel, p, lengthsOf(nil, p))
+			addSkeletonOf(skel, p)
 			keys := Keys(p)
 			for i := range keys {
 				keys[i] = keys[i].port() // as a chain holds them: the DEL fast path's
 			}
-			txs = append(txs, skel, fastAddTx(p), fastDelTx(f, ChainName(p.Owner), keys))
-			if isFlat(p) {
-				txs = append(txs, fastFlatTx(p, Keys(p)))
-				sl := newTx(f)
-				rewriteChain(sl, p, &ChainState{HasClaims: true, Owned: true})
-				txs = append(txs, sl)
-			}
+			l := layoutOf(p)
+			sl := newTx(f) // the slow path's, over a chain of either shape
+			l.rewriteChain(sl, &ChainState{HasClaims: true, Owned: true})
+			txs = append(txs, skel, l.create(), fastDelTx(f, ChainName(p.Owner), keys), sl)
 		}
 		verbs := newTx(f)
 		add := func(v nft.Verb, obj nft.Object) {
@@ -71,7 +68,7 @@ func TestTextAsKnftables(t *testing.T) {
 		}
 		verbs.Delete(elemObj{key: k[len(k)-1]})
 		fk := Keys(build(f, nil))
-		hp := wantedHairpins(build(f, nil), fk)
+		hp := layoutOf(build(f, nil)).hairpins
 		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Delete} {
 			add(v, dnatMapSet(nft.Family(f), hostIPDNATMap, true))
 			add(v, hairpinSetOf(nft.Family(f), false, 24))

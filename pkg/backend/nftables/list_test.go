@@ -129,15 +129,13 @@ func TestLayoutListsAsItsText(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := build(tc.f, tc.mod)
 			skel := newTx(p.Family)
-			addSkeleton(skel, p, lengthsOf(nil, p))
-			add := newTx(p.Family)
-			switch {
-			case isFlat(p):
-				add = fastFlatTx(p, Keys(p))
-			case !hasRanges(p):
-				add = fastAddTx(p)
-			default:
-				place(add, rewriteChain(add, p, nil).Name, wantedElements(p, Keys(p)), nil, nil, nil, io.Discard)
+			addSkeletonOf(skel, p)
+			l := layoutOf(p)
+			add := l.create()
+			if l.hasRanges() { // written under the lock, beside what shares its ports
+				add = newTx(p.Family)
+				l.rewriteChain(add, nil)
+				place(add, l, nil, nil, io.Discard)
 			}
 			k := nfttest.New()
 			for _, tx := range []*nft.Tx{skel, add} {

@@ -114,13 +114,13 @@ func TestMemoryErrors(t *testing.T) {
 	p := fixture.Attachment("a", "192.0.2.2/24", 8080)
 	p.Masquerade.MarkBit = 14 // not flat: a chain of rules
 	f := fixture.Attachment("f", "192.0.2.3/24", 8081)
-	if !isFlat(f) || isFlat(p) {
+	if !layoutOf(f).flat || layoutOf(p).flat {
 		t.Fatal("the plans are not of the two layouts")
 	}
-	if err := m.Apply(fastAddTx(p)); !nft.IsNotFound(err) {
+	if err := m.Apply(layoutOf(p).create()); !nft.IsNotFound(err) {
 		t.Errorf("fast ADD on an empty node: %v, want ENOENT", err)
 	}
-	if err := m.Apply(fastFlatTx(f, Keys(f))); !nft.IsNotFound(err) {
+	if err := m.Apply(layoutOf(f).create()); !nft.IsNotFound(err) {
 		t.Errorf("fast flat ADD on an empty node: %v, want ENOENT", err)
 	}
 	if err := b.Apply(p); err != nil {
@@ -130,15 +130,15 @@ func TestMemoryErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := m.Dump()
-	if err := m.Apply(fastAddTx(p)); err == nil || nft.IsNotFound(err) || !missed(err) {
+	if err := m.Apply(layoutOf(p).create()); err == nil || nft.IsNotFound(err) || !missed(err) {
 		t.Errorf("fast re-ADD: %v, want EEXIST", err)
 	}
-	if err := m.Apply(fastFlatTx(f, Keys(f))); err == nil || nft.IsNotFound(err) || !missed(err) {
+	if err := m.Apply(layoutOf(f).create()); err == nil || nft.IsNotFound(err) || !missed(err) {
 		t.Errorf("fast flat re-ADD: %v, want EEXIST", err)
 	}
 	g := fixture.Attachment("g", "192.0.2.4/24", 8081) // f's port
 	tx := newTx(plan.IPv4)
-	for _, o := range fastFlatTx(g, Keys(g)).Ops()[3:] { // without its chain and record: its element fails
+	for _, o := range layoutOf(g).create().Ops()[3:] { // without its chain and record: its element fails
 		tx.Create(o.Obj)
 	}
 	if err := m.Apply(tx); err == nil || nft.IsNotFound(err) || !missed(err) {

@@ -95,20 +95,6 @@ const GuardChain = "guard"
 // skeleton) while the skeleton for that bit is missing.
 func markChain(bit int) string { return fmt.Sprintf("mark-bit%d", bit) }
 
-// ownerComment is the attachment chain's comment: who owns it (nft allows
-// 128 characters; longer names are cut, the chain name stays exact).
-func ownerComment(o plan.Owner) string {
-	c := fmt.Sprintf("net=%s id=%s if=%s", o.Network, o.ContainerID, o.IfName)
-	if len(c) > 128 {
-		c = c[:128]
-	}
-	return c
-}
-
-func ownChain(p *plan.Plan) *nft.Chain {
-	return &nft.Chain{Name: ChainName(p.Owner), Comment: ownerComment(p.Owner)}
-}
-
 func isDNATMap(name string) bool { return name == HostDNATMap || name == hostIPDNATMap }
 
 // hairpinSet names the hairpin set of a host IP kind and prefix length.

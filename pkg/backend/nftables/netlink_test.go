@@ -17,7 +17,7 @@ import (
 func TestSkeletonReadsBack(t *testing.T) {
 	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, nil)} {
 		tx := newTx(p.Family)
-		addSkeleton(tx, p, lengthsOf(nil, p))
+		addSkeletonOf(tx, p)
 		msgs, err := tx.Messages()
 		if err != nil {
 			t.Fatal(err)
@@ -37,7 +37,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 				sets[attrs.String(unix.NFTA_SET_NAME)] = m.Flags
 			}
 		}
-		skel := skeletonRules(p, lengthsOf(nil, p))
+		skel := skeletonRules(layoutOf(p).needs, layoutOf(p).lengths)
 		for _, name := range skeletonOrder(skel) {
 			for _, r := range skel[name] {
 				if chains[name] == nil || !hasRule(chains[name], r) {
@@ -79,7 +79,7 @@ func TestKeyBytes(t *testing.T) {
 func TestBatchErrorNamesTheOperation(t *testing.T) {
 	p := build(plan.IPv4, nil)
 	tx := newTx(p.Family)
-	addSkeleton(tx, p, lengthsOf(nil, p))
+	addSkeletonOf(tx, p)
 	tx.Create(ownChain(p))
 	msgs, err := tx.Messages()
 	if err != nil {

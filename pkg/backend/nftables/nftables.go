@@ -42,25 +42,26 @@ func NewOn(f plan.Family, log io.Writer, c nft.Conn) *Backend {
 	return &Backend{Family: f, Kernel: &netlinkKernel{conn: c}, Lock: func() (func(), error) { return func() {}, nil }, Log: log}
 }
 
-// Apply installs the plan, replacing whatever the attachment had; a key
-// another attachment holds is taken over (the newest ADD wins).
+// Apply installs the plan's layout, replacing whatever the attachment
+// had; a key another attachment holds is taken over (the newest ADD
+// wins).
 func (b *Backend) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to forward to")
 	}
-	keys := Keys(p)
-	ranges := slices.ContainsFunc(keys, Key.IsRange)
+	l := layoutOf(p)
+	ranges := l.hasRanges()
 	// Fast path: the skeleton is left alone (rewriting the base chains
 	// costs the kernel more than everything else). It first reads, in one
-	// round trip, its keys in the other kind of map (an element there, another
-	// attachment's, is taken over on the slow
-	// path) and, for a flat plan, the shared chains it relies on; the
-	// elements fail while the maps are missing, and a chain's jumps to
-	// mark-bitN while that bit's skeleton is, which sends the first ADD
-	// on a node to the slow path. A plan with intervals reads what shares
-	// its ports first (ranges.go).
+	// round trip, its keys in the other kind of map (an element there,
+	// another attachment's, is taken over on the slow path) and, for a
+	// flat attachment, the shared chains it relies on; the elements fail
+	// while the maps are missing, and a chain's jumps to mark-bitN while
+	// that bit's skeleton is, which sends the first ADD on a node to the
+	// slow path. A plan with intervals reads what shares its ports first
+	// (ranges.go).
 	if !ranges {
-		if done, err := b.fastAdd(p, keys); done || err != nil {
+		if done, err := b.fastAdd(l); done || err != nil {
 			return err
 		}
 	}
@@ -75,19 +76,20 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		// created beside the skeleton, its elements placed among what
 		// shares their ports. Its chain there already (an ADD again),
 		// or the skeleton missing, it goes the slow way.
-		els, err := b.Kernel.Elements(b.Family, keys)
+		els, err := b.Kernel.Elements(b.Family, l.keys)
 		if err != nil {
 			return err
 		}
 		tx := newTx(b.Family)
-		place(tx, newChain(tx, p, chainRules(p)).Name, wantedElements(p, keys), els, nil, nil, b.Log)
+		l.createChain(tx)
+		place(tx, l, els, nil, b.Log)
 		if err := b.Kernel.Apply(tx); err == nil {
 			return nil
 		} else if !missed(err) {
 			return fmt.Errorf("apply: %w", err)
 		}
 	}
-	c, err := b.Kernel.Chain(b.Family, Table, ChainName(p.Owner))
+	c, err := b.Kernel.Chain(b.Family, Table, l.chain.Name)
 	if err != nil {
 		return err
 	}
@@ -95,11 +97,11 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if c != nil {
 		prev = c.keys()
 	}
-	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withOtherMaps(append(keys[:len(keys):len(keys)], prev...))))
+	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withOtherMaps(append(l.keys[:len(l.keys):len(l.keys)], prev...))))
 	if err != nil {
 		return err
 	}
-	hps, err := b.hairpinsOf(els, wantedHairpins(p, keys)...)
+	hps, err := b.hairpinsOf(els, l.hairpins...)
 	if err != nil {
 		return err
 	}
@@ -109,28 +111,21 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	tx := newTx(b.Family)
-	addSkeleton(tx, p, lengthsOf(dispatch, p))
-	place(tx, rewriteChain(tx, p, c).Name, wantedElements(p, keys), els, hps, wantedHairpins(p, keys), b.Log)
+	addSkeleton(tx, l.needs, lengthsOf(dispatch, l))
+	l.rewriteChain(tx, c)
+	place(tx, l, els, hps, b.Log)
 	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
 }
 
-// fastAdd is ADD's fast path for a plan of single ports; done says it
-// applied.
-func (b *Backend) fastAdd(p *plan.Plan, keys []Key) (done bool, err error) {
-	flat := isFlat(p)
-	var guards, sets []string
-	if flat {
-		guards, sets = flatGuards(p), flatSetNames(lengthsOf(nil, p))
-	}
-	others := make([]Key, 0, len(keys))
-	for _, k := range keys {
-		others = append(others, k.inOtherMap())
-	}
-	if len(guards)+len(sets)+len(others) > 0 {
-		missing, held, err := b.Kernel.Probe(b.Family, guards, sets, others)
+// fastAdd is ADD's fast path for an attachment of single ports; done
+// says it applied.
+func (b *Backend) fastAdd(l *layout) (done bool, err error) {
+	chains, sets, others := l.probes()
+	if len(chains)+len(sets)+len(others) > 0 {
+		missing, held, err := b.Kernel.Probe(b.Family, chains, sets, others)
 		if err != nil {
 			return false, err
 		}
@@ -138,11 +133,7 @@ func (b *Backend) fastAdd(p *plan.Plan, keys []Key) (done bool, err error) {
 			return false, nil
 		}
 	}
-	tx := fastAddTx(p)
-	if flat {
-		tx = fastFlatTx(p, keys)
-	}
-	if err := b.Kernel.Apply(tx); err == nil {
+	if err := b.Kernel.Apply(l.create()); err == nil {
 		return true, nil
 	} else if !missed(err) {
 		return false, fmt.Errorf("apply: %w", err)
@@ -168,7 +159,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if c == nil {
 		return b.removeUpstreamLocked(p.Owner)
 	}
-	keys := uniqueKeys(append(Keys(p), c.keys()...))
+	keys := uniqueKeys(append(layoutOf(p).keys, c.keys()...))
 	if slices.ContainsFunc(keys, Key.IsRange) {
 		if err := b.Kernel.Apply(fastDelTx(p.Family, chain, keys)); err == nil {
 			return b.removeUpstreamLocked(p.Owner)

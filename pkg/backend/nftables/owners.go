@@ -36,20 +36,6 @@ func ownerKey(chain string) []byte {
 	return b
 }
 
-// claimRules are the rules of a flat attachment's chain that claim its
-// keys: each matches its key, and does nothing.
-func claimRules(chain string, keys []Key) []*nft.Rule {
-	out := make([]*nft.Rule, 0, len(keys))
-	for _, k := range keys {
-		stmts := []nft.Stmt{nft.L4Proto{Name: string(k.Protocol)}, nft.DPort{Port: k.Port, Last: 0}}
-		if k.HostIP != nil {
-			stmts = append(stmts, nft.Addr{Dst: true, Spec: k.HostIP.String()})
-		}
-		out = append(out, &nft.Rule{Chain: chain, Comment: claimComment + k.String(), Stmts: stmts})
-	}
-	return out
-}
-
 // splitClaims moves the chain's claim rules, as read, into its Claims.
 func (c *ChainState) splitClaims() {
 	rules := c.Rules[:0]

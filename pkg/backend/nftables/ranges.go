@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
-	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
 // Interval keys. An identity run of ports (a Podman range) is one element
@@ -172,18 +171,19 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 	return ""
 }
 
-// place writes into tx the element changes that make chain hold want
-// (its keys, with a flat key's target), given els, the elements
-// Kernel.Elements returns for the keys, their keys in the other maps and what the chain
-// held before, and hps, the hairpin elements read for the flat ones: the
-// chain's other elements go; an element another attachment holds for a
-// port of want (in either exact map), or sharing a port with one of its
-// intervals, is taken over (logged to log), with the hairpin elements of
-// a flat one; an interval that loses ports is added back, for its owner,
-// as what is left of it; then the hairpin elements wantHP are made to be
-// there. Deletions come first: the kernel checks an interval against the
-// elements the transaction leaves.
-func place(tx *nft.Tx, chain string, want, els []Element, hps, wantHP []Hairpin, log io.Writer) {
+// place writes into tx the element changes that make l's chain hold its
+// elements, given els, the elements Kernel.Elements returns for its
+// keys, their keys in the other maps and what the chain held before, and
+// hps, the hairpin elements read for the flat ones: the chain's other
+// elements go; an element another attachment holds for a port of l (in
+// either exact map), or sharing a port with one of its intervals, is
+// taken over (logged to log), with the hairpin elements of a flat one; an
+// interval that loses ports is added back, for its owner, as what is left
+// of it; then l's hairpin elements are made to be there. Deletions come
+// first: the kernel checks an interval against the elements the
+// transaction leaves.
+func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
+	chain, want, wantHP := l.chain.Name, l.elements, l.hairpins
 	wantTo := make(map[string]string, len(want)) // a flat key's target and sources
 	wantPort := make(map[string]bool, len(want))
 	var intervals []Key
@@ -258,20 +258,6 @@ func place(tx *nft.Tx, chain string, want, els []Element, hps, wantHP []Hairpin,
 			tx.Add(hairpinObj{h})
 		}
 	}
-}
-
-// wantedElements are the elements of p's keys, in its chain.
-func wantedElements(p *plan.Plan, keys []Key) []Element {
-	chain := ChainName(p.Owner)
-	out := make([]Element, 0, len(keys))
-	for _, k := range keys {
-		e := Element{Key: k, Chain: chain}
-		if k.Flat {
-			e.To, e.Srcs = targetOf(p, k), hairpinSrcs(p)
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // elementsFor is what Kernel.Elements returns for keys out of all the

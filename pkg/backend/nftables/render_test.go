@@ -23,23 +23,28 @@ var (
 // skeletonTx is what the slow path writes before an attachment.
 func skeletonTx(p *plan.Plan) string {
 	tx := newTx(p.Family)
-	addSkeleton(tx, p, lengthsOf(nil, p))
+	addSkeletonOf(tx, p)
 	return tx.Text()
+}
+
+// addSkeletonOf writes the skeleton p's attachment needs, as the slow
+// path does on an empty node.
+func addSkeletonOf(tx *nft.Tx, p *plan.Plan) {
+	l := layoutOf(p)
+	addSkeleton(tx, l.needs, l.lengths)
 }
 
 // addTx is the ADD transaction Apply sends on a node with the skeleton
 // and no other attachment: the fast path's, or for a plan with intervals
 // the one written under the lock after reading what shares its ports.
 func addTx(p *plan.Plan) string {
-	switch {
-	case isFlat(p):
-		return fastFlatTx(p, Keys(p)).Text()
-	case !hasRanges(p):
-		return fastAddTx(p).Text()
+	if !layoutOf(p).hasRanges() {
+		return layoutOf(p).create().Text()
 	}
 	tx := newTx(p.Family)
-	chain := rewriteChain(tx, p, nil)
-	place(tx, chain.Name, wantedElements(p, Keys(p)), nil, nil, nil, io.Discard)
+	l := layoutOf(p)
+	l.rewriteChain(tx, nil)
+	place(tx, l, nil, nil, io.Discard)
 	return tx.Text()
 }
 
@@ -118,16 +123,17 @@ func TestKeysRoundTrip(t *testing.T) {
 // each element with its key and verdict — the reader and writer agree
 // without a kernel (the kernel test holds both to nft).
 func TestNetlinkRoundTrip(t *testing.T) {
-	for _, p := range []*plan.Plan{build(plan.IPv4, nil), build(plan.IPv6, nil),
+	chained := func(r *plan.Request) { r.Masquerade.MarkBit = 14 } // not flat: DNAT rules
+	for _, p := range []*plan.Plan{build(plan.IPv4, chained), build(plan.IPv6, chained),
 		build(plan.IPv4, func(r *plan.Request) { r.Masquerade.All, r.Masquerade.MarkBit = true, 5 }),
 		build(plan.IPv4, smallRanges), build(plan.IPv6, smallRanges)} {
-		rules, elems := roundTrip(t, p.Family, fastAddTx(p))
-		want := chainRules(p)
+		rules, elems := roundTrip(t, p.Family, layoutOf(p).create())
+		want := layoutOf(p).rules
 		if len(rules) != len(want) {
 			t.Fatalf("%s: %d rules decoded, want %d", p.Family, len(rules), len(want))
 		}
 		c := &ChainState{Rules: rules}
-		if why := judgeChain(p, c); why != "" {
+		if why := judgeChain(layoutOf(p), c); why != "" {
 			t.Errorf("%s: the decoded chain does not pass: %s", p.Family, why)
 		}
 		for i, r := range rules {
@@ -149,7 +155,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 		if p.Family == plan.IPv6 {
 			moved.ContainerNet.IP = net.ParseIP("2001:db8::99")
 		}
-		if why := judgeChain(&moved, c); !strings.Contains(why, "does not dnat to") {
+		if why := judgeChain(layoutOf(&moved), c); !strings.Contains(why, "does not dnat to") {
 			t.Errorf("%s: a moved container judged %q", p.Family, why)
 		}
 	}
@@ -184,14 +190,14 @@ func roundTrip(t *testing.T, f plan.Family, tx *nft.Tx) (rules []RuleState, elem
 
 func TestConditionsNeedNft(t *testing.T) {
 	p := build(plan.IPv4, func(r *plan.Request) { r.ConditionsV4 = []string{"ip saddr != 203.0.113.0/24"} })
-	tx := fastAddTx(p)
+	tx := layoutOf(p).create()
 	if !tx.NeedsNft() {
 		t.Error("a transaction with conditions does not ask for nft")
 	}
 	if _, err := tx.Messages(); err == nil {
 		t.Error("conditions were encoded without nft")
 	}
-	if fastAddTx(build(plan.IPv4, nil)).NeedsNft() {
+	if layoutOf(build(plan.IPv4, nil)).create().NeedsNft() {
 		t.Error("a transaction without conditions asks for nft")
 	}
 }

@@ -44,7 +44,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 		return nil, fmt.Errorf("read %s: %w", upstreamTable, err)
 	}
 	s := &syncState{family: b.Family, want: want, st: st, up: up, exists: st != nil,
-		winner: converge.Winners(want, portIDs), kinds: map[string]*plan.Plan{}}
+		winner: map[string]int{}, kinds: map[string]needs{}}
 	if st == nil {
 		s.st = newState()
 	}
@@ -52,16 +52,22 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	for _, h := range s.st.Hairpins {
 		s.hairpins[h.ID()] = h
 	}
-	var flat []*plan.Plan
-	for _, p := range want {
-		s.anyRanges = s.anyRanges || hasRanges(p)
+	var flat []*layout
+	s.layouts = make([]*layout, len(want))
+	for i, p := range want {
+		l := layoutOf(p)
+		s.layouts[i] = l
+		for _, id := range l.portIDs() {
+			s.winner[id] = i // the newest plan of a port wins it
+		}
+		s.anyRanges = s.anyRanges || l.hasRanges()
 		// the skeleton's flat parts are needed once a flat attachment is
 		// there
-		if isFlat(p) {
+		if l.flat {
 			s.anyFlat = true
-			flat = append(flat, p)
+			flat = append(flat, l)
 		}
-		s.kinds[fmt.Sprintf("%v/%d/%v", marksOwnBit(p), p.Masquerade.MarkBit, p.LocalNet())] = p
+		s.kinds[l.needs.String()] = l.needs
 	}
 	s.flatLengths = lengthsOf(nil, flat...)
 	if s.anyRanges {
@@ -76,8 +82,8 @@ func (s *syncState) decide() converge.Verdict[orphan] {
 	v := converge.Verdict[orphan]{Shared: s.skeleton(),
 		Whys: converge.Judge(len(s.want), func(i int) string { return s.judge(i) })}
 	wanted, wantedIDs := map[string]bool{}, map[string]bool{}
-	for _, p := range s.want {
-		wanted[ChainName(p.Owner)] = true
+	for i, p := range s.want {
+		wanted[s.layouts[i].chain.Name] = true
 		wantedIDs[p.Owner.ContainerID] = true
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.st.Chains)) {
@@ -118,20 +124,12 @@ func (s *syncState) skeleton() []string {
 			}
 		}
 	}
+	read := func(name string) (*ChainState, error) { return s.st.Chains[name], nil }
 	for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
-		skel := skeletonRules(s.kinds[k], s.flatLengths)
-		for _, c := range skeletonOrder(skel) {
-			cs, ok := s.st.Chains[c]
-			if !ok {
-				if !slices.Contains(shared, "chain "+c+" missing") {
-					shared = append(shared, "chain "+c+" missing")
-				}
-				continue
-			}
-			for _, r := range skel[c] {
-				if !hasRule(cs, r) && !contains(shared, "chain "+c) && (s.anyRanges || !rangesLookup(r)) && (s.anyFlat || !flatDispatchRule(r)) {
-					shared = append(shared, fmt.Sprintf("chain %s: rule %q missing", c, r.StmtText(nft.Family(s.family))))
-				}
+		gaps, _, _ := skeletonGaps(s.family, s.kinds[k], s.flatLengths, s.anyFlat, s.anyRanges, read)
+		for _, g := range gaps {
+			if !slices.Contains(shared, g) {
+				shared = append(shared, g)
 			}
 		}
 	}
@@ -171,15 +169,15 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 		}
 	}
 	tx := newTx(b.Family)
-	var repaired []*plan.Plan
+	var repaired []*layout
 	for i := range fix.Broken {
-		repaired = append(repaired, s.want[i])
+		repaired = append(repaired, s.layouts[i])
 	}
 	need := lengthsOf(nil, repaired...)
-	flatRepair := slices.ContainsFunc(repaired, isFlat)
+	flatRepair := slices.ContainsFunc(repaired, func(l *layout) bool { return l.flat })
 	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) || (flatRepair && !s.flatSkeleton(need)) {
 		// the lengths the node has, and those of every wanted plan
-		lengths := lengthsOf(s.st.Chains[DispatchChain], s.want...)
+		lengths := lengthsOf(s.st.Chains[DispatchChain], s.layouts...)
 		for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
 			addSkeleton(tx, s.kinds[k], lengths)
 		}
@@ -221,15 +219,6 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 // judge says what of wanted plan i the table shows missing or wrong, or
 // "" (judge, over the keys plan i wins).
 func (s *syncState) judge(i int) string {
-	p := s.want[i]
-	return judge(p, s.st.Chains[ChainName(p.Owner)], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k.ID()] == i })
-}
-
-func contains(list []string, prefix string) bool {
-	for _, s := range list {
-		if strings.HasPrefix(s, prefix) {
-			return true
-		}
-	}
-	return false
+	l := s.layouts[i]
+	return judge(l, s.st.Chains[l.chain.Name], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k.ID()] == i })
 }

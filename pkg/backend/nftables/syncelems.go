@@ -25,23 +25,23 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 			desired[k.ID()] = Element{Key: k}
 		}
 	}
-	for i, p := range s.want {
+	for i, l := range s.layouts {
 		if !broken[i] {
 			continue
 		}
-		chain := rewriteChain(tx, p, s.st.Chains[ChainName(p.Owner)])
+		l.rewriteChain(tx, s.st.Chains[l.chain.Name])
+		chain := l.chain
 		wantHP[chain.Name] = []Hairpin{}
 		mine := map[string]bool{}
-		var won []Key
-		for _, k := range Keys(p) {
+		for _, e := range l.elements {
+			k := e.Key
 			if !k.IsRange() {
 				mine[k.ID()] = true
 				if s.winner[k.port().ID()] == i {
-					desired[k.ID()] = Element{Key: k, Chain: chain.Name, To: targetOf(p, k), Srcs: hairpinSrcs(p)}
+					desired[k.ID()] = e
 					if s.st.Holders[k.inOtherMap().ID()] != "" {
 						gone(k.inOtherMap())
 					}
-					won = append(won, k)
 				}
 				continue
 			}
@@ -59,8 +59,8 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 				}
 			}
 		}
-		if isFlat(p) {
-			wantHP[chain.Name] = wantedHairpins(p, won)
+		if l.flat {
+			wantHP[chain.Name] = l.hairpinsOf(func(k Key) bool { return s.winner[k.ID()] == i })
 		}
 		for id, h := range s.st.Holders {
 			if _, set := desired[id]; h == chain.Name && !mine[id] && !set {
@@ -126,18 +126,6 @@ func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP
 			}
 		}
 	}
-}
-
-// portIDs are the IDs a plan's ports are won by: its keys of one port,
-// and each port of its intervals as a key of one port.
-func portIDs(p *plan.Plan) []string {
-	var ids []string
-	for _, k := range Keys(p) {
-		for port := k.Port; port <= k.last(); port++ {
-			ids = append(ids, Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID())
-		}
-	}
-	return ids
 }
 
 // wonPieces are the runs of interval k's ports plan i wins, as keys.
@@ -206,8 +194,10 @@ func elementsOfState(st *State) []Element {
 type syncState struct {
 	family plan.Family
 	want   []*plan.Plan
-	st, up *State // the table (empty when absent) and upstream's
-	exists bool
+	// layouts are the wanted plans', computed once
+	layouts []*layout
+	st, up  *State // the table (empty when absent) and upstream's
+	exists  bool
 	// winner is the newest plan of each port (of an interval, port by
 	// port); all and served are the table's elements, read only when a
 	// wanted plan has intervals.
@@ -215,10 +205,10 @@ type syncState struct {
 	anyRanges bool
 	all       []Element
 	served    *view
-	// kinds are the wanted plans by the skeleton they need; anyFlat says
+	// kinds are the skeletons the wanted plans need, by name; anyFlat says
 	// a flat attachment is there, whose hairpin sets' prefix lengths are
 	// flatLengths; hairpins indexes the table's hairpin elements by ID.
-	kinds       map[string]*plan.Plan
+	kinds       map[string]needs
 	anyFlat     bool
 	flatLengths []int
 	hairpins    map[string]Hairpin

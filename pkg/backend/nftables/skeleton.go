@@ -1,0 +1,211 @@
+package nftables
+
+import (
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/portmap-dev/portmap/pkg/nft"
+	"github.com/portmap-dev/portmap/pkg/plan"
+)
+
+type baseChain struct {
+	name string
+	hook nft.BaseChain
+}
+
+// baseChains are the hooks of the skeleton; both jump to dispatch for
+// packets to a local address.
+var baseChains = []baseChain{
+	{"prerouting", nft.BaseChain{Type: "nat", Hook: "prerouting", HookNum: unix.NF_INET_PRE_ROUTING, Priority: -100}}, // dstnat
+	{"output", nft.BaseChain{Type: "nat", Hook: "output", HookNum: unix.NF_INET_LOCAL_OUT, Priority: -100}},
+}
+
+var (
+	masqBase  = nft.BaseChain{Type: "nat", Hook: "postrouting", HookNum: unix.NF_INET_POST_ROUTING, Priority: 100} // srcnat
+	guardBase = nft.BaseChain{Type: "filter", Hook: "input", HookNum: unix.NF_INET_LOCAL_IN}
+)
+
+// dispatchRules look up the dispatch maps, in order: a specific host IP
+// before the wildcard; for each, the exact verdict map, the flat keys'
+// hairpin sets of lengths and DNAT map (flat.go), the interval map.
+func dispatchRules(lengths []int) []*nft.Rule {
+	out := make([]*nft.Rule, 0, len(dispatchMaps)+2+2*len(lengths))
+	for _, m := range dispatchMaps {
+		out = append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{vmapLookup{set: m.name, addr: m.addr, interval: m.interval}}})
+		if !m.interval {
+			out = append(out, flatDispatchRules(m.addr, lengths)...)
+		}
+	}
+	return out
+}
+
+// skeletonRules lists each shared chain with its exact rules for
+// attachments that need n; lengths are the prefix lengths of the hairpin
+// sets (flat.go).
+func skeletonRules(n needs, lengths []int) map[string][]*nft.Rule {
+	rules := map[string][]*nft.Rule{DispatchChain: dispatchRules(lengths)}
+	for _, bc := range baseChains {
+		rules[bc.name] = []*nft.Rule{{Chain: bc.name, Stmts: []nft.Stmt{nft.FibLocal{}, nft.Jump{To: DispatchChain}}}}
+	}
+	if n.masq {
+		mark := plan.Masquerade{MarkBit: n.markBit}.Mark()
+		masq, mk := masqChain(n.markBit), markChain(n.markBit)
+		rules[masq] = []*nft.Rule{{Chain: masq, Stmts: []nft.Stmt{nft.MarkHas{Mark: mark}, nft.Masquerade{}}}}
+		rules[mk] = []*nft.Rule{{Chain: mk, Stmts: []nft.Stmt{nft.MarkOr{Mark: mark}}}}
+	}
+	if n.localNet {
+		rules[GuardChain] = []*nft.Rule{{Chain: GuardChain, Stmts: []nft.Stmt{guardDrop{}}}}
+	}
+	return rules
+}
+
+// addSkeleton writes the table, maps and shared chains, idempotently: the
+// shared chains are flushed and refilled with their fixed rules, which also
+// repairs them, for attachments that need n. lengths are the hairpin
+// sets' prefix lengths: those the node has (lengthsOf) and the
+// attachment's.
+func addSkeleton(tx *nft.Tx, n needs, lengths []int) {
+	tx.Add(&nft.Table{Comment: tableComment})
+	for _, m := range dispatchMaps {
+		tx.Add(m.set(tx.Family))
+	}
+	for _, m := range flatSets(tx.Family, lengths) {
+		tx.Add(m)
+	}
+	rules := skeletonRules(n, lengths)
+	tx.Add(&nft.Chain{Name: DispatchChain})
+	if n.masq {
+		tx.Add(&nft.Chain{Name: markChain(n.markBit)})
+	}
+	for _, bc := range baseChains {
+		tx.Add(&nft.Chain{Name: bc.name, Base: &bc.hook})
+	}
+	if n.masq {
+		tx.Add(&nft.Chain{Name: masqChain(n.markBit), Base: &masqBase})
+	}
+	if n.localNet {
+		tx.Add(&nft.Chain{Name: GuardChain, Base: &guardBase})
+	}
+	for _, name := range skeletonOrder(rules) {
+		tx.Flush(&nft.Chain{Name: name})
+		for _, r := range rules[name] {
+			tx.Add(r)
+		}
+	}
+}
+
+// skeletonOrder lists the shared chains of m in the order they are
+// written: base chains, dispatch, guard, then the masquerade and mark
+// chains of each bit in use.
+func skeletonOrder[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for _, k := range []string{"prerouting", "output", DispatchChain, GuardChain} {
+		if _, ok := m[k]; ok {
+			out = append(out, k)
+		}
+	}
+	for k := range m {
+		if strings.HasPrefix(k, "masquerade-") {
+			out = append(out, k)
+		}
+	}
+	for k := range m {
+		if strings.HasPrefix(k, "mark-") {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// AddScript is the nft script of ADD's fast path for p, and the number of
+// commands it must hold (for tests and fuzzing of the rendering).
+func AddScript(p *plan.Plan) (script string, commands int) {
+	tx := layoutOf(p).create()
+	return tx.Text(), tx.Len()
+}
+
+// flatSetNames are the names of the DNAT maps and the hairpin sets of
+// lengths.
+func flatSetNames(lengths []int) []string {
+	out := []string{ownersMap, hostIPDNATMap, HostDNATMap}
+	for _, l := range lengths {
+		out = append(out, hairpinSet(true, l), hairpinSet(false, l))
+	}
+	return out
+}
+
+// flatSets are the skeleton's owners map, DNAT maps and the hairpin sets
+// of lengths.
+func flatSets(f nft.Family, lengths []int) []*nft.Set {
+	out := []*nft.Set{ownersSet(), dnatMapSet(f, hostIPDNATMap, true), dnatMapSet(f, HostDNATMap, false)}
+	for _, addr := range []bool{true, false} {
+		for _, l := range lengths {
+			out = append(out, hairpinSetOf(f, addr, l))
+		}
+	}
+	return out
+}
+
+// dnatMapSet declares a DNAT map: a key to an address and port.
+func dnatMapSet(f nft.Family, name string, addr bool) *nft.Set {
+	return &nft.Set{Name: name, Key: keyTypes(f, addr), Data: []nft.Type{f.AddrType(), nft.InetService}}
+}
+
+// flatDispatchRules are the dispatch chain's rules for flat keys of one
+// host IP kind: the hairpin marks of each prefix length, then the DNAT.
+func flatDispatchRules(addr bool, lengths []int) []*nft.Rule {
+	dm := HostDNATMap
+	if addr {
+		dm = hostIPDNATMap
+	}
+	out := make([]*nft.Rule, 0, len(lengths)+1)
+	for _, l := range lengths {
+		out = append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{hairpinLookup{addr: addr, ones: l}, nft.MarkOr{Mark: 1 << flatMarkBit}}})
+	}
+	return append(out, &nft.Rule{Chain: DispatchChain, Stmts: []nft.Stmt{dnatLookup{set: dm, addr: addr}}})
+}
+
+// lengthsOf are the prefix lengths of the hairpin lookups chain c (the
+// dispatch chain, as read) holds, and of ls' hairpin sets: the lengths
+// the skeleton keeps, longest first.
+func lengthsOf(c *ChainState, ls ...*layout) []int {
+	seen := map[int]bool{}
+	if c != nil {
+		for _, r := range c.Rules {
+			if _, l, ok := hairpinLength(r.Member); ok {
+				seen[l] = true
+			}
+		}
+	}
+	for _, l := range ls {
+		for _, n := range l.lengths {
+			seen[n] = true
+		}
+	}
+	out := make([]int, 0, len(seen))
+	for l := range seen {
+		out = append(out, l)
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
+
+// flatDispatchRule reports whether r is one of the dispatch chain's rules
+// for flat keys: required only of a flat plan's skeleton, so that the
+// attachments of a node set up before them pass CHECK.
+func flatDispatchRule(r *nft.Rule) bool {
+	switch r.Stmts[0].(type) {
+	case hairpinLookup, dnatLookup:
+		return true
+	}
+	return false
+}
+
+// hairpinSetOf declares the hairpin set of a host IP kind and prefix
+// length: a source masked to it, and a key.
+func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {
+	return &nft.Set{Name: hairpinSet(addr, ones), Key: append([]nft.Type{f.AddrType()}, keyTypes(f, addr)...)}
+}
