@@ -43,8 +43,7 @@ func (b *Backend) Check(p *plan.Plan) error {
 	r := reading{st: newState(), served: newView(els, func(k Key) bool { return lookups[k.Map()] })}
 	for _, e := range els {
 		if !e.Key.IsRange() {
-			r.st.Holders[e.Key.ID()] = e.Chain
-			r.st.Targets[e.Key.ID()], r.st.Srcs[e.Key.ID()] = e.To, e.Srcs
+			r.st.Elements[e.Key] = e
 		}
 	}
 	if l.flat {
@@ -52,9 +51,9 @@ func (b *Backend) Check(p *plan.Plan) error {
 		if err != nil {
 			return fmt.Errorf("check hairpin elements: %w", err)
 		}
-		r.hairpins = make(map[string]Hairpin, len(hps))
+		r.hairpins = make(map[hairpinID]Hairpin, len(hps))
 		for _, h := range hps {
-			r.hairpins[h.ID()] = h
+			r.hairpins[h.id()] = h
 		}
 	}
 	if why := judge(l, c, r, func(Key) bool { return true }); why != "" {
@@ -280,12 +279,12 @@ func judgeFlat(l *layout, c *ChainState) string {
 		return fmt.Sprintf("map %s holds no element for chain %s", ownersMap, own)
 	}
 	want := l.keys
-	got := make(map[string]bool, len(c.Claims))
+	got := make(map[Key]bool, len(c.Claims))
 	for _, k := range c.Claims {
-		got[k.ID()] = true
+		got[k] = true
 	}
 	for _, k := range want {
-		if !got[k.ID()] {
+		if !got[k] {
 			return fmt.Sprintf("chain %s does not claim %s", own, k)
 		}
 	}

@@ -2,7 +2,7 @@ package nftables
 
 import (
 	"encoding/binary"
-	"net"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -27,7 +27,7 @@ func decodeElements(f plan.Family, b []byte) []Element {
 			out = append(out, Element{Key: k, Chain: e.Goto})
 		} else if len(e.Data) >= ipLen+2 {
 			chain, srcs := parseFlatComment(e.Comment)
-			out = append(out, Element{Key: k, Chain: chain, To: toString(e.Data[:ipLen], e.Data[ipLen:]), Srcs: srcs})
+			out = append(out, Element{Key: k, Chain: chain, To: targetOf(e.Data[:ipLen], e.Data[ipLen:]), Srcs: srcs})
 		}
 	}
 	return out
@@ -45,7 +45,7 @@ func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
 			set = hostIPPortsMap
 		}
 		if k, ok := keyFromBytes(f, set, e.Key); ok && len(e.Data) >= ipLen+2 {
-			out = append(out, MapDNAT{Key: k, To: toString(e.Data[:ipLen], e.Data[ipLen:])})
+			out = append(out, MapDNAT{Key: k, To: targetOf(e.Data[:ipLen], e.Data[ipLen:]).String()})
 		}
 	}
 	return out
@@ -64,7 +64,7 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 		if len(b) < n {
 			return k, false
 		}
-		k.HostIP = append(net.IP(nil), b[:n]...)
+		k.HostIP, _ = netip.AddrFromSlice(b[:n])
 		b = b[n:]
 	case hostPortsMap, hostPortRangesMap, HostDNATMap:
 	default:

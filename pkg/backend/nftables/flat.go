@@ -2,8 +2,7 @@ package nftables
 
 import (
 	"encoding/binary"
-	"net"
-	"strconv"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -118,7 +117,9 @@ func dnatByMap(e *nft.Exprs, addr bool, set string, id uint32) {
 	})
 }
 
-// toString spells a DNAT map's data as a target: "192.0.2.2:80".
-func toString(ip, port []byte) string {
-	return net.JoinHostPort(net.IP(ip).String(), strconv.Itoa(int(binary.BigEndian.Uint16(port))))
+// targetOf reads a DNAT map's data as a target: the address, and the
+// port after it.
+func targetOf(ip, port []byte) netip.AddrPort {
+	a, _ := netip.AddrFromSlice(ip)
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(port))
 }

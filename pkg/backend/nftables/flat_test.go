@@ -140,7 +140,7 @@ func TestFlatAndChainTakeOver(t *testing.T) {
 	st, _ := m.Table(plan.IPv4, Table)
 	for _, h := range st.Hairpins {
 		if h.Chain != ChainName(g.Owner) {
-			t.Errorf("hairpin element %s of %s stays", h.ID(), h.Chain)
+			t.Errorf("hairpin element %s of %s stays", h, h.Chain)
 		}
 	}
 }
@@ -155,7 +155,7 @@ func TestFlatTampering(t *testing.T) {
 		name, want string
 		tamper     func(tx *nft.Tx)
 	}{
-		{"DNAT element", "missing element tcp . 8080 in map hostport_dnat", func(tx *nft.Tx) { tx.Delete(elemObj{key: k}) }},
+		{"DNAT element", "missing element tcp . 8080 in map hostport_dnat", func(tx *nft.Tx) { tx.Delete(Element{Key: k}) }},
 		{"hairpin element", "set hairpin_24 has no element 192.0.2.0/24 . tcp . 8080", func(tx *nft.Tx) {
 			tx.Delete(hairpinObj{Hairpin{Src: "192.0.2.0/24", Key: k}})
 		}},
@@ -272,7 +272,7 @@ func TestFlatDelAfterTampering(t *testing.T) {
 			}
 			tx := newTx(plan.IPv4)
 			for _, i := range tt.gone {
-				tx.Delete(elemObj{key: Keys(a)[i]})
+				tx.Delete(Element{Key: Keys(a)[i]})
 			}
 			if err := m.Apply(tx); err != nil {
 				t.Fatal(err)

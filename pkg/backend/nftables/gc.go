@@ -56,11 +56,9 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 // removeChains deletes the chains of set and the elements that point at
 // them, in name order.
 func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
-	for _, id := range slices.Sorted(maps.Keys(s.Holders)) {
-		if set[s.Holders[id]] {
-			if k, ok := keyFromID(id); ok {
-				tx.Delete(elemObj{key: k})
-			}
+	for _, k := range slices.SortedFunc(maps.Keys(s.Elements), compareKeys) {
+		if set[s.Elements[k].Chain] {
+			tx.Delete(Element{Key: k})
 		}
 	}
 	for _, h := range s.Hairpins {

@@ -7,6 +7,7 @@ package nftables
 // dispatch chain's lookup of them.
 
 import (
+	"cmp"
 	"net"
 	"strings"
 
@@ -28,11 +29,25 @@ type Hairpin struct {
 // set is the hairpin set h lives in.
 func (h Hairpin) set() string {
 	ones, _ := nft.ParsePrefix(h.Src).Mask.Size()
-	return hairpinSet(h.Key.HostIP != nil, ones)
+	return hairpinSet(h.Key.HostIP.IsValid(), ones)
 }
 
-// ID names the element: its set, source and key.
-func (h Hairpin) ID() string { return h.set() + " " + h.Src + " . " + h.Key.String() }
+// String names the element: its set, source and key.
+func (h Hairpin) String() string { return h.set() + " " + h.Src + " . " + h.Key.String() }
+
+// hairpinID is a hairpin element's identity, whoever owns it: its source
+// and key (which name its set).
+type hairpinID struct {
+	src string
+	key Key
+}
+
+func (h Hairpin) id() hairpinID { return hairpinID{h.Src, h.Key} }
+
+// compareHairpins orders hairpin elements by source, then key.
+func compareHairpins(a, b Hairpin) int {
+	return cmp.Or(strings.Compare(a.Src, b.Src), compareKeys(a.Key, b.Key))
+}
 
 // hairpinObj is one hairpin element; deleting needs no chain.
 type hairpinObj struct{ h Hairpin }

@@ -7,13 +7,13 @@ import (
 
 // reading is what a read shows of the maps an attachment's keys are in,
 // however it was read (CHECK: its own keys' elements; a pass: the whole
-// table): the exact keys' elements in st (Holders, a flat one's Targets
+// table): the exact keys' elements in st (Elements, a flat one's with its target
 // and Srcs), the intervals in served (nil where no key is an interval),
-// and the hairpin elements by ID.
+// and the hairpin elements by their identity.
 type reading struct {
 	st       *State
 	served   *view
-	hairpins map[string]Hairpin
+	hairpins map[hairpinID]Hairpin
 }
 
 // judge says what of l r shows missing or wrong, or "": its chain c
@@ -47,10 +47,10 @@ func judge(l *layout, c *ChainState, r reading, wins func(Key) bool) string {
 		if !wins(k.port()) {
 			continue
 		}
-		if h := st.Holders[k.inOtherMap().ID()]; h != "" && k.Flat {
+		if h := st.Elements[k.inOtherMap()].Chain; h != "" && k.Flat {
 			return fmt.Sprintf("map %s sends %s to %s before map %s", k.inOtherMap().Map(), k, h, k.Map())
 		}
-		if h := st.Holders[k.ID()]; h != own {
+		if h := st.Elements[k].Chain; h != own {
 			if h != "" {
 				return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, h, own)
 			}
@@ -61,15 +61,16 @@ func judge(l *layout, c *ChainState, r reading, wins func(Key) bool) string {
 			}
 			return fmt.Sprintf("missing element %s in map %s (to %s)", k, k.Map(), own)
 		}
-		if k.Flat && st.Targets[k.ID()] != e.To {
-			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, st.Targets[k.ID()], e.To)
+		got := st.Elements[k]
+		if k.Flat && got.To != e.To {
+			return fmt.Sprintf("map %s sends %s to %s, not to %s", k.Map(), k, got.To, e.To)
 		}
-		if k.Flat && !slices.Equal(st.Srcs[k.ID()], e.Srcs) {
-			return fmt.Sprintf("map %s: %s names hairpin sources %q, want %q", k.Map(), k, st.Srcs[k.ID()], e.Srcs)
+		if k.Flat && !slices.Equal(got.Srcs, e.Srcs) {
+			return fmt.Sprintf("map %s: %s names hairpin sources %q, want %q", k.Map(), k, got.Srcs, e.Srcs)
 		}
 	}
 	for _, h := range l.hairpinsOf(wins) {
-		if r.hairpins[h.ID()].Chain != own {
+		if r.hairpins[h.id()].Chain != own {
 			return fmt.Sprintf("set %s has no element %s . %s of %s", h.set(), h.Src, h.Key, own)
 		}
 	}

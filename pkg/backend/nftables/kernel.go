@@ -194,7 +194,7 @@ func getElements(c nft.Conn, f plan.Family, chains, sets []string, keys []Key) (
 	chains = append(chains[:len(chains):len(chains)], sets...)
 	for _, key := range keys {
 		var a nfnl.Attrs
-		elemObj{key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
+		Element{Key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
 		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
 	}
 	if len(reqs) == 0 {
@@ -345,10 +345,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 			return nil, err
 		}
 		for _, e := range els {
-			s.Holders[e.Key.ID()] = e.Chain
-			if e.Key.Flat {
-				s.Targets[e.Key.ID()], s.Srcs[e.Key.ID()] = e.To, e.Srcs
-			}
+			s.Elements[e.Key] = e
 		}
 	}
 	return s, nil

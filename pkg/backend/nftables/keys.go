@@ -1,7 +1,9 @@
 package nftables
 
 import (
+	"cmp"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -11,8 +13,9 @@ import (
 
 // Key is a map key an attachment claims: (host IP,) protocol, host port
 // — or, with Last, the interval of host ports Port-Last.
+// Keys are comparable: a map of them needs no string of its own.
 type Key struct {
-	HostIP   net.IP // nil: the wildcard maps
+	HostIP   netip.Addr // the zero Addr: the wildcard maps
 	Protocol plan.Protocol
 	Port     int
 	// Last is the last port of an interval key (an identity run of ports,
@@ -33,13 +36,13 @@ func (k Key) last() int { return max(k.Port, k.Last) }
 // Map is the map the key lives in.
 func (k Key) Map() string {
 	switch {
-	case k.Flat && k.HostIP != nil:
+	case k.Flat && k.HostIP.IsValid():
 		return hostIPDNATMap
 	case k.Flat:
 		return HostDNATMap
-	case k.HostIP != nil && k.IsRange():
+	case k.HostIP.IsValid() && k.IsRange():
 		return hostIPPortRangesMap
-	case k.HostIP != nil:
+	case k.HostIP.IsValid():
 		return hostIPPortsMap
 	case k.IsRange():
 		return hostPortRangesMap
@@ -47,25 +50,13 @@ func (k Key) Map() string {
 	return hostPortsMap
 }
 
-// Fields are the key's concatenation, as nft prints it.
-func (k Key) Fields() []string {
-	port := strconv.Itoa(k.Port)
-	if k.IsRange() {
-		port += "-" + strconv.Itoa(k.Last)
-	}
-	f := []string{string(k.Protocol), port}
-	if k.HostIP != nil {
-		f = append([]string{k.HostIP.String()}, f...)
-	}
-	return f
-}
-
+// String is the key as nft prints it: "[198.51.100.1 . ]tcp . 8080", an
+// interval "tcp . 20000-20999".
 func (k Key) String() string {
-	if k.HostIP != nil {
-		return strings.Join(k.Fields(), " . ")
+	b := make([]byte, 0, 48)
+	if k.HostIP.IsValid() {
+		b = append(k.HostIP.AppendTo(b), " . "...)
 	}
-	// the usual key, without the slice Fields makes: one for every mapping
-	b := make([]byte, 0, len(k.Protocol)+16)
 	b = strconv.AppendInt(append(append(b, k.Protocol...), " . "...), int64(k.Port), 10)
 	if k.IsRange() {
 		b = strconv.AppendInt(append(b, '-'), int64(k.Last), 10)
@@ -96,6 +87,27 @@ func withOtherMaps(keys []Key) []Key {
 	return out
 }
 
+// addrOf is ip as a key's host IP (an IPv4 address in 4 bytes); the
+// zero Addr for nil.
+func addrOf(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+// ipOf is a key's host IP as the plan spells it; nil for the wildcard.
+func ipOf(a netip.Addr) net.IP {
+	if !a.IsValid() {
+		return nil
+	}
+	return net.IP(a.AsSlice())
+}
+
+// compareKeys orders keys by map, host IP, protocol and ports.
+func compareKeys(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Map(), b.Map()), a.HostIP.Compare(b.HostIP),
+		strings.Compare(string(a.Protocol), string(b.Protocol)), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Last, b.Last))
+}
+
 // port is the key as a port's identity, whichever map holds it.
 func (k Key) port() Key {
 	k.Flat = false
@@ -107,12 +119,11 @@ func parseKey(s string) (Key, bool) {
 	f := strings.Split(s, " . ")
 	var k Key
 	if len(f) == 3 {
-		if k.HostIP = net.ParseIP(f[0]); k.HostIP == nil {
+		a, err := netip.ParseAddr(f[0])
+		if err != nil || a.Zone() != "" {
 			return k, false
 		}
-		if v4 := k.HostIP.To4(); v4 != nil {
-			k.HostIP = v4
-		}
+		k.HostIP = a.Unmap()
 		f = f[1:]
 	}
 	if len(f) != 2 {

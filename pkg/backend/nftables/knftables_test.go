@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net/netip"
 	"testing"
 
 	"sigs.k8s.io/knftables"
@@ -16,7 +17,7 @@ type knftObject interface {
 	nft(tx *nft.Tx) knftables.Object
 }
 
-func (v elemObj) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element(tx.Family)) }
+func (v Element) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element(tx.Family)) }
 
 func (v ownerObj) nft(tx *nft.Tx) knftables.Object { return nfttest.Object(tx, v.element()) }
 
@@ -63,10 +64,10 @@ func TestTextAsKnftables(t *testing.T) {
 			add(v, &nft.Chain{Name: "based", Base: &guardBase, Comment: "guard"})
 			add(v, &nft.Set{Name: "m", Key: keyTypes(nft.Family(f), true), Data: []nft.Type{nft.Verdict}, Interval: true})
 			if v == nft.Add || v == nft.Create { // an element is added with its verdict
-				add(v, elemObj{key: k[0], chain: "CNI-DN-x"})
+				add(v, Element{Key: k[0], Chain: "CNI-DN-x"})
 			}
 		}
-		verbs.Delete(elemObj{key: k[len(k)-1]})
+		verbs.Delete(Element{Key: k[len(k)-1]})
 		fk := Keys(build(f, nil))
 		hp := layoutOf(build(f, nil)).hairpins
 		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Delete} {
@@ -80,10 +81,14 @@ func TestTextAsKnftables(t *testing.T) {
 			}
 			add(v, hairpinObj{hp[0]})
 			if v != nft.Delete {
-				add(v, elemObj{key: fk[0], chain: "dn-x", to: "192.0.2.2:80", srcs: []string{"192.0.2.0/24"}})
+				to := netip.MustParseAddrPort("192.0.2.2:80")
+				if f == plan.IPv6 {
+					to = netip.MustParseAddrPort("[2001:db8::2]:80")
+				}
+				add(v, Element{Key: fk[0], Chain: "dn-x", To: to, Srcs: []string{"192.0.2.0/24"}})
 			}
 		}
-		verbs.Delete(elemObj{key: fk[0]})
+		verbs.Delete(Element{Key: fk[0]})
 		verbs.Delete(&nft.Rule{Chain: "dispatch", Handle: 42})
 		txs = append(txs, verbs)
 	}

@@ -2,7 +2,7 @@ package nftables
 
 import (
 	"fmt"
-	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,7 +72,7 @@ func layoutOf(p *plan.Plan) *layout {
 		l.keys = append(l.keys, k)
 		e := Element{Key: k, Chain: l.chain.Name}
 		if l.flat && p.ContainerNet != nil {
-			e.To, e.Srcs = net.JoinHostPort(p.ContainerNet.IP.String(), strconv.Itoa(r.ContainerPort)), srcs
+			e.To, e.Srcs = netip.AddrPortFrom(addrOf(p.ContainerNet.IP), uint16(r.ContainerPort)), srcs
 		}
 		l.elements = append(l.elements, e)
 	}
@@ -118,7 +118,7 @@ func (l *layout) create() *nft.Tx {
 	tx.Grow(2 + len(l.rules) + len(l.elements) + len(l.hairpins))
 	l.createChain(tx)
 	for _, e := range l.elements {
-		tx.Create(elemObj{key: e.Key, chain: e.Chain, to: e.To, srcs: e.Srcs})
+		tx.Create(e)
 	}
 	for _, h := range l.hairpins {
 		tx.Create(hairpinObj{h})
@@ -211,16 +211,16 @@ func flatShape(p *plan.Plan, runs []plan.Run) bool {
 // key; a flat attachment's keys are flat (flat.go).
 func Keys(p *plan.Plan) []Key { return layoutOf(p).keys }
 
-// portIDs are the IDs the attachment's ports are won by: its keys of one
+// ports are the keys the attachment's ports are won by: its keys of one
 // port, and each port of its intervals as a key of one port.
-func (l *layout) portIDs() []string {
-	ids := make([]string, 0, len(l.keys))
+func (l *layout) ports() []Key {
+	out := make([]Key, 0, len(l.keys))
 	for _, k := range l.keys {
 		for port := k.Port; port <= k.last(); port++ {
-			ids = append(ids, Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID())
+			out = append(out, Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port})
 		}
 	}
-	return ids
+	return out
 }
 
 // dnatRuns splits the runs with an offset into single mappings.
@@ -240,7 +240,7 @@ func dnatRuns(runs []plan.Run) []plan.Run {
 
 // runKey is the key of a run dnatRuns returns.
 func runKey(r plan.Run) Key {
-	k := Key{HostIP: r.HostIP, Protocol: r.Protocol, Port: r.HostPort}
+	k := Key{HostIP: addrOf(r.HostIP), Protocol: r.Protocol, Port: r.HostPort}
 	if r.Len > 1 {
 		k.Last = r.Last()
 	}
@@ -361,7 +361,7 @@ func claimRules(chain string, keys []Key) []*nft.Rule {
 	out := make([]*nft.Rule, 0, len(keys))
 	for _, k := range keys {
 		stmts := []nft.Stmt{nft.L4Proto{Name: string(k.Protocol)}, nft.DPort{Port: k.Port, Last: 0}}
-		if k.HostIP != nil {
+		if k.HostIP.IsValid() {
 			stmts = append(stmts, nft.Addr{Dst: true, Spec: k.HostIP.String()})
 		}
 		out = append(out, &nft.Rule{Chain: chain, Comment: claimComment + k.String(), Stmts: stmts})

@@ -28,9 +28,9 @@ func forwardsOf(s *State) []plan.Installed {
 	}
 	var fs []plan.Installed
 	flat := map[string][]Key{} // by chain: its flat keys
-	for _, id := range slices.Sorted(maps.Keys(s.Targets)) {
-		if k, ok := keyFromID(id); ok {
-			flat[s.Holders[id]] = append(flat[s.Holders[id]], k)
+	for _, k := range slices.SortedFunc(maps.Keys(s.Elements), compareKeys) {
+		if k.Flat {
+			flat[s.Elements[k].Chain] = append(flat[s.Elements[k].Chain], k)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Chains)) {
@@ -43,14 +43,15 @@ func forwardsOf(s *State) []plan.Installed {
 			owner = plan.Owner{Network: network, ContainerID: id}
 		}
 		for _, k := range flat[name] {
-			ip, port := target(s.Targets[k.ID()])
-			fs = append(fs, plan.Installed{HostIP: k.HostIP, HostPort: k.Port, Protocol: k.Protocol,
+			to := s.Elements[k].To
+			ip, port := ipOf(to.Addr()), int(to.Port())
+			fs = append(fs, plan.Installed{HostIP: ipOf(k.HostIP), HostPort: k.Port, Protocol: k.Protocol,
 				Owner: owner, ContainerIP: ip, ContainerPort: port})
 		}
 		for _, r := range c.Rules {
 			for _, d := range r.DNATs {
 				ip, port := target(d.To)
-				fs = append(fs, plan.Installed{HostIP: d.Key.HostIP, HostPort: d.Key.Port, Protocol: d.Key.Protocol,
+				fs = append(fs, plan.Installed{HostIP: ipOf(d.Key.HostIP), HostPort: d.Key.Port, Protocol: d.Key.Protocol,
 					Owner: owner, ContainerIP: ip, ContainerPort: port})
 			}
 			ks, ok := strings.CutPrefix(r.Comment, keyComment)
@@ -63,7 +64,7 @@ func forwardsOf(s *State) []plan.Installed {
 			}
 			ip, port := target(r.DNAT)
 			for h := k.Port; h <= k.last(); h++ {
-				f := plan.Installed{HostIP: k.HostIP, HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
+				f := plan.Installed{HostIP: ipOf(k.HostIP), HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
 				if port < 0 {
 					f.ContainerPort = h
 				}

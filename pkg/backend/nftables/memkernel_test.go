@@ -71,12 +71,12 @@ func (m *Memory) Dump() string {
 			for _, n := range slices.Sorted(maps.Keys(st.Maps)) {
 				fmt.Fprintf(&b, "  set %s\n", n)
 			}
-			for _, id := range slices.Sorted(maps.Keys(st.Holders)) {
-				fmt.Fprintf(&b, "  element %s : %s %s %v\n", id, st.Holders[id], st.Targets[id], st.Srcs[id])
+			for _, k := range slices.SortedFunc(maps.Keys(st.Elements), compareKeys) {
+				fmt.Fprintf(&b, "  element %s %v\n", k.Map(), st.Elements[k])
 			}
 			hps := make([]string, 0, len(st.Hairpins))
 			for _, h := range st.Hairpins {
-				hps = append(hps, h.ID()+" comment "+h.Chain)
+				hps = append(hps, h.String()+" comment "+h.Chain)
 			}
 			sort.Strings(hps)
 			for _, h := range hps {

@@ -83,8 +83,8 @@ func TestMemoryAddFlushSyncDel(t *testing.T) {
 			t.Errorf("chain %s left after DEL", name)
 		}
 	}
-	if len(st.Holders) != 0 {
-		t.Errorf("elements left after DEL: %v", st.Holders)
+	if len(st.Elements) != 0 {
+		t.Errorf("elements left after DEL: %v", st.Elements)
 	}
 	if err := b.Remove(p); err != nil {
 		t.Errorf("second DEL: %v", err)

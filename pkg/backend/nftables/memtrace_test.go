@@ -47,21 +47,21 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			if r.DNATMap != "" && !strings.HasPrefix(r.DNATMap, "__") {
 				k := Key{Protocol: p.Protocol, Port: p.Dport, Flat: true}
 				if r.DNATMap == hostIPDNATMap {
-					k.HostIP = p.Dst
+					k.HostIP = addrOf(p.Dst)
 				}
-				owner, ok := t.Holders[k.ID()]
+				e, ok := t.Elements[k]
 				if !ok {
 					continue // a miss ends the rule
 				}
-				v.Chain, v.DNAT = owner, t.Targets[k.ID()]
+				v.Chain, v.DNAT = e.Chain, e.To.String()
 				return true
 			}
 			if r.Lookup != "" {
 				k := Key{Protocol: p.Protocol, Port: p.Dport}
 				if r.Lookup == hostIPPortsMap || r.Lookup == hostIPPortRangesMap {
-					k.HostIP = p.Dst
+					k.HostIP = addrOf(p.Dst)
 				}
-				if to, ok := lookup(t.Holders, r.Lookup, k); ok {
+				if to, ok := lookup(t.Elements, r.Lookup, k); ok {
 					v.Chain = to
 					return walk(to, depth+1) || true // a goto does not come back
 				}
@@ -111,15 +111,15 @@ func hairpinHolds(t *State, name string, p plan.Packet) bool {
 	}
 	k := Key{Protocol: p.Protocol, Port: p.Dport, Flat: true}
 	if addr {
-		k.HostIP = p.Dst
+		k.HostIP = addrOf(p.Dst)
 	}
 	bits := 128
 	if p.Src.To4() != nil {
 		bits = 32
 	}
-	want := Hairpin{Src: prefixString(p.Src, ones, bits), Key: k}.ID()
+	want := Hairpin{Src: prefixString(p.Src, ones, bits), Key: k}.id()
 	for _, h := range t.Hairpins {
-		if h.ID() == want {
+		if h.id() == want {
 			return true
 		}
 	}
@@ -127,11 +127,12 @@ func hairpinHolds(t *State, name string, p plan.Packet) bool {
 }
 
 // lookup finds the element of map name holding k: its own, or an
-// interval holding its port (holders: Key.ID() -> chain, of every map).
-func lookup(holders map[string]string, name string, k Key) (string, bool) {
-	for id, to := range holders {
-		if e, ok := keyFromID(id); ok && e.Map() == name && !e.Flat && (e.ID() == k.ID() || e.IsRange() && overlaps(e, k)) {
-			return to, true
+// interval holding its port (els: every map's elements by key), and the
+// chain it names.
+func lookup(els map[Key]Element, name string, k Key) (string, bool) {
+	for e, el := range els {
+		if e.Map() == name && !e.Flat && (e == k || e.IsRange() && overlaps(e, k)) {
+			return el.Chain, true
 		}
 	}
 	return "", false
@@ -141,7 +142,7 @@ func lookup(holders map[string]string, name string, k Key) (string, bool) {
 // port, and the destination address for a map keyed by it.
 func lookupDNAT(els []MapDNAT, p plan.Packet) (string, bool) {
 	for _, e := range els {
-		if e.Key.Protocol == p.Protocol && e.Key.Port == p.Dport && (e.Key.HostIP == nil || e.Key.HostIP.Equal(p.Dst)) {
+		if e.Key.Protocol == p.Protocol && e.Key.Port == p.Dport && (!e.Key.HostIP.IsValid() || e.Key.HostIP == addrOf(p.Dst)) {
 			return e.To, true
 		}
 	}

@@ -59,7 +59,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 func TestKeyBytes(t *testing.T) {
 	for _, k := range Keys(build(plan.IPv4, nil)) {
 		back, ok := keyFromBytes(plan.IPv4, k.Map(), k.bytes())
-		if !ok || back.ID() != k.ID() {
+		if !ok || back != k {
 			t.Errorf("keyFromBytes(%v) = %v, %v", k, back, ok)
 		}
 	}

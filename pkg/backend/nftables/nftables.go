@@ -206,7 +206,7 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	}
 	tx := newTx(b.Family)
 	for _, e := range own {
-		tx.Delete(elemObj{key: e.Key})
+		tx.Delete(Element{Key: e.Key})
 	}
 	for _, h := range hps {
 		if h.Chain == chain {
@@ -229,10 +229,10 @@ func (b *Backend) Remove(p *plan.Plan) error {
 // neither names one (every element gone, a DEL without prevResult), read
 // from the whole table. The caller keeps what its chain owns.
 func (b *Backend) strayHairpins(p *plan.Plan, keys []Key, own []Element) ([]Hairpin, error) {
-	held := map[string]bool{}
+	held := map[Key]bool{}
 	var srcs []string
 	for _, e := range own {
-		held[e.Key.ID()] = true
+		held[e.Key] = true
 		srcs = append(srcs, e.Srcs...)
 	}
 	if p.ContainerNet != nil {
@@ -240,7 +240,7 @@ func (b *Backend) strayHairpins(p *plan.Plan, keys []Key, own []Element) ([]Hair
 	}
 	var gone []Key
 	for _, k := range keys {
-		if k.Flat && !held[k.ID()] {
+		if k.Flat && !held[k] {
 			gone = append(gone, k)
 		}
 	}
@@ -261,11 +261,11 @@ func (b *Backend) strayHairpins(p *plan.Plan, keys []Key, own []Element) ([]Hair
 }
 
 func uniqueKeys(keys []Key) []Key {
-	seen := map[string]bool{}
+	seen := map[Key]bool{}
 	out := keys[:0:0]
 	for _, k := range keys {
-		if !seen[k.ID()] {
-			seen[k.ID()] = true
+		if !seen[k] {
+			seen[k] = true
 			out = append(out, k)
 		}
 	}
@@ -280,8 +280,8 @@ func uniqueKeys(keys []Key) []Key {
 func fastDelTx(f plan.Family, chain string, keys []Key) *nft.Tx {
 	tx := newTx(f)
 	for _, k := range keys {
-		tx.Add(elemObj{key: k, chain: chain})
-		tx.Delete(elemObj{key: k})
+		tx.Add(Element{Key: k, Chain: chain})
+		tx.Delete(Element{Key: k})
 	}
 	tx.Flush(&nft.Chain{Name: chain})
 	tx.Delete(&nft.Chain{Name: chain})
@@ -304,11 +304,11 @@ func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) 
 	if err != nil {
 		return nil, err
 	}
-	seen := map[string]bool{}
+	seen := map[hairpinID]bool{}
 	out := found[:0]
 	for _, h := range found {
-		if !seen[h.ID()] {
-			seen[h.ID()] = true
+		if !seen[h.id()] {
+			seen[h.id()] = true
 			out = append(out, h)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 )
@@ -27,9 +26,7 @@ import (
 
 // sameClass reports whether a and b are keys of the same host IP and
 // protocol: the keys that can share a port.
-func sameClass(a, b Key) bool {
-	return a.Protocol == b.Protocol && a.HostIP.Equal(b.HostIP) && (a.HostIP == nil) == (b.HostIP == nil)
-}
+func sameClass(a, b Key) bool { return classOf(a) == classOf(b) }
 
 // overlaps reports whether a and b share a port.
 func overlaps(a, b Key) bool {
@@ -81,27 +78,23 @@ func subtract(k Key, cut []Key) []Key {
 // their map is looked up. It is read-only once built.
 type view struct {
 	exact     map[portKey]Element
-	intervals map[string][]Element // by class
+	intervals map[Key][]Element // by class
 	ranges    func(Key) bool
 	// ports are the ports of exact's elements by class, sorted.
-	ports map[string][]int
+	ports map[Key][]int
 }
 
 type portKey struct {
-	class string
+	class Key
 	port  int
 }
 
-// classOf names k's host IP and protocol.
-func classOf(k Key) string {
-	if k.HostIP == nil {
-		return string(k.Protocol)
-	}
-	return k.HostIP.String() + " " + string(k.Protocol)
-}
+// classOf is k's class: its host IP and protocol, the keys that can
+// share a port.
+func classOf(k Key) Key { return Key{HostIP: k.HostIP, Protocol: k.Protocol} }
 
 func newView(els []Element, ranges func(Key) bool) *view {
-	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[string][]Element{}, ranges: ranges, ports: map[string][]int{}}
+	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[Key][]Element{}, ranges: ranges, ports: map[Key][]int{}}
 	for _, e := range els {
 		c := classOf(e.Key)
 		if e.Key.IsRange() {
@@ -119,7 +112,7 @@ func newView(els []Element, ranges func(Key) bool) *view {
 
 // nextExact is the first port of class c from port on that an exact
 // element holds, or -1.
-func (v *view) nextExact(c string, port int) int {
+func (v *view) nextExact(c Key, port int) int {
 	ps := v.ports[c]
 	if i, _ := slices.BinarySearch(ps, port); i < len(ps) {
 		return ps[i]
@@ -128,7 +121,7 @@ func (v *view) nextExact(c string, port int) int {
 }
 
 // at is the element the dispatch finds for port in class c.
-func (v *view) at(c string, port int) (Element, bool) {
+func (v *view) at(c Key, port int) (Element, bool) {
 	if e, ok := v.exact[portKey{c, port}]; ok {
 		return e, true
 	}
@@ -184,42 +177,45 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 // transaction leaves.
 func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 	chain, want, wantHP := l.chain.Name, l.elements, l.hairpins
-	wantTo := make(map[string]string, len(want)) // a flat key's target and sources
-	wantPort := make(map[string]bool, len(want))
+	wanted := make(map[Key]Element, len(want))
+	wantPort := make(map[Key]bool, len(want))
 	var intervals []Key
 	// the ports elements of one port hold, by class: a piece of one port
 	// left of an interval is not added under another's element
-	held := map[string]bool{}
+	held := map[Key]bool{}
 	for _, w := range want {
-		wantTo[w.Key.ID()] = w.To + " " + strings.Join(w.Srcs, " ")
+		wanted[w.Key] = w
 		if w.Key.IsRange() {
 			intervals = append(intervals, w.Key)
 		} else {
-			wantPort[w.Key.port().ID()] = true
-			held[w.Key.port().ID()] = true
+			wantPort[w.Key.port()] = true
+			held[w.Key.port()] = true
 		}
 	}
 	for _, e := range els {
 		if !e.Key.IsRange() {
-			held[e.Key.port().ID()] = true
+			held[e.Key.port()] = true
 		}
 	}
-	have := map[string]bool{}
-	gone := map[string]bool{} // owner and port of the flat elements deleted
+	have := map[Key]bool{}
+	type ownedPort struct {
+		chain string
+		port  Key
+	}
+	gone := map[ownedPort]bool{} // owner and port of the flat elements deleted
 	var back []Element
 	for _, e := range els {
-		id := e.Key.ID()
-		to, wanted := wantTo[id]
+		w, ok := wanted[e.Key]
 		switch {
-		case e.Chain == chain && wanted && e.To+" "+strings.Join(e.Srcs, " ") == to:
-			have[id] = true
+		case e.Chain == chain && ok && e.To == w.To && slices.Equal(e.Srcs, w.Srcs):
+			have[e.Key] = true
 			continue
 		case e.Chain == chain:
-		case (!e.Key.IsRange() && wantPort[e.Key.port().ID()]) || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
+		case (!e.Key.IsRange() && wantPort[e.Key.port()]) || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
 			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, e.Key, e.Chain, chain)
 			if e.Key.IsRange() {
 				for _, k := range subtract(e.Key, intervals) {
-					if !held[k.ID()] {
+					if !held[k] {
 						back = append(back, Element{Key: k, Chain: e.Chain})
 					}
 				}
@@ -227,34 +223,34 @@ func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 		default:
 			continue
 		}
-		tx.Delete(elemObj{key: e.Key})
+		tx.Delete(Element{Key: e.Key})
 		if e.Key.Flat {
-			gone[e.Chain+" "+e.Key.port().ID()] = true
+			gone[ownedPort{e.Chain, e.Key.port()}] = true
 		}
 	}
-	wantH := make(map[string]bool, len(wantHP))
+	wantH := make(map[hairpinID]bool, len(wantHP))
 	for _, h := range wantHP {
-		wantH[h.ID()] = true
+		wantH[h.id()] = true
 	}
-	haveH := map[string]bool{}
+	haveH := map[hairpinID]bool{}
 	for _, h := range hps {
 		switch {
-		case h.Chain == chain && wantH[h.ID()]:
-			haveH[h.ID()] = true
-		case h.Chain == chain || gone[h.Chain+" "+h.Key.port().ID()] || wantH[h.ID()]:
+		case h.Chain == chain && wantH[h.id()]:
+			haveH[h.id()] = true
+		case h.Chain == chain || gone[ownedPort{h.Chain, h.Key.port()}] || wantH[h.id()]:
 			tx.Delete(hairpinObj{h})
 		}
 	}
 	for _, e := range back {
-		tx.Add(elemObj{key: e.Key, chain: e.Chain})
+		tx.Add(Element{Key: e.Key, Chain: e.Chain})
 	}
 	for _, w := range want {
-		if !have[w.Key.ID()] {
-			tx.Add(elemObj{key: w.Key, chain: chain, to: w.To, srcs: w.Srcs})
+		if !have[w.Key] {
+			tx.Add(Element{Key: w.Key, Chain: chain, To: w.To, Srcs: w.Srcs})
 		}
 	}
 	for _, h := range wantHP {
-		if !haveH[h.ID()] {
+		if !haveH[h.id()] {
 			tx.Add(hairpinObj{h})
 		}
 	}
@@ -264,18 +260,18 @@ func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 // elements of a table: for a key of one port its own element, for an
 // interval key every element of its class.
 func elementsFor(keys []Key, all []Element) []Element {
-	ids := map[string]bool{}
+	exact := map[Key]bool{}
 	var intervals []Key
 	for _, k := range keys {
 		if k.IsRange() {
 			intervals = append(intervals, k)
 		} else {
-			ids[k.ID()] = true
+			exact[k] = true
 		}
 	}
 	var out []Element
 	for _, e := range all {
-		if ids[e.Key.ID()] || inClassOf(e.Key, intervals) {
+		if exact[e.Key] || inClassOf(e.Key, intervals) {
 			out = append(out, e)
 		}
 	}

@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -23,7 +24,7 @@ func TestSubtract(t *testing.T) {
 	udp := k(20000, 20009)
 	udp.Protocol = plan.UDP
 	onIP := k(20000, 20009)
-	onIP.HostIP = net.ParseIP("198.51.100.1").To4()
+	onIP.HostIP = netip.MustParseAddr("198.51.100.1")
 	tests := []struct {
 		name string
 		cut  []Key
@@ -149,9 +150,9 @@ func TestRangeOwnership(t *testing.T) {
 				}
 			}
 			st, _ := m.Table(plan.IPv4, Table)
-			for id, h := range st.Holders {
-				if _, ok := st.Chains[h]; !ok {
-					t.Errorf("element %s names a deleted chain %s", id, h)
+			for k, e := range st.Elements {
+				if _, ok := st.Chains[e.Chain]; !ok {
+					t.Errorf("element %s names a deleted chain %s", k, e.Chain)
 				}
 			}
 		})
@@ -260,8 +261,8 @@ func TestRangeSync(t *testing.T) {
 	// b's interval sent to a: sync gives it back to b
 	tx := newTx(plan.IPv4)
 	k := Keys(b)[0]
-	tx.Delete(elemObj{key: k})
-	tx.Add(elemObj{key: k, chain: ChainName(a.Owner)})
+	tx.Delete(Element{Key: k})
+	tx.Add(Element{Key: k, Chain: ChainName(a.Owner)})
 	if err := m.Apply(tx); err != nil {
 		t.Fatal(err)
 	}

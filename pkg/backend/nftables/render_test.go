@@ -145,7 +145,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 			t.Fatalf("%s: %d elements decoded, want %d", p.Family, len(elems), len(Keys(p)))
 		}
 		for i, k := range Keys(p) {
-			if k = k.port(); elems[i].Key.ID() != k.ID() || elems[i].Chain != ChainName(p.Owner) {
+			if k = k.port(); elems[i].Key != k || elems[i].Chain != ChainName(p.Owner) {
 				t.Errorf("%s element %d: %v -> %s, want %v -> %s", p.Family, i, elems[i].Key, elems[i].Chain, k, ChainName(p.Owner))
 			}
 		}

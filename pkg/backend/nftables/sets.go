@@ -3,6 +3,7 @@ package nftables
 import (
 	"encoding/binary"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -60,45 +61,38 @@ func keyTypes(f nft.Family, addr bool) []nft.Type {
 	return []nft.Type{nft.InetProto, nft.InetService}
 }
 
-// elemObj is a key's element of its map: a goto to the chain of the
-// attachment that owns it or, for a flat key, its target and a comment
-// naming the owner's chain and hairpin sources.
-type elemObj struct {
-	key   Key
-	chain string   // the verdict: goto chain; a flat key's comment ("" when deleting)
-	to    string   // a flat key's target: "192.0.2.2:80"
-	srcs  []string // a flat key's hairpin sources, in its comment
-}
-
-// element is the key's element of its map.
-func (v elemObj) element(f nft.Family) *nft.Element {
+// element is e as nf_tables holds it, in its key's map: a goto to the
+// chain of the attachment that owns it or, for a flat key, its target
+// and a comment naming the owner's chain and hairpin sources; a key
+// alone (deleting) without a chain.
+func (v Element) element(f nft.Family) *nft.Element {
 	var set *nft.Set
-	if addr := v.key.HostIP != nil; v.key.Flat {
-		set = dnatMapSet(f, v.key.Map(), addr)
+	if addr := v.Key.HostIP.IsValid(); v.Key.Flat {
+		set = dnatMapSet(f, v.Key.Map(), addr)
 	} else {
-		set = dispatchMap{name: v.key.Map(), addr: addr, interval: v.key.IsRange()}.set(f)
+		set = dispatchMap{name: v.Key.Map(), addr: addr, interval: v.Key.IsRange()}.set(f)
 	}
-	e := &nft.Element{Set: set, Key: v.key.bytes()}
-	if v.key.IsRange() {
-		end := v.key
-		end.Port = v.key.Last
+	e := &nft.Element{Set: set, Key: v.Key.bytes()}
+	if v.Key.IsRange() {
+		end := v.Key
+		end.Port = v.Key.Last
 		e.KeyEnd = end.bytes()
 	}
 	switch {
-	case v.chain == "":
-	case v.key.Flat:
-		e.Data, e.Comment = targetBytes(plan.Family(f), v.to), flatComment(v.chain, v.srcs)
+	case v.Chain == "":
+	case v.Key.Flat:
+		e.Data, e.Comment = targetBytes(v.To), flatComment(v.Chain, v.Srcs)
 	default:
-		e.Goto = v.chain
+		e.Goto = v.Chain
 	}
 	return e
 }
 
-func (v elemObj) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
+func (v Element) Text(tx *nft.Tx, vb nft.Verb, b *strings.Builder) {
 	v.element(tx.Family).Text(tx, vb, b)
 }
 
-func (v elemObj) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
+func (v Element) Encode(tx *nft.Tx, vb nft.Verb, m *nfnl.Msg, a *nfnl.Attrs) ([]nfnl.Msg, error) {
 	return v.element(tx.Family).Encode(tx, vb, m, a)
 }
 
@@ -108,12 +102,8 @@ func (k Key) bytes() []byte { return k.appendBytes(nil) }
 
 // appendBytes appends the key's bytes to b.
 func (k Key) appendBytes(b []byte) []byte {
-	if k.HostIP != nil {
-		if v4 := k.HostIP.To4(); v4 != nil {
-			b = append(b, v4...)
-		} else {
-			b = append(b, k.HostIP.To16()...)
-		}
+	if k.HostIP.IsValid() {
+		b = append(b, k.HostIP.AsSlice()...)
 	}
 	b = append(b, protoNum(k.Protocol), 0, 0, 0)
 	b = binary.BigEndian.AppendUint16(b, uint16(k.Port))
@@ -139,13 +129,8 @@ func parseFlatComment(c string) (chain string, srcs []string) {
 
 // targetBytes is a target as a DNAT map's data holds it: the address,
 // then the port padded to 4 bytes.
-func targetBytes(f plan.Family, to string) []byte {
-	ip, port := target(to)
-	b := append([]byte(nil), ip.To16()...)
-	if f == plan.IPv4 {
-		b = append([]byte(nil), ip.To4()...)
-	}
-	return append(binary.BigEndian.AppendUint16(b, uint16(max(port, 0))), 0, 0)
+func targetBytes(to netip.AddrPort) []byte {
+	return append(binary.BigEndian.AppendUint16(to.Addr().AsSlice(), to.Port()), 0, 0)
 }
 
 // target reads a DNAT target back: "192.0.2.2:80", or an address alone,

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net/netip"
 	"regexp"
 	"strings"
 	"sync"
@@ -13,19 +14,17 @@ import (
 // which maps exist, and for each map key the chain its verdict names.
 // Reads of part of a table (one chain, some keys) fill only that part.
 type State struct {
-	Chains  map[string]*ChainState
-	Maps    map[string]bool
-	Holders map[string]string // Key.ID() -> chain
-	// Targets are the flat keys' targets (Key.ID() -> "192.0.2.2:80"),
+	Chains map[string]*ChainState
+	Maps   map[string]bool
+	// Elements are the dispatch and DNAT maps' elements by key,
 	// Hairpins the hairpin sets' elements (flat.go).
-	Targets  map[string]string
-	Srcs     map[string][]string
+	Elements map[Key]Element
 	Hairpins []Hairpin
 }
 
 // newState is an empty State.
 func newState() *State {
-	return &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Holders: map[string]string{}, Targets: map[string]string{}, Srcs: map[string][]string{}}
+	return &State{Chains: map[string]*ChainState{}, Maps: map[string]bool{}, Elements: map[Key]Element{}}
 }
 
 // ChainState is one chain: its comment and rules and, for a flat
@@ -45,20 +44,6 @@ type ChainState struct {
 type RuleState struct {
 	nft.RuleInfo
 	DNATs []MapDNAT
-}
-
-// ID is how maps of keys are indexed: the map and the key.
-func (k Key) ID() string { return k.Map() + " " + k.String() }
-
-// keyFromID reads an ID back.
-func keyFromID(id string) (Key, bool) {
-	m, s, ok := strings.Cut(id, " ")
-	if !ok {
-		return Key{}, false
-	}
-	k, ok := parseKey(s)
-	k.Flat = isDNATMap(m)
-	return k, ok && !(k.Flat && k.IsRange())
 }
 
 // MapDNAT is one element of a DNAT rule's map: a key and its target,
@@ -131,7 +116,7 @@ type Kernel interface {
 type Element struct {
 	Key   Key
 	Chain string
-	To    string
+	To    netip.AddrPort
 	// Srcs are the sources a flat element's comment names after its
 	// chain: its owner's hairpin sources, whose elements it holds.
 	Srcs []string
@@ -143,5 +128,5 @@ func (e Element) String() string {
 	if !e.Key.Flat {
 		return "{" + e.Key.String() + " " + e.Chain + "}"
 	}
-	return "{" + e.Key.String() + " " + e.Chain + " " + e.To + " " + strings.Join(e.Srcs, ",") + "}"
+	return "{" + e.Key.String() + " " + e.Chain + " " + e.To.String() + " " + strings.Join(e.Srcs, ",") + "}"
 }

@@ -44,21 +44,21 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 		return nil, fmt.Errorf("read %s: %w", upstreamTable, err)
 	}
 	s := &syncState{family: b.Family, want: want, st: st, up: up, exists: st != nil,
-		winner: map[string]int{}, kinds: map[string]needs{}}
+		winner: map[Key]int{}, kinds: map[string]needs{}}
 	if st == nil {
 		s.st = newState()
 	}
-	s.hairpins = make(map[string]Hairpin, len(s.st.Hairpins))
+	s.hairpins = make(map[hairpinID]Hairpin, len(s.st.Hairpins))
 	for _, h := range s.st.Hairpins {
-		s.hairpins[h.ID()] = h
+		s.hairpins[h.id()] = h
 	}
 	var flat []*layout
 	s.layouts = make([]*layout, len(want))
 	for i, p := range want {
 		l := layoutOf(p)
 		s.layouts[i] = l
-		for _, id := range l.portIDs() {
-			s.winner[id] = i // the newest plan of a port wins it
+		for _, k := range l.ports() {
+			s.winner[k] = i // the newest plan of a port wins it
 		}
 		s.anyRanges = s.anyRanges || l.hasRanges()
 		// the skeleton's flat parts are needed once a flat attachment is
@@ -184,10 +184,9 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	}
 	desired, wantHP := s.desiredElements(tx, fix.Broken)
 	cutIntervals(s.st, s.all, desired)
-	for id, h := range s.st.Holders {
-		if _, set := desired[id]; orphanChains[h] && !set {
-			k, _ := keyFromID(id)
-			desired[id] = Element{Key: k}
+	for k, e := range s.st.Elements {
+		if _, set := desired[k]; orphanChains[e.Chain] && !set {
+			desired[k] = Element{Key: k}
 		}
 	}
 	writeElements(tx, s.st, desired)
@@ -220,5 +219,5 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 // "" (judge, over the keys plan i wins).
 func (s *syncState) judge(i int) string {
 	l := s.layouts[i]
-	return judge(l, s.st.Chains[l.chain.Name], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k.ID()] == i })
+	return judge(l, s.st.Chains[l.chain.Name], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k] == i })
 }

@@ -17,12 +17,12 @@ import (
 // and which hairpin elements the rewritten flat ones are to have, by
 // chain. Element changes are computed as a whole, so that a key is
 // deleted or added once even when a repair and a prune both touch it.
-func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string]Element, map[string][]Hairpin) {
-	desired := map[string]Element{}
+func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[Key]Element, map[string][]Hairpin) {
+	desired := map[Key]Element{}
 	wantHP := map[string][]Hairpin{}
 	gone := func(k Key) {
-		if _, set := desired[k.ID()]; !set {
-			desired[k.ID()] = Element{Key: k}
+		if _, set := desired[k]; !set {
+			desired[k] = Element{Key: k}
 		}
 	}
 	for i, l := range s.layouts {
@@ -32,14 +32,14 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 		l.rewriteChain(tx, s.st.Chains[l.chain.Name])
 		chain := l.chain
 		wantHP[chain.Name] = []Hairpin{}
-		mine := map[string]bool{}
+		mine := map[Key]bool{}
 		for _, e := range l.elements {
 			k := e.Key
 			if !k.IsRange() {
-				mine[k.ID()] = true
-				if s.winner[k.port().ID()] == i {
-					desired[k.ID()] = e
-					if s.st.Holders[k.inOtherMap().ID()] != "" {
+				mine[k] = true
+				if s.winner[k.port()] == i {
+					desired[k] = e
+					if s.st.Elements[k.inOtherMap()].Chain != "" {
 						gone(k.inOtherMap())
 					}
 				}
@@ -48,11 +48,11 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 			// the pieces of the interval the plan wins; an element of
 			// one port that would shadow a won port goes
 			for _, piece := range wonPieces(k, s.winner, i) {
-				mine[piece.ID()] = true
-				desired[piece.ID()] = Element{Key: piece, Chain: chain.Name}
+				mine[piece] = true
+				desired[piece] = Element{Key: piece, Chain: chain.Name}
 				for port := piece.Port; port <= piece.last(); port++ {
 					for _, one := range []Key{{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}, {HostIP: k.HostIP, Protocol: k.Protocol, Port: port, Flat: true}} {
-						if h := s.st.Holders[one.ID()]; h != "" && h != chain.Name {
+						if h := s.st.Elements[one].Chain; h != "" && h != chain.Name {
 							gone(one)
 						}
 					}
@@ -60,12 +60,11 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 			}
 		}
 		if l.flat {
-			wantHP[chain.Name] = l.hairpinsOf(func(k Key) bool { return s.winner[k.ID()] == i })
+			wantHP[chain.Name] = l.hairpinsOf(func(k Key) bool { return s.winner[k] == i })
 		}
-		for id, h := range s.st.Holders {
-			if _, set := desired[id]; h == chain.Name && !mine[id] && !set {
-				k, _ := keyFromID(id)
-				desired[id] = Element{Key: k}
+		for k, e := range s.st.Elements {
+			if _, set := desired[k]; e.Chain == chain.Name && !mine[k] && !set {
+				desired[k] = Element{Key: k}
 			}
 		}
 	}
@@ -75,19 +74,19 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[string
 // writeElements adds to tx the element changes desired asks of st:
 // deletions first, as the kernel checks an interval against the elements
 // the transaction leaves.
-func writeElements(tx *nft.Tx, st *State, desired map[string]Element) {
+func writeElements(tx *nft.Tx, st *State, desired map[Key]Element) {
 	for _, deleting := range []bool{true, false} {
-		for _, id := range slices.Sorted(maps.Keys(desired)) {
-			want := desired[id]
-			cur := st.Holders[id]
-			if cur == want.Chain && st.Targets[id] == want.To && slices.Equal(st.Srcs[id], want.Srcs) {
+		for _, k := range slices.SortedFunc(maps.Keys(desired), compareKeys) {
+			want := desired[k]
+			cur := st.Elements[k]
+			if cur.Chain == want.Chain && cur.To == want.To && slices.Equal(cur.Srcs, want.Srcs) {
 				continue
 			}
-			if deleting && cur != "" {
-				tx.Delete(elemObj{key: want.Key})
+			if deleting && cur.Chain != "" {
+				tx.Delete(Element{Key: want.Key})
 			}
 			if !deleting && want.Chain != "" {
-				tx.Add(elemObj{key: want.Key, chain: want.Chain, to: want.To, srcs: want.Srcs})
+				tx.Add(Element{Key: want.Key, Chain: want.Chain, To: want.To, Srcs: want.Srcs})
 			}
 		}
 	}
@@ -96,32 +95,31 @@ func writeElements(tx *nft.Tx, st *State, desired map[string]Element) {
 // writeHairpins adds to tx the hairpin changes: a hairpin element stays
 // while its owner holds its key after the repair (for a rewritten chain,
 // while it wants it); the rewritten chains' wanted ones are added.
-func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP map[string][]Hairpin) {
+func (s *syncState) writeHairpins(tx *nft.Tx, desired map[Key]Element, wantHP map[string][]Hairpin) {
 	holder := func(k Key) string {
-		if d, ok := desired[k.ID()]; ok {
+		if d, ok := desired[k]; ok {
 			return d.Chain
 		}
-		return s.st.Holders[k.ID()]
+		return s.st.Elements[k].Chain
 	}
-	wanted := map[string]string{}
+	wanted := map[hairpinID]string{}
 	for chain, hs := range wantHP {
 		for _, h := range hs {
-			wanted[h.ID()] = chain
+			wanted[h.id()] = chain
 		}
 	}
-	kept := map[string]bool{}
-	for _, id := range slices.Sorted(maps.Keys(s.hairpins)) {
-		h := s.hairpins[id]
+	kept := map[hairpinID]bool{}
+	for _, h := range slices.SortedFunc(maps.Values(s.hairpins), compareHairpins) {
 		_, rewritten := wantHP[h.Chain]
-		if holder(h.Key) == h.Chain && (!rewritten || wanted[id] == h.Chain) {
-			kept[id] = true
+		if holder(h.Key) == h.Chain && (!rewritten || wanted[h.id()] == h.Chain) {
+			kept[h.id()] = true
 			continue
 		}
 		tx.Delete(hairpinObj{h})
 	}
 	for _, chain := range slices.Sorted(maps.Keys(wantHP)) {
 		for _, h := range wantHP[chain] {
-			if !kept[h.ID()] {
+			if !kept[h.id()] {
 				tx.Add(hairpinObj{h})
 			}
 		}
@@ -129,11 +127,11 @@ func (s *syncState) writeHairpins(tx *nft.Tx, desired map[string]Element, wantHP
 }
 
 // wonPieces are the runs of interval k's ports plan i wins, as keys.
-func wonPieces(k Key, winner map[string]int, i int) []Key {
+func wonPieces(k Key, winner map[Key]int, i int) []Key {
 	var out []Key
 	start := -1
 	for port := k.Port; port <= k.Last+1; port++ {
-		won := port <= k.Last && winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}.ID()] == i
+		won := port <= k.Last && winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}] == i
 		switch {
 		case won && start < 0:
 			start = port
@@ -152,10 +150,10 @@ func wonPieces(k Key, winner map[string]int, i int) []Key {
 // cutIntervals makes room for the intervals desired adds: an interval
 // element of another chain sharing ports with one goes, and what is left
 // of it is added back for its owner (unless desired says otherwise).
-func cutIntervals(st *State, all []Element, desired map[string]Element) {
+func cutIntervals(st *State, all []Element, desired map[Key]Element) {
 	var adding []Key
-	for id, to := range desired {
-		if k, ok := keyFromID(id); ok && k.IsRange() && to.Chain != "" && st.Holders[id] != to.Chain {
+	for k, to := range desired {
+		if k.IsRange() && to.Chain != "" && st.Elements[k].Chain != to.Chain {
 			adding = append(adding, k)
 		}
 	}
@@ -166,13 +164,13 @@ func cutIntervals(st *State, all []Element, desired map[string]Element) {
 		if !e.Key.IsRange() || !overlapsAny(e.Key, adding) {
 			continue
 		}
-		if _, set := desired[e.Key.ID()]; set {
+		if _, set := desired[e.Key]; set {
 			continue
 		}
-		desired[e.Key.ID()] = Element{Key: e.Key}
+		desired[e.Key] = Element{Key: e.Key}
 		for _, piece := range subtract(e.Key, adding) {
-			if _, set := desired[piece.ID()]; !set && st.Holders[piece.ID()] == "" {
-				desired[piece.ID()] = Element{Key: piece, Chain: e.Chain}
+			if _, set := desired[piece]; !set && st.Elements[piece].Chain == "" {
+				desired[piece] = Element{Key: piece, Chain: e.Chain}
 			}
 		}
 	}
@@ -180,11 +178,9 @@ func cutIntervals(st *State, all []Element, desired map[string]Element) {
 
 // elementsOfState lists the elements of a table read whole.
 func elementsOfState(st *State) []Element {
-	out := make([]Element, 0, len(st.Holders))
-	for _, id := range slices.Sorted(maps.Keys(st.Holders)) {
-		if k, ok := keyFromID(id); ok {
-			out = append(out, Element{Key: k, Chain: st.Holders[id], To: st.Targets[id], Srcs: st.Srcs[id]})
-		}
+	out := make([]Element, 0, len(st.Elements))
+	for _, k := range slices.SortedFunc(maps.Keys(st.Elements), compareKeys) {
+		out = append(out, st.Elements[k])
 	}
 	return out
 }
@@ -201,15 +197,15 @@ type syncState struct {
 	// winner is the newest plan of each port (of an interval, port by
 	// port); all and served are the table's elements, read only when a
 	// wanted plan has intervals.
-	winner    map[string]int
+	winner    map[Key]int
 	anyRanges bool
 	all       []Element
 	served    *view
 	// kinds are the skeletons the wanted plans need, by name; anyFlat says
 	// a flat attachment is there, whose hairpin sets' prefix lengths are
-	// flatLengths; hairpins indexes the table's hairpin elements by ID.
+	// flatLengths; hairpins indexes the table's hairpin elements by identity.
 	kinds       map[string]needs
 	anyFlat     bool
 	flatLengths []int
-	hairpins    map[string]Hairpin
+	hairpins    map[hairpinID]Hairpin
 }
