@@ -87,13 +87,6 @@ func withOtherMaps(keys []Key) []Key {
 	return out
 }
 
-// addrOf is ip as a key's host IP (an IPv4 address in 4 bytes); the
-// zero Addr for nil.
-func addrOf(ip net.IP) netip.Addr {
-	a, _ := netip.AddrFromSlice(ip)
-	return a.Unmap()
-}
-
 // ipOf is a key's host IP as the plan spells it; nil for the wildcard.
 func ipOf(a netip.Addr) net.IP {
 	if !a.IsValid() {

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -381,4 +382,11 @@ func ownerComment(o plan.Owner) string {
 		c = c[:128]
 	}
 	return c
+}
+
+// addrOf is ip as a key's host IP (an IPv4 address in 4 bytes); the
+// zero Addr for nil.
+func addrOf(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
 }
