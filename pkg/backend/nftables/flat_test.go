@@ -150,7 +150,7 @@ func TestFlatAndChainTakeOver(t *testing.T) {
 func TestFlatTampering(t *testing.T) {
 	a := fixture.Attachment("a", "192.0.2.2/24", 8080)
 	own := ChainName(a.Owner)
-	k := Keys(a)[0]
+	k := layoutOf(a).keys[0]
 	for _, tt := range []struct {
 		name, want string
 		tamper     func(tx *nft.Tx)
@@ -272,7 +272,7 @@ func TestFlatDelAfterTampering(t *testing.T) {
 			}
 			tx := newTx(plan.IPv4)
 			for _, i := range tt.gone {
-				tx.Delete(Element{Key: Keys(a)[i]})
+				tx.Delete(Element{Key: layoutOf(a).keys[i]})
 			}
 			if err := m.Apply(tx); err != nil {
 				t.Fatal(err)

@@ -43,7 +43,7 @@ func TestTextAsKnftables(t *testing.T) {
 			})} {
 			skel := newTx(f)
 			addSkeletonOf(skel, p)
-			keys := Keys(p)
+			keys := layoutOf(p).keys
 			for i := range keys {
 				keys[i] = keys[i].port() // as a chain holds them: the DEL fast path's
 			}
@@ -56,7 +56,7 @@ func TestTextAsKnftables(t *testing.T) {
 		add := func(v nft.Verb, obj nft.Object) {
 			map[nft.Verb]func(nft.Object){nft.Add: verbs.Add, nft.Create: verbs.Create, nft.Flush: verbs.Flush, nft.Delete: verbs.Delete}[v](obj)
 		}
-		k := Keys(build(f, smallRanges))
+		k := layoutOf(build(f, smallRanges)).keys
 		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Flush, nft.Delete} {
 			add(v, &nft.Table{Comment: "portmap's \"table\""})
 			add(v, &nft.Chain{Name: "plain"})
@@ -68,7 +68,7 @@ func TestTextAsKnftables(t *testing.T) {
 			}
 		}
 		verbs.Delete(Element{Key: k[len(k)-1]})
-		fk := Keys(build(f, nil))
+		fk := layoutOf(build(f, nil)).keys
 		hp := layoutOf(build(f, nil)).hairpins
 		for _, v := range []nft.Verb{nft.Add, nft.Create, nft.Delete} {
 			add(v, dnatMapSet(nft.Family(f), hostIPDNATMap, true))

@@ -207,11 +207,6 @@ func flatShape(p *plan.Plan, runs []plan.Run) bool {
 	return true
 }
 
-// Keys are the map keys of p's attachment, one per DNAT rule (dnatRuns):
-// an identity run of ports is one interval key, any other mapping one
-// key; a flat attachment's keys are flat (flat.go).
-func Keys(p *plan.Plan) []Key { return layoutOf(p).keys }
-
 // ports are the keys the attachment's ports are won by: its keys of one
 // port, and each port of its intervals as a key of one port.
 func (l *layout) ports() []Key {

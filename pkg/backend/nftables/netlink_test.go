@@ -57,7 +57,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 }
 
 func TestKeyBytes(t *testing.T) {
-	for _, k := range Keys(build(plan.IPv4, nil)) {
+	for _, k := range layoutOf(build(plan.IPv4, nil)).keys {
 		back, ok := keyFromBytes(plan.IPv4, k.Map(), k.bytes())
 		if !ok || back != k {
 			t.Errorf("keyFromBytes(%v) = %v, %v", k, back, ok)

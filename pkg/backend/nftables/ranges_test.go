@@ -260,7 +260,7 @@ func TestRangeSync(t *testing.T) {
 
 	// b's interval sent to a: sync gives it back to b
 	tx := newTx(plan.IPv4)
-	k := Keys(b)[0]
+	k := layoutOf(b).keys[0]
 	tx.Delete(Element{Key: k})
 	tx.Add(Element{Key: k, Chain: ChainName(a.Owner)})
 	if err := m.Apply(tx); err != nil {

@@ -51,7 +51,7 @@ func addTx(p *plan.Plan) string {
 // delTx is a range's DEL fast path (single ports read their elements
 // under the lock instead), with p's keys as a chain holds them.
 func delTx(p *plan.Plan) string {
-	keys := Keys(p)
+	keys := layoutOf(p).keys
 	for i := range keys {
 		keys[i] = keys[i].port()
 	}
@@ -105,7 +105,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestKeysRoundTrip(t *testing.T) {
-	for _, k := range Keys(build(plan.IPv4, nil)) {
+	for _, k := range layoutOf(build(plan.IPv4, nil)).keys {
 		back, ok := parseKey(k.String())
 		if !ok || back.String() != k.String() || back.Map() != k.port().Map() {
 			t.Errorf("parseKey(%q) = %v, %v", k, back, ok)
@@ -141,10 +141,10 @@ func TestNetlinkRoundTrip(t *testing.T) {
 				t.Errorf("%s rule %d: comment %q, want %q", p.Family, i, r.Comment, want[i].Comment)
 			}
 		}
-		if len(elems) != len(Keys(p)) {
-			t.Fatalf("%s: %d elements decoded, want %d", p.Family, len(elems), len(Keys(p)))
+		if len(elems) != len(layoutOf(p).keys) {
+			t.Fatalf("%s: %d elements decoded, want %d", p.Family, len(elems), len(layoutOf(p).keys))
 		}
-		for i, k := range Keys(p) {
+		for i, k := range layoutOf(p).keys {
 			if k = k.port(); elems[i].Key != k || elems[i].Chain != ChainName(p.Owner) {
 				t.Errorf("%s element %d: %v -> %s, want %v -> %s", p.Family, i, elems[i].Key, elems[i].Chain, k, ChainName(p.Owner))
 			}
