@@ -64,16 +64,20 @@ func layoutOf(p *plan.Plan) *layout {
 	l.keys = make([]Key, 0, len(runs))
 	l.elements = make([]Element, 0, len(runs))
 	var srcs []string
+	var to netip.Addr // a flat element's target address
 	if l.flat {
 		srcs = hairpinSrcs(p)
+		if p.ContainerNet != nil {
+			to = addrOf(p.ContainerNet.IP)
+		}
 	}
 	for _, r := range runs {
 		k := runKey(r)
 		k.Flat = l.flat
 		l.keys = append(l.keys, k)
 		e := Element{Key: k, Chain: l.chain.Name}
-		if l.flat && p.ContainerNet != nil {
-			e.To, e.Srcs = netip.AddrPortFrom(addrOf(p.ContainerNet.IP), uint16(r.ContainerPort)), srcs
+		if to.IsValid() {
+			e.To, e.Srcs = netip.AddrPortFrom(to, uint16(r.ContainerPort)), srcs
 		}
 		l.elements = append(l.elements, e)
 	}
