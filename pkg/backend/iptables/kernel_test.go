@@ -136,6 +136,15 @@ func TestRealKernelSteadyPass(t *testing.T) {
 	if err := real.Restore([]byte(kube)); err != nil {
 		t.Fatal(err)
 	}
+	// the package's tests share one namespace: leave it as found
+	t.Cleanup(func() {
+		if err := b.Remove(p); err != nil {
+			t.Errorf("DEL: %v", err)
+		}
+		if err := real.Restore([]byte("*nat\n-D PREROUTING -j KUBE-SERVICES\n-F KUBE-SERVICES\n-X KUBE-SERVICES\nCOMMIT\n")); err != nil {
+			t.Errorf("remove kube-proxy's chain: %v", err)
+		}
+	})
 	steady := func(when string) {
 		t.Helper()
 		b.Kernel = noTools{real}

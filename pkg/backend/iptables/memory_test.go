@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
@@ -373,40 +374,48 @@ func TestCheckJudgesAChainOfManyRules(t *testing.T) {
 	}
 }
 
-// recordingKernel records what a verb reads of the kernel.
+// recordingKernel records what a verb reads of the kernel. A pass lists
+// the table while it runs the exact check: calls are appended under mu.
 type recordingKernel struct {
 	xt.Kernel
+	mu    sync.Mutex
 	calls []string
 }
 
+func (k *recordingKernel) record(call string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, call)
+}
+
 func (k *recordingKernel) Restore(payload []byte) error {
-	k.calls = append(k.calls, "restore")
+	k.record("restore")
 	return k.Kernel.Restore(payload)
 }
 
 func (k *recordingKernel) Test(payload []byte) error {
-	k.calls = append(k.calls, "test")
+	k.record("test")
 	return k.Kernel.Test(payload)
 }
 
 func (k *recordingKernel) Writable() error {
-	k.calls = append(k.calls, "probe")
+	k.record("probe")
 	return k.Kernel.Writable()
 }
 
 func (k *recordingKernel) ListTable() ([]string, error) {
-	k.calls = append(k.calls, "list table")
+	k.record("list table")
 	return k.Kernel.ListTable()
 }
 
 func (k *recordingKernel) ListChain(chain string) ([]string, error) {
-	k.calls = append(k.calls, "list "+chain)
+	k.record("list " + chain)
 	return k.Kernel.ListChain(chain)
 }
 
 func (k *recordingKernel) Chains(table string, names []string, rules bool) (map[string]xt.ChainSummary, error) {
 	if rules {
-		k.calls = append(k.calls, "dump "+strings.Join(names, ","))
+		k.record("dump " + strings.Join(names, ","))
 	}
 	return k.Kernel.Chains(table, names, rules)
 }
