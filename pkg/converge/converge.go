@@ -156,20 +156,6 @@ func (r *Report) WriteDone(prune bool) {
 	}
 }
 
-// Winners returns, for each wanted plan, whether it is the newest claimant
-// of each of its host-port keys (plans are given oldest first): under the
-// "replace" policy the newest ADD of a host port wins, and a pass must
-// keep it so. key names a plan's keys.
-func Winners(want []*plan.Plan, keys func(*plan.Plan) []string) map[string]int {
-	w := map[string]int{}
-	for i, p := range want {
-		for _, k := range keys(p) {
-			w[k] = i
-		}
-	}
-	return w
-}
-
 // Judge runs judge(i) for i in [0, n) on every core and returns what each
 // said; judging a thousand attachments against a listing is the
 // CPU-bound part of a pass.

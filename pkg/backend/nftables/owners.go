@@ -86,12 +86,3 @@ func decodeOwners(b []byte) []string {
 	}
 	return out
 }
-
-// writeClaims makes the attachment's chain (created or flushed before)
-// claim keys and holds it in the owners map.
-func writeClaims(tx *nft.Tx, name string, keys []Key) {
-	for _, r := range claimRules(name, keys) {
-		tx.Add(r)
-	}
-	tx.Add(ownerObj{name})
-}
