@@ -25,23 +25,23 @@ type checkItem struct {
 // spelling). iptables-restore stops at the first failing line, so each
 // failure is recorded and the rest checked again. It returns what of the
 // shared objects is missing, or "".
-func (b *Backend) exactCheck(want []*plan.Plan) (string, map[int]string, error) {
+func (b *Backend) exactCheck(ls []*layout) (string, map[int]string, error) {
 	broken := map[int]string{}
 	var items []checkItem
 	seen := map[string]bool{}
-	for _, p := range want {
-		for _, r := range append(GuardRules(p), sharedRules(p)...) {
+	for _, l := range ls {
+		for _, r := range l.shared {
 			if d := describe(r); !seen[d] {
 				seen[d] = true
 				items = append(items, checkItem{-1, r})
 			}
 		}
 	}
-	for i, p := range want {
-		if len(p.Conditions) == 0 {
+	for i, l := range ls {
+		if len(l.plan.Conditions) == 0 {
 			continue
 		}
-		for _, r := range EntryRules(p) {
+		for _, r := range l.entries {
 			items = append(items, checkItem{i, r})
 		}
 	}
@@ -173,7 +173,7 @@ func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) 
 		// yes, and let STATUS ask the cache
 		q := *p
 		q.Conditions = nil // the shared rules alone
-		missing, _, err = b.exactCheck([]*plan.Plan{&q})
+		missing, _, err = b.exactCheck([]*layout{layoutOf(&q)})
 		return missing, true, err
 	}
 	return missing, some, err

@@ -30,7 +30,6 @@ package iptables
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -72,8 +71,9 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err := b.markChainExists(p); err != nil {
 		return err
 	}
-	if b.skeletonStands(p) {
-		if err := b.fastAdd(p); err == nil || !Missed(err) {
+	l := layoutOf(p)
+	if b.skeletonStands(l) {
+		if err := b.fastAdd(l); err == nil || !Missed(err) {
 			return err
 		}
 	}
@@ -87,22 +87,22 @@ func (b *Backend) Apply(p *plan.Plan) error {
 			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
 	}
-	for _, r := range append(GuardRules(p), sharedRules(p)...) {
+	for _, r := range l.shared {
 		if err := b.Kernel.EnsureRule(r); err != nil {
 			return fmt.Errorf("ensure rule %s: %w", describe(r), err)
 		}
 	}
 	// Last: the marker says the rules above exist.
-	if c, ok := Marker(p); ok {
+	if c := l.marker; c.Name != "" {
 		if err := b.Kernel.EnsureChain(c); err != nil {
 			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
 		}
 	}
-	refs, _, err := b.refs(p)
+	refs, _, err := b.refs(l.chain)
 	if err != nil {
 		return err
 	}
-	pl := replacePayload(p, refs)
+	pl := replacePayload(l, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("apply", pl, err)
 	}
@@ -155,9 +155,8 @@ func missingMarkChain(f plan.Family, chain string) *plan.ConfigError {
 // reads no rule, so it costs the same beside 1000 attachments as beside
 // none), else in one iptables-restore (addPayload). Either fails as
 // Refused when the node is not in the state it assumes.
-func (b *Backend) fastAdd(p *plan.Plan) error {
-	w, _ := Marker(p)
-	err := b.Kernel.AddChain(w.Name, ChainName(p.Owner), ChainRules(p), EntryRules(p), setMarkChainOf(p))
+func (b *Backend) fastAdd(l *layout) error {
+	err := b.Kernel.AddChain(l.marker.Name, l.chain, l.rules, l.entries, l.setMark)
 	// the kernel's no to what native.go encodes (EINVAL, EOPNOTSUPP: an
 	// expression or an xt revision it takes otherwise) is no failure
 	// where iptables-restore, which picks what the kernel has, would have
@@ -165,7 +164,7 @@ func (b *Backend) fastAdd(p *plan.Plan) error {
 	// answers with ENOENT, which Refused already sends down the slow
 	// path; permission is refused to the tool as well.
 	if errors.Is(err, xt.ErrLegacy) || errors.Is(err, xt.ErrNotNative) || kernelNo(err) {
-		pl := addPayload(p)
+		pl := addPayload(l)
 		if err = b.Kernel.Restore(pl.bytes()); err != nil && !Missed(err) {
 			return b.restoreError("apply", pl, err)
 		}
@@ -191,8 +190,8 @@ func kernelNo(err error) bool {
 // themselves are read over netlink, as STATUS and CHECK read them
 // (skeleton: nothing that grows with the attachments). On
 // iptables-legacy, or when netlink fails, the marker alone decides.
-func (b *Backend) skeletonStands(p *plan.Plan) bool {
-	missing, _, err := b.skeleton(skeletonRules(p))
+func (b *Backend) skeletonStands(l *layout) bool {
+	missing, _, err := b.skeleton(l.shared)
 	return err != nil || missing == ""
 }
 
@@ -204,13 +203,14 @@ func (b *Backend) skeletonStands(p *plan.Plan) bool {
 // has mappings, it first tries to delete exactly the rules ADD made, in
 // one process. Otherwise (or when either fails) it looks them up.
 func (b *Backend) Remove(p *plan.Plan) error {
-	_, err := b.Kernel.Unlink(TopLevelDNATChain, ChainName(p.Owner))
+	chain := ChainName(p.Owner)
+	_, err := b.Kernel.Unlink(TopLevelDNATChain, chain)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, xt.ErrLegacy):
 		if !p.Empty() {
-			pl := delPayload(p, EntryRules(p), nil)
+			pl := delPayload(chain, EntryRules(p), nil)
 			if err := b.Kernel.Restore(pl.bytes()); err == nil {
 				return nil
 			} else if !Missed(err) {
@@ -218,21 +218,21 @@ func (b *Backend) Remove(p *plan.Plan) error {
 			}
 		}
 	case !unlinkMissed(err):
-		return fmt.Errorf("remove chain %s: %w", ChainName(p.Owner), err)
+		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}
 	release, err := b.Lock()
 	if err != nil {
 		return err
 	}
 	defer release()
-	refs, exists, err := b.refs(p)
+	refs, exists, err := b.refs(chain)
 	if err != nil {
 		return err
 	}
 	if len(refs) == 0 && !exists {
 		return nil // nothing of the attachment: change nothing
 	}
-	pl := delPayload(p, nil, refs)
+	pl := delPayload(chain, nil, refs)
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("remove", pl, err)
 	}
@@ -250,27 +250,28 @@ func (b *Backend) Remove(p *plan.Plan) error {
 // containers as beside none. On iptables-legacy it judges one listing
 // of the table.
 func (b *Backend) Check(p *plan.Plan) error {
-	own := ChainName(p.Owner)
+	l := layoutOf(p)
 	// CNI-HOSTPORT-DNAT, whose rules grow with the attachments, only
 	// whether it exists; the attachment's chain with its rules.
 	top, err := b.Kernel.Chains(Table, []string{TopLevelDNATChain}, false)
 	if errors.Is(err, xt.ErrLegacy) {
-		return b.checkListing(p)
+		return b.checkListing(l)
 	}
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
-	chains, err := b.Kernel.Chains(Table, []string{own}, true)
+	if _, ok := top[TopLevelDNATChain]; !ok {
+		return fmt.Errorf("missing chain %s in table %s", TopLevelDNATChain, Table)
+	}
+	chains, err := b.Kernel.Chains(Table, []string{l.chain}, true)
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
-	maps.Copy(chains, top)
-	for _, c := range []string{TopLevelDNATChain, own} {
-		if _, ok := chains[c]; !ok {
-			return fmt.Errorf("missing chain %s in table %s", c, Table)
-		}
+	r := netlinkRead(chains, l.chain)
+	if !r.found {
+		return errors.New(l.judge(b.Family, r))
 	}
-	missing, _, err := b.skeleton(skeletonRules(p))
+	missing, _, err := b.skeleton(l.shared)
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
@@ -279,27 +280,25 @@ func (b *Backend) Check(p *plan.Plan) error {
 	}
 	if len(p.Conditions) > 0 {
 		pl := newPayload()
-		for _, r := range EntryRules(p) {
+		for _, r := range l.entries {
 			pl.rule("-C", r)
 		}
 		if err := b.checkRestore(pl); err != nil {
 			return err
 		}
 	}
-	// the chain's rules as ADD writes them, or else judged from
-	// iptables' listing, which also names what differs
-	same, _ := sameRules(b.Family, chains[own].Exprs, ChainRules(p), jumpSet(own, []string{setMarkChainOf(p)}))
-	if !same {
-		lines, err := b.Kernel.ListChain(own)
+	why := l.judge(b.Family, r)
+	if why == l.notAsWritten() {
+		// judged from iptables' listing, which also names what differs
+		lines, err := b.Kernel.ListChain(l.chain)
 		if err != nil {
 			return fmt.Errorf("check: %w", err)
 		}
-		if why := judgeChain(p, parseListing(lines).rules[own]); why != "" {
-			return errors.New(why)
-		}
+		r.listed, r.lines = true, parseListing(lines).rules[l.chain]
+		why = l.judge(b.Family, r)
 	}
-	if want := len(EntryRules(p)); chains[own].Refs != want {
-		return fmt.Errorf("entry rules in %s: %d rules jump to %s, want %d", TopLevelDNATChain, chains[own].Refs, own, want)
+	if why != "" {
+		return errors.New(why)
 	}
 	return nil
 }
@@ -327,8 +326,8 @@ func (b *Backend) checkRestore(pl *payload) error {
 // netlink cannot read: the -C restore of the shared rules, then one
 // listing of the table (one process) to judge the attachment's chain and
 // the entry rules that jump to it.
-func (b *Backend) checkListing(p *plan.Plan) error {
-	if err := b.checkRestore(checkPayload(p)); err != nil {
+func (b *Backend) checkListing(l *layout) error {
+	if err := b.checkRestore(checkPayload(l)); err != nil {
 		return err
 	}
 	lines, err := b.Kernel.ListTable()
@@ -336,12 +335,10 @@ func (b *Backend) checkListing(p *plan.Plan) error {
 		return fmt.Errorf("check: list table %s: %w", Table, err)
 	}
 	lt := parseListing(lines)
-	for _, chain := range []string{TopLevelDNATChain, ChainName(p.Owner)} {
-		if !lt.chains[chain] {
-			return fmt.Errorf("missing chain %s in table %s", chain, Table)
-		}
+	if !lt.chains[TopLevelDNATChain] {
+		return fmt.Errorf("missing chain %s in table %s", TopLevelDNATChain, Table)
 	}
-	if why := lt.judge(p); why != "" {
+	if why := l.judge(b.Family, lt.read(l.chain)); why != "" {
 		return errors.New(why)
 	}
 	return nil
@@ -350,12 +347,11 @@ func (b *Backend) checkListing(p *plan.Plan) error {
 // refs returns the rules that jump to the attachment's chain (ours, or the
 // upstream plugin's for the same container) and whether the chain exists.
 // It lists the whole table in one process: slow paths only.
-func (b *Backend) refs(p *plan.Plan) (refs []string, exists bool, err error) {
+func (b *Backend) refs(chain string) (refs []string, exists bool, err error) {
 	lines, err := b.Kernel.ListTable()
 	if err != nil {
 		return nil, false, fmt.Errorf("list table %s: %w", Table, err)
 	}
-	chain := ChainName(p.Owner)
 	for _, l := range lines {
 		switch {
 		case l == "-N "+chain:

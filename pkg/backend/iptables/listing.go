@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
@@ -41,47 +40,6 @@ func parseListing(lines []string) *listing {
 		}
 	}
 	return lt
-}
-
-// judge says what of p's own rules the listing shows missing or wrong, or
-// "" when they are all there. The attachment's chain must hold exactly
-// its rules; its entry rules are compared without conditions, which
-// exactCheck judges.
-func (lt *listing) judge(p *plan.Plan) string {
-	chain := ChainName(p.Owner)
-	if !lt.chains[chain] {
-		return "chain " + chain + " missing"
-	}
-	if why := judgeChain(p, lt.rules[chain]); why != "" {
-		return why
-	}
-	var want, have []ruleID
-	for _, r := range EntryRules(p) {
-		want = append(want, entryKey(r))
-	}
-	for _, l := range lt.refs[chain] {
-		have = append(have, entryKey(xt.ParseRule(xt.SplitRule(l))))
-	}
-	if d := diff(want, have); d != "" {
-		return "entry rules in " + TopLevelDNATChain + ": " + d
-	}
-	return ""
-}
-
-// judgeChain compares the attachment's chain as listed ("-A chain …"
-// lines) with what its plan wants; "" when they are the same.
-func judgeChain(p *plan.Plan, lines []string) string {
-	var want, have []ruleID
-	for _, r := range ChainRules(p) {
-		want = append(want, ruleKey(r))
-	}
-	for _, l := range lines {
-		have = append(have, ruleKey(xt.ParseRule(xt.SplitRule(l))))
-	}
-	if d := diff(want, have); d != "" {
-		return "chain " + ChainName(p.Owner) + ": " + d
-	}
-	return ""
 }
 
 // diff compares two multisets of rule identities.

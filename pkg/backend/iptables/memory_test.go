@@ -182,14 +182,14 @@ func TestMemoryRefusals(t *testing.T) {
 	b, m := memBackend()
 	p := fixture.Attachment("a", "192.0.2.2/24", 8080)
 	k := m.Kernel(Table)
-	if err := k.Restore(addPayload(p).bytes()); !Missed(err) {
+	if err := k.Restore(addPayload(layoutOf(p)).bytes()); !Missed(err) {
 		t.Errorf("fast ADD on an empty node: %v, want refused", err)
 	}
 	if err := b.Apply(p); err != nil {
 		t.Fatal(err)
 	}
 	before := dump(t, m)
-	if err := k.Restore(addPayload(p).bytes()); !Missed(err) || !strings.Contains(err.Error(), "line") {
+	if err := k.Restore(addPayload(layoutOf(p)).bytes()); !Missed(err) || !strings.Contains(err.Error(), "line") {
 		t.Errorf("fast re-ADD: %v, want a refused line", err)
 	}
 	if dump(t, m) != before {

@@ -27,23 +27,23 @@ func TestGoldenPayloads(t *testing.T) {
 		name string
 		pl   *payload
 	}{
-		{"add-v4", addPayload(build(plan.IPv4, nil))},
-		{"add-v6", addPayload(build(plan.IPv6, nil))},
-		{"add-snat-off", addPayload(build(plan.IPv4, func(r *plan.Request) { r.Masquerade.Enabled = false }))},
-		{"add-external-chain", addPayload(build(plan.IPv4, func(r *plan.Request) {
+		{"add-v4", addPayload(layoutOf(build(plan.IPv4, nil)))},
+		{"add-v6", addPayload(layoutOf(build(plan.IPv6, nil)))},
+		{"add-snat-off", addPayload(layoutOf(build(plan.IPv4, func(r *plan.Request) { r.Masquerade.Enabled = false })))},
+		{"add-external-chain", addPayload(layoutOf(build(plan.IPv4, func(r *plan.Request) {
 			r.Masquerade = plan.Masquerade{Enabled: true, ExternalSetMarkChain: "KUBE-MARK-MASQ"}
-		}))},
-		{"add-masqall-bit5", addPayload(build(plan.IPv4, func(r *plan.Request) { r.Masquerade.All, r.Masquerade.MarkBit = true, 5 }))},
-		{"add-conditions", addPayload(build(plan.IPv4, func(r *plan.Request) {
+		})))},
+		{"add-masqall-bit5", addPayload(layoutOf(build(plan.IPv4, func(r *plan.Request) { r.Masquerade.All, r.Masquerade.MarkBit = true, 5 })))},
+		{"add-conditions", addPayload(layoutOf(build(plan.IPv4, func(r *plan.Request) {
 			r.ConditionsV4 = []string{"!", "-s", "203.0.113.0/24", "-m", "comment", "--comment", "keep out"}
-		}))},
-		{"add-17-ports", addPayload(build(plan.IPv4, manyPorts))},
-		{"add-ranges-v4", addPayload(build(plan.IPv4, fixture.Ranges))},
-		{"add-ranges-v6", addPayload(build(plan.IPv6, fixture.Ranges))},
-		{"replace-v4", replacePayload(build(plan.IPv4, nil), []string{ref})},
-		{"del-fast-v4", delPayload(build(plan.IPv4, nil), EntryRules(build(plan.IPv4, nil)), nil)},
-		{"del-refs", delPayload(build(plan.IPv4, func(r *plan.Request) { r.Mappings = plan.Mappings{} }), nil, []string{ref})},
-		{"check-v4", checkPayload(build(plan.IPv4, nil))},
+		})))},
+		{"add-17-ports", addPayload(layoutOf(build(plan.IPv4, manyPorts)))},
+		{"add-ranges-v4", addPayload(layoutOf(build(plan.IPv4, fixture.Ranges)))},
+		{"add-ranges-v6", addPayload(layoutOf(build(plan.IPv6, fixture.Ranges)))},
+		{"replace-v4", replacePayload(layoutOf(build(plan.IPv4, nil)), []string{ref})},
+		{"del-fast-v4", delPayload(ChainName(build(plan.IPv4, nil).Owner), EntryRules(build(plan.IPv4, nil)), nil)},
+		{"del-refs", delPayload(ChainName(build(plan.IPv4, func(r *plan.Request) { r.Mappings = plan.Mappings{} }).Owner), nil, []string{ref})},
+		{"check-v4", checkPayload(layoutOf(build(plan.IPv4, nil)))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,7 +68,7 @@ func TestChainNameIsUpstreams(t *testing.T) {
 }
 
 func TestExplain(t *testing.T) {
-	pl := checkPayload(build(plan.IPv4, nil))
+	pl := checkPayload(layoutOf(build(plan.IPv4, nil)))
 	pl.bytes()
 	tests := []struct{ out, want string }{
 		{"iptables-restore: line 7 failed: Bad rule (does a matching rule exist in that chain?).", `rule "-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"`},
@@ -99,7 +99,8 @@ func TestJudgeChainMasqAll(t *testing.T) {
 		if !strings.Contains(strings.Join(ChainRules(p)[0].Args(), " "), "/0") {
 			t.Fatalf("%s: the plan has no masqAll rule: %v", f, ChainRules(p))
 		}
-		if why := judgeChain(p, lines); why != "" {
+		l := layoutOf(p)
+		if why := l.judge(f, chainRead{found: true, listed: true, lines: lines, refs: len(l.entries)}); why != "" {
 			t.Errorf("%s: the chain as iptables lists it: %s", f, why)
 		}
 	}

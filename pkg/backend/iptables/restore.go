@@ -113,24 +113,23 @@ func (p *payload) explain(out string) string {
 // that the jumps from PREROUTING, OUTPUT and POSTROUTING and the bit's
 // rules are still there after someone deleted them while our chains
 // survived (iptables -t nat -F): CHECK reports that, sync repairs it.
-func addPayload(p *plan.Plan) *payload {
-	pl := guardPayload(p)
-	if c, ok := Marker(p); ok {
+func addPayload(l *layout) *payload {
+	pl := guardPayload(l.plan)
+	if c := l.marker; c.Name != "" {
 		pl.line("-F "+c.Name, "marker chain "+c.Name)
 	}
-	chain := ChainName(p.Owner)
-	pl.line("-N "+chain, "new chain "+chain)
-	fillChain(pl, p)
+	pl.line("-N "+l.chain, "new chain "+l.chain)
+	l.fill(pl)
 	return pl
 }
 
 // replacePayload installs the attachment's chain whatever exists: it
 // deletes the given existing entry rules (iptables -S lines), creates or
 // flushes the chain, fills it and inserts the entry rules.
-func replacePayload(p *plan.Plan, refs []string) *payload {
+func replacePayload(l *layout, refs []string) *payload {
 	pl := newPayload()
-	pl.redeclare(ChainName(p.Owner), refs)
-	fillChain(pl, p)
+	pl.redeclare(l.chain, refs)
+	l.fill(pl)
 	return pl
 }
 
@@ -149,14 +148,14 @@ func (pl *payload) drop(chain string, refs []string) {
 	pl.line("-X "+chain, "delete chain "+chain)
 }
 
-func fillChain(pl *payload, p *plan.Plan) {
-	for _, r := range ChainRules(p) {
+// fill writes the layout's chain's rules and entry rules into pl.
+func (l *layout) fill(pl *payload) {
+	for _, r := range l.rules {
 		pl.rule("-A", r)
 	}
-	entries := EntryRules(p)
 	// Each goes to the top; in reverse, so they keep their order.
-	for i := len(entries) - 1; i >= 0; i-- {
-		pl.rule("-I", entries[i])
+	for i := len(l.entries) - 1; i >= 0; i-- {
+		pl.rule("-I", l.entries[i])
 	}
 }
 
@@ -164,12 +163,12 @@ func fillChain(pl *payload, p *plan.Plan) {
 // either the ones the plan says ADD made (fast path) or the ones found in
 // the kernel (iptables -S lines). Declaring the chain before deleting it
 // makes the deletion idempotent.
-func delPayload(p *plan.Plan, entries []xt.Rule, refs []string) *payload {
+func delPayload(chain string, entries []xt.Rule, refs []string) *payload {
 	pl := newPayload()
 	for _, r := range entries {
 		pl.rule("-D", r)
 	}
-	pl.drop(ChainName(p.Owner), refs)
+	pl.drop(chain, refs)
 	return pl
 }
 
@@ -186,13 +185,13 @@ func deleteRefs(pl *payload, refs []string) {
 // checkPayload asserts the guard, the shared rules and, with conditions,
 // the entry rules exist (iptables -C); it changes nothing. The
 // attachment's chain is judged from a listing (Check).
-func checkPayload(p *plan.Plan) *payload {
-	pl := guardPayload(p)
-	for _, r := range sharedRules(p) {
+func checkPayload(l *layout) *payload {
+	pl := guardPayload(l.plan)
+	for _, r := range sharedRules(l.plan) {
 		pl.rule("-C", r)
 	}
-	if len(p.Conditions) > 0 {
-		for _, r := range EntryRules(p) {
+	if len(l.plan.Conditions) > 0 {
+		for _, r := range l.entries {
 			pl.rule("-C", r)
 		}
 	}
@@ -201,7 +200,7 @@ func checkPayload(p *plan.Plan) *payload {
 
 // AddScript is the iptables-restore input of ADD's fast path for p (for
 // tests and fuzzing of the rendering).
-func AddScript(p *plan.Plan) string { return string(addPayload(p).bytes()) }
+func AddScript(p *plan.Plan) string { return string(addPayload(layoutOf(p)).bytes()) }
 
 // Missed reports whether a fast path's write failed the way it does when
 // the node is not in the state it assumes (a fresh node, a re-ADD, a

@@ -25,24 +25,21 @@ import (
 // iptables-legacy table — is false, and the pass reads as it always did:
 // one listing and the exact check. A CNI-DN chain that nothing jumps to
 // is not read here; no pass prunes one (it names no owner).
-func (b *Backend) steady(want []*plan.Plan) (bool, error) {
+func (b *Backend) steady(ls []*layout) (bool, error) {
 	names := []string{TopLevelDNATChain}
 	var shared []xt.Rule
 	var markers []string
 	seen, jumps := map[string]bool{}, map[string]bool{}
-	entries := make([][]xt.Rule, len(want)) // each plan's, computed once
-	for i, p := range want {
-		if len(p.Conditions) > 0 {
+	for _, l := range ls {
+		if len(l.plan.Conditions) > 0 {
 			return false, nil
 		}
-		own := ChainName(p.Owner)
-		names = append(names, own)
-		entries[i] = EntryRules(p)
-		jumps[own] = true
-		if c, ok := Marker(p); ok && !slices.Contains(markers, c.Name) {
+		names = append(names, l.chain)
+		jumps[l.chain] = true
+		if c := l.marker; c.Name != "" && !slices.Contains(markers, c.Name) {
 			markers = append(markers, c.Name)
 		}
-		for _, r := range skeletonRules(p) {
+		for _, r := range l.shared {
 			if d := describe(r); !seen[d] {
 				seen[d] = true
 				shared = append(shared, r)
@@ -50,9 +47,9 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 		}
 	}
 	// newest first, as ADD inserts each attachment's at the top
-	newest := make([]xt.Rule, 0, 2*len(want))
-	for i := len(want) - 1; i >= 0; i-- {
-		newest = append(newest, entries[i]...)
+	newest := make([]xt.Rule, 0, 2*len(ls))
+	for i := len(ls) - 1; i >= 0; i-- {
+		newest = append(newest, ls[i].entries...)
 	}
 	got, err := b.Kernel.Chains(Table, names, true)
 	if errors.Is(err, xt.ErrLegacy) {
@@ -61,14 +58,8 @@ func (b *Backend) steady(want []*plan.Plan) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for i, p := range want {
-		own := names[i+1]
-		c, ok := got[own]
-		if !ok || c.Refs != len(entries[i]) {
-			return false, nil
-		}
-		same, err := sameRules(b.Family, c.Exprs, ChainRules(p), jumpSet(own, []string{setMarkChainOf(p)}))
-		if err != nil || !same {
+	for _, l := range ls {
+		if l.judge(b.Family, netlinkRead(got, l.chain)) != "" {
 			return false, nil
 		}
 	}

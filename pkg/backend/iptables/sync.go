@@ -21,8 +21,12 @@ import (
 // the rest of a broken skeleton is checked and inserted rule by rule, as
 // ADD's slow path does. The caller holds the host-wide lock.
 func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report, error) {
+	ls := make([]*layout, len(want))
+	for i, p := range want {
+		ls[i] = layoutOf(p)
+	}
 	return converge.Run(len(want), o, converge.Pass[*syncState, string]{
-		Read:   func() (*syncState, error) { return b.readSync(want) },
+		Read:   func() (*syncState, error) { return b.readSync(want, ls) },
 		Decide: func(s *syncState) converge.Verdict[string] { return s.decide() },
 		Write:  b.writeSync,
 	})
@@ -31,7 +35,9 @@ func (b *Backend) Sync(want []*plan.Plan, o converge.Options) (*converge.Report,
 // syncState is the nat table as a pass read it: its listing, and what
 // iptables' own comparison found wrong.
 type syncState struct {
-	want []*plan.Plan
+	family  plan.Family
+	want    []*plan.Plan
+	layouts []*layout // want's
 	// steady: our chains read over netlink hold what is wanted, and
 	// nothing else was read.
 	steady bool
@@ -49,11 +55,11 @@ type syncState struct {
 // readSync reads our chains over netlink and, unless they are steady,
 // lists the table and runs the exact check, side by side: they are
 // independent.
-func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
-	if ok, err := b.steady(want); err != nil {
+func (b *Backend) readSync(want []*plan.Plan, ls []*layout) (*syncState, error) {
+	if ok, err := b.steady(ls); err != nil {
 		return nil, err
 	} else if ok {
-		return &syncState{want: want, steady: true}, nil
+		return &syncState{family: b.Family, want: want, layouts: ls, steady: true}, nil
 	}
 	type checked struct {
 		shared string
@@ -62,7 +68,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	}
 	done := make(chan checked, 1)
 	go func() {
-		s, br, err := b.exactCheck(want)
+		s, br, err := b.exactCheck(ls)
 		done <- checked{s, br, err}
 	}()
 	lines, err := b.Kernel.ListTable()
@@ -73,10 +79,10 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	if ck.err != nil {
 		return nil, ck.err
 	}
-	s := &syncState{want: want, lt: parseListing(lines), sharedBroken: ck.shared, checked: ck.broken}
+	s := &syncState{family: b.Family, want: want, layouts: ls, lt: parseListing(lines), sharedBroken: ck.shared, checked: ck.broken}
 	seen := map[string]bool{}
-	for _, p := range want {
-		if c, ok := Marker(p); ok && !s.lt.chains[c.Name] && !seen[c.Name] {
+	for _, l := range ls {
+		if c := l.marker; c.Name != "" && !s.lt.chains[c.Name] && !seen[c.Name] {
 			seen[c.Name] = true
 			s.markers = append(s.markers, c)
 		}
@@ -93,7 +99,10 @@ func (s *syncState) decide() converge.Verdict[string] {
 		v.Whys = make([]string, len(s.want))
 		return v
 	}
-	v.Whys = converge.Judge(len(s.want), func(i int) string { return s.lt.judge(s.want[i]) })
+	v.Whys = converge.Judge(len(s.want), func(i int) string {
+		l := s.layouts[i]
+		return l.judge(s.family, s.lt.read(l.chain))
+	})
 	for i, why := range v.Whys {
 		if why == "" {
 			v.Whys[i] = s.checked[i]
@@ -117,8 +126,8 @@ func (s *syncState) decide() converge.Verdict[string] {
 		v.Shared = append(v.Shared, s.sharedBroken)
 	}
 	wanted := map[string]bool{}
-	for _, p := range s.want {
-		wanted[ChainName(p.Owner)] = true
+	for _, l := range s.layouts {
+		wanted[l.chain] = true
 	}
 	for _, o := range s.lt.orphans(wanted) {
 		v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: o.network, ContainerID: o.id,
@@ -141,11 +150,10 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, er
 		}
 		wrote = len(ensure.chains)+len(ensure.rules) > 0
 	}
-	for i, p := range s.want {
+	for i, l := range s.layouts {
 		if fix.Broken[i] {
-			chain := ChainName(p.Owner)
-			pl.redeclare(chain, s.lt.refs[chain])
-			fillChain(pl, p)
+			pl.redeclare(l.chain, s.lt.refs[l.chain])
+			l.fill(pl)
 		}
 	}
 	for _, chain := range fix.Prune {

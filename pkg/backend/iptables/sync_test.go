@@ -288,7 +288,7 @@ func TestSyncChainMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range rep.Results {
-		if r.State != converge.Repaired || !strings.HasSuffix(r.What, " missing") {
+		if r.State != converge.Repaired || !strings.HasPrefix(r.What, "missing chain CNI-DN-") {
 			t.Errorf("%+v, want repaired: chain missing", r)
 		}
 	}
