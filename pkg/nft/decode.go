@@ -3,7 +3,7 @@ package nft
 import (
 	"encoding/binary"
 	"net"
-	"strconv"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -17,7 +17,7 @@ type RuleInfo struct {
 	Handle  uint64
 	Comment string
 	Jump    string // chain of a jump or goto verdict
-	DNAT    string // "192.0.2.2:80", "[2001:db8::2]:80"; "192.0.2.2": the port stays
+	DNAT    DNAT   // the DNAT statement as written; an invalid To: none
 	Saddr   string // source prefix matched, as a CIDR
 	Proto   string // meta l4proto matched
 	Dport   int    // th dport matched, the first of a range
@@ -117,10 +117,12 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 	case "nat":
 		ar, pr := nfnl.FindU32(data, unix.NFTA_NAT_REG_ADDR_MIN), nfnl.FindU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
 		if nfnl.FindU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
-			d.r.DNAT = net.IP(d.regs[ar]).String()
+			addr, _ := netip.AddrFromSlice(d.regs[ar])
+			var port uint16
 			if p := d.regs[pr]; pr != RegVerdict && len(p) >= 2 {
-				d.r.DNAT = net.JoinHostPort(d.r.DNAT, strconv.Itoa(int(binary.BigEndian.Uint16(p))))
+				port = binary.BigEndian.Uint16(p)
 			}
+			d.r.DNAT = DNAT{To: netip.AddrPortFrom(addr, port)}
 		}
 	case "lookup":
 		s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)

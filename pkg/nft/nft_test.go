@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -50,8 +51,8 @@ func every(f nft.Family) *nft.Tx {
 	}
 	tx.Add(&nft.Rule{Chain: "plain", Comment: "every statement", Stmts: []nft.Stmt{
 		nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Dst: true, Spec: ip.String()},
-		nft.FibLocal{}, nft.MarkHas{Mark: 0x2000}, nft.MarkOr{Mark: 0x4000}, nft.DNAT{IP: ip, Port: 5353}}})
-	tx.Add(&nft.Rule{Chain: "plain", Stmts: []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "10.0.0.0/9"}, nft.DNAT{IP: ip}}})
+		nft.FibLocal{}, nft.MarkHas{Mark: 0x2000}, nft.MarkOr{Mark: 0x4000}, nft.DNATTo(ip, 5353)}})
+	tx.Add(&nft.Rule{Chain: "plain", Stmts: []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "10.0.0.0/9"}, nft.DNATTo(ip, 0)}})
 	tx.Add(&nft.Rule{Chain: "based", Stmts: []nft.Stmt{nft.MarkHas{Mark: 1}, nft.Masquerade{}}})
 	tx.Add(&nft.Rule{Chain: "based", Stmts: []nft.Stmt{nft.Jump{To: "plain"}}})
 	addr := ip.To4()
@@ -217,12 +218,12 @@ func TestDecodeRule(t *testing.T) {
 		stmts []nft.Stmt
 		want  nft.RuleInfo
 	}{
-		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNAT{IP: net.ParseIP("192.0.2.2"), Port: 5353}},
-			nft.RuleInfo{Comment: "c", Proto: "udp", Dport: 53, Saddr: "10.0.0.0/9", DNAT: "192.0.2.2:5353"}},
-		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.DNAT{IP: net.ParseIP("192.0.2.2")}},
-			nft.RuleInfo{Comment: "c", Dport: 20000, DportLast: 20999, Saddr: "192.0.2.0/24", DNAT: "192.0.2.2"}},
-		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DNAT{IP: net.ParseIP("2001:db8::2"), Port: 80}},
-			nft.RuleInfo{Comment: "c", Proto: "sctp", DNAT: "[2001:db8::2]:80"}},
+		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 5353)},
+			nft.RuleInfo{Comment: "c", Proto: "udp", Dport: 53, Saddr: "10.0.0.0/9", DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
+		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 0)},
+			nft.RuleInfo{Comment: "c", Dport: 20000, DportLast: 20999, Saddr: "192.0.2.0/24", DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
+		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)},
+			nft.RuleInfo{Comment: "c", Proto: "sctp", DNAT: nft.DNAT{To: netip.MustParseAddrPort("[2001:db8::2]:80")}}},
 		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", Fib: true, Jump: "dispatch"}},
 		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nft.RuleInfo{Comment: "c", SetMark: true, Mark: 0x2000}},
 		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nft.RuleInfo{Comment: "c", Masq: true}},

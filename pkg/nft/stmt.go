@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -110,39 +111,43 @@ func (s Jump) Text(Family) string { return "jump " + s.To }
 func (s Jump) Encode(e *Exprs)    { e.Verdict(unix.NFT_JUMP, s.To) }
 
 // DNAT: dnat to 192.0.2.2:80, or with port 0 dnat to 192.0.2.2 (the port
-// stays)
-type DNAT struct {
-	IP   net.IP
-	Port int
+// stays). Comparable: a rule read back holds one (RuleInfo.DNAT).
+type DNAT struct{ To netip.AddrPort }
+
+// DNATTo is the DNAT to ip and port (0: the port stays).
+func DNATTo(ip net.IP, port int) DNAT {
+	a, _ := netip.AddrFromSlice(ip)
+	return DNAT{To: netip.AddrPortFrom(a.Unmap(), uint16(port))}
 }
 
 func (s DNAT) Text(Family) string {
-	if s.Port == 0 {
-		return "dnat to " + s.IP.String()
+	if s.To.Port() == 0 {
+		return "dnat to " + s.To.Addr().String()
 	}
-	return "dnat to " + net.JoinHostPort(s.IP.String(), strconv.Itoa(s.Port))
+	return "dnat to " + s.To.String()
 }
 
 func (s DNAT) Encode(e *Exprs) {
-	ip, fam := s.IP.To4(), uint32(unix.NFPROTO_IPV4)
+	ip, fam := s.To.Addr().Unmap().AsSlice(), uint32(unix.NFPROTO_IPV4)
 	if e.Family == IPv6 {
-		ip, fam = s.IP.To16(), unix.NFPROTO_IPV6
+		a := s.To.Addr().As16()
+		ip, fam = a[:], unix.NFPROTO_IPV6
 	}
 	e.Add("immediate", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_IMMEDIATE_DREG, Reg1)
 		Value(a, unix.NFTA_IMMEDIATE_DATA, ip)
 	})
-	if s.Port != 0 {
+	if s.To.Port() != 0 {
 		e.Add("immediate", func(a *nfnl.Attrs) {
 			a.U32(unix.NFTA_IMMEDIATE_DREG, Reg2)
-			Value(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, uint16(s.Port)))
+			Value(a, unix.NFTA_IMMEDIATE_DATA, binary.BigEndian.AppendUint16(nil, s.To.Port()))
 		})
 	}
 	e.Add("nat", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
 		a.U32(unix.NFTA_NAT_FAMILY, fam)
 		a.U32(unix.NFTA_NAT_REG_ADDR_MIN, Reg1)
-		if s.Port != 0 {
+		if s.To.Port() != 0 {
 			a.U32(unix.NFTA_NAT_REG_PROTO_MIN, Reg2)
 			a.U32(unix.NFTA_NAT_FLAGS, natRangeProtoSpecified)
 		}

@@ -3,6 +3,7 @@ package nftables
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -220,9 +221,8 @@ func judgeChain(l *layout, c *ChainState) string {
 		for _, s := range r.Stmts {
 			switch s := s.(type) {
 			case nft.DNAT:
-				want := s.Text(f)
-				if "dnat to "+got.DNAT != want {
-					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, want)
+				if got.DNAT != s {
+					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, s.Text(f))
 				}
 			case nft.Jump:
 				if got.Jump != s.To {
@@ -248,14 +248,13 @@ func judgeChain(l *layout, c *ChainState) string {
 // judgeDNATs says what a DNAT map read back lacks, or holds more, of
 // what m should hold, or "".
 func judgeDNATs(f nft.Family, got []MapDNAT, m dnatMap) string {
-	to := make(map[string]string, len(got))
+	to := make(map[Key]netip.AddrPort, len(got))
 	for _, d := range got {
-		to[d.Key.String()] = d.To
+		to[d.Key] = d.To
 	}
 	for _, e := range m.entries {
-		want := nft.DNAT{IP: m.to, Port: e.port}.Text(f)
-		if "dnat to "+to[e.key.String()] != want {
-			return fmt.Sprintf("%s does not %s", e.key, want)
+		if want := nft.DNATTo(m.to, e.port); to[e.key] != want.To {
+			return fmt.Sprintf("%s does not %s", e.key, want.Text(f))
 		}
 	}
 	if len(got) != len(m.entries) {

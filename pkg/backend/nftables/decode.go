@@ -45,7 +45,7 @@ func decodeDNATs(f plan.Family, b []byte) []MapDNAT {
 			set = hostIPPortsMap
 		}
 		if k, ok := keyFromBytes(f, set, e.Key); ok && len(e.Data) >= ipLen+2 {
-			out = append(out, MapDNAT{Key: k, To: targetOf(e.Data[:ipLen], e.Data[ipLen:]).String()})
+			out = append(out, MapDNAT{Key: k, To: targetOf(e.Data[:ipLen], e.Data[ipLen:])})
 		}
 	}
 	return out

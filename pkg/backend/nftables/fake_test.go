@@ -76,7 +76,7 @@ func (k *fakeKernel) upstreamRule(t *testing.T, p plan.Protocol, dport int, ip s
 	tx := nft.NewTx(nft.IPv4, upstreamTable)
 	tx.Add(&nft.Table{})
 	tx.Add(&nft.Chain{Name: "hostports"})
-	tx.Add(&nft.Rule{Chain: "hostports", Comment: id, Stmts: []nft.Stmt{nft.L4Proto{Name: string(p)}, nft.DPort{Port: dport, Last: 0}, nft.DNAT{IP: net.ParseIP(ip).To4(), Port: port}}})
+	tx.Add(&nft.Rule{Chain: "hostports", Comment: id, Stmts: []nft.Stmt{nft.L4Proto{Name: string(p)}, nft.DPort{Port: dport, Last: 0}, nft.DNATTo(net.ParseIP(ip).To4(), port)}})
 	if err := k.Memory.Apply(tx); err != nil {
 		t.Fatal(err)
 	}

@@ -331,10 +331,11 @@ func chainRules(p *plan.Plan, runs []plan.Run) []*nft.Rule {
 		if run.HostIP != nil {
 			stmts = append(stmts, nft.Addr{Dst: true, Spec: run.HostIP.String()})
 		}
-		target := nft.DNAT{IP: p.ContainerNet.IP, Port: run.ContainerPort}
+		port := run.ContainerPort
 		if run.Len > 1 {
-			target.Port = 0 // an identity range: the port stays
+			port = 0 // an identity range: the port stays
 		}
+		target := nft.DNATTo(p.ContainerNet.IP, port)
 		rules = append(rules, &nft.Rule{Chain: chain, Comment: keyComment + runKey(run).String(),
 			Stmts: append(stmts, target)})
 	}

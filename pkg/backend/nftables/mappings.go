@@ -50,22 +50,21 @@ func forwardsOf(s *State) []plan.Installed {
 		}
 		for _, r := range c.Rules {
 			for _, d := range r.DNATs {
-				ip, port := target(d.To)
 				fs = append(fs, plan.Installed{HostIP: ipOf(d.Key.HostIP), HostPort: d.Key.Port, Protocol: d.Key.Protocol,
-					Owner: owner, ContainerIP: ip, ContainerPort: port})
+					Owner: owner, ContainerIP: ipOf(d.To.Addr()), ContainerPort: int(d.To.Port())})
 			}
 			ks, ok := strings.CutPrefix(r.Comment, keyComment)
-			if !ok || r.DNAT == "" {
+			if !ok || !r.DNAT.To.IsValid() {
 				continue
 			}
 			k, ok := parseKey(ks)
 			if !ok {
 				continue
 			}
-			ip, port := target(r.DNAT)
+			to := r.DNAT.To
 			for h := k.Port; h <= k.last(); h++ {
-				f := plan.Installed{HostIP: ipOf(k.HostIP), HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ip, ContainerPort: port}
-				if port < 0 {
+				f := plan.Installed{HostIP: ipOf(k.HostIP), HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ipOf(to.Addr()), ContainerPort: int(to.Port())}
+				if to.Port() == 0 { // an identity range: the port stays
 					f.ContainerPort = h
 				}
 				fs = append(fs, f)

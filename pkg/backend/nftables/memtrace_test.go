@@ -2,7 +2,7 @@ package nftables
 
 import (
 	"net"
-	"strconv"
+	"net/netip"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
@@ -78,11 +78,11 @@ func (m *Memory) Trace(f plan.Family, p plan.Packet, local func(net.IP) bool) pl
 			if r.SetMark {
 				marks |= r.Mark
 			}
-			if r.DNAT != "" {
-				v.DNAT = r.DNAT
-				if ip := net.ParseIP(r.DNAT); ip != nil { // the port stays
-					v.DNAT = net.JoinHostPort(r.DNAT, strconv.Itoa(p.Dport))
+			if to := r.DNAT.To; to.IsValid() {
+				if to.Port() == 0 { // the port stays
+					to = netip.AddrPortFrom(to.Addr(), uint16(p.Dport))
 				}
+				v.DNAT = to.String()
 				return true
 			}
 			if r.Jump != "" && walk(r.Jump, depth+1) {
@@ -143,7 +143,7 @@ func lookup(els map[Key]Element, name string, k Key) (string, bool) {
 func lookupDNAT(els []MapDNAT, p plan.Packet) (string, bool) {
 	for _, e := range els {
 		if e.Key.Protocol == p.Protocol && e.Key.Port == p.Dport && (!e.Key.HostIP.IsValid() || e.Key.HostIP == addrOf(p.Dst)) {
-			return e.To, true
+			return e.To.String(), true
 		}
 	}
 	return "", false

@@ -41,7 +41,7 @@ func (c *ChainState) splitClaims() {
 	rules := c.Rules[:0]
 	for _, r := range c.Rules {
 		s, ok := strings.CutPrefix(r.Comment, claimComment)
-		if ok && r.Jump == "" && r.DNAT == "" && r.DNATMap == "" && r.Lookup == "" {
+		if ok && r.Jump == "" && !r.DNAT.To.IsValid() && r.DNATMap == "" && r.Lookup == "" {
 			if k, ok := parseKey(s); ok && !k.IsRange() {
 				k.Flat = true
 				c.Claims, c.HasClaims = append(c.Claims, k), true

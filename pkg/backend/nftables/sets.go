@@ -2,9 +2,7 @@ package nftables
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -131,14 +129,4 @@ func parseFlatComment(c string) (chain string, srcs []string) {
 // then the port padded to 4 bytes.
 func targetBytes(to netip.AddrPort) []byte {
 	return append(binary.BigEndian.AppendUint16(to.Addr().AsSlice(), to.Port()), 0, 0)
-}
-
-// target reads a DNAT target back: "192.0.2.2:80", or an address alone,
-// the port kept (-1).
-func target(to string) (net.IP, int) {
-	if host, p, err := net.SplitHostPort(to); err == nil {
-		port, _ := strconv.Atoi(p)
-		return net.ParseIP(host), port
-	}
-	return net.ParseIP(to), -1
 }

@@ -46,11 +46,10 @@ type RuleState struct {
 	DNATs []MapDNAT
 }
 
-// MapDNAT is one element of a DNAT rule's map: a key and its target,
-// "192.0.2.2:80" or "[2001:db8::2]:80".
+// MapDNAT is one element of a DNAT rule's map: a key and its target.
 type MapDNAT struct {
 	Key Key
-	To  string
+	To  netip.AddrPort
 }
 
 // keys are the keys the chain claims: those its "hostport" rule comments

@@ -74,9 +74,9 @@ func TestListReadsAsTheTextSays(t *testing.T) {
 				{Chain: "pre", Stmts: []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "c"}}},
 				{Chain: "c", Stmts: []nft.Stmt{nft.Addr{Spec: prefix}, nft.Jump{To: "mark"}}, Comment: "hairpin"},
 				{Chain: "c", Stmts: []nft.Stmt{nft.Addr{Spec: odd}, nft.Jump{To: "mark"}}},
-				{Chain: "c", Stmts: []nft.Stmt{nft.Addr{Dst: true, Spec: addr}, nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 8080}, nft.DNAT{IP: target, Port: 80}}, Comment: "hostport tcp . 8080"},
-				{Chain: "c", Stmts: []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 20000, Last: 20999}, nft.DNAT{IP: target}}},
-				{Chain: "c", Stmts: []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DPort{Port: 9}, nft.DNAT{IP: target, Port: 9}}},
+				{Chain: "c", Stmts: []nft.Stmt{nft.Addr{Dst: true, Spec: addr}, nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 8080}, nft.DNATTo(target, 80)}, Comment: "hostport tcp . 8080"},
+				{Chain: "c", Stmts: []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 20000, Last: 20999}, nft.DNATTo(target, 0)}},
+				{Chain: "c", Stmts: []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DPort{Port: 9}, nft.DNATTo(target, 9)}},
 				{Chain: "mark", Stmts: []nft.Stmt{nft.MarkOr{Mark: 0x2000}}},
 				{Chain: "mark", Stmts: []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}},
 			}

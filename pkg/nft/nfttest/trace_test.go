@@ -68,9 +68,9 @@ func TestTraceAndRuleset(t *testing.T) {
 		tx.Add(&nft.Rule{Chain: "early", Stmts: []nft.Stmt{nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 7777}, ct{}}})
 		tx.Add(&nft.Rule{Chain: "pre", Stmts: []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "svc"}}})
 		tx.Add(&nft.Rule{Chain: "svc", Stmts: []nft.Stmt{vmap{}}})
-		tx.Add(&nft.Rule{Chain: "svc", Stmts: []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 5000, Last: 5010}, nft.DNAT{IP: ip("192.0.2.3")}}})
+		tx.Add(&nft.Rule{Chain: "svc", Stmts: []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 5000, Last: 5010}, nft.DNATTo(ip("192.0.2.3"), 0)}})
 		tx.Add(&nft.Rule{Chain: "web", Stmts: []nft.Stmt{nft.Addr{Spec: "192.0.2.0/24"}, nft.MarkOr{Mark: 0x2000}}})
-		tx.Add(&nft.Rule{Chain: "web", Stmts: []nft.Stmt{nft.DNAT{IP: ip("192.0.2.2"), Port: 80}}})
+		tx.Add(&nft.Rule{Chain: "web", Stmts: []nft.Stmt{nft.DNATTo(ip("192.0.2.2"), 80)}})
 		tx.Add(&nft.Rule{Chain: "post", Stmts: []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}})
 	}
 	if err := apply(k, ruleset); err != nil {
@@ -133,7 +133,7 @@ func TestTraceAndRuleset(t *testing.T) {
 	tx.Add(&nft.Table{})
 	tx.Add(base("pre", "prerouting", unix.NF_INET_PRE_ROUTING, -100))
 	tx.Add(&nft.Rule{Chain: "pre", Stmts: []nft.Stmt{nft.Addr{Dst: true, Spec: "2001:db8:1::1"}, nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 8080},
-		nft.DNAT{IP: net.ParseIP("2001:db8::2"), Port: 80}}})
+		nft.DNATTo(net.ParseIP("2001:db8::2"), 80)}})
 	msgs, err := tx.Messages()
 	if err == nil {
 		err = k.Batch(msgs, true)
