@@ -62,34 +62,33 @@ func (l *layout) judge(f plan.Family, r chainRead) string {
 		return fmt.Sprintf("missing chain %s in table %s", l.chain, Table)
 	}
 	if r.listed {
-		var want, have []ruleID
-		for _, x := range l.rules {
-			want = append(want, ruleKey(x))
-		}
-		for _, s := range r.lines {
-			have = append(have, ruleKey(xt.ParseRule(xt.SplitRule(s))))
-		}
-		if d := diff(want, have); d != "" {
+		if d := listedDiff(l.rules, r.lines, ruleKey); d != "" {
 			return "chain " + l.chain + ": " + d
 		}
 	} else if same, _ := sameRules(f, r.exprs, l.rules, l.jumps()); !same {
 		return l.notAsWritten()
 	}
 	if r.entriesListed {
-		var want, have []ruleID
-		for _, x := range l.entries {
-			want = append(want, entryKey(x))
-		}
-		for _, s := range r.entries {
-			have = append(have, entryKey(xt.ParseRule(xt.SplitRule(s))))
-		}
-		if d := diff(want, have); d != "" {
+		if d := listedDiff(l.entries, r.entries, entryKey); d != "" {
 			return "entry rules in " + TopLevelDNATChain + ": " + d
 		}
 	} else if r.refs != len(l.entries) {
 		return fmt.Sprintf("entry rules in %s: %d rules jump to %s, want %d", TopLevelDNATChain, r.refs, l.chain, len(l.entries))
 	}
 	return ""
+}
+
+// listedDiff compares rules with the lines iptables lists, each by its
+// identity (key).
+func listedDiff(rules []xt.Rule, lines []string, key func(xt.Rule) ruleID) string {
+	want, have := make([]ruleID, len(rules)), make([]ruleID, len(lines))
+	for i, r := range rules {
+		want[i] = key(r)
+	}
+	for i, s := range lines {
+		have[i] = key(xt.ParseRule(xt.SplitRule(s)))
+	}
+	return diff(want, have)
 }
 
 // notAsWritten is judge's word for a chain whose rules, read over netlink,
