@@ -335,7 +335,7 @@ func chainRules(p *plan.Plan, runs []plan.Run) []*nft.Rule {
 		if run.Len > 1 {
 			port = 0 // an identity range: the port stays
 		}
-		target := nft.DNATTo(p.ContainerNet.IP, port)
+		target := nft.DNAT{To: netip.AddrPortFrom(addrOf(p.ContainerNet.IP), uint16(port))}
 		rules = append(rules, &nft.Rule{Chain: chain, Comment: keyComment + runKey(run).String(),
 			Stmts: append(stmts, target)})
 	}
