@@ -129,7 +129,7 @@ func TestImageSyncUsesHostTools(t *testing.T) {
 	if err != nil {
 		t.Fatalf("podman run sync: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "img c1 eth0: would repair: ipv4: chain") || !strings.Contains(out, "sync: 1 attachments") {
+	if !strings.Contains(out, "img c1 eth0: would repair: ipv4: missing chain CNI-DN-") || !strings.Contains(out, "sync: 1 attachments") {
 		t.Errorf("sync in the image:\n%s", out)
 	}
 }
