@@ -10,30 +10,24 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
-// RuleInfo is what a rule read back matches and does, in the terms of
-// this package's statements; rules nft compiled (conditions) read the
-// same, their conditions aside.
+// RuleInfo is what a rule read back does, and the source prefix it
+// matches, in the terms of this package's statements; rules nft compiled
+// (conditions) read the same, their conditions aside. What else it
+// matches is left to the expressions (nfttest runs them).
 type RuleInfo struct {
 	Handle  uint64
 	Comment string
 	Jump    string // chain of a jump or goto verdict
 	DNAT    DNAT   // the DNAT statement as written; an invalid To: none
 	Saddr   string // source prefix matched, as a CIDR
-	Proto   string // meta l4proto matched
-	Dport   int    // th dport matched, the first of a range
-	// DportLast is the last port of a th dport range, 0 for one port.
-	DportLast int
-	Lookup    string // map of a verdict-map lookup
-	// Member is the set a lookup without a result matches in, Mark the
-	// bits a mark set sets.
+	Lookup  string // map of a verdict-map lookup
+	// Member is the set a lookup without a result matches in.
 	Member string
-	Mark   uint32
 	// DNATMap is the map a DNAT looks its target up in.
 	DNATMap string
 	Masq    bool
 	SetMark bool
 	Drop    bool
-	Fib     bool
 }
 
 // nfDrop is NF_DROP, a verdict code.
@@ -85,8 +79,6 @@ type ruleDecoder struct {
 		ok   bool // the source address is loaded
 		len  uint32
 		mask []byte
-		what string // "l4proto" or "dport" when that is loaded
-		xor  []byte // a bitwise's xor: the bits a mark set sets
 	}
 }
 
@@ -103,13 +95,9 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 	case "payload":
 		base, off := nfnl.FindU32(data, unix.NFTA_PAYLOAD_BASE), nfnl.FindU32(data, unix.NFTA_PAYLOAD_OFFSET)
 		d.load.ok = base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == d.saddrOffset
-		d.load.len, d.load.mask, d.load.what = nfnl.FindU32(data, unix.NFTA_PAYLOAD_LEN), nil, ""
-		if base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 2 {
-			d.load.what = "dport"
-		}
+		d.load.len, d.load.mask = nfnl.FindU32(data, unix.NFTA_PAYLOAD_LEN), nil
 	case "bitwise":
 		d.load.mask = ValueOf(data, unix.NFTA_BITWISE_MASK)
-		d.load.xor = ValueOf(data, unix.NFTA_BITWISE_XOR)
 	case "cmp":
 		d.cmp(data)
 	case "immediate":
@@ -138,33 +126,14 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 	case "masq":
 		d.r.Masq = true
 	case "meta":
-		if _, ok := nfnl.Find(data, unix.NFTA_META_SREG); ok {
-			d.r.SetMark = true
-			if len(d.load.xor) == 4 {
-				d.r.Mark = binary.NativeEndian.Uint32(d.load.xor)
-			}
-		}
-		d.load.ok, d.load.what = false, ""
-		if _, ok := nfnl.Find(data, unix.NFTA_META_DREG); ok && nfnl.FindU32(data, unix.NFTA_META_KEY) == unix.NFT_META_L4PROTO {
-			d.load.what = "l4proto"
-		}
-	case "fib":
-		d.r.Fib = true
+		_, d.r.SetMark = nfnl.Find(data, unix.NFTA_META_SREG)
+		d.load.ok = false
 	}
 }
 
-// cmp reads a comparison with what was loaded: the protocol, the
-// destination port (or the bounds of a range), the source prefix.
+// cmp reads a comparison with what was loaded: the source prefix.
 func (d *ruleDecoder) cmp(data []byte) {
 	v, op := ValueOf(data, unix.NFTA_CMP_DATA), nfnl.FindU32(data, unix.NFTA_CMP_OP)
-	switch {
-	case op == unix.NFT_CMP_EQ && d.load.what == "l4proto" && len(v) == 1:
-		d.r.Proto = ProtoName(v[0])
-	case (op == unix.NFT_CMP_EQ || op == unix.NFT_CMP_GTE) && d.load.what == "dport" && len(v) == 2:
-		d.r.Dport = int(binary.BigEndian.Uint16(v))
-	case op == unix.NFT_CMP_LTE && d.load.what == "dport" && len(v) == 2:
-		d.r.DportLast = int(binary.BigEndian.Uint16(v))
-	}
 	if d.load.ok && op == unix.NFT_CMP_EQ {
 		ip := make(net.IP, d.addrLen)
 		copy(ip, v)

@@ -130,7 +130,7 @@ func TestApplyTakesOverNewestWins(t *testing.T) {
 		t.Errorf("CHECK of c: %v", err)
 	}
 	for _, port := range []int{8080, 9090} {
-		if got := trace(k.Memory, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT; !strings.HasPrefix(got, "192.0.2.7:") {
+		if got := trace(t, k.Memory, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT; !strings.HasPrefix(got, "192.0.2.7:") {
 			t.Errorf("port %d goes to %q, want c's 192.0.2.7", port, got)
 		}
 	}

@@ -99,7 +99,7 @@ func TestDNATMapInMemory(t *testing.T) {
 	}
 	for mp := range p.Mappings.All() {
 		dst := fixture.HostIP
-		got := trace(m, mp.Protocol, fixture.Remote, dst, mp.HostPort, false)
+		got := trace(t, m, mp.Protocol, fixture.Remote, dst, mp.HostPort, false)
 		if want := "192.0.2.2:" + strconv.Itoa(mp.ContainerPort); got.DNAT != want {
 			t.Errorf("%s %d: %+v, want %s", mp.Protocol, mp.HostPort, got, want)
 		}
@@ -108,7 +108,7 @@ func TestDNATMapInMemory(t *testing.T) {
 		proto plan.Protocol
 		port  int
 	}{{plan.TCP, 20001}, {plan.UDP, 20000}, {plan.TCP, 21000}} {
-		if got := trace(m, miss.proto, fixture.Remote, fixture.HostIP, miss.port, false); got.DNAT != "" {
+		if got := trace(t, m, miss.proto, fixture.Remote, fixture.HostIP, miss.port, false); got.DNAT != "" {
 			t.Errorf("%s %d: %+v, want nothing translated", miss.proto, miss.port, got)
 		}
 	}

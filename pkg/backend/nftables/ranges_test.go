@@ -130,7 +130,7 @@ func TestRangeOwnership(t *testing.T) {
 					t.Fatalf("step %d: %s %s: %v", i, s.verb, s.p.Owner.ContainerID, err)
 				}
 				for port, want := range s.ports {
-					got := trace(m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
+					got := trace(t, m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
 					if host, _, err := net.SplitHostPort(got); err == nil {
 						got = host
 					}
@@ -235,7 +235,7 @@ func TestRangeSync(t *testing.T) {
 	traces := func() string {
 		var out []string
 		for _, port := range []int{20000, 20039, 20040, 20059, 20060, 20070, 20099} {
-			out = append(out, fmt.Sprintf("%d:%s", port, trace(m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT))
+			out = append(out, fmt.Sprintf("%d:%s", port, trace(t, m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT))
 		}
 		return strings.Join(out, " ")
 	}
