@@ -65,7 +65,7 @@ func (l *layout) judge(f plan.Family, r chainRead) string {
 		if d := listedDiff(l.rules, r.lines, ruleKey); d != "" {
 			return "chain " + l.chain + ": " + d
 		}
-	} else if same, _ := sameRules(f, r.exprs, l.rules, l.jumps()); !same {
+	} else if same, _ := sameRules(f, r.exprs, l.rules, l.jumps(), false); !same {
 		return l.notAsWritten()
 	}
 	if r.entriesListed {

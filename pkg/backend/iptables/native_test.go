@@ -121,7 +121,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 		{Proto: plan.TCP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3:80-90/8000"},
 		{Comment: `dnat name: "bench" id: "c1"`, Proto: plan.TCP, Dports: "10001", Jump: dn},
 	}
-	if same, err := sameRules(plan.IPv4, dumped, rules, chains); !same || err != nil {
+	if same, err := sameRules(plan.IPv4, dumped, rules, chains, false); !same || err != nil {
 		t.Fatalf("the kernel's dump of the rules: same %v, %v", same, err)
 	}
 	// a counter that counted: still the same rule
@@ -130,7 +130,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	if bytes.Equal(counted, dumped[0]) {
 		t.Fatal("no counter to change in the dump")
 	}
-	if same, _ := sameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains); !same {
+	if same, _ := sameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains, false); !same {
 		t.Error("a rule whose counter counted is not the same")
 	}
 	for i, change := range []func(r []xt.Rule){
@@ -145,12 +145,24 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	} {
 		c := slices.Clone(rules)
 		change(c)
-		if same, err := sameRules(plan.IPv4, dumped, c, chains); same || err != nil {
+		if same, err := sameRules(plan.IPv4, dumped, c, chains, false); same || err != nil {
 			t.Errorf("change %d (%v): same %v, %v", i, c, same, err)
 		}
 	}
-	if same, _ := sameRules(plan.IPv4, dumped[:3], rules, chains); same {
+	if same, _ := sameRules(plan.IPv4, dumped[:3], rules, chains, false); same {
 		t.Error("a rule missing: same")
+	}
+	// in another order: the same set (entry rules), not the same chain
+	reversed := slices.Clone(dumped)
+	slices.Reverse(reversed)
+	if same, _ := sameRules(plan.IPv4, reversed, rules, chains, true); !same {
+		t.Error("in another order, any order: not the same")
+	}
+	if same, _ := sameRules(plan.IPv4, reversed, rules, chains, false); same {
+		t.Error("in another order, in order: same")
+	}
+	if same, _ := sameRules(plan.IPv4, append(reversed[:3:3], reversed[2]), rules, chains, true); same {
+		t.Error("one rule twice, another missing, any order: same")
 	}
 	// an attribute the rules we write do not have
 	extra := slices.Clone(dumped[1])
@@ -159,7 +171,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 		a.String(unix.NFTA_EXPR_NAME, "meta")
 		a.Nested(unix.NFTA_EXPR_DATA, func(a *nfnl.Attrs) { a.U32(unix.NFTA_META_KEY, unix.NFT_META_MARK).U32(unix.NFTA_META_DREG, 1) })
 	})
-	if same, _ := sameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains); same {
+	if same, _ := sameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains, false); same {
 		t.Error("an expression more: same")
 	}
 }

@@ -418,12 +418,6 @@ func flatten(m map[string]string, prefix string, b []byte, nested map[string]boo
 	}
 }
 
-// sameExprs reports whether the kernel's dump of a rule's expressions
-// is the rule we write as want.
-func sameExprs(fam plan.Family, dumped, want []byte) bool {
-	return sameAsWritten(dumped, want) || exprKey(fam, dumped) == exprKey(fam, want)
-}
-
 // sameAsWritten reports, without allocating, whether the dump of a
 // rule's expressions is want expression for expression, attribute for
 // attribute: what the kernel dumps of a rule the native writer wrote. The counter's
@@ -518,24 +512,39 @@ func attrType(b []byte) uint16 {
 }
 
 // sameRules reports whether the kernel's dump of a chain's rules
-// (NFTA_RULE_EXPRESSIONS of each) holds rules, in order, as encodeRule
-// writes them; errNotNative when one of rules is not one it writes.
-func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool) (bool, error) {
+// (NFTA_RULE_EXPRESSIONS of each) holds rules as encodeRule writes them,
+// each once: in order, or in any order when anyOrder; errNotNative when
+// one of rules is not one it writes. Rules in the order given, as the
+// native writer wrote them, are judged without allocating; otherwise
+// each is spelled out (exprKey), which any release's spelling of the
+// same rule equals.
+func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool, anyOrder bool) (bool, error) {
 	want := make([][]byte, len(rules))
+	asWritten := len(dumped) == len(rules)
 	for i, r := range rules {
 		e, _, _, err := encodeRule(f, r, chains)
 		if err != nil {
 			return false, err
 		}
 		want[i] = e
+		asWritten = asWritten && sameAsWritten(dumped[i], e)
 	}
-	if len(dumped) != len(want) {
-		return false, nil
+	if asWritten || len(dumped) != len(want) {
+		return asWritten, nil
 	}
-	for i := range want {
-		if !sameExprs(f, dumped[i], want[i]) {
+	count := make(map[string]int, len(want))
+	for i, e := range want {
+		if !anyOrder && exprKey(f, dumped[i]) != exprKey(f, e) {
 			return false, nil
 		}
+		count[exprKey(f, e)]++
+	}
+	for _, d := range dumped {
+		k := exprKey(f, d)
+		if count[k] == 0 {
+			return false, nil
+		}
+		count[k]--
 	}
 	return true, nil
 }

@@ -63,7 +63,7 @@ func (b *Backend) steady(ls []*layout) (bool, error) {
 			return false, nil
 		}
 	}
-	if same, err := sameSet(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps); err != nil || !same {
+	if same, err := sameRules(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps, true); err != nil || !same {
 		return false, nil
 	}
 	if w, err := b.Kernel.Chains(Table, markers, false); err != nil || len(w) != len(markers) {
@@ -76,43 +76,7 @@ func (b *Backend) steady(ls []*layout) (bool, error) {
 	return missing == "" && err == nil, err
 }
 
-// sameSet reports whether the kernel's dump of a chain's rules holds
-// rules as encodeRule writes them, each once, in any order;
-// errNotNative when one of rules is not one it writes. Rules in the
-// order given, as the native writer wrote them, are judged without
-// allocating; otherwise each is spelled out (exprKey).
-func sameSet(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool) (bool, error) {
-	if len(dumped) != len(rules) {
-		return false, nil
-	}
-	want := make([][]byte, len(rules))
-	inOrder := true
-	for i, r := range rules {
-		e, _, _, err := encodeRule(f, r, chains)
-		if err != nil {
-			return false, err
-		}
-		want[i] = e
-		inOrder = inOrder && sameAsWritten(dumped[i], e)
-	}
-	if inOrder {
-		return true, nil
-	}
-	count := make(map[string]int, len(rules))
-	for _, e := range want {
-		count[exprKey(f, e)]++
-	}
-	for _, d := range dumped {
-		k := exprKey(f, d)
-		if count[k] == 0 {
-			return false, nil
-		}
-		count[k]--
-	}
-	return true, nil
-}
-
-// exprKey spells a rule's expressions as sameExprs compares them: each
+// exprKey spells a rule's expressions as sameRules compares them: each
 // form (matchForms) with its attributes by path, sorted, without the ones
 // the kernel dumps at their default; the matches before the counter in
 // sorted order.
