@@ -532,11 +532,16 @@ func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[strin
 	if asWritten || len(dumped) != len(want) {
 		return asWritten, nil
 	}
-	count := make(map[string]int, len(want))
-	for i, e := range want {
-		if !anyOrder && exprKey(f, dumped[i]) != exprKey(f, e) {
-			return false, nil
+	if !anyOrder {
+		for i, e := range want {
+			if !sameAsWritten(dumped[i], e) && exprKey(f, dumped[i]) != exprKey(f, e) {
+				return false, nil
+			}
 		}
+		return true, nil
+	}
+	count := make(map[string]int, len(want))
+	for _, e := range want {
 		count[exprKey(f, e)]++
 	}
 	for _, d := range dumped {
