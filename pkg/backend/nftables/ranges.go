@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 
@@ -167,93 +168,32 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 // place writes into tx the element changes that make l's chain hold its
 // elements, given els, the elements Kernel.Elements returns for its
 // keys, their keys in the other maps and what the chain held before, and
-// hps, the hairpin elements read for the flat ones: the chain's other
-// elements go; an element another attachment holds for a port of l (in
-// either exact map), or sharing a port with one of its intervals, is
-// taken over (logged to log), with the hairpin elements of a flat one; an
-// interval that loses ports is added back, for its owner, as what is left
-// of it; then l's hairpin elements are made to be there. Deletions come
-// first: the kernel checks an interval against the elements the
-// transaction leaves.
+// hps, the hairpin elements read for the flat ones. It is a pass's repair
+// of one attachment that wins every port it asks for (desiredElements):
+// the chain's other elements go; an element another attachment holds for
+// a port of l, or an interval sharing a port with one of l's, is taken
+// over (logged to log), what is left of such an interval added back for
+// its owner.
 func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
-	chain, want, wantHP := l.chain.Name, l.elements, l.hairpins
-	wanted := make(map[Key]Element, len(want))
-	wantPort := make(map[Key]bool, len(want))
-	var intervals []Key
-	// the ports elements of one port hold, by class: a piece of one port
-	// left of an interval is not added under another's element
-	held := map[Key]bool{}
-	for _, w := range want {
-		wanted[w.Key] = w
-		if w.Key.IsRange() {
-			intervals = append(intervals, w.Key)
-		} else {
-			wantPort[w.Key.port()] = true
-			held[w.Key.port()] = true
-		}
-	}
+	s := &syncState{layouts: []*layout{l}, st: newState(), winner: map[Key]int{}, hairpins: map[hairpinID]Hairpin{}}
 	for _, e := range els {
-		if !e.Key.IsRange() {
-			held[e.Key.port()] = true
-		}
+		s.st.Elements[e.Key] = e
 	}
-	have := map[Key]bool{}
-	type ownedPort struct {
-		chain string
-		port  Key
-	}
-	gone := map[ownedPort]bool{} // owner and port of the flat elements deleted
-	var back []Element
-	for _, e := range els {
-		w, ok := wanted[e.Key]
-		switch {
-		case e.Chain == chain && ok && e.To == w.To && slices.Equal(e.Srcs, w.Srcs):
-			have[e.Key] = true
-			continue
-		case e.Chain == chain:
-		case (!e.Key.IsRange() && wantPort[e.Key.port()]) || (len(intervals) > 0 && overlapsAny(e.Key, intervals)):
-			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, e.Key, e.Chain, chain)
-			if e.Key.IsRange() {
-				for _, k := range subtract(e.Key, intervals) {
-					if !held[k] {
-						back = append(back, Element{Key: k, Chain: e.Chain})
-					}
-				}
-			}
-		default:
-			continue
-		}
-		tx.Delete(Element{Key: e.Key})
-		if e.Key.Flat {
-			gone[ownedPort{e.Chain, e.Key.port()}] = true
-		}
-	}
-	wantH := make(map[hairpinID]bool, len(wantHP))
-	for _, h := range wantHP {
-		wantH[h.id()] = true
-	}
-	haveH := map[hairpinID]bool{}
 	for _, h := range hps {
-		switch {
-		case h.Chain == chain && wantH[h.id()]:
-			haveH[h.id()] = true
-		case h.Chain == chain || gone[ownedPort{h.Chain, h.Key.port()}] || wantH[h.id()]:
-			tx.Delete(hairpinObj{h})
+		s.hairpins[h.id()] = h
+	}
+	for _, k := range l.ports() {
+		s.winner[k] = 0
+	}
+	desired, wantHP := s.desiredElements(map[int]bool{0: true})
+	cutIntervals(s.st, els, desired)
+	for _, k := range slices.SortedFunc(maps.Keys(desired), compareKeys) {
+		if was := s.st.Elements[k].Chain; was != "" && was != l.chain.Name && desired[k].Chain != was {
+			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, k, was, l.chain.Name)
 		}
 	}
-	for _, e := range back {
-		tx.Add(Element{Key: e.Key, Chain: e.Chain})
-	}
-	for _, w := range want {
-		if !have[w.Key] {
-			tx.Add(Element{Key: w.Key, Chain: chain, To: w.To, Srcs: w.Srcs})
-		}
-	}
-	for _, h := range wantHP {
-		if !haveH[h.id()] {
-			tx.Add(hairpinObj{h})
-		}
-	}
+	writeElements(tx, s.st, desired)
+	s.writeHairpins(tx, desired, wantHP)
 }
 
 // elementsFor is what Kernel.Elements returns for keys out of all the

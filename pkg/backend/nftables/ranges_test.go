@@ -53,7 +53,7 @@ func TestSubtract(t *testing.T) {
 // rangePlan is an attachment of container id at ip forwarding spans of
 // TCP host ports [first, last] to the same container ports.
 func rangePlan(id, ip string, spans ...[2]int) *plan.Plan {
-	return fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
+	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {
 		r.Owner.ContainerID = id
 		r.Mappings = plan.Mappings{}
 		for _, s := range spans {
@@ -62,6 +62,12 @@ func rangePlan(id, ip string, spans ...[2]int) *plan.Plan {
 			}
 		}
 	})
+	_, n, err := net.ParseCIDR(ip)
+	if err != nil {
+		panic(err)
+	}
+	p.ContainerNet = &net.IPNet{IP: net.ParseIP(strings.Split(ip, "/")[0]).To4(), Mask: n.Mask}
+	return p
 }
 
 // Ownership of interval keys on the in-memory kernel: the newest ADD wins
@@ -273,4 +279,50 @@ func TestRangeSync(t *testing.T) {
 	if got := traces(); got != afterAdd {
 		t.Errorf("after the repair: %s\nwant: %s", got, afterAdd)
 	}
+}
+
+// An interval cut down to a port a newer flat attachment holds: neither
+// ADD nor a pass's repair adds that port back for the interval's owner
+// (an element of one port in the verdict map would shadow the flat one),
+// and a second pass writes nothing.
+func TestRangeCutBesideAFlatPort(t *testing.T) {
+	a := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099})
+	c := fixture.Attachment("c", "192.0.2.4/24", 20000)
+	d := rangePlan("d", "192.0.2.5/24", [2]int{20001, 20099})
+	want := map[int]string{20000: "192.0.2.4:80", 20001: "192.0.2.5:20001", 20099: "192.0.2.5:20099"}
+	holds := func(t *testing.T, m *Memory) {
+		t.Helper()
+		for port, to := range want {
+			got := trace(t, m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
+			if got != to {
+				t.Errorf("port %d goes to %q, want %s", port, got, to)
+			}
+		}
+	}
+	t.Run("ADD", func(t *testing.T) {
+		be, m := memBackend()
+		for _, p := range []*plan.Plan{a, c, d} {
+			if err := be.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		holds(t, m)
+	})
+	t.Run("a pass", func(t *testing.T) {
+		be, m := memBackend()
+		for _, p := range []*plan.Plan{a, c} {
+			if err := be.Apply(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		all := []*plan.Plan{a, c, d}
+		if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Results[2].State != converge.Repaired {
+			t.Fatalf("sync: %+v, %v", rep, err)
+		}
+		holds(t, m)
+		n := m.Committed()
+		if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Wrote || m.Committed() != n {
+			t.Errorf("a second pass wrote: %+v, %v", rep, err)
+		}
+	})
 }

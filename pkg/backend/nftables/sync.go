@@ -182,7 +182,12 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 			addSkeleton(tx, s.kinds[k], lengths)
 		}
 	}
-	desired, wantHP := s.desiredElements(tx, fix.Broken)
+	for i, l := range s.layouts {
+		if fix.Broken[i] {
+			l.rewriteChain(tx, s.st.Chains[l.chain.Name])
+		}
+	}
+	desired, wantHP := s.desiredElements(fix.Broken)
 	cutIntervals(s.st, s.all, desired)
 	for k, e := range s.st.Elements {
 		if _, set := desired[k]; orphanChains[e.Chain] && !set {

@@ -12,12 +12,11 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// desiredElements rewrites the chains of the broken plans into tx and
-// says which element each of their keys is to be (a Chain of "": none),
-// and which hairpin elements the rewritten flat ones are to have, by
-// chain. Element changes are computed as a whole, so that a key is
+// desiredElements says which element each key of the broken plans is
+// to be (a Chain of "": none), and which hairpin elements the rewritten
+// flat ones are to have, by chain. Element changes are computed as a whole, so that a key is
 // deleted or added once even when a repair and a prune both touch it.
-func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[Key]Element, map[string][]Hairpin) {
+func (s *syncState) desiredElements(broken map[int]bool) (map[Key]Element, map[string][]Hairpin) {
 	desired := map[Key]Element{}
 	wantHP := map[string][]Hairpin{}
 	gone := func(k Key) {
@@ -29,7 +28,6 @@ func (s *syncState) desiredElements(tx *nft.Tx, broken map[int]bool) (map[Key]El
 		if !broken[i] {
 			continue
 		}
-		l.rewriteChain(tx, s.st.Chains[l.chain.Name])
 		chain := l.chain
 		wantHP[chain.Name] = []Hairpin{}
 		mine := map[Key]bool{}
@@ -149,7 +147,9 @@ func wonPieces(k Key, winner map[Key]int, i int) []Key {
 
 // cutIntervals makes room for the intervals desired adds: an interval
 // element of another chain sharing ports with one goes, and what is left
-// of it is added back for its owner (unless desired says otherwise).
+// of it is added back for its owner, but not a port of one that an
+// element of one port holds, in either exact map (unless desired says
+// otherwise).
 func cutIntervals(st *State, all []Element, desired map[Key]Element) {
 	var adding []Key
 	for k, to := range desired {
@@ -168,8 +168,14 @@ func cutIntervals(st *State, all []Element, desired map[Key]Element) {
 			continue
 		}
 		desired[e.Key] = Element{Key: e.Key}
+		held := func(k Key) bool {
+			if d, set := desired[k]; set {
+				return d.Chain != ""
+			}
+			return st.Elements[k].Chain != ""
+		}
 		for _, piece := range subtract(e.Key, adding) {
-			if _, set := desired[piece]; !set && st.Elements[piece].Chain == "" {
+			if _, set := desired[piece]; !set && !held(piece) && (piece.IsRange() || !held(piece.inOtherMap())) {
 				desired[piece] = Element{Key: piece, Chain: e.Chain}
 			}
 		}
