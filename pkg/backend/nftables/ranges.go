@@ -175,15 +175,12 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 // over (logged to log), what is left of such an interval added back for
 // its owner.
 func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
-	s := &syncState{layouts: []*layout{l}, st: newState(), winner: map[Key]int{}, hairpins: map[hairpinID]Hairpin{}}
+	s := &syncState{layouts: []*layout{l}, st: newState(), hairpins: map[hairpinID]Hairpin{}}
 	for _, e := range els {
 		s.st.Elements[e.Key] = e
 	}
 	for _, h := range hps {
 		s.hairpins[h.id()] = h
-	}
-	for _, k := range l.ports() {
-		s.winner[k] = 0
 	}
 	desired, wantHP := s.desiredElements(map[int]bool{0: true})
 	cutIntervals(s.st, els, desired)

@@ -224,5 +224,5 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 // "" (judge, over the keys plan i wins).
 func (s *syncState) judge(i int) string {
 	l := s.layouts[i]
-	return judge(l, s.st.Chains[l.chain.Name], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.winner[k] == i })
+	return judge(l, s.st.Chains[l.chain.Name], reading{s.st, s.served, s.hairpins}, func(k Key) bool { return s.wins(k, i) })
 }

@@ -35,7 +35,7 @@ func (s *syncState) desiredElements(broken map[int]bool) (map[Key]Element, map[s
 			k := e.Key
 			if !k.IsRange() {
 				mine[k] = true
-				if s.winner[k.port()] == i {
+				if s.wins(k.port(), i) {
 					desired[k] = e
 					if s.st.Elements[k.inOtherMap()].Chain != "" {
 						gone(k.inOtherMap())
@@ -45,20 +45,14 @@ func (s *syncState) desiredElements(broken map[int]bool) (map[Key]Element, map[s
 			}
 			// the pieces of the interval the plan wins; an element of
 			// one port that would shadow a won port goes
-			for _, piece := range wonPieces(k, s.winner, i) {
+			for _, piece := range s.wonPieces(k, i) {
 				mine[piece] = true
 				desired[piece] = Element{Key: piece, Chain: chain.Name}
-				for port := piece.Port; port <= piece.last(); port++ {
-					for _, one := range []Key{{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}, {HostIP: k.HostIP, Protocol: k.Protocol, Port: port, Flat: true}} {
-						if h := s.st.Elements[one].Chain; h != "" && h != chain.Name {
-							gone(one)
-						}
-					}
-				}
+				s.shadowsIn(piece, chain.Name, gone)
 			}
 		}
 		if l.flat {
-			wantHP[chain.Name] = l.hairpinsOf(func(k Key) bool { return s.winner[k] == i })
+			wantHP[chain.Name] = l.hairpinsOf(func(k Key) bool { return s.wins(k, i) })
 		}
 		for k, e := range s.st.Elements {
 			if _, set := desired[k]; e.Chain == chain.Name && !mine[k] && !set {
@@ -124,12 +118,42 @@ func (s *syncState) writeHairpins(tx *nft.Tx, desired map[Key]Element, wantHP ma
 	}
 }
 
+// wins says plan i is the newest to claim port (a key of one port); with
+// no winner (ADD's slow path), plan i claims every port it asks for.
+func (s *syncState) wins(port Key, i int) bool { return s.winner == nil || s.winner[port] == i }
+
+// shadowsIn calls gone for each element of one port, in either exact
+// map, that another chain than chain holds inside interval piece: it
+// would shadow the piece. It looks each port up, or walks the elements
+// when they are fewer.
+func (s *syncState) shadowsIn(piece Key, chain string, gone func(Key)) {
+	if piece.last()-piece.Port+1 > len(s.st.Elements) {
+		for k, e := range s.st.Elements {
+			if !k.IsRange() && e.Chain != chain && overlaps(k, piece) {
+				gone(k)
+			}
+		}
+		return
+	}
+	for port := piece.Port; port <= piece.last(); port++ {
+		one := Key{HostIP: piece.HostIP, Protocol: piece.Protocol, Port: port}
+		for _, k := range []Key{one, one.inOtherMap()} {
+			if h := s.st.Elements[k].Chain; h != "" && h != chain {
+				gone(k)
+			}
+		}
+	}
+}
+
 // wonPieces are the runs of interval k's ports plan i wins, as keys.
-func wonPieces(k Key, winner map[Key]int, i int) []Key {
+func (s *syncState) wonPieces(k Key, i int) []Key {
+	if s.winner == nil {
+		return []Key{k}
+	}
 	var out []Key
 	start := -1
 	for port := k.Port; port <= k.Last+1; port++ {
-		won := port <= k.Last && winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}] == i
+		won := port <= k.Last && s.winner[Key{HostIP: k.HostIP, Protocol: k.Protocol, Port: port}] == i
 		switch {
 		case won && start < 0:
 			start = port
@@ -201,7 +225,7 @@ type syncState struct {
 	st, up  *State // the table (empty when absent) and upstream's
 	exists  bool
 	// winner is the newest plan of each port (of an interval, port by
-	// port); all and served are the table's elements, read only when a
+	// port; nil: the one plan wins every port it asks for); all and served are the table's elements, read only when a
 	// wanted plan has intervals.
 	winner    map[Key]int
 	anyRanges bool
