@@ -2,7 +2,6 @@ package nft
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
@@ -17,10 +16,10 @@ import (
 type RuleInfo struct {
 	Handle  uint64
 	Comment string
-	Jump    string // chain of a jump or goto verdict
-	DNAT    DNAT   // the DNAT statement as written; an invalid To: none
-	Saddr   string // source prefix matched, as a CIDR
-	Lookup  string // map of a verdict-map lookup
+	Jump    string       // chain of a jump or goto verdict
+	DNAT    DNAT         // the DNAT statement as written; an invalid To: none
+	Saddr   netip.Prefix // source prefix matched, masked; invalid: none
+	Lookup  string       // map of a verdict-map lookup
 	// Member is the set a lookup without a result matches in.
 	Member string
 	// DNATMap is the map a DNAT looks its target up in.
@@ -135,8 +134,9 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 func (d *ruleDecoder) cmp(data []byte) {
 	v, op := ValueOf(data, unix.NFTA_CMP_DATA), nfnl.FindU32(data, unix.NFTA_CMP_OP)
 	if d.load.ok && op == unix.NFT_CMP_EQ {
-		ip := make(net.IP, d.addrLen)
+		ip := make([]byte, d.addrLen)
 		copy(ip, v)
+		a, _ := netip.AddrFromSlice(ip)
 		ones := int(d.load.len) * 8
 		if d.load.mask != nil {
 			ones = 0
@@ -146,7 +146,7 @@ func (d *ruleDecoder) cmp(data []byte) {
 				}
 			}
 		}
-		d.r.Saddr = (&net.IPNet{IP: ip, Mask: net.CIDRMask(ones, int(d.addrLen)*8)}).String()
+		d.r.Saddr, _ = a.Prefix(ones)
 	}
 	d.load.ok = false
 }

@@ -219,9 +219,9 @@ func TestDecodeRule(t *testing.T) {
 		want  nft.RuleInfo
 	}{
 		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 5353)},
-			nft.RuleInfo{Comment: "c", Saddr: "10.0.0.0/9", DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
+			nft.RuleInfo{Comment: "c", Saddr: netip.MustParsePrefix("10.0.0.0/9"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
 		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 0)},
-			nft.RuleInfo{Comment: "c", Saddr: "192.0.2.0/24", DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
+			nft.RuleInfo{Comment: "c", Saddr: netip.MustParsePrefix("192.0.2.0/24"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
 		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)},
 			nft.RuleInfo{Comment: "c", DNAT: nft.DNAT{To: netip.MustParseAddrPort("[2001:db8::2]:80")}}},
 		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", Jump: "dispatch"}},

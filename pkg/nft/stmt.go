@@ -88,6 +88,17 @@ func (s Addr) Encode(e *Exprs) {
 	e.Cmp(unix.NFT_CMP_EQ, Reg1, ip)
 }
 
+// Prefix is the prefix s matches, masked (invalid when Spec is not an
+// address or a CIDR): what a rule read back says it matches
+// (RuleInfo.Saddr).
+func (s Addr) Prefix() netip.Prefix {
+	n := ParsePrefix(s.Spec)
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	p, _ := a.Unmap().Prefix(ones)
+	return p
+}
+
 // ParsePrefix reads an address (a full-length prefix) or a CIDR; an
 // unreadable one is 0.0.0.0/32.
 func ParsePrefix(spec string) *net.IPNet {

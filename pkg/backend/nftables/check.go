@@ -233,7 +233,7 @@ func judgeChain(l *layout, c *ChainState) string {
 					return fmt.Sprintf("rule %q in chain %s: %s", r.Comment, own, why)
 				}
 			case nft.Addr:
-				if !s.Dst && !samePrefix(got.Saddr, s.Spec) {
+				if !s.Dst && got.Saddr != s.Prefix() {
 					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.Text(f))
 				}
 			}

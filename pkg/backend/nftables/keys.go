@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -137,13 +136,6 @@ func parseKey(s string) (Key, bool) {
 		k.Last = last
 	}
 	return k, true
-}
-
-// samePrefix reports whether a read-back source prefix is spec (an
-// address or a CIDR).
-func samePrefix(got, spec string) bool {
-	a, b := nft.ParsePrefix(got), nft.ParsePrefix(spec)
-	return a.String() == b.String()
 }
 
 // prefixString spells ip masked to ones bits as a CIDR.
