@@ -43,11 +43,14 @@ func Main(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	RequireRoot("privileged tests", "they make their own network namespaces")
-	if err := ensureBinaries(); err != nil {
+	remove, err := ensureBinaries()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(Reexec(os.Args))
+	status := Reexec(os.Args)
+	remove()
+	os.Exit(status)
 }
 
 // MainUnchanged is Main that also fails the run where fingerprint,
@@ -58,12 +61,14 @@ func MainUnchanged(m *testing.M, fingerprint func() string) {
 		Main(m)
 	}
 	RequireRoot("privileged tests", "they make their own network namespaces")
-	if err := ensureBinaries(); err != nil {
+	remove, err := ensureBinaries()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "nettest: %v\n", err)
 		os.Exit(1)
 	}
 	before := fingerprint()
 	status := Reexec(os.Args)
+	remove()
 	if d := Changed(before, fingerprint()); d != "" {
 		fmt.Fprintf(os.Stderr, "nettest: the tests changed the machine:\n%s", d)
 		status = 1
@@ -188,19 +193,27 @@ func BinDir() string { return os.Getenv(BinEnv) }
 
 // ensureBinaries builds our plugin, the real ptp, bridge, host-local, loopback
 // plugins and the upstream portmap from the module versions in go.mod,
-// unless BinEnv already names a directory.
-func ensureBinaries() error {
+// unless BinEnv already names a directory. The directory it makes is
+// open to every user (a test runs the plugin as nobody), and remove
+// deletes it.
+func ensureBinaries() (remove func(), err error) {
 	if dir := os.Getenv(BinEnv); dir != "" {
-		return nil
+		return func() {}, nil
 	}
 	dir, err := os.MkdirTemp("", "portmap-cni-bin-")
 	if err != nil {
-		return err
+		return nil, err
+	}
+	remove = func() { os.RemoveAll(dir) }
+	if err := os.Chmod(dir, 0o755); err != nil {
+		remove()
+		return nil, err
 	}
 	if err := BuildPlugins(dir); err != nil {
-		return err
+		remove()
+		return nil, err
 	}
-	return os.Setenv(BinEnv, dir)
+	return remove, os.Setenv(BinEnv, dir)
 }
 
 // upstreamPortmap is the upstream plugin among go.mod's tools; it is
