@@ -136,27 +136,6 @@ func (s *syncState) skeleton() []string {
 	return shared
 }
 
-// flatSkeleton reports whether the table has the skeleton's parts for
-// flat attachments whose hairpin sets have lengths: their maps and sets,
-// and the dispatch chain's rules.
-func (s *syncState) flatSkeleton(lengths []int) bool {
-	for _, name := range flatSetNames(lengths) {
-		if !s.st.Maps[name] {
-			return false
-		}
-	}
-	d := s.st.Chains[DispatchChain]
-	if d == nil {
-		return false
-	}
-	for _, r := range dispatchRules(lengths) {
-		if flatDispatchRule(r) && !hasRule(d, r) {
-			return false
-		}
-	}
-	return true
-}
-
 // writeSync writes the repair: one transaction for the table, one for
 // upstream's rules of pruned containers.
 func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, error) {
@@ -169,13 +148,9 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 		}
 	}
 	tx := newTx(b.Family)
-	var repaired []*layout
-	for i := range fix.Broken {
-		repaired = append(repaired, s.layouts[i])
-	}
-	need := lengthsOf(nil, repaired...)
-	flatRepair := slices.ContainsFunc(repaired, func(l *layout) bool { return l.flat })
-	if fix.Shared || (len(fix.Broken) > 0 && !s.exists) || (flatRepair && !s.flatSkeleton(need)) {
+	// decide names a missing table, and what a flat attachment's repair
+	// needs of the skeleton, as shared: it is written whole
+	if fix.Shared {
 		// the lengths the node has, and those of every wanted plan
 		lengths := lengthsOf(s.st.Chains[DispatchChain], s.layouts...)
 		for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
