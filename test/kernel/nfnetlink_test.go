@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -351,5 +352,48 @@ func TestShadowedIntervalOnTheKernel(t *testing.T) {
 	})
 	if got := listIn(t, n, "list", "map", "ip", nftables.Table, nftables.HostDNATMap); strings.Contains(got, "20070") {
 		t.Errorf("the flat element taken over stays:\n%s", got)
+	}
+}
+
+// TestRangeCutBesideAFlatPortOnTheKernel: a pass repairs a range that
+// cuts an older range down to a port a newer flat attachment holds; the
+// older range gets nothing back over the flat element (an element of one
+// port in the verdict map would shadow it), and a second pass writes
+// nothing. Before, that element came back and every pass repaired it.
+func TestRangeCutBesideAFlatPortOnTheKernel(t *testing.T) {
+	span := func(id, ip string, first, n int) *plan.Plan {
+		req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: id, IfName: "eth0"},
+			Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13}}
+		for _, m := range fixture.Span(plan.TCP, first, first, n) {
+			req.Mappings.Add(m)
+		}
+		return plan.Build(req, plan.IPv4, cidr(ip))
+	}
+	older, newer := span("older", "192.0.2.2/24", 20000, 100), span("newer", "192.0.2.5/24", 20001, 99)
+	flat := mkPlan("net1", "flat", "192.0.2.4/24", 20000)
+	n := nettest.NewNS(t)
+	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
+		for _, p := range []*plan.Plan{older, flat} {
+			if err := b.Apply(p); err != nil {
+				return err
+			}
+		}
+		want := []*plan.Plan{older, flat, newer}
+		rep, err := b.Sync(want, converge.Options{})
+		if err != nil || rep.Results[2].State != converge.Repaired {
+			return fmt.Errorf("the pass: %+v, %v; want newer repaired", rep, err)
+		}
+		if rep, err := b.Sync(want, converge.Options{}); err != nil || rep.Wrote {
+			return fmt.Errorf("a second pass: %+v, %v; want nothing written", rep, err)
+		}
+		for _, p := range []*plan.Plan{flat, newer} {
+			if err := b.Check(p); err != nil {
+				return fmt.Errorf("CHECK %s: %w", p.Owner.ContainerID, err)
+			}
+		}
+		return nil
+	})
+	if got := listIn(t, n, "list", "map", "ip", nftables.Table, "hostports"); strings.Contains(got, "20000") {
+		t.Errorf("the older range's port came back over the flat element:\n%s", got)
 	}
 }
