@@ -3,7 +3,6 @@ package nftables
 import (
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"sort"
 
@@ -184,9 +183,9 @@ func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 	}
 	desired, wantHP := s.desiredElements(map[int]bool{0: true})
 	cutIntervals(s.st, els, desired)
-	for _, k := range slices.SortedFunc(maps.Keys(desired), compareKeys) {
-		if was := s.st.Elements[k].Chain; was != "" && was != l.chain.Name && desired[k].Chain != was {
-			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, k, was, l.chain.Name)
+	for _, e := range els {
+		if d, ok := desired[e.Key]; ok && e.Chain != l.chain.Name && d.Chain != e.Chain {
+			fmt.Fprintf(log, "portmap: %s %s was forwarded by chain %s; %s takes it over\n", tx.Family, e.Key, e.Chain, l.chain.Name)
 		}
 	}
 	writeElements(tx, s.st, desired)

@@ -62,11 +62,12 @@ func rangePlan(id, ip string, spans ...[2]int) *plan.Plan {
 			}
 		}
 	})
-	_, n, err := net.ParseCIDR(ip)
+	addr, n, err := net.ParseCIDR(ip)
 	if err != nil {
 		panic(err)
 	}
-	p.ContainerNet = &net.IPNet{IP: net.ParseIP(strings.Split(ip, "/")[0]).To4(), Mask: n.Mask}
+	n.IP = addr.To4()
+	p.ContainerNet = n
 	return p
 }
 

@@ -14,8 +14,9 @@ import (
 
 // desiredElements says which element each key of the broken plans is
 // to be (a Chain of "": none), and which hairpin elements the rewritten
-// flat ones are to have, by chain. Element changes are computed as a whole, so that a key is
-// deleted or added once even when a repair and a prune both touch it.
+// flat ones are to have, by chain. Element changes are computed as a
+// whole, so that a key is deleted or added once even when a repair and a
+// prune both touch it.
 func (s *syncState) desiredElements(broken map[int]bool) (map[Key]Element, map[string][]Hairpin) {
 	desired := map[Key]Element{}
 	wantHP := map[string][]Hairpin{}
