@@ -103,22 +103,24 @@ func TestNativeAddAsRestore(t *testing.T) {
 		return out
 	}
 	// guest: the case writes an expression, an address or a port form no
-	// other case writes, so Debian's kernels in the guests (make
+	// other guest case writes, so Debian's kernels in the guests (make
 	// guest-test) store and dump it too; the other cases differ from
-	// these in which rules they write, not in how, and the guests (where
-	// the test takes some 20 times the host's time under the emulator:
-	// each case runs thirty or so processes) leave them to the host's
-	// kernel.
+	// these in which rules they write, not in how, or write in one case
+	// what two of the guest's write together, and the guests (where the
+	// test takes some 20 times the host's time under the emulator: each
+	// case runs thirty or so processes) leave them to the host's kernel.
 	cases := []struct {
 		name          string
 		p             *plan.Plan
 		native, guest bool
 	}{
 		{"one tcp", mk(plan.IPv4, "192.0.2.2/24", nil, tcp(8080, 80)), true, false},
-		{"tcp and udp, host IP", mk(plan.IPv4, "192.0.2.2/24", nil, tcp(8080, 80), withIP(udp(5353, 53), "198.51.100.7")), true, true},
-		{"prefix off a byte", mk(plan.IPv4, "10.20.30.40/20", nil, tcp(8080, 80)), true, true},
-		{"identity range", mk(plan.IPv4, "192.0.2.2/24", nil, span(plan.TCP, 8000, 8000, 11)...), true, true},
-		{"offset range", mk(plan.IPv4, "192.0.2.2/24", nil, span(plan.UDP, 8000, 9000, 11)...), true, true},
+		{"tcp and udp, host IP", mk(plan.IPv4, "192.0.2.2/24", nil, tcp(8080, 80), withIP(udp(5353, 53), "198.51.100.7")), true, false},
+		{"prefix off a byte", mk(plan.IPv4, "10.20.30.40/20", nil, tcp(8080, 80)), true, false},
+		{"host IP, prefix off a byte", mk(plan.IPv4, "10.20.30.40/20", nil, tcp(8080, 80), withIP(udp(5353, 53), "198.51.100.7")), true, true},
+		{"identity range", mk(plan.IPv4, "192.0.2.2/24", nil, span(plan.TCP, 8000, 8000, 11)...), true, false},
+		{"offset range", mk(plan.IPv4, "192.0.2.2/24", nil, span(plan.UDP, 8000, 9000, 11)...), true, false},
+		{"identity and offset ranges", mk(plan.IPv4, "192.0.2.2/24", nil, append(span(plan.TCP, 8000, 8000, 11), span(plan.UDP, 8000, 9000, 11)...)...), true, true},
 		{"more than 15 multiport slots", mk(plan.IPv4, "192.0.2.2/24", nil, append(many(), span(plan.TCP, 7000, 7000, 5)...)...), true, true},
 		{"masqAll", mk(plan.IPv4, "192.0.2.2/24", func(r *plan.Request) { r.Masquerade.All = true }, tcp(8080, 80)), true, false},
 		{"snat off", mk(plan.IPv4, "192.0.2.2/24", func(r *plan.Request) { r.Masquerade.Enabled = false }, tcp(8080, 80), udp(8080, 80)), true, false},
