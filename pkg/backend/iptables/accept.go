@@ -3,12 +3,9 @@ package iptables
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
@@ -181,44 +178,28 @@ func (fw *Accept) Check(p *plan.Plan) error {
 	return nil
 }
 
-var fwOwnerRE = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-FW-\S+)$`)
-})
-
-// fwListing is the filter table's forwardAccept state.
+// fwListing is the filter table's forwardAccept state: its listing, and
+// whether CNI-HOSTPORT-FWD exists and FORWARD jumps to it.
 type fwListing struct {
-	chains map[string]bool     // CNI-FW-* chains
-	rules  map[string][]string // their rules
-	refs   map[string][]string // CNI-HOSTPORT-FWD rules by target
-	owners map[string][2]string
-	shared bool // CNI-HOSTPORT-FWD exists and FORWARD jumps to it
+	*listing
+	shared bool
 }
 
 func parseAccept(lines []string) *fwListing {
-	l := &fwListing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}, owners: map[string][2]string{}}
-	hasChain, hasJump := false, false
-	for _, line := range lines {
-		switch {
-		case line == "-N "+forwardChain:
-			hasChain = true
-		case line == "-A FORWARD -j "+forwardChain:
-			hasJump = true
-		case strings.HasPrefix(line, "-N CNI-FW-"):
-			l.chains[line[3:]] = true
-		case strings.HasPrefix(line, "-A CNI-FW-"):
-			chain, _, _ := strings.Cut(line[3:], " ")
-			l.rules[chain] = append(l.rules[chain], line)
-		case strings.HasPrefix(line, "-A "+forwardChain+" "):
-			if m := fwOwnerRE().FindStringSubmatch(line); m != nil {
-				l.refs[m[3]] = append(l.refs[m[3]], line)
-				l.owners[m[3]] = [2]string{m[1], m[2]}
-			} else if i := strings.LastIndex(line, " -j "); i > 0 {
-				l.refs[line[i+4:]] = append(l.refs[line[i+4:]], line)
-			}
+	return &fwListing{listing: parseTable(lines, forwardChain),
+		shared: slices.Contains(lines, "-N "+forwardChain) && slices.Contains(lines, "-A FORWARD -j "+forwardChain)}
+}
+
+// acceptChains are the listing's CNI-FW chains, sorted.
+func (l *fwListing) acceptChains() []string {
+	var out []string
+	for c := range l.chains {
+		if strings.HasPrefix(c, "CNI-"+forwardChainPrefix) {
+			out = append(out, c)
 		}
 	}
-	l.shared = hasChain && hasJump
-	return l
+	slices.Sort(out)
+	return out
 }
 
 // GC removes the accept rules of network's attachments that are not in
@@ -239,9 +220,9 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 	}
 	l := parseAccept(lines)
 	pl := filterPayload()
-	for _, chain := range slices.Sorted(maps.Keys(l.chains)) {
+	for _, chain := range l.acceptChains() {
 		o, ok := l.owners[chain]
-		if !ok || o[0] != network || ids[o[1]] || chain != AcceptChainName(plan.Owner{Network: o[0], ContainerID: o[1]}) {
+		if !ok || o.Network != network || ids[o.ContainerID] || chain != AcceptChainName(o) {
 			continue
 		}
 		pl.drop(chain, l.refs[chain])
@@ -302,10 +283,10 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 	if len(want) > 0 && !l.shared {
 		v.Shared = append(v.Shared, "forwardAccept: chain "+forwardChain+" or the jump to it from FORWARD missing")
 	}
-	for _, chain := range slices.Sorted(maps.Keys(l.chains)) {
+	for _, chain := range l.acceptChains() {
 		if !wanted[chain] {
 			ow := l.owners[chain] // zero: no entry rule names the owner
-			v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: ow[0], ContainerID: ow[1],
+			v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: ow.Network, ContainerID: ow.ContainerID,
 				Object: "chain " + chain + " (forwardAccept)", Handle: chain})
 		}
 	}

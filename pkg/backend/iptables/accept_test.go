@@ -61,9 +61,12 @@ func TestForwardSync(t *testing.T) {
 	k := &fakeKernel{lines: []string{
 		"-P FORWARD DROP",
 		"-N CNI-HOSTPORT-FWD",
+		"-N DOCKER-USER", // another's chain: never an orphan of ours
 		"-N " + ca,
 		"-N " + cb,
+		"-A FORWARD -j DOCKER-USER",
 		"-A FORWARD -j CNI-HOSTPORT-FWD",
+		"-A DOCKER-USER -j RETURN",
 		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"a\"" -j ` + ca,
 		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"b\"" -j ` + cb,
 		"-A " + ca + " -p tcp -m conntrack --ctstate DNAT --ctreplsrc 192.0.2.2/32 --ctorigdstport 8080 --ctreplsrcport 80 -j ACCEPT",
@@ -78,7 +81,7 @@ func TestForwardSync(t *testing.T) {
 		t.Errorf("a: %+v shared %q, want ok (rules in iptables' own order and spelling)", rep.Results, rep.Shared)
 	}
 	if len(rep.Orphans) != 1 || rep.Orphans[0].ContainerID != "b" || !rep.Orphans[0].Pruned {
-		t.Fatalf("orphans %+v, want b pruned", rep.Orphans)
+		t.Fatalf("orphans %+v, want b pruned (and no other chain of the table)", rep.Orphans)
 	}
 	if len(k.restores) != 1 || !strings.Contains(k.restores[0], "-X "+cb+"\n") || strings.Contains(k.restores[0], ca) {
 		t.Errorf("prune payload %q", k.restores)

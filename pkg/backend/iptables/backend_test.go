@@ -189,6 +189,15 @@ func TestGCSelectsByNetworkAndValidity(t *testing.T) {
 	if err := b.GC("net1", []plan.Owner{a.Owner, bb.Owner}); err != nil || len(k.restores) != 0 {
 		t.Errorf("%v, restores %q", err, k.restores)
 	}
+	// An entry rule whose comment names an owner the chain it jumps to
+	// is not the hash of (a comment cut short, another's rule) proves
+	// nothing: GC keeps it.
+	b, k, _ = lockedBackend(t, "")
+	k.lines = append(k.lines, "-N CNI-DN-0123456789abcdef01234",
+		`-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"net1\" id: \"cut\"" -m multiport --dports 9090 -j CNI-DN-0123456789abcdef01234`)
+	if err := b.GC("net1", []plan.Owner{a.Owner, bb.Owner}); err != nil || len(k.restores) != 0 {
+		t.Errorf("GC beside a chain its comment does not hash to: %v, restores %q", err, k.restores)
+	}
 }
 
 // STATUS asks the restore tool (--test, an aborted batch in the kernel)

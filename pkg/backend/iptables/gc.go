@@ -3,7 +3,7 @@ package iptables
 import (
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -28,32 +28,22 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	if err != nil {
 		return fmt.Errorf("list table %s: %w", Table, err)
 	}
-	refs := map[string][]string{} // stale chain -> its entry rules
-	var order []string
-	for _, l := range lines {
-		if !strings.HasPrefix(l, "-A "+TopLevelDNATChain+" ") {
-			continue
-		}
-		m := entryOwnerRE().FindStringSubmatch(l)
-		if m == nil || m[1] != network || ids[m[2]] {
-			continue
-		}
+	lt := parseListing(lines)
+	var order []string // stale chains, sorted
+	for chain, o := range lt.owners {
 		// A cut comment (very long names) cannot prove ownership: the
 		// chain name must be the one this owner hashes to.
-		if m[3] != ChainName(plan.Owner{Network: m[1], ContainerID: m[2]}) {
-			continue
+		if o.Network == network && !ids[o.ContainerID] && chain == ChainName(o) {
+			order = append(order, chain)
 		}
-		if _, seen := refs[m[3]]; !seen {
-			order = append(order, m[3])
-		}
-		refs[m[3]] = append(refs[m[3]], l)
 	}
 	if len(order) == 0 {
 		return nil
 	}
+	slices.Sort(order)
 	pl := newPayload()
 	for _, chain := range order {
-		pl.drop(chain, refs[chain])
+		pl.drop(chain, lt.refs[chain])
 	}
 	if err := b.Kernel.Restore(pl.bytes()); err != nil {
 		return b.restoreError("gc", pl, err)

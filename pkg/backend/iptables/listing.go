@@ -8,20 +8,27 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
-// listing is the nat table as iptables -S prints it, by chain.
+// listing is a table as iptables -S prints it, by chain: the nat
+// table's (parseListing) or the filter table's forwardAccept chains
+// (parseAccept).
 type listing struct {
 	chains map[string]bool
 	rules  map[string][]string // chain -> its "-A" lines
-	// refs are the rules of CNI-HOSTPORT-DNAT by the CNI-DN chain they
-	// jump to.
-	refs map[string][]string
+	// refs are the rules of the entry chain (CNI-HOSTPORT-DNAT,
+	// CNI-HOSTPORT-FWD) by the chain they jump to; owners the owner
+	// the first of them names in its comment.
+	refs   map[string][]string
+	owners map[string]plan.Owner
 }
 
-func parseListing(lines []string) *listing {
-	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}}
+func parseListing(lines []string) *listing { return parseTable(lines, TopLevelDNATChain) }
+
+func parseTable(lines []string, entry string) *listing {
+	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}, owners: map[string]plan.Owner{}}
 	for _, l := range lines {
 		if name, ok := strings.CutPrefix(l, "-N "); ok {
 			lt.chains[name] = true
@@ -33,9 +40,16 @@ func parseListing(lines []string) *listing {
 		}
 		chain, _, _ := strings.Cut(rest, " ")
 		lt.rules[chain] = append(lt.rules[chain], l)
-		if chain == TopLevelDNATChain {
-			if i := strings.LastIndex(l, " -j "); i > 0 {
-				lt.refs[l[i+4:]] = append(lt.refs[l[i+4:]], l)
+		if chain != entry {
+			continue
+		}
+		if i := strings.LastIndex(l, " -j "); i > 0 {
+			to := l[i+4:]
+			lt.refs[to] = append(lt.refs[to], l)
+			if _, ok := lt.owners[to]; !ok {
+				if m := entryOwnerRE().FindStringSubmatch(l); m != nil {
+					lt.owners[to] = plan.Owner{Network: m[1], ContainerID: m[2]}
+				}
 			}
 		}
 	}
@@ -160,14 +174,8 @@ func (lt *listing) orphans(wanted map[string]bool) []orphan {
 	sort.Strings(names)
 	out := make([]orphan, 0, len(names))
 	for _, c := range names {
-		o := orphan{chain: c}
-		for _, ref := range lt.refs[c] {
-			if m := entryOwnerRE().FindStringSubmatch(ref); m != nil && m[3] == c {
-				o.network, o.id = m[1], m[2]
-				break
-			}
-		}
-		out = append(out, o)
+		o := lt.owners[c] // zero: no entry rule names the owner
+		out = append(out, orphan{chain: c, network: o.Network, id: o.ContainerID})
 	}
 	return out
 }

@@ -24,16 +24,7 @@ func (b *Backend) Mappings() ([]plan.Installed, error) {
 // chain from its entry rule's comment (EntryComment), the mappings from
 // its DNAT rules.
 func parseMappings(lines []string) []plan.Installed {
-	lt := parseListing(lines)
-	owners := map[string]plan.Owner{}
-	for chain, refs := range lt.refs {
-		for _, ref := range refs {
-			if m := entryOwnerRE().FindStringSubmatch(ref); m != nil && m[3] == chain {
-				owners[chain] = plan.Owner{Network: m[1], ContainerID: m[2]}
-				break
-			}
-		}
-	}
+	owners := parseListing(lines).owners
 	var out []plan.Installed
 	for _, l := range lines {
 		rest, ok := strings.CutPrefix(l, "-A "+dnChain)

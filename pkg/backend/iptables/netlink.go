@@ -457,42 +457,18 @@ func sameAsWritten(dumped, want []byte) bool {
 // the nested ones (by path) by their contents.
 func sameAttrs(a, b []byte, prefix string, nested map[string]bool) bool {
 	count := 0
-	for rest := a; len(rest) > 0; count++ {
-		va, ra, ok := nextAttr(rest)
-		if !ok {
+	for at := range nfnl.All(a) {
+		vb, found := nfnl.Find(b, at.Type)
+		p := prefix + strconv.Itoa(int(at.Type))
+		if !found || (nested[p] && !sameAttrs(at.Value, vb, p+".", nested)) || (!nested[p] && !bytes.Equal(at.Value, vb)) {
 			return false
 		}
-		ta := attrType(rest)
-		vb, found := findAttr(b, ta)
-		p := prefix + strconv.Itoa(int(ta))
-		if !found || (nested[p] && !sameAttrs(va, vb, p+".", nested)) || (!nested[p] && !bytes.Equal(va, vb)) {
-			return false
-		}
-		rest = ra
+		count++
 	}
-	for rest := b; len(rest) > 0; count-- {
-		_, rb, ok := nextAttr(rest)
-		if !ok {
-			return false
-		}
-		rest = rb
+	for range nfnl.All(b) {
+		count--
 	}
 	return count == 0
-}
-
-// findAttr is the value of b's attribute of type typ.
-func findAttr(b []byte, typ uint16) ([]byte, bool) {
-	for len(b) > 0 {
-		v, rest, ok := nextAttr(b)
-		if !ok {
-			return nil, false
-		}
-		if attrType(b) == typ {
-			return v, true
-		}
-		b = rest
-	}
-	return nil, false
 }
 
 // nextAttr splits off b's first attribute: its value, and what follows.
@@ -505,10 +481,6 @@ func nextAttr(b []byte) (value, rest []byte, ok bool) {
 		return nil, nil, false
 	}
 	return b[4:n], b[min((n+3)&^3, len(b)):], true
-}
-
-func attrType(b []byte) uint16 {
-	return binary.NativeEndian.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
 }
 
 // sameRules reports whether the kernel's dump of a chain's rules

@@ -264,6 +264,7 @@ func skeletonRules(p *plan.Plan) []xt.Rule {
 
 // entryOwnerRE reads the owner back from an entry rule as iptables -S
 // prints it: --comment "dnat name: \"net\" id: \"cid\"" ... -j CNI-DN-...
+// (or CNI-FW-... in the filter table).
 var entryOwnerRE = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j (CNI-DN-\S+)$`)
+	return regexp.MustCompile(`--comment "dnat name: \\"([^"\\]*)\\" id: \\"([^"\\]*)\\"".* -j \S+$`)
 })
