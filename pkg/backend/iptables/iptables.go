@@ -20,11 +20,14 @@
 // (failing unless the bit's shared rules were ensured), creates the
 // attachment's chain (which fails if it exists) and inserts its entry
 // rules: it never lists, checks (-C) or rewrites other attachments'
-// rules, whatever the number of containers. When it
-// fails (fresh node, re-ADD, leftovers) the slow path runs under the
-// host-wide lock: ensure the shared chains and jumps (check, then insert, so
-// racing ADDs never duplicate them), find the entry rules that point at the
-// attachment's chain, and replace everything in one iptables-restore.
+// rules, whatever the number of containers. When it fails (fresh node,
+// re-ADD, leftovers) the slow path runs under the host-wide lock as a
+// pass's repair of the one attachment (sync.go): one listing of the
+// table; the shared chains it lacks, with the rules that cannot exist
+// without them, go into one iptables-restore with the attachment's chain
+// re-declared and filled, its entry rules on top, its marker chain last;
+// the other shared rules are checked and inserted before it, one by one
+// (racing writers never duplicate them).
 package iptables
 
 import (
@@ -35,6 +38,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/lock"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -82,31 +86,18 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
-	for _, c := range sharedChains(p) {
-		if err := b.Kernel.EnsureChain(c); err != nil {
-			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
-		}
-	}
-	for _, r := range l.shared {
-		if err := b.Kernel.EnsureRule(r); err != nil {
-			return fmt.Errorf("ensure rule %s: %w", describe(r), err)
-		}
-	}
-	// Last: the marker says the rules above exist.
-	if c := l.marker; c.Name != "" {
-		if err := b.Kernel.EnsureChain(c); err != nil {
-			return fmt.Errorf("create chain %q in table %s: %w", c.Name, c.Table, err)
-		}
-	}
-	refs, _, err := b.refs(l.chain)
+	// The slow path is a pass's repair of this one attachment: one
+	// listing; the shared objects it relies on, those the listing lacks
+	// in the restore, the rest checked and inserted; its chain replaced
+	// and its entry rules moved to the top; its marker chain last.
+	lines, err := b.Kernel.ListTable()
 	if err != nil {
-		return err
+		return fmt.Errorf("list table %s: %w", Table, err)
 	}
-	pl := replacePayload(l, refs)
-	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		return b.restoreError("apply", pl, err)
-	}
-	return nil
+	st := listed(b.Family, []*plan.Plan{p}, []*layout{l}, lines)
+	st.op, st.sharedBroken = "apply", "not read: ADD's slow path ensures them"
+	_, err = b.writeSync(st, converge.Repair[string]{Broken: map[int]bool{0: true}})
+	return err
 }
 
 // markChainExists fails, before anything is written, when the plan's

@@ -11,7 +11,7 @@ import (
 // once from its plan: its chain and the chain's rules, its entry rules in
 // CNI-HOSTPORT-DNAT, and what it relies on — the chain its hairpin rules
 // jump to, the shared rules, the marker chain of its mark bit. ADD writes
-// it (the native writer, or iptables-restore: addPayload, replacePayload),
+// it (the native writer, or iptables-restore: addPayload; a pass's repair),
 // CHECK and a pass compare what they read with it (judge), DEL deletes
 // its chain and the rules that jump there.
 type layout struct {

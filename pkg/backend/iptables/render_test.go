@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
@@ -40,7 +41,7 @@ func TestGoldenPayloads(t *testing.T) {
 		{"add-17-ports", addPayload(layoutOf(build(plan.IPv4, manyPorts)))},
 		{"add-ranges-v4", addPayload(layoutOf(build(plan.IPv4, fixture.Ranges)))},
 		{"add-ranges-v6", addPayload(layoutOf(build(plan.IPv6, fixture.Ranges)))},
-		{"replace-v4", replacePayload(layoutOf(build(plan.IPv4, nil)), []string{ref})},
+		{"replace-v4", replaced(build(plan.IPv4, nil), ref)},
 		{"del-fast-v4", delPayload(ChainName(build(plan.IPv4, nil).Owner), EntryRules(build(plan.IPv4, nil)), nil)},
 		{"del-refs", delPayload(ChainName(build(plan.IPv4, func(r *plan.Request) { r.Mappings = plan.Mappings{} }).Owner), nil, []string{ref})},
 		{"check-v4", checkPayload(layoutOf(build(plan.IPv4, nil)))},
@@ -104,4 +105,13 @@ func TestJudgeChainMasqAll(t *testing.T) {
 			t.Errorf("%s: the chain as iptables lists it: %s", f, why)
 		}
 	}
+}
+
+// replaced is what ADD's slow path (a pass's repair of its one
+// attachment) writes for p beside the skeleton, its chain there with the
+// entry rule ref.
+func replaced(p *plan.Plan, ref string) *payload {
+	lines := []string{"-N " + TopLevelDNATChain, "-N " + SetMarkChain, "-N " + masqChain, "-N " + MarkerChain(13), "-N " + ChainName(p.Owner), ref}
+	pl, _ := listed(p.Family, []*plan.Plan{p}, []*layout{layoutOf(p)}, lines).repair(converge.Repair[string]{Broken: map[int]bool{0: true}})
+	return pl
 }

@@ -123,16 +123,6 @@ func addPayload(l *layout) *payload {
 	return pl
 }
 
-// replacePayload installs the attachment's chain whatever exists: it
-// deletes the given existing entry rules (iptables -S lines), creates or
-// flushes the chain, fills it and inserts the entry rules.
-func replacePayload(l *layout, refs []string) *payload {
-	pl := newPayload()
-	pl.redeclare(l.chain, refs)
-	l.fill(pl)
-	return pl
-}
-
 // redeclare deletes the rules refs (iptables -S lines that jump to chain)
 // and declares chain, which creates it or empties it: what is left is to
 // fill it. Declaring also makes a following -X idempotent.

@@ -50,6 +50,23 @@ type syncState struct {
 	// markers are the marker chains of the wanted plans the table
 	// lacks: made last, once what they vouch for is written.
 	markers []xt.Chain
+	// op names the verb in a failed write's error: "sync", or "apply"
+	// (ADD's slow path, a pass of its one attachment).
+	op string
+}
+
+// listed is the state of the wanted plans as the table's listing shows
+// it: the listing, and the markers it lacks.
+func listed(f plan.Family, want []*plan.Plan, ls []*layout, lines []string) *syncState {
+	s := &syncState{family: f, want: want, layouts: ls, lt: parseListing(lines), op: "sync"}
+	seen := map[string]bool{}
+	for _, l := range ls {
+		if c := l.marker; c.Name != "" && !s.lt.chains[c.Name] && !seen[c.Name] {
+			seen[c.Name] = true
+			s.markers = append(s.markers, c)
+		}
+	}
+	return s
 }
 
 // readSync reads our chains over netlink and, unless they are steady,
@@ -79,14 +96,8 @@ func (b *Backend) readSync(want []*plan.Plan, ls []*layout) (*syncState, error) 
 	if ck.err != nil {
 		return nil, ck.err
 	}
-	s := &syncState{family: b.Family, want: want, layouts: ls, lt: parseListing(lines), sharedBroken: ck.shared, checked: ck.broken}
-	seen := map[string]bool{}
-	for _, l := range ls {
-		if c := l.marker; c.Name != "" && !s.lt.chains[c.Name] && !seen[c.Name] {
-			seen[c.Name] = true
-			s.markers = append(s.markers, c)
-		}
-	}
+	s := listed(b.Family, want, ls, lines)
+	s.sharedBroken, s.checked = ck.shared, ck.broken
 	return s, nil
 }
 
@@ -136,19 +147,34 @@ func (s *syncState) decide() converge.Verdict[string] {
 	return v
 }
 
-// writeSync ensures the shared rules the exact check found missing, then
-// writes one restore: the broken plans' chains re-declared and filled,
-// the pruned chains dropped, the missing markers last — the restore is
-// all or nothing, and by then the shared rules are ensured or in it.
+// writeSync writes the repair: the shared objects left to check and
+// insert one by one, then one restore — all or nothing, and by then the
+// shared rules are ensured or in it.
 func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, error) {
+	pl, rest := s.repair(fix)
+	if err := b.ensure(rest); err != nil {
+		return false, err
+	}
+	wrote := len(rest.chains)+len(rest.rules) > 0
+	if len(pl.what) == 1 { // only the table line: nothing to write
+		return wrote, nil
+	}
+	if err := b.Kernel.Restore(pl.bytes()); err != nil {
+		return wrote, b.restoreError(s.op, pl, err)
+	}
+	return true, nil
+}
+
+// repair is what fix writes, computed from what was read: where the
+// shared rules were found missing, the shared chains the listing lacks
+// and the rules that cannot exist without them, in the restore, and the
+// rest of them to ensure; the broken plans' chains re-declared and
+// filled; the pruned chains dropped; the missing markers last.
+func (s *syncState) repair(fix converge.Repair[string]) (*payload, leftToEnsure) {
 	pl := newPayload()
-	wrote := false
+	var rest leftToEnsure
 	if s.sharedBroken != "" {
-		ensure := b.sharedPayload(pl, s.want, s.lt)
-		if err := b.ensure(ensure); err != nil {
-			return false, err
-		}
-		wrote = len(ensure.chains)+len(ensure.rules) > 0
+		rest = sharedPayload(pl, s.want, s.lt)
 	}
 	for i, l := range s.layouts {
 		if fix.Broken[i] {
@@ -162,13 +188,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[string]) (bool, er
 	for _, c := range s.markers {
 		pl.line("-N "+c.Name, "new chain "+c.Name)
 	}
-	if len(pl.what) == 1 { // only the table line: nothing to write
-		return wrote, nil
-	}
-	if err := b.Kernel.Restore(pl.bytes()); err != nil {
-		return wrote, b.restoreError("sync", pl, err)
-	}
-	return true, nil
+	return pl, rest
 }
 
 // leftToEnsure is what of the shared objects is left to ensure one by
@@ -185,7 +205,7 @@ type leftToEnsure struct {
 // What it cannot decide from the listing — a rule between chains that
 // exist, the filter table's guard — it returns, to be checked and
 // inserted as ADD's slow path does.
-func (b *Backend) sharedPayload(pl *payload, want []*plan.Plan, lt *listing) leftToEnsure {
+func sharedPayload(pl *payload, want []*plan.Plan, lt *listing) leftToEnsure {
 	var rest leftToEnsure
 	created, seenC, seenR := map[string]bool{}, map[xt.Chain]bool{}, map[string]bool{}
 	var rules []xt.Rule
