@@ -153,7 +153,7 @@ func TestReAddDropsStaleKeys(t *testing.T) {
 	if err := b.Apply(a); err != nil {
 		t.Fatal(err)
 	}
-	els, err := k.Elements(plan.IPv4, []Key{{HostIP: netip.MustParseAddr("198.51.100.1"), Protocol: plan.UDP, Port: 8053, Flat: true}})
+	els, err := k.elements(Key{HostIP: netip.MustParseAddr("198.51.100.1"), Protocol: plan.UDP, Port: 8053, Flat: true})
 	if err != nil || len(els) != 0 {
 		t.Errorf("re-ADD keeps a stale key: %v %v", els, err)
 	}

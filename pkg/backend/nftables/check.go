@@ -9,31 +9,29 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Check verifies that everything ADD made is there, reading only the
-// shared chains, the attachment's own chain and its own keys' elements
-// (single-element gets; a dump of its class for an interval key): its
-// cost does not grow with the number of attachments.
+// Check verifies that everything ADD made is there, reading in one
+// round trip only the shared chains, the attachment's own chain and its
+// own keys' elements (single-element gets; a dump of its class for an
+// interval key): its cost does not grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	l := layoutOf(p)
-	c, err := b.Kernel.Chain(b.Family, Table, l.chain.Name)
-	if err != nil {
-		return fmt.Errorf("check chain %s: %w", l.chain.Name, err)
+	q := Query{Chains: append([]string{l.chain.Name}, skeletonChains(l.needs)...), Keys: l.keys}
+	if l.flat {
+		q.Keys, q.Hairpins = withOtherMaps(l.keys), l.hairpins
 	}
-	lookups, err := b.skeleton(l.needs, l.flat, l.lengths)
+	st, err := b.Kernel.Read(b.Family, q)
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	lookups, err := skeletonIn(b.Family, st, l.needs, l.flat, l.lengths)
 	if err != nil {
 		return err
 	}
+	c := st.Chains[l.chain.Name]
 	if c == nil {
 		return errors.New(judge(l, nil, reading{}, nil))
 	}
-	read := l.keys
-	if l.flat {
-		read = withOtherMaps(l.keys)
-	}
-	els, err := b.Kernel.Elements(b.Family, read)
-	if err != nil {
-		return fmt.Errorf("check map elements: %w", err)
-	}
+	els := elementsOfState(st)
 	// an interval of the chain's that the dispatch chain does not look
 	// up: say that, not that its ports go nowhere
 	for _, e := range els {
@@ -41,21 +39,9 @@ func (b *Backend) Check(p *plan.Plan) error {
 			return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
 		}
 	}
-	r := reading{st: newState(), served: newView(els, func(k Key) bool { return lookups[k.Map()] })}
-	for _, e := range els {
-		if !e.Key.IsRange() {
-			r.st.Elements[e.Key] = e
-		}
-	}
-	if l.flat {
-		hps, err := b.Kernel.Hairpins(b.Family, l.hairpins)
-		if err != nil {
-			return fmt.Errorf("check hairpin elements: %w", err)
-		}
-		r.hairpins = make(map[hairpinID]Hairpin, len(hps))
-		for _, h := range hps {
-			r.hairpins[h.id()] = h
-		}
+	r := reading{st: st, served: newView(els, func(k Key) bool { return lookups[k.Map()] }), hairpins: map[hairpinID]Hairpin{}}
+	for _, h := range st.Hairpins {
+		r.hairpins[h.id()] = h
 	}
 	if why := judge(l, c, r, func(Key) bool { return true }); why != "" {
 		return errors.New(why)
@@ -72,12 +58,16 @@ func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) 
 	// not the dispatch chain's rules for flat keys: CHECK of a flat
 	// attachment asks for them
 	l := layoutOf(p)
-	_, err = b.skeleton(l.needs, false, nil)
+	st, err := b.Kernel.Read(b.Family, Query{Chains: skeletonChains(l.needs)})
+	if err != nil {
+		return "", false, fmt.Errorf("check: %w", err)
+	}
+	_, err = skeletonIn(b.Family, st, l.needs, false, nil)
 	var m *missingError
 	if errors.As(err, &m) {
 		return m.what, m.some, nil
 	}
-	return "", err == nil, err
+	return "", true, nil
 }
 
 // missingError is a shared object found missing; some says that others
@@ -89,49 +79,37 @@ type missingError struct {
 
 func (e *missingError) Error() string { return e.what }
 
-// skeleton checks the shared chains attachments that need n rely on and
-// returns the maps the dispatch chain looks up; flat says the
-// attachment is flat, which needs the dispatch chain's rules for flat
-// keys of its hairpin sets' lengths. It reads those chains alone.
-func (b *Backend) skeleton(n needs, flat bool, lengths []int) (map[string]bool, error) {
-	var lookups map[string]bool
-	gaps, some, err := skeletonGaps(b.Family, n, lengths, flat, false, func(name string) (*ChainState, error) {
-		c, err := b.Kernel.Chain(b.Family, Table, name)
-		if err != nil {
-			return nil, fmt.Errorf("check chain %s: %w", name, err)
-		}
-		if c != nil && name == DispatchChain {
-			lookups = map[string]bool{}
-			for _, r := range c.Rules {
-				lookups[r.Lookup] = true
-			}
-		}
-		return c, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(gaps) > 0 {
+// skeletonChains are the shared chains attachments that need n rely on.
+func skeletonChains(n needs) []string { return skeletonOrder(skeletonRules(n, nil)) }
+
+// skeletonIn checks, in what st read, the shared chains attachments that
+// need n rely on (a missingError names the first gap) and returns the
+// maps the dispatch chain looks up; flat says the attachment is flat,
+// which needs the dispatch chain's rules for flat keys of its hairpin
+// sets' lengths.
+func skeletonIn(f plan.Family, st *State, n needs, flat bool, lengths []int) (map[string]bool, error) {
+	if gaps, some := skeletonGaps(f, n, lengths, flat, false, st.Chains); len(gaps) > 0 {
 		return nil, &missingError{what: gaps[0], some: some}
+	}
+	lookups := map[string]bool{}
+	for _, r := range st.Chains[DispatchChain].Rules {
+		lookups[r.Lookup] = true
 	}
 	return lookups, nil
 }
 
 // skeletonGaps says what of the shared chains attachments that need n
-// rely on is missing, as chain reads them (nil: absent): each missing
-// chain, and the first missing rule of each chain there, in the order
-// they are written; some says one of them is there. The dispatch chain's
-// lookups of the interval maps count where ranges says so (CHECK judges
-// their absence by the elements that need them), its rules for flat
-// keys of hairpin sets of lengths where flat does. CHECK, STATUS and a
-// pass judge the skeleton by it alike, with its messages.
-func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chain func(name string) (*ChainState, error)) (gaps []string, some bool, err error) {
+// rely on is missing, as read in chains: each missing chain, and the
+// first missing rule of each chain there, in the order they are written;
+// some says one of them is there. The dispatch chain's lookups of the
+// interval maps count where ranges says so (CHECK judges their absence
+// by the elements that need them), its rules for flat keys of hairpin
+// sets of lengths where flat does. CHECK, STATUS and a pass judge the
+// skeleton by it alike, with its messages.
+func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chains map[string]*ChainState) (gaps []string, some bool) {
 	skel := skeletonRules(n, lengths)
 	for _, name := range skeletonOrder(skel) {
-		c, err := chain(name)
-		if err != nil {
-			return nil, false, err
-		}
+		c := chains[name]
 		if c == nil {
 			gaps = append(gaps, fmt.Sprintf("missing chain %s in table %s %s", name, nftFamily(f), Table))
 			continue
@@ -144,7 +122,7 @@ func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chai
 			}
 		}
 	}
-	return gaps, some, nil
+	return gaps, some
 }
 
 // rangesLookup reports whether r is the dispatch chain's lookup of an

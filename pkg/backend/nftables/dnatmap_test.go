@@ -115,7 +115,7 @@ func TestDNATMapInMemory(t *testing.T) {
 	if err := b.Check(p); err != nil {
 		t.Fatalf("CHECK: %v", err)
 	}
-	c, _ := m.Chain(plan.IPv4, Table, ChainName(p.Owner))
+	c := m.chain(ChainName(p.Owner))
 	if got := ports(c.keys()); got != p.Mappings.Len() {
 		t.Errorf("the chain names %d keys, want %d", got, p.Mappings.Len())
 	}

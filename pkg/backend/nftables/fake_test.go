@@ -21,7 +21,7 @@ type fakeKernel struct {
 	checks  []string
 	fail    func(script string) bool
 	errno   unix.Errno
-	// chainReads counts the reads of one chain.
+	// chainReads counts the chains read with their rules.
 	chainReads int
 	// probes counts Writable's calls; notWritable is their answer.
 	probes      int
@@ -51,9 +51,9 @@ func (k *fakeKernel) Validate(tx *nft.Tx) error {
 	return k.Memory.Validate(tx)
 }
 
-func (k *fakeKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
-	k.chainReads++
-	return k.Memory.Chain(f, table, chain)
+func (k *fakeKernel) Read(f plan.Family, q Query) (*State, error) {
+	k.chainReads += len(q.Chains)
+	return k.Memory.Read(f, q)
 }
 
 // seed applies plans through a backend of their own and forgets that it
@@ -80,9 +80,10 @@ func (k *fakeKernel) upstreamRule(t *testing.T, p plan.Protocol, dport int, ip s
 	if err := k.Memory.Apply(tx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := k.Memory.Chain(plan.IPv4, upstreamTable, "hostports")
-	if err != nil || c == nil || len(c.Rules) == 0 {
-		t.Fatalf("upstream's chain: %v, %v", c, err)
+	st, err := k.Memory.Table(plan.IPv4, upstreamTable)
+	if err != nil || st == nil || st.Chains["hostports"] == nil || len(st.Chains["hostports"].Rules) == 0 {
+		t.Fatalf("upstream's table: %v, %v", st, err)
 	}
+	c := st.Chains["hostports"]
 	return c.Rules[len(c.Rules)-1].Handle
 }

@@ -132,7 +132,7 @@ func TestFlatAndChainTakeOver(t *testing.T) {
 		if err := b.Check(step.p); err != nil {
 			t.Errorf("step %d: CHECK of the newest: %v", i, err)
 		}
-		els, _ := m.Elements(plan.IPv4, []Key{{Protocol: plan.TCP, Port: 8080}, {Protocol: plan.TCP, Port: 8080, Flat: true}})
+		els, _ := m.elements(Key{Protocol: plan.TCP, Port: 8080}, Key{Protocol: plan.TCP, Port: 8080, Flat: true})
 		if len(els) != 1 || els[0].Chain != ChainName(step.p.Owner) {
 			t.Errorf("step %d: elements of 8080 %v, want one, the newest's", i, els)
 		}
@@ -231,7 +231,7 @@ func TestFlatNewPrefixLength(t *testing.T) {
 			t.Errorf("CHECK %s: %v", p.Owner.ContainerID, err)
 		}
 	}
-	d, _ := m.Chain(plan.IPv4, Table, DispatchChain)
+	d := m.chain(DispatchChain)
 	if got := lengthsOf(d); len(got) != 3 || got[0] != 32 || got[1] != 24 || got[2] != 23 {
 		t.Errorf("dispatch looks up hairpin lengths %v, want [32 24 23]", got)
 	}

@@ -91,7 +91,7 @@ func (b *Backend) Ready(p *plan.Plan) error {
 			return err
 		}
 	}
-	if c, err := b.Kernel.Chain(b.Family, Table, DispatchChain); err == nil && c != nil {
+	if st, err := b.Kernel.Read(b.Family, Query{Probe: []string{DispatchChain}}); err == nil && len(st.Missing) == 0 {
 		return nil
 	}
 	if err := b.Kernel.Writable(b.Family); !errors.Is(err, nfnl.ErrNoProbe) {

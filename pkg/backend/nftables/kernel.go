@@ -61,62 +61,164 @@ func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
 	return nft.Commit(c, tx, commit)
 }
 
-func (k *netlinkKernel) Chain(f plan.Family, table, chain string) (*ChainState, error) {
+// holdersByDump is the number of keys above which Read reads the maps
+// whole instead of one element at a time: the kernel answers each
+// element get with a message of its own (a read each, ~14 µs here), and
+// packs a dump's elements some hundred to a message, so past this many
+// keys a dump costs less even on a node with thousands of elements.
+const holdersByDump = 128
+
+func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 	c, err := k.c()
 	if err != nil {
 		return nil, err
 	}
-	var get nfnl.Attrs
-	get.String(unix.NFTA_CHAIN_TABLE, table).String(unix.NFTA_CHAIN_NAME, chain)
-	reqs := []nfnl.Msg{{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: get.Bytes()}}
-	owner := ownerKey(chain)
-	if table == Table && owner != nil {
-		// in the same round trip: whether the owners map holds it
+	fam := nft.Family(f).Proto()
+	st := newState()
+	var reqs []nfnl.Msg
+	var takes []func(nfnl.Reply, error) error
+	ask := func(t int, a *nfnl.Attrs, take func(nfnl.Reply, error) error) {
+		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(t), Family: fam, Attrs: a.Bytes()})
+		takes = append(takes, take)
+	}
+	// exists asks whether the chain or set name is there; missing says
+	// it is not
+	exists := func(t int, table, name uint16, what string, there func(nfnl.Reply), missing func()) {
 		var a nfnl.Attrs
-		ownerObj{chain}.element().Attrs(&a, table, false)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
+		a.String(table, Table).String(name, what)
+		ask(t, &a, func(r nfnl.Reply, err error) error {
+			switch {
+			case nft.IsNotFound(err):
+				missing()
+			case err != nil:
+				return &nft.Error{Op: "get " + what, Err: err}
+			default:
+				there(r)
+			}
+			return nil
+		})
 	}
-	replies, errs, err := c.Get(reqs)
-	if err == nil {
-		err = errs[0]
-	}
-	if nft.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, &nft.Error{Op: "get chain " + chain, Err: err}
-	}
-	ud, _ := nfnl.Find(replies[0].Attrs, nft.AttrChainUserdata)
-	cs := &ChainState{Comment: nft.CommentOf(ud)}
-	if len(reqs) > 1 {
-		if errs[1] != nil && !nft.IsNotFound(errs[1]) {
-			return nil, &nft.Error{Op: "get element of map " + ownersMap, Err: errs[1]}
+	for _, name := range q.Chains {
+		exists(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, name, func(r nfnl.Reply) {
+			ud, _ := nfnl.Find(r.Attrs, nft.AttrChainUserdata)
+			st.Chains[name] = &ChainState{Comment: nft.CommentOf(ud)}
+		}, func() {})
+		if ownerKey(name) != nil {
+			// whether the owners map holds it (its key is the chain's name)
+			var a nfnl.Attrs
+			ownerObj{name}.element().Attrs(&a, Table, false)
+			ask(unix.NFT_MSG_GETSETELEM, &a, func(_ nfnl.Reply, err error) error {
+				if err != nil && !nft.IsNotFound(err) {
+					return &nft.Error{Op: "get element of map " + ownersMap, Err: err}
+				}
+				if cs := st.Chains[name]; cs != nil {
+					cs.Owned = err == nil
+				}
+				return nil
+			})
 		}
-		cs.Owned = errs[1] == nil // its key is the chain's name
 	}
-	var dump nfnl.Attrs
-	dump.String(unix.NFTA_RULE_TABLE, table).String(unix.NFTA_RULE_CHAIN, chain)
-	rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: nft.Family(f).Proto(), Attrs: dump.Bytes()})
-	if err != nil {
-		return nil, &nft.Error{Op: "list rules of chain " + chain, Err: err}
+	missing := func(name string) func() { return func() { st.Missing = append(st.Missing, name) } }
+	for _, name := range q.Probe {
+		exists(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, name, func(nfnl.Reply) {}, missing(name))
 	}
-	for _, r := range rules {
-		cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
+	for _, name := range q.Sets {
+		exists(unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name, func(nfnl.Reply) {}, missing(name))
 	}
-	if err := readDNATs(c, f, table, cs.Rules); err != nil {
-		return nil, err
+	// an interval key's class: the maps of its host IP kind whose keys of
+	// one port shadow it, exact and flat, read whole, as are many keys
+	byDump := map[string]bool{}
+	for _, key := range q.Keys {
+		if key.IsRange() {
+			byDump[key.Map()] = true
+			byDump[Key{HostIP: key.HostIP}.Map()] = true
+			byDump[Key{HostIP: key.HostIP, Flat: true}.Map()] = true
+		}
 	}
-	if table == Table {
-		cs.splitClaims()
+	var els []Element
+	if len(byDump) == 0 && len(q.Keys) <= holdersByDump {
+		for _, key := range q.Keys {
+			var a nfnl.Attrs
+			Element{Key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
+			ask(unix.NFT_MSG_GETSETELEM, &a, func(r nfnl.Reply, err error) error {
+				if err != nil && !nft.IsNotFound(err) {
+					return &nft.Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: err}
+				}
+				if err == nil {
+					els = append(els, decodeElements(f, r.Attrs)...)
+				}
+				return nil
+			})
+		}
+	} else {
+		for _, key := range q.Keys {
+			byDump[key.Map()] = true
+		}
 	}
-	return cs, nil
+	for _, h := range q.Hairpins {
+		var a nfnl.Attrs
+		hairpinObj{h}.element(nft.Family(f)).Attrs(&a, Table, false)
+		ask(unix.NFT_MSG_GETSETELEM, &a, func(r nfnl.Reply, err error) error {
+			if err != nil && !nft.IsNotFound(err) {
+				return &nft.Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: err}
+			}
+			if err == nil {
+				st.Hairpins = append(st.Hairpins, decodeHairpins(f, r.Attrs)...)
+			}
+			return nil
+		})
+	}
+	if len(reqs) > 0 {
+		replies, errs, err := c.Get(reqs)
+		if err != nil {
+			return nil, err
+		}
+		for i, take := range takes {
+			if err := take(replies[i], errs[i]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, name := range q.Chains {
+		if cs := st.Chains[name]; cs != nil {
+			var dump nfnl.Attrs
+			dump.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, name)
+			rules, err := c.Dump(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: dump.Bytes()})
+			if err != nil {
+				return nil, &nft.Error{Op: "list rules of chain " + name, Err: err}
+			}
+			for _, r := range rules {
+				cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
+			}
+			if err := readChain(c, f, Table, cs); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(byDump) > 0 {
+		var all []Element
+		for _, name := range []string{hostIPPortsMap, hostIPPortRangesMap, hostPortsMap, hostPortRangesMap, hostIPDNATMap, HostDNATMap} {
+			if byDump[name] {
+				more, err := dumpElements(c, f, name)
+				if err != nil {
+					return nil, err
+				}
+				all = append(all, more...)
+			}
+		}
+		els = elementsFor(q.Keys, all)
+	}
+	for _, e := range els {
+		st.Elements[e.Key] = e
+	}
+	return st, nil
 }
 
-// readDNATs fills in the elements of the rules' DNAT maps, one dump of
-// each map.
-func readDNATs(c nft.Conn, f plan.Family, table string, rules []RuleState) error {
-	for i := range rules {
-		r := &rules[i]
+// readChain completes a chain read with its rules: the elements of its
+// rules' DNAT maps and, in our table, its claims apart from its rules.
+func readChain(c nft.Conn, f plan.Family, table string, cs *ChainState) error {
+	for i := range cs.Rules {
+		r := &cs.Rules[i]
 		if !strings.HasPrefix(r.DNATMap, "__") {
 			continue // none, or a named map: the dispatch chain's, read apart
 		}
@@ -128,138 +230,10 @@ func readDNATs(c nft.Conn, f plan.Family, table string, rules []RuleState) error
 			r.DNATs = append(r.DNATs, decodeDNATs(f, m.Attrs)...)
 		}
 	}
+	if table == Table {
+		cs.splitClaims()
+	}
 	return nil
-}
-
-// holdersByDump is the number of keys above which Elements reads the maps
-// whole instead of one element at a time: the kernel answers each
-// element get with a message of its own (a read each, ~14 µs here), and
-// packs a dump's elements some hundred to a message, so past this many
-// keys a dump costs less even on a node with thousands of elements.
-const holdersByDump = 128
-
-func (k *netlinkKernel) Elements(f plan.Family, keys []Key) ([]Element, error) {
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	c, err := k.c()
-	if err != nil {
-		return nil, err
-	}
-	maps := map[string]bool{}
-	byDump := len(keys) > holdersByDump
-	for _, key := range keys {
-		maps[key.Map()] = true
-		if key.IsRange() {
-			// an interval key's class: the maps of its host IP kind
-			// whose keys of one port shadow it, exact and flat
-			byDump = true
-			maps[Key{HostIP: key.HostIP}.Map()] = true
-			maps[Key{HostIP: key.HostIP, Flat: true}.Map()] = true
-		}
-	}
-	if byDump {
-		var all []Element
-		for _, name := range []string{hostIPPortsMap, hostIPPortRangesMap, hostPortsMap, hostPortRangesMap, hostIPDNATMap, HostDNATMap} {
-			if !maps[name] {
-				continue
-			}
-			els, err := dumpElements(c, f, name)
-			if err != nil {
-				return nil, err
-			}
-			all = append(all, els...)
-		}
-		return elementsFor(keys, all), nil
-	}
-	_, out, err := getElements(c, f, nil, nil, keys)
-	return out, err
-}
-
-// getElements reads, in one round trip, which of chains and sets are
-// missing and the elements of keys (of one port each) that exist; a
-// missing map holds none.
-func getElements(c nft.Conn, f plan.Family, chains, sets []string, keys []Key) (missing []string, out []Element, err error) {
-	reqs := make([]nfnl.Msg, 0, len(chains)+len(sets)+len(keys))
-	for _, name := range chains {
-		var a nfnl.Attrs
-		a.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, name)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
-	}
-	for _, name := range sets {
-		var a nfnl.Attrs
-		a.String(unix.NFTA_SET_TABLE, Table).String(unix.NFTA_SET_NAME, name)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSET), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
-	}
-	chains = append(chains[:len(chains):len(chains)], sets...)
-	for _, key := range keys {
-		var a nfnl.Attrs
-		Element{Key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
-		reqs = append(reqs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()})
-	}
-	if len(reqs) == 0 {
-		return nil, nil, nil
-	}
-	replies, errs, err := c.Get(reqs)
-	if err != nil {
-		return nil, nil, err
-	}
-	for i, name := range chains {
-		if nft.IsNotFound(errs[i]) {
-			missing = append(missing, name)
-		} else if errs[i] != nil {
-			return nil, nil, &nft.Error{Op: "get " + name, Err: errs[i]}
-		}
-	}
-	for j, key := range keys {
-		i := len(chains) + j
-		if nft.IsNotFound(errs[i]) {
-			continue
-		}
-		if errs[i] != nil {
-			return nil, nil, &nft.Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: errs[i]}
-		}
-		out = append(out, decodeElements(f, replies[i].Attrs)...)
-	}
-	return missing, out, nil
-}
-
-// Probe reads chains, sets and elements in one round trip (Kernel.Probe).
-func (k *netlinkKernel) Probe(f plan.Family, chains, sets []string, keys []Key) ([]string, []Element, error) {
-	c, err := k.c()
-	if err != nil {
-		return nil, nil, err
-	}
-	return getElements(c, f, chains, sets, keys)
-}
-
-// Hairpins gets the hairpin elements hs names, one get each.
-func (k *netlinkKernel) Hairpins(f plan.Family, points []Hairpin) ([]Hairpin, error) {
-	c, err := k.c()
-	if err != nil {
-		return nil, err
-	}
-	reqs := make([]nfnl.Msg, len(points))
-	for i, h := range points {
-		var a nfnl.Attrs
-		hairpinObj{h}.element(nft.Family(f)).Attrs(&a, Table, false)
-		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETSETELEM), Family: nft.Family(f).Proto(), Attrs: a.Bytes()}
-	}
-	replies, errs, err := c.Get(reqs)
-	if err != nil {
-		return nil, err
-	}
-	var out []Hairpin
-	for i, h := range points {
-		if nft.IsNotFound(errs[i]) {
-			continue
-		}
-		if errs[i] != nil {
-			return nil, &nft.Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: errs[i]}
-		}
-		out = append(out, decodeHairpins(f, replies[i].Attrs)...)
-	}
-	return out, nil
 }
 
 func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
@@ -296,11 +270,8 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 		}
 	}
 	for _, cs := range s.Chains {
-		if err := readDNATs(c, f, table, cs.Rules); err != nil {
+		if err := readChain(c, f, table, cs); err != nil {
 			return nil, err
-		}
-		if table == Table {
-			cs.splitClaims()
 		}
 	}
 	sets, err := nft.DumpTable(c, nft.Family(f), unix.NFT_MSG_GETSET, table)

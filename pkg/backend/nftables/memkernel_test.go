@@ -30,6 +30,26 @@ func NewMemory() *Memory {
 	return &Memory{netlinkKernel: NewOn(plan.IPv4, nil, nf).Kernel.(*netlinkKernel), nf: nf}
 }
 
+// chain reads one chain of the IPv4 table with its rules; nil when it
+// is absent or the read fails.
+func (m *Memory) chain(name string) *ChainState {
+	st, err := m.Read(plan.IPv4, Query{Chains: []string{name}})
+	if err != nil {
+		return nil
+	}
+	return st.Chains[name]
+}
+
+// elements reads the IPv4 table's elements of keys (Query.Keys), in key
+// order.
+func (m *Memory) elements(keys ...Key) ([]Element, error) {
+	st, err := m.Read(plan.IPv4, Query{Keys: keys})
+	if err != nil {
+		return nil, err
+	}
+	return elementsOfState(st), nil
+}
+
 // FlushRuleset empties this in-memory kernel, as `nft flush ruleset`
 // would the real one: every table gone. It touches no host state.
 func (m *Memory) FlushRuleset() { m.nf.Flush() }

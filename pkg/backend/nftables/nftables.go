@@ -76,42 +76,41 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		// created beside the skeleton, its elements placed among what
 		// shares their ports. Its chain there already (an ADD again),
 		// or the skeleton missing, it goes the slow way.
-		els, err := b.Kernel.Elements(b.Family, l.keys)
+		st, err := b.Kernel.Read(b.Family, Query{Keys: l.keys})
 		if err != nil {
 			return err
 		}
 		tx := newTx(b.Family)
 		l.createChain(tx)
-		place(tx, l, els, nil, b.Log)
+		place(tx, l, elementsOfState(st), nil, b.Log)
 		if err := b.Kernel.Apply(tx); err == nil {
 			return nil
 		} else if !missed(err) {
 			return fmt.Errorf("apply: %w", err)
 		}
 	}
-	c, err := b.Kernel.Chain(b.Family, Table, l.chain.Name)
+	// the dispatch chain for the hairpin lengths the node has: the
+	// skeleton's rewrite keeps them
+	chains, err := b.Kernel.Read(b.Family, Query{Chains: []string{l.chain.Name, DispatchChain}})
 	if err != nil {
 		return err
 	}
+	c := chains.Chains[l.chain.Name]
 	var prev []Key
 	if c != nil {
 		prev = c.keys()
 	}
-	els, err := b.Kernel.Elements(b.Family, uniqueKeys(withOtherMaps(append(l.keys[:len(l.keys):len(l.keys)], prev...))))
+	st, err := b.Kernel.Read(b.Family, Query{Keys: uniqueKeys(withOtherMaps(append(l.keys[:len(l.keys):len(l.keys)], prev...)))})
 	if err != nil {
 		return err
 	}
+	els := elementsOfState(st)
 	hps, err := b.hairpinsOf(els, l.hairpins...)
 	if err != nil {
 		return err
 	}
-	// the hairpin lengths the node has: the skeleton's rewrite keeps them
-	dispatch, err := b.Kernel.Chain(b.Family, Table, DispatchChain)
-	if err != nil {
-		return err
-	}
 	tx := newTx(b.Family)
-	addSkeleton(tx, l.needs, lengthsOf(dispatch, l))
+	addSkeleton(tx, l.needs, lengthsOf(chains.Chains[DispatchChain], l))
 	l.rewriteChain(tx, c)
 	place(tx, l, els, hps, b.Log)
 	if err := b.Kernel.Apply(tx); err != nil {
@@ -125,11 +124,11 @@ func (b *Backend) Apply(p *plan.Plan) error {
 func (b *Backend) fastAdd(l *layout) (done bool, err error) {
 	chains, sets, others := l.probes()
 	if len(chains)+len(sets)+len(others) > 0 {
-		missing, held, err := b.Kernel.Probe(b.Family, chains, sets, others)
+		st, err := b.Kernel.Read(b.Family, Query{Probe: chains, Sets: sets, Keys: others})
 		if err != nil {
 			return false, err
 		}
-		if len(missing) > 0 || len(held) > 0 {
+		if len(st.Missing) > 0 || len(st.Elements) > 0 {
 			return false, nil
 		}
 	}
@@ -152,7 +151,7 @@ func (b *Backend) fastAdd(l *layout) (done bool, err error) {
 // prevResult nor mappings.
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
-	c, err := b.Kernel.Chain(b.Family, Table, chain)
+	c, err := b.chain(chain)
 	if err != nil {
 		return err
 	}
@@ -184,18 +183,17 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if err := b.removeUpstream(p.Owner); err != nil {
 		return err
 	}
-	c, err = b.Kernel.Chain(b.Family, Table, chain)
+	c, err = b.chain(chain)
 	if err != nil || c == nil {
 		return err
 	}
 	mine := uniqueKeys(append(keys, c.keys()...))
-	keys = uniqueKeys(withOtherMaps(mine))
-	els, err := b.Kernel.Elements(b.Family, keys)
+	st, err := b.Kernel.Read(b.Family, Query{Keys: uniqueKeys(withOtherMaps(mine))})
 	if err != nil {
 		return err
 	}
 	var own []Element
-	for _, e := range els {
+	for _, e := range elementsOfState(st) {
 		if e.Chain == chain {
 			own = append(own, e)
 		}
@@ -260,6 +258,16 @@ func (b *Backend) strayHairpins(p *plan.Plan, keys []Key, own []Element) ([]Hair
 	return b.hairpinsOf(own, more...)
 }
 
+// chain reads the chain of our table named name with its rules; nil
+// when it is absent.
+func (b *Backend) chain(name string) (*ChainState, error) {
+	st, err := b.Kernel.Read(b.Family, Query{Chains: []string{name}})
+	if err != nil {
+		return nil, err
+	}
+	return st.Chains[name], nil
+}
+
 func uniqueKeys(keys []Key) []Key {
 	seen := map[Key]bool{}
 	out := keys[:0:0]
@@ -300,13 +308,13 @@ func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) 
 	if len(points) == 0 {
 		return nil, nil
 	}
-	found, err := b.Kernel.Hairpins(b.Family, points)
+	st, err := b.Kernel.Read(b.Family, Query{Hairpins: points})
 	if err != nil {
 		return nil, err
 	}
 	seen := map[hairpinID]bool{}
-	out := found[:0]
-	for _, h := range found {
+	out := st.Hairpins[:0]
+	for _, h := range st.Hairpins {
 		if !seen[h.id()] {
 			seen[h.id()] = true
 			out = append(out, h)

@@ -165,7 +165,7 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 }
 
 // place writes into tx the element changes that make l's chain hold its
-// elements, given els, the elements Kernel.Elements returns for its
+// elements, given els, the elements Kernel.Read returns for its
 // keys, their keys in the other maps and what the chain held before, and
 // hps, the hairpin elements read for the flat ones. It is a pass's repair
 // of one attachment that wins every port it asks for (desiredElements):
@@ -192,7 +192,7 @@ func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 	s.writeHairpins(tx, desired, wantHP)
 }
 
-// elementsFor is what Kernel.Elements returns for keys out of all the
+// elementsFor is what Kernel.Read returns for keys out of all the
 // elements of a table: for a key of one port its own element, for an
 // interval key every element of its class.
 func elementsFor(keys []Key, all []Element) []Element {

@@ -20,6 +20,25 @@ type State struct {
 	// Hairpins the hairpin sets' elements (flat.go).
 	Elements map[Key]Element
 	Hairpins []Hairpin
+	// Missing are the chains and sets a Query probed that are absent.
+	Missing []string
+}
+
+// Query names what one Kernel.Read fetches.
+type Query struct {
+	// Chains are read with their rules; one that is absent is not in
+	// the State's Chains.
+	Chains []string
+	// Probe (chains) and Sets (sets and maps) are asked only whether
+	// they are there.
+	Probe, Sets []string
+	// Keys are elements asked for: for a key of one port its own
+	// element, where it exists; for an interval key every element of the
+	// same host IP and protocol, of one port or an interval (what ADD
+	// must know to take its ports over).
+	Keys []Key
+	// Hairpins are hairpin elements asked for, read with their owners.
+	Hairpins []Hairpin
 }
 
 // newState is an empty State.
@@ -91,22 +110,13 @@ type Kernel interface {
 	// us, changing nothing and aborting no batch (nfnl.Conn.Writable);
 	// nfnl.ErrNoProbe where it cannot tell that way.
 	Writable(f plan.Family) error
-	// Chain reads one chain of the family's table; nil when it is absent.
-	Chain(f plan.Family, table, chain string) (*ChainState, error)
-	// Elements returns elements of the family's cni_portmap maps: for a
-	// key of one port its own element, where it exists; for an interval
-	// key every element of the same host IP and protocol, of one port or
-	// an interval (what ADD must know to take its ports over).
-	Elements(f plan.Family, keys []Key) ([]Element, error)
+	// Read fetches what q names of the family's cni_portmap table in
+	// one round trip of gets, then a dump of each chain found for its
+	// rules and, for an interval key or more than holdersByDump keys, of
+	// their maps.
+	Read(f plan.Family, q Query) (*State, error)
 	// Table reads the family's table whole; nil when it is absent.
 	Table(f plan.Family, table string) (*State, error)
-	// Hairpins returns those of hs (a source prefix and a key each)
-	// that the hairpin sets hold, with their owners.
-	Hairpins(f plan.Family, hs []Hairpin) ([]Hairpin, error)
-	// Probe reads, at once, which of chains and sets (or maps) are
-	// missing from the family's table and which elements keys have (of
-	// one port each).
-	Probe(f plan.Family, chains, sets []string, keys []Key) (missing []string, held []Element, err error)
 }
 
 // Element is one element of a dispatch map: its key (an interval key in

@@ -124,9 +124,8 @@ func (s *syncState) skeleton() []string {
 			}
 		}
 	}
-	read := func(name string) (*ChainState, error) { return s.st.Chains[name], nil }
 	for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
-		gaps, _, _ := skeletonGaps(s.family, s.kinds[k], s.flatLengths, s.anyFlat, s.anyRanges, read)
+		gaps, _ := skeletonGaps(s.family, s.kinds[k], s.flatLengths, s.anyFlat, s.anyRanges, s.st.Chains)
 		for _, g := range gaps {
 			if !slices.Contains(shared, g) {
 				shared = append(shared, g)
