@@ -221,7 +221,7 @@ func (fw *Accept) GC(network string, valid []plan.Owner) error {
 	l := parseAccept(lines)
 	pl := filterPayload()
 	for _, chain := range l.acceptChains() {
-		o, ok := l.owners[chain]
+		o, ok := l.owner(chain)
 		if !ok || o.Network != network || ids[o.ContainerID] || chain != AcceptChainName(o) {
 			continue
 		}
@@ -285,7 +285,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 	}
 	for _, chain := range l.acceptChains() {
 		if !wanted[chain] {
-			ow := l.owners[chain] // zero: no entry rule names the owner
+			ow, _ := l.owner(chain) // zero: no entry rule names the owner
 			v.Candidates = append(v.Candidates, converge.Candidate[string]{Network: ow.Network, ContainerID: ow.ContainerID,
 				Object: "chain " + chain + " (forwardAccept)", Handle: chain})
 		}

@@ -30,10 +30,10 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 	}
 	lt := parseListing(lines)
 	var order []string // stale chains, sorted
-	for chain, o := range lt.owners {
+	for chain := range lt.refs {
 		// A cut comment (very long names) cannot prove ownership: the
 		// chain name must be the one this owner hashes to.
-		if o.Network == network && !ids[o.ContainerID] && chain == ChainName(o) {
+		if o, ok := lt.owner(chain); ok && o.Network == network && !ids[o.ContainerID] && chain == ChainName(o) {
 			order = append(order, chain)
 		}
 	}

@@ -19,16 +19,14 @@ type listing struct {
 	chains map[string]bool
 	rules  map[string][]string // chain -> its "-A" lines
 	// refs are the rules of the entry chain (CNI-HOSTPORT-DNAT,
-	// CNI-HOSTPORT-FWD) by the chain they jump to; owners the owner
-	// the first of them names in its comment.
-	refs   map[string][]string
-	owners map[string]plan.Owner
+	// CNI-HOSTPORT-FWD) by the chain they jump to.
+	refs map[string][]string
 }
 
 func parseListing(lines []string) *listing { return parseTable(lines, TopLevelDNATChain) }
 
 func parseTable(lines []string, entry string) *listing {
-	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}, owners: map[string]plan.Owner{}}
+	lt := &listing{chains: map[string]bool{}, rules: map[string][]string{}, refs: map[string][]string{}}
 	for _, l := range lines {
 		if name, ok := strings.CutPrefix(l, "-N "); ok {
 			lt.chains[name] = true
@@ -46,14 +44,20 @@ func parseTable(lines []string, entry string) *listing {
 		if i := strings.LastIndex(l, " -j "); i > 0 {
 			to := l[i+4:]
 			lt.refs[to] = append(lt.refs[to], l)
-			if _, ok := lt.owners[to]; !ok {
-				if m := entryOwnerRE().FindStringSubmatch(l); m != nil {
-					lt.owners[to] = plan.Owner{Network: m[1], ContainerID: m[2]}
-				}
-			}
 		}
 	}
 	return lt
+}
+
+// owner is the owner the first entry rule that jumps to chain and names
+// one in its comment names; read when asked, as most callers ask none.
+func (lt *listing) owner(chain string) (plan.Owner, bool) {
+	for _, l := range lt.refs[chain] {
+		if m := entryOwnerRE().FindStringSubmatch(l); m != nil {
+			return plan.Owner{Network: m[1], ContainerID: m[2]}, true
+		}
+	}
+	return plan.Owner{}, false
 }
 
 // diff compares two multisets of rule identities.
@@ -174,7 +178,7 @@ func (lt *listing) orphans(wanted map[string]bool) []orphan {
 	sort.Strings(names)
 	out := make([]orphan, 0, len(names))
 	for _, c := range names {
-		o := lt.owners[c] // zero: no entry rule names the owner
+		o, _ := lt.owner(c) // zero: no entry rule names the owner
 		out = append(out, orphan{chain: c, network: o.Network, id: o.ContainerID})
 	}
 	return out

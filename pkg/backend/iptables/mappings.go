@@ -24,7 +24,7 @@ func (b *Backend) Mappings() ([]plan.Installed, error) {
 // chain from its entry rule's comment (EntryComment), the mappings from
 // its DNAT rules.
 func parseMappings(lines []string) []plan.Installed {
-	owners := parseListing(lines).owners
+	lt := parseListing(lines)
 	var out []plan.Installed
 	for _, l := range lines {
 		rest, ok := strings.CutPrefix(l, "-A "+dnChain)
@@ -34,7 +34,7 @@ func parseMappings(lines []string) []plan.Installed {
 		chain := dnChain + rest[:strings.IndexByte(rest+" ", ' ')]
 		r := xt.ParseRule(xt.SplitRule(l))
 		owner := plan.Owner{Network: plan.Unknown, ContainerID: plan.Unknown}
-		if o, ok := owners[chain]; ok {
+		if o, ok := lt.owner(chain); ok {
 			owner = o
 		}
 		var hostIP net.IP
