@@ -1,32 +1,105 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
-// RuleInfo is what a rule read back does, and the source prefix it
-// matches, in the terms of this package's statements; rules nft compiled
-// (conditions) read the same, their conditions aside. What else it
-// matches is left to the expressions (nfttest runs them).
+// RuleInfo is what a rule does, in the terms of this package's
+// statements, as DecodeRule reads it out of its expressions: a rule read
+// back, or one about to be written (Rule.Info), so that the two compare
+// (Holds). Each field is one statement's; the zero value is "none".
+// Rules nft compiled (conditions) read the same, their conditions
+// setting what they match alike; a lookup's keys, a set's elements and
+// what else a rule matches are left to the expressions (nfttest runs
+// them).
 type RuleInfo struct {
 	Handle  uint64
 	Comment string
-	Jump    string       // chain of a jump or goto verdict
-	DNAT    DNAT         // the DNAT statement as written; an invalid To: none
-	Saddr   netip.Prefix // source prefix matched, masked; invalid: none
-	Lookup  string       // map of a verdict-map lookup
+	L4Proto string // the protocol matched (meta l4proto)
+	DPort   DPort  // the destination port or span matched
+	// Saddr and Daddr are the address prefixes matched, masked.
+	Saddr, Daddr netip.Prefix
+	FibLocal     bool   // fib daddr type local
+	Lookup       string // map of a verdict-map lookup
 	// Member is the set a lookup without a result matches in.
 	Member string
 	// DNATMap is the map a DNAT looks its target up in.
 	DNATMap string
+	DNAT    DNAT   // the DNAT statement as written; an invalid To: none
+	MarkHas uint32 // meta mark & MarkHas == MarkHas
+	MarkOr  uint32 // meta mark set meta mark | MarkOr
 	Masq    bool
-	SetMark bool
+	Jump    string // chain of a jump or goto verdict
 	Drop    bool
+}
+
+// Info is what the rule does as DecodeRule reads it once written, its
+// conditions (which only nft compiles) aside.
+func (v *Rule) Info(f Family) RuleInfo {
+	r := &Rule{Chain: v.Chain, Comment: v.Comment}
+	for _, s := range v.Stmts {
+		if _, ok := s.(Conditions); !ok {
+			r.Stmts = append(r.Stmts, s)
+		}
+	}
+	var a nfnl.Attrs
+	r.Attrs(NewTx(f, "t"), &a)
+	return DecodeRule(f, nfnl.Parse(a.Bytes()))
+}
+
+// Lacks says which of w's statements r does not do alike, as nft spells
+// it, or "": a rule read back judged against one written (Info). What r
+// does besides is not judged (its conditions); an anonymous set of r's
+// stands for any of w's.
+func (r RuleInfo) Lacks(f Family, w RuleInfo) string {
+	anon := func(a, b string) bool { return a == b || strings.HasPrefix(a, "__") && strings.HasPrefix(b, "__") }
+	switch {
+	case w.L4Proto != "" && r.L4Proto != w.L4Proto:
+		return L4Proto{Name: w.L4Proto}.Text(f)
+	case w.DPort != DPort{} && r.DPort != w.DPort:
+		return w.DPort.Text(f)
+	case w.Saddr.IsValid() && r.Saddr != w.Saddr:
+		return Addr{Spec: prefixSpec(w.Saddr)}.Text(f)
+	case w.Daddr.IsValid() && r.Daddr != w.Daddr:
+		return Addr{Dst: true, Spec: prefixSpec(w.Daddr)}.Text(f)
+	case w.FibLocal && !r.FibLocal:
+		return FibLocal{}.Text(f)
+	case w.Lookup != "" && !anon(r.Lookup, w.Lookup):
+		return "vmap @" + w.Lookup
+	case w.Member != "" && !anon(r.Member, w.Member):
+		return "@" + w.Member
+	case w.DNATMap != "" && !anon(r.DNATMap, w.DNATMap):
+		return "dnat to map @" + w.DNATMap
+	case w.DNAT.To.IsValid() && r.DNAT != w.DNAT:
+		return w.DNAT.Text(f)
+	case w.MarkHas != 0 && r.MarkHas != w.MarkHas:
+		return MarkHas{Mark: w.MarkHas}.Text(f)
+	case w.MarkOr != 0 && r.MarkOr != w.MarkOr:
+		return MarkOr{Mark: w.MarkOr}.Text(f)
+	case w.Masq && !r.Masq:
+		return Masquerade{}.Text(f)
+	case w.Jump != "" && r.Jump != w.Jump:
+		return Jump{To: w.Jump}.Text(f)
+	case w.Drop && !r.Drop:
+		return "drop"
+	}
+	return ""
+}
+
+// prefixSpec spells p as an Addr does: an address alone for a full
+// length prefix.
+func prefixSpec(p netip.Prefix) string {
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.String()
 }
 
 // nfDrop is NF_DROP, a verdict code.
@@ -34,11 +107,11 @@ const nfDrop = 0
 
 // DecodeRule reads what a rule matches and does out of its attributes
 // (a GETRULE answer, or what Rule.Attrs wrote), as the kernel runs its
-// expressions: what a payload or meta expression loads, a cmp compares.
+// expressions: what a payload, meta or fib expression loads, a bitwise
+// masks and a cmp or range compares.
 func DecodeRule(f Family, attrs []nfnl.Attr) RuleInfo {
 	var list []byte
-	d := ruleDecoder{}
-	d.saddrOffset, d.addrLen = f.AddrOffset(false)
+	d := ruleDecoder{f: f}
 	for _, a := range attrs {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
@@ -67,17 +140,30 @@ func DecodeRule(f Family, attrs []nfnl.Attr) RuleInfo {
 	return d.r
 }
 
+// loaded is what the last load into a register read.
+type loaded int
+
+const (
+	loadedOther loaded = iota
+	loadedSaddr
+	loadedDaddr
+	loadedProto
+	loadedDPort
+	loadedMark
+	loadedFib
+)
+
 // ruleDecoder reads a rule's expressions in order, as the kernel runs
-// them: what a payload or meta expression loads, a cmp compares.
+// them: what the last load read (and its mask), what a cmp compares it
+// with, what immediates put in the registers a nat reads.
 type ruleDecoder struct {
-	r           RuleInfo
-	regs        [16][]byte // by register number; nat reads the ones immediates loaded
-	saddrOffset uint32
-	addrLen     uint32
-	load        struct {
-		ok   bool // the source address is loaded
-		len  uint32
-		mask []byte
+	r    RuleInfo
+	f    Family
+	regs [16][]byte // by register number; nat reads the ones immediates loaded
+	load struct {
+		what      loaded
+		len       uint32
+		mask, xor []byte
 	}
 }
 
@@ -89,21 +175,65 @@ func ValueOf(data []byte, t uint16) []byte {
 	return v
 }
 
+// loads notes a load of what, len bytes long.
+func (d *ruleDecoder) loads(what loaded, n uint32) {
+	d.load.what, d.load.len, d.load.mask, d.load.xor = what, n, nil, nil
+}
+
 func (d *ruleDecoder) expr(name string, data []byte) {
+	u := func(t uint16) uint32 { return nfnl.FindU32(data, t) }
 	switch name {
 	case "payload":
-		base, off := nfnl.FindU32(data, unix.NFTA_PAYLOAD_BASE), nfnl.FindU32(data, unix.NFTA_PAYLOAD_OFFSET)
-		d.load.ok = base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == d.saddrOffset
-		d.load.len, d.load.mask = nfnl.FindU32(data, unix.NFTA_PAYLOAD_LEN), nil
+		base, off, n := u(unix.NFTA_PAYLOAD_BASE), u(unix.NFTA_PAYLOAD_OFFSET), u(unix.NFTA_PAYLOAD_LEN)
+		saddr, _ := d.f.AddrOffset(false)
+		daddr, _ := d.f.AddrOffset(true)
+		switch {
+		case base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == saddr:
+			d.loads(loadedSaddr, n)
+		case base == unix.NFT_PAYLOAD_NETWORK_HEADER && off == daddr:
+			d.loads(loadedDaddr, n)
+		case base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 2 && n == 2:
+			d.loads(loadedDPort, n)
+		default:
+			d.loads(loadedOther, n)
+		}
+	case "meta":
+		key := u(unix.NFTA_META_KEY)
+		if _, set := nfnl.Find(data, unix.NFTA_META_SREG); set {
+			if key == unix.NFT_META_MARK && d.load.what == loadedMark && len(d.load.xor) == 4 {
+				d.r.MarkOr = binary.NativeEndian.Uint32(d.load.xor)
+			}
+			d.loads(loadedOther, 0)
+			return
+		}
+		switch key {
+		case unix.NFT_META_L4PROTO:
+			d.loads(loadedProto, 1)
+		case unix.NFT_META_MARK:
+			d.loads(loadedMark, 4)
+		default:
+			d.loads(loadedOther, 0)
+		}
+	case "fib":
+		if u(unix.NFTA_FIB_RESULT) == unix.NFT_FIB_RESULT_ADDRTYPE && u(unix.NFTA_FIB_FLAGS)&unix.NFTA_FIB_F_DADDR != 0 {
+			d.loads(loadedFib, 4)
+		} else {
+			d.loads(loadedOther, 0)
+		}
 	case "bitwise":
-		d.load.mask = ValueOf(data, unix.NFTA_BITWISE_MASK)
+		d.load.mask, d.load.xor = ValueOf(data, unix.NFTA_BITWISE_MASK), ValueOf(data, unix.NFTA_BITWISE_XOR)
 	case "cmp":
-		d.cmp(data)
+		d.cmp(u(unix.NFTA_CMP_OP), ValueOf(data, unix.NFTA_CMP_DATA))
+	case "range":
+		if u(unix.NFTA_RANGE_OP) == unix.NFT_RANGE_EQ && d.load.what == loadedDPort {
+			d.cmp(unix.NFT_CMP_GTE, ValueOf(data, unix.NFTA_RANGE_FROM_DATA))
+			d.cmp(unix.NFT_CMP_LTE, ValueOf(data, unix.NFTA_RANGE_TO_DATA))
+		}
 	case "immediate":
 		d.immediate(data)
 	case "nat":
-		ar, pr := nfnl.FindU32(data, unix.NFTA_NAT_REG_ADDR_MIN), nfnl.FindU32(data, unix.NFTA_NAT_REG_PROTO_MIN)
-		if nfnl.FindU32(data, unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
+		ar, pr := u(unix.NFTA_NAT_REG_ADDR_MIN), u(unix.NFTA_NAT_REG_PROTO_MIN)
+		if u(unix.NFTA_NAT_TYPE) == unix.NFT_NAT_DNAT && ar < uint32(len(d.regs)) && pr < uint32(len(d.regs)) && d.regs[ar] != nil {
 			addr, _ := netip.AddrFromSlice(d.regs[ar])
 			var port uint16
 			if p := d.regs[pr]; pr != RegVerdict && len(p) >= 2 {
@@ -119,36 +249,56 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 			} else {
 				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
 			}
-		} else if nfnl.FindU32(data, unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
+		} else if u(unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
 			d.r.Member = nfnl.Attr{Value: s}.String()
 		}
 	case "masq":
 		d.r.Masq = true
-	case "meta":
-		_, d.r.SetMark = nfnl.Find(data, unix.NFTA_META_SREG)
-		d.load.ok = false
+	default: // ct and others load what is not judged
+		d.loads(loadedOther, 0)
 	}
 }
 
-// cmp reads a comparison with what was loaded: the source prefix.
-func (d *ruleDecoder) cmp(data []byte) {
-	v, op := ValueOf(data, unix.NFTA_CMP_DATA), nfnl.FindU32(data, unix.NFTA_CMP_OP)
-	if d.load.ok && op == unix.NFT_CMP_EQ {
-		ip := make([]byte, d.addrLen)
+// cmp reads a comparison with what was loaded.
+func (d *ruleDecoder) cmp(op uint32, v []byte) {
+	switch l := d.load; {
+	case (l.what == loadedSaddr || l.what == loadedDaddr) && op == unix.NFT_CMP_EQ:
+		_, n := d.f.AddrOffset(false)
+		ip := make([]byte, n)
 		copy(ip, v)
 		a, _ := netip.AddrFromSlice(ip)
-		ones := int(d.load.len) * 8
-		if d.load.mask != nil {
+		ones := int(l.len) * 8
+		if l.mask != nil {
 			ones = 0
-			for _, byt := range d.load.mask {
+			for _, byt := range l.mask {
 				for ; byt != 0; byt <<= 1 {
 					ones++
 				}
 			}
 		}
-		d.r.Saddr, _ = a.Prefix(ones)
+		p, _ := a.Prefix(ones)
+		if l.what == loadedSaddr {
+			d.r.Saddr = p
+		} else {
+			d.r.Daddr = p
+		}
+	case l.what == loadedProto && op == unix.NFT_CMP_EQ && len(v) == 1:
+		d.r.L4Proto = ProtoName(v[0])
+	case l.what == loadedDPort && len(v) == 2:
+		port := int(binary.BigEndian.Uint16(v))
+		switch op {
+		case unix.NFT_CMP_EQ:
+			d.r.DPort = DPort{Port: port}
+		case unix.NFT_CMP_GTE:
+			d.r.DPort.Port = port
+		case unix.NFT_CMP_LTE:
+			d.r.DPort.Last = port
+		}
+	case l.what == loadedMark && op == unix.NFT_CMP_EQ && len(v) == 4 && bytes.Equal(l.mask, v):
+		d.r.MarkHas = binary.NativeEndian.Uint32(v)
+	case l.what == loadedFib && op == unix.NFT_CMP_EQ && len(v) == 4 && binary.NativeEndian.Uint32(v) == unix.RTN_LOCAL:
+		d.r.FibLocal = true
 	}
-	d.load.ok = false
 }
 
 // immediate reads a verdict (a jump, a drop) or a value loaded into a

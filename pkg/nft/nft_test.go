@@ -219,14 +219,14 @@ func TestDecodeRule(t *testing.T) {
 		want  nft.RuleInfo
 	}{
 		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 5353)},
-			nft.RuleInfo{Comment: "c", Saddr: netip.MustParsePrefix("10.0.0.0/9"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
-		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 0)},
-			nft.RuleInfo{Comment: "c", Saddr: netip.MustParsePrefix("192.0.2.0/24"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
-		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)},
-			nft.RuleInfo{Comment: "c", DNAT: nft.DNAT{To: netip.MustParseAddrPort("[2001:db8::2]:80")}}},
-		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", Jump: "dispatch"}},
-		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nft.RuleInfo{Comment: "c", SetMark: true}},
-		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nft.RuleInfo{Comment: "c", Masq: true}},
+			nft.RuleInfo{Comment: "c", L4Proto: "udp", DPort: nft.DPort{Port: 53}, Saddr: netip.MustParsePrefix("10.0.0.0/9"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
+		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.Addr{Dst: true, Spec: "198.51.100.1"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 0)},
+			nft.RuleInfo{Comment: "c", DPort: nft.DPort{Port: 20000, Last: 20999}, Saddr: netip.MustParsePrefix("192.0.2.0/24"), Daddr: netip.MustParsePrefix("198.51.100.1/32"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
+		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.Addr{Dst: true, Spec: "2001:db8::/33"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)},
+			nft.RuleInfo{Comment: "c", L4Proto: "sctp", Daddr: netip.MustParsePrefix("2001:db8::/33"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("[2001:db8::2]:80")}}},
+		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", FibLocal: true, Jump: "dispatch"}},
+		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nft.RuleInfo{Comment: "c", MarkOr: 0x2000}},
+		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nft.RuleInfo{Comment: "c", MarkHas: 0x2000, Masq: true}},
 	} {
 		r := &nft.Rule{Chain: "x", Comment: "c", Stmts: tt.stmts}
 		var a nfnl.Attrs
@@ -234,6 +234,41 @@ func TestDecodeRule(t *testing.T) {
 		if got := nft.DecodeRule(tt.f, nfnl.Parse(a.Bytes())); got != tt.want {
 			t.Errorf("%s %q reads back as %+v, want %+v", tt.f, r.StmtText(tt.f), got, tt.want)
 		}
+	}
+}
+
+// TestLacks: a rule read back is judged by what the written one does
+// alone: what it does besides (conditions nft compiled) passes, an
+// anonymous set of its own stands for the written one's, anything the
+// written rule does otherwise is named as nft spells it.
+func TestLacks(t *testing.T) {
+	written := &nft.Rule{Chain: "x", Comment: "c", Stmts: []nft.Stmt{nft.Conditions{Nft: "ip saddr != 203.0.113.0/24"},
+		nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 8080}, nft.Addr{Dst: true, Spec: "198.51.100.1"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 80)}}
+	want := written.Info(nft.IPv4)
+	for _, tt := range []struct {
+		name  string
+		read  func(*nft.RuleInfo)
+		lacks string
+	}{
+		{"as written", func(*nft.RuleInfo) {}, ""},
+		{"with conditions matched besides", func(r *nft.RuleInfo) { r.Saddr, r.MarkHas = netip.MustParsePrefix("10.0.0.0/8"), 1 }, ""},
+		{"another protocol", func(r *nft.RuleInfo) { r.L4Proto = "udp" }, "meta l4proto tcp"},
+		{"a span of ports", func(r *nft.RuleInfo) { r.DPort.Last = 8090 }, "th dport 8080"},
+		{"another host address", func(r *nft.RuleInfo) { r.Daddr = netip.MustParsePrefix("198.51.100.2/32") }, "ip daddr 198.51.100.1"},
+		{"no DNAT", func(r *nft.RuleInfo) { r.DNAT = nft.DNAT{} }, "dnat to 192.0.2.2:80"},
+	} {
+		got := want
+		tt.read(&got)
+		if lacks := got.Lacks(nft.IPv4, want); lacks != tt.lacks {
+			t.Errorf("%s: lacks %q, want %q", tt.name, lacks, tt.lacks)
+		}
+	}
+	anon := nft.RuleInfo{DNATMap: "__map3"}
+	if lacks := (nft.RuleInfo{DNATMap: "__map0"}).Lacks(nft.IPv4, anon); lacks != "" {
+		t.Errorf("another anonymous map: lacks %q", lacks)
+	}
+	if lacks := (nft.RuleInfo{DNATMap: "hostports"}).Lacks(nft.IPv4, anon); lacks == "" {
+		t.Error("a named map passed for an anonymous one")
 	}
 }
 

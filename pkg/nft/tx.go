@@ -71,6 +71,9 @@ func (tx *Tx) Flush(obj Object) { tx.ops = append(tx.ops, Op{Flush, obj}) }
 // Delete removes obj, failing (ENOENT) where it is absent.
 func (tx *Tx) Delete(obj Object) { tx.ops = append(tx.ops, Op{Delete, obj}) }
 
+// Append adds the operations of more after tx's.
+func (tx *Tx) Append(more *Tx) { tx.ops = append(tx.ops, more.ops...) }
+
 // Grow makes room for n more operations.
 func (tx *Tx) Grow(n int) { tx.ops = slices.Grow(tx.ops, n) }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/portmap-dev/portmap/pkg/backend/nftables"
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/nettest"
@@ -239,5 +240,90 @@ func traced(t *testing.T) int {
 		case <-deadline:
 			return n
 		}
+	}
+}
+
+// TestNFTConditionsReadBack: an attachment with conditions is compiled
+// by nft, the skeleton with it on a fresh node (the transaction holds
+// nft syntax, so nft gets all of it), and nft's encodings of our
+// statements read back as what the backend wrote: CHECK passes and a
+// pass finds nothing to write, under every nft release the compat
+// suite brings. A rule of the attachment's chain that nft is told to
+// replace by one matching another protocol, under the same comment, is
+// what CHECK names.
+func TestNFTConditionsReadBack(t *testing.T) {
+	for _, tt := range []struct {
+		f    plan.Family
+		ip   string
+		fam  string
+		cond string
+	}{{plan.IPv4, "192.0.2.2/24", "ip", "ip daddr != 10.1.0.0/16"}, {plan.IPv6, "2001:db8::2/64", "ip6", "ip6 daddr != 2001:db8:1::/48"}} {
+		t.Run(tt.f.String(), func(t *testing.T) {
+			nettest.ResetNAT(t)
+			b, _ := nftBackend(t, tt.f)
+			req := plan.Request{Owner: plan.Owner{Network: "net1", ContainerID: "c1", IfName: "eth0"},
+				Masquerade: plan.Masquerade{Enabled: true, MarkBit: 13},
+				Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
+					plan.Mapping{HostPort: 20000, ContainerPort: 20000, Protocol: plan.UDP}, plan.Mapping{HostPort: 20001, ContainerPort: 20001, Protocol: plan.UDP}),
+				ConditionsV4: []string{tt.cond}, ConditionsV6: []string{tt.cond}}
+			n := cidr(tt.ip)
+			p := plan.Build(req, tt.f, n)
+			if err := b.Apply(p); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			chain := nftables.ChainName(p.Owner)
+			if listed := nftTable(t, tt.fam); !strings.Contains(listed, strings.TrimPrefix(tt.cond, tt.fam+" daddr != ")) {
+				t.Fatalf("the conditions are not in the table:\n%s", listed)
+			}
+			if err := b.Check(p); err != nil {
+				t.Fatalf("CHECK of what nft compiled: %v", err)
+			}
+			rep, err := b.Sync([]*plan.Plan{p}, converge.Options{})
+			if err != nil || rep.Wrote || len(rep.Shared) > 0 || rep.Results[0].State != converge.OK {
+				t.Fatalf("a pass over what nft compiled: wrote %v, shared %q, %+v, %v", rep != nil && rep.Wrote, rep.Shared, rep.Results, err)
+			}
+			// the 8080 rule, replaced by one for udp under its comment
+			out, err := exec.Command("nft", "-a", "list", "chain", tt.fam, nftables.Table, chain).CombinedOutput()
+			if err != nil {
+				t.Fatalf("nft -a list chain: %v\n%s", err, out)
+			}
+			var handle string
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, `comment "hostport tcp . 8080"`) {
+					handle = l[strings.LastIndex(l, " ")+1:]
+				}
+			}
+			if handle == "" {
+				t.Fatalf("no rule for tcp . 8080 in:\n%s", out)
+			}
+			to := "192.0.2.2:80"
+			if tt.f == plan.IPv6 {
+				to = "[2001:db8::2]:80"
+			}
+			rule := fmt.Sprintf("%s meta l4proto udp th dport 8080 dnat to %s comment \"hostport tcp . 8080\"", tt.cond, to)
+			if out, err := exec.Command("nft", "replace", "rule", tt.fam, nftables.Table, chain, "handle", handle, rule).CombinedOutput(); err != nil {
+				t.Fatalf("nft replace rule: %v\n%s", err, out)
+			}
+			if err := b.Check(p); err == nil || !strings.Contains(err.Error(), "does not meta l4proto tcp") {
+				t.Errorf("CHECK of a rule matching udp under the tcp rule's comment: %v", err)
+			}
+			// a flat attachment beside it, the table gone: one pass
+			// writes both again
+			q := mkPlan("net1", "c2", tt.ip, 7000)
+			if err := b.Apply(q); err != nil {
+				t.Fatalf("Apply flat: %v", err)
+			}
+			if out, err := exec.Command("nft", "delete", "table", tt.fam, nftables.Table).CombinedOutput(); err != nil {
+				t.Fatalf("nft delete table: %v\n%s", err, out)
+			}
+			if rep, err := b.Sync([]*plan.Plan{q, p}, converge.Options{}); err != nil || !rep.Wrote {
+				t.Fatalf("a pass after the table went: %+v, %v", rep, err)
+			}
+			for _, a := range []*plan.Plan{q, p} {
+				if err := b.Check(a); err != nil {
+					t.Errorf("CHECK %s after the pass: %v", a.Owner.ContainerID, err)
+				}
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
@@ -47,6 +48,51 @@ func TestApplyFastPath(t *testing.T) {
 	}
 	if err := b.Apply(plan.Build(plan.Request{Owner: c.Owner}, plan.IPv4, nil)); err == nil {
 		t.Error("Apply without a container address succeeded")
+	}
+}
+
+// The first ADD of a node, of an attachment with conditions (which nft
+// compiles), commits the skeleton on its own first, then the attachment:
+// nft 0.9.8 refuses the skeleton's DNAT maps; one of a plain attachment
+// is one transaction; a pass that writes the skeleton does the same.
+func TestSkeletonApartFromConditions(t *testing.T) {
+	_, cond, _ := syncPlans("192.0.2.2")
+	plain, _, _ := syncPlans("192.0.2.2")
+	for _, tt := range []struct {
+		name string
+		p    *plan.Plan
+		want int
+	}{{"with conditions", cond, 2}, {"without", plain, 1}} {
+		for _, verb := range []string{"ADD", "sync"} {
+			b, k, _, _ := lockedBackend(t, false, nil)
+			var err error
+			if verb == "ADD" {
+				err = b.Apply(tt.p)
+			} else {
+				_, err = b.Sync([]*plan.Plan{tt.p}, converge.Options{})
+			}
+			if err != nil {
+				t.Fatalf("%s %s: %v", verb, tt.name, err)
+			}
+			scripts := k.scripts
+			if verb == "ADD" && len(scripts) > 0 && strings.HasPrefix(scripts[0], "create chain") {
+				scripts = scripts[1:] // the fast path's, which the missing table fails
+			}
+			if len(scripts) != tt.want {
+				t.Fatalf("%s %s: %d transactions, want %d: %q", verb, tt.name, len(scripts), tt.want, scripts)
+			}
+			if first := scripts[0]; !strings.Contains(first, "add chain ip cni_portmap dispatch") ||
+				strings.Contains(first, "10.1.0.0/16") != (tt.want == 1 && len(tt.p.Conditions) > 0) {
+				t.Errorf("%s %s: the first transaction %q", verb, tt.name, first)
+			}
+			if last := scripts[len(scripts)-1]; !strings.Contains(last, ChainName(tt.p.Owner)) ||
+				(tt.want == 2 && strings.Contains(last, "add chain ip cni_portmap dispatch")) {
+				t.Errorf("%s %s: the last transaction %q", verb, tt.name, last)
+			}
+			if err := b.Check(tt.p); err != nil {
+				t.Errorf("%s %s: CHECK: %v", verb, tt.name, err)
+			}
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -116,7 +117,7 @@ func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chai
 		}
 		some = true
 		for _, r := range skel[name] {
-			if !hasRule(c, r) && (ranges || !rangesLookup(r)) && (flat || !flatDispatchRule(r)) {
+			if !hasRule(f, c, r) && (ranges || !rangesLookup(r)) && (flat || !flatDispatchRule(r)) {
 				gaps = append(gaps, fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(f)), name))
 				break
 			}
@@ -150,75 +151,41 @@ func dispatchRule(name string) *nft.Rule {
 
 // hasRule reports whether chain c holds a rule doing what the shared
 // rule r does.
-func hasRule(c *ChainState, r *nft.Rule) bool {
-	for _, got := range c.Rules {
-		for _, s := range r.Stmts {
-			var ok bool
-			switch s := s.(type) {
-			case vmapLookup:
-				ok = got.Lookup == s.set
-			case hairpinLookup:
-				ok = got.Member == s.set()
-			case dnatLookup:
-				ok = got.DNATMap == s.set
-			case nft.Jump:
-				ok = got.Jump == s.To
-			case nft.Masquerade:
-				ok = got.Masq
-			case nft.MarkOr:
-				ok = got.SetMark
-			case guardDrop:
-				ok = got.Drop
-			default:
-				continue
-			}
-			if ok {
-				return true
-			}
-		}
-	}
-	return false
+func hasRule(f plan.Family, c *ChainState, r *nft.Rule) bool {
+	want := r.Info(nft.Family(f))
+	return slices.ContainsFunc(c.Rules, func(got RuleState) bool { return got.Lacks(nft.Family(f), want) == "" })
 }
 
 // judgeChain says what of the attachment's own chain is missing or
-// wrong, or "": each rule by its comment, what it jumps to or DNATs to,
-// the hairpin source, and no rule more.
+// wrong, or "": each rule, found by its comment, doing what it is
+// written to do (nft.RuleInfo.Lacks), a DNAT map holding its mappings,
+// and no rule more.
 func judgeChain(l *layout, c *ChainState) string {
-	own, rules, f := l.chain.Name, l.rules, nft.Family(l.family)
+	own, f := l.chain.Name, nft.Family(l.family)
 	byComment := make(map[string]RuleState, len(c.Rules))
 	for _, r := range c.Rules {
 		if _, dup := byComment[r.Comment]; !dup {
 			byComment[r.Comment] = r
 		}
 	}
-	for _, r := range rules {
+	for _, r := range l.rules {
 		got, ok := byComment[r.Comment]
 		if !ok {
 			return fmt.Sprintf("missing rule %q in chain %s", r.Comment, own)
 		}
+		if lacks := got.Lacks(f, r.Info(f)); lacks != "" {
+			return fmt.Sprintf("rule %q in chain %s does not %s", r.Comment, own, lacks)
+		}
 		for _, s := range r.Stmts {
-			switch s := s.(type) {
-			case nft.DNAT:
-				if got.DNAT != s {
-					return fmt.Sprintf("rule for %s in chain %s does not %s", r.Comment[len(keyComment):], own, s.Text(f))
-				}
-			case nft.Jump:
-				if got.Jump != s.To {
-					return fmt.Sprintf("rule %q in chain %s does not jump to %s", r.Comment, own, s.To)
-				}
-			case dnatMap:
-				if why := judgeDNATs(f, got.DNATs, s); why != "" {
+			if m, ok := s.(dnatMap); ok {
+				if why := judgeDNATs(f, got.DNATs, m); why != "" {
 					return fmt.Sprintf("rule %q in chain %s: %s", r.Comment, own, why)
-				}
-			case nft.Addr:
-				if !s.Dst && got.Saddr != s.Prefix() {
-					return fmt.Sprintf("rule %q in chain %s does not match %s", r.Comment, own, s.Text(f))
 				}
 			}
 		}
 	}
-	if len(c.Rules) != len(rules) {
-		return fmt.Sprintf("chain %s holds %d rules, want %d", own, len(c.Rules), len(rules))
+	if len(c.Rules) != len(l.rules) {
+		return fmt.Sprintf("chain %s holds %d rules, want %d", own, len(c.Rules), len(l.rules))
 	}
 	return ""
 }

@@ -40,7 +40,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 		skel := skeletonRules(layoutOf(p).needs, layoutOf(p).lengths)
 		for _, name := range skeletonOrder(skel) {
 			for _, r := range skel[name] {
-				if chains[name] == nil || !hasRule(chains[name], r) {
+				if chains[name] == nil || !hasRule(p.Family, chains[name], r) {
 					t.Errorf("%s: chain %s: %q does not read back", p.Family, name, r.StmtText(nft.Family(p.Family)))
 				}
 			}

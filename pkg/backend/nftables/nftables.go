@@ -109,14 +109,31 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
-	tx := newTx(b.Family)
-	addSkeleton(tx, l.needs, lengthsOf(chains.Chains[DispatchChain], l))
+	skel, tx := newTx(b.Family), newTx(b.Family)
+	addSkeleton(skel, l.needs, lengthsOf(chains.Chains[DispatchChain], l))
 	l.rewriteChain(tx, c)
 	place(tx, l, els, hps, b.Log)
-	if err := b.Kernel.Apply(tx); err != nil {
+	if err := b.applyWith(skel, tx); err != nil {
 		return fmt.Errorf("apply: %w", err)
 	}
 	return nil
+}
+
+// applyWith commits skel, what of the skeleton a write needs, and tx as
+// one transaction. Where tx holds conditions, which nft compiles, skel
+// is committed first on its own over netlink: nft before 1.0 (Debian
+// 11's 0.9.8) cannot read the skeleton's DNAT maps, whose data is a
+// concatenation (docs/compat.md), and refused the whole transaction; a
+// skeleton left when tx then fails is what the next ADD writes anyway.
+func (b *Backend) applyWith(skel, tx *nft.Tx) error {
+	if tx.NeedsNft() && skel.Len() > 0 {
+		if err := b.Kernel.Apply(skel); err != nil {
+			return err
+		}
+		return b.Kernel.Apply(tx)
+	}
+	skel.Append(tx)
+	return b.Kernel.Apply(skel)
 }
 
 // fastAdd is ADD's fast path for an attachment of single ports; done

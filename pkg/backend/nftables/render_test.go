@@ -3,7 +3,9 @@ package nftables
 import (
 	"io"
 	"net"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,6 +159,41 @@ func TestNetlinkRoundTrip(t *testing.T) {
 		}
 		if why := judgeChain(layoutOf(&moved), c); !strings.Contains(why, "does not dnat to") {
 			t.Errorf("%s: a moved container judged %q", p.Family, why)
+		}
+		// So is a rule under its comment that matches another protocol,
+		// port or host address, marks for another bit, or jumps elsewhere.
+		for i, r := range rules {
+			for _, tamper := range []struct {
+				name string
+				set  func(*RuleState) bool
+				want string
+			}{
+				{"protocol", func(r *RuleState) bool {
+					ok := r.L4Proto != ""
+					r.L4Proto = map[string]string{"tcp": "udp", "udp": "sctp", "sctp": "tcp"}[r.L4Proto]
+					return ok
+				}, "does not meta l4proto"},
+				{"port", func(r *RuleState) bool { ok := r.DPort.Port != 0; r.DPort.Port++; return ok }, "does not th dport"},
+				{"host address", func(r *RuleState) bool {
+					ok := r.Daddr.IsValid()
+					r.Daddr = netip.MustParsePrefix("203.0.113.9/32")
+					return ok
+				}, "daddr"},
+				{"source", func(r *RuleState) bool {
+					ok := r.Saddr.IsValid()
+					r.Saddr = netip.MustParsePrefix("203.0.113.0/24")
+					return ok
+				}, "saddr"},
+				{"jump", func(r *RuleState) bool { ok := r.Jump != ""; r.Jump = "mark-bit1"; return ok }, "does not jump"},
+			} {
+				bad := slices.Clone(rules)
+				if !tamper.set(&bad[i]) {
+					continue
+				}
+				if why := judgeChain(layoutOf(p), &ChainState{Rules: bad}); !strings.Contains(why, tamper.want) {
+					t.Errorf("%s rule %d (%q) with another %s judged %q, want %q", p.Family, i, r.Comment, tamper.name, why, tamper.want)
+				}
+			}
 		}
 	}
 }

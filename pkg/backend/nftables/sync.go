@@ -146,14 +146,14 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 			upIDs[or.upstreamID] = true
 		}
 	}
-	tx := newTx(b.Family)
+	skel, tx := newTx(b.Family), newTx(b.Family)
 	// decide names a missing table, and what a flat attachment's repair
 	// needs of the skeleton, as shared: it is written whole
 	if fix.Shared {
 		// the lengths the node has, and those of every wanted plan
 		lengths := lengthsOf(s.st.Chains[DispatchChain], s.layouts...)
 		for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
-			addSkeleton(tx, s.kinds[k], lengths)
+			addSkeleton(skel, s.kinds[k], lengths)
 		}
 	}
 	for i, l := range s.layouts {
@@ -177,21 +177,21 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 			tx.Delete(&nft.Chain{Name: name})
 		}
 	}
-	var txs []*nft.Tx
-	if tx.Len() > 0 {
-		txs = append(txs, tx)
-	}
-	if len(upIDs) > 0 {
-		if utx := upstreamTx(b.Family, s.up, upIDs); utx.Len() > 0 {
-			txs = append(txs, utx)
-		}
-	}
-	for _, t := range txs {
-		if err := b.Kernel.Apply(t); err != nil {
+	wrote := skel.Len()+tx.Len() > 0
+	if wrote {
+		if err := b.applyWith(skel, tx); err != nil {
 			return false, fmt.Errorf("sync: %w", err)
 		}
 	}
-	return len(txs) > 0, nil
+	if len(upIDs) > 0 {
+		if utx := upstreamTx(b.Family, s.up, upIDs); utx.Len() > 0 {
+			if err := b.Kernel.Apply(utx); err != nil {
+				return false, fmt.Errorf("sync: %w", err)
+			}
+			wrote = true
+		}
+	}
+	return wrote, nil
 }
 
 // judge says what of wanted plan i the table shows missing or wrong, or
