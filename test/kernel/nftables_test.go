@@ -243,7 +243,8 @@ func traced(t *testing.T) int {
 	}
 }
 
-// TestNFTConditionsReadBack: an attachment with conditions is compiled
+// TestNFTConditionsReadBack: an attachment with conditions (a range,
+// and 8 single mappings besides, which are no DNAT map here) is compiled
 // by nft, the skeleton with it on a fresh node (the transaction holds
 // nft syntax, so nft gets all of it), and nft's encodings of our
 // statements read back as what the backend wrote: CHECK passes and a
@@ -266,6 +267,9 @@ func TestNFTConditionsReadBack(t *testing.T) {
 				Mappings: plan.MappingsOf(plan.Mapping{HostPort: 8080, ContainerPort: 80, Protocol: plan.TCP},
 					plan.Mapping{HostPort: 20000, ContainerPort: 20000, Protocol: plan.UDP}, plan.Mapping{HostPort: 20001, ContainerPort: 20001, Protocol: plan.UDP}),
 				ConditionsV4: []string{tt.cond}, ConditionsV6: []string{tt.cond}}
+			for port := 9001; port < 9017; port += 2 { // 8 single mappings more: a rule each
+				req.Mappings.Add(plan.Mapping{HostPort: port, ContainerPort: 81, Protocol: plan.TCP})
+			}
 			n := cidr(tt.ip)
 			p := plan.Build(req, tt.f, n)
 			if err := b.Apply(p); err != nil {

@@ -86,6 +86,15 @@ func TestDNATMapFrom(t *testing.T) {
 	if last := rules[len(rules)-1]; last.Comment != keyComment+"tcp . 10000-10049" {
 		t.Errorf("the range's rule is %q, want it after the map", last.Comment)
 	}
+	// with conditions (nft compiles the rules, and nft 0.9.8 parses no
+	// DNAT by map of a concatenation), a rule each
+	p = build(plan.IPv4, func(r *plan.Request) {
+		singles(mapMin, false)(r)
+		r.ConditionsV4 = []string{"ip daddr != 10.1.0.0/16"}
+	})
+	if rules := layoutOf(p).rules; len(dnatMaps(rules)) != 0 || len(rules) != 2+mapMin {
+		t.Errorf("with conditions: %d rules, %d maps, want the 2 mark rules and %d DNAT rules", len(rules), len(dnatMaps(rules)), mapMin)
+	}
 }
 
 // TestDNATMapInMemory: a chain with both maps forwards each port to its

@@ -276,8 +276,9 @@ func mapComment(addr bool) string {
 // whose host and container ports are the same (`th dport 20000-20999
 // dnat to 192.0.2.2`, the port kept); a range with an offset becomes one
 // rule per port, as nft has no shifted port range. From mapMin single
-// mappings of one host IP kind (wildcard, or specific), their DNAT is
-// one rule looking them up in a map of its own (dnatMap), before the
+// mappings of one host IP kind (wildcard, or specific) in a chain
+// without conditions, their DNAT is one rule looking them up in a map of
+// its own (dnatMap), before the
 // ranges' rules, as the dispatch finds a port before an interval. The
 // conditions lead every rule. A "hostport" comment names the keys of its
 // rule; a map's rule is commented "hostports" (mapComment) and its keys
@@ -301,14 +302,16 @@ func chainRules(p *plan.Plan, runs []plan.Run) []*nft.Rule {
 		}
 	}
 	// from mapMin single mappings of a kind (wildcard, specific host IP)
-	// on, one map rule for them
+	// on, one map rule for them; not with conditions, which nft
+	// compiles: nft before 1.0 (Debian 11's 0.9.8) cannot parse a DNAT
+	// by map of a concatenation, and refused the ADD
 	var n [2]int
 	for _, r := range runs {
 		if r.Len == 1 {
 			n[kindOf(r)]++
 		}
 	}
-	mapped := [2]bool{n[0] >= mapMin, n[1] >= mapMin}
+	mapped := [2]bool{n[0] >= mapMin && cond == nil, n[1] >= mapMin && cond == nil}
 	for kind := range n {
 		if !mapped[kind] {
 			continue
