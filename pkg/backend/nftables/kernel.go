@@ -98,6 +98,18 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 			return nil
 		})
 	}
+	// element asks for one element, whose absence is no error
+	element := func(e *nft.Element, what string, take func(r nfnl.Reply, found bool)) {
+		var a nfnl.Attrs
+		e.Attrs(&a, Table, false)
+		ask(unix.NFT_MSG_GETSETELEM, &a, func(r nfnl.Reply, err error) error {
+			if err != nil && !nft.IsNotFound(err) {
+				return &nft.Error{Op: "get " + what, Err: err}
+			}
+			take(r, err == nil)
+			return nil
+		})
+	}
 	for _, name := range q.Chains {
 		exists(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, name, func(r nfnl.Reply) {
 			ud, _ := nfnl.Find(r.Attrs, nft.AttrChainUserdata)
@@ -105,16 +117,10 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 		}, func() {})
 		if ownerKey(name) != nil {
 			// whether the owners map holds it (its key is the chain's name)
-			var a nfnl.Attrs
-			ownerObj{name}.element().Attrs(&a, Table, false)
-			ask(unix.NFT_MSG_GETSETELEM, &a, func(_ nfnl.Reply, err error) error {
-				if err != nil && !nft.IsNotFound(err) {
-					return &nft.Error{Op: "get element of map " + ownersMap, Err: err}
-				}
+			element(ownerObj{name}.element(), "element of map "+ownersMap, func(_ nfnl.Reply, found bool) {
 				if cs := st.Chains[name]; cs != nil {
-					cs.Owned = err == nil
+					cs.Owned = found
 				}
-				return nil
 			})
 		}
 	}
@@ -138,16 +144,10 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 	var els []Element
 	if len(byDump) == 0 && len(q.Keys) <= holdersByDump {
 		for _, key := range q.Keys {
-			var a nfnl.Attrs
-			Element{Key: key}.element(nft.Family(f)).Attrs(&a, Table, false)
-			ask(unix.NFT_MSG_GETSETELEM, &a, func(r nfnl.Reply, err error) error {
-				if err != nil && !nft.IsNotFound(err) {
-					return &nft.Error{Op: "get element " + key.String() + " of map " + key.Map(), Err: err}
-				}
-				if err == nil {
+			element(Element{Key: key}.element(nft.Family(f)), "element "+key.String()+" of map "+key.Map(), func(r nfnl.Reply, found bool) {
+				if found {
 					els = append(els, decodeElements(f, r.Attrs)...)
 				}
-				return nil
 			})
 		}
 	} else {
@@ -156,16 +156,10 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 		}
 	}
 	for _, h := range q.Hairpins {
-		var a nfnl.Attrs
-		hairpinObj{h}.element(nft.Family(f)).Attrs(&a, Table, false)
-		ask(unix.NFT_MSG_GETSETELEM, &a, func(r nfnl.Reply, err error) error {
-			if err != nil && !nft.IsNotFound(err) {
-				return &nft.Error{Op: "get element " + h.Src + " . " + h.Key.String() + " of set " + h.set(), Err: err}
-			}
-			if err == nil {
+		element(hairpinObj{h}.element(nft.Family(f)), "element "+h.Src+" . "+h.Key.String()+" of set "+h.set(), func(r nfnl.Reply, found bool) {
+			if found {
 				st.Hairpins = append(st.Hairpins, decodeHairpins(f, r.Attrs)...)
 			}
-			return nil
 		})
 	}
 	if len(reqs) > 0 {
