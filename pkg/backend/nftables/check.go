@@ -24,23 +24,14 @@ func (b *Backend) Check(p *plan.Plan) error {
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
-	lookups, err := skeletonIn(b.Family, st, l.needs, l.flat, l.lengths)
-	if err != nil {
+	if err := skeletonIn(b.Family, st, l.needs, l.lengths); err != nil {
 		return err
 	}
 	c := st.Chains[l.chain.Name]
 	if c == nil {
 		return errors.New(judge(l, nil, reading{}, nil))
 	}
-	els := elementsOfState(st)
-	// an interval of the chain's that the dispatch chain does not look
-	// up: say that, not that its ports go nowhere
-	for _, e := range els {
-		if e.Chain == l.chain.Name && e.Key.IsRange() && !lookups[e.Key.Map()] {
-			return fmt.Errorf("missing rule %q in chain %s", dispatchRule(e.Key.Map()).StmtText(nft.Family(b.Family)), DispatchChain)
-		}
-	}
-	r := reading{st: st, served: newView(els, func(k Key) bool { return lookups[k.Map()] }), hairpins: map[hairpinID]Hairpin{}}
+	r := reading{st: st, served: newView(elementsOfState(st)), hairpins: map[hairpinID]Hairpin{}}
 	for _, h := range st.Hairpins {
 		r.hairpins[h.id()] = h
 	}
@@ -56,14 +47,14 @@ func (b *Backend) Check(p *plan.Plan) error {
 // It reads those chains alone: its cost does not grow with the number of
 // attachments (STATUS).
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
-	// not the dispatch chain's rules for flat keys: CHECK of a flat
-	// attachment asks for them
+	// not the dispatch chain's hairpin lookups of a flat attachment's
+	// prefix lengths: CHECK of that attachment asks for them
 	l := layoutOf(p)
 	st, err := b.Kernel.Read(b.Family, Query{Chains: skeletonChains(l.needs)})
 	if err != nil {
 		return "", false, fmt.Errorf("check: %w", err)
 	}
-	_, err = skeletonIn(b.Family, st, l.needs, false, nil)
+	err = skeletonIn(b.Family, st, l.needs, nil)
 	var m *missingError
 	if errors.As(err, &m) {
 		return m.what, m.some, nil
@@ -84,30 +75,22 @@ func (e *missingError) Error() string { return e.what }
 func skeletonChains(n needs) []string { return skeletonOrder(skeletonRules(n, nil)) }
 
 // skeletonIn checks, in what st read, the shared chains attachments that
-// need n rely on (a missingError names the first gap) and returns the
-// maps the dispatch chain looks up; flat says the attachment is flat,
-// which needs the dispatch chain's rules for flat keys of its hairpin
-// sets' lengths.
-func skeletonIn(f plan.Family, st *State, n needs, flat bool, lengths []int) (map[string]bool, error) {
-	if gaps, some := skeletonGaps(f, n, lengths, flat, false, st.Chains); len(gaps) > 0 {
-		return nil, &missingError{what: gaps[0], some: some}
+// need n rely on, with the dispatch chain's hairpin lookups of lengths (a
+// missingError names the first gap).
+func skeletonIn(f plan.Family, st *State, n needs, lengths []int) error {
+	if gaps, some := skeletonGaps(f, n, lengths, st.Chains); len(gaps) > 0 {
+		return &missingError{what: gaps[0], some: some}
 	}
-	lookups := map[string]bool{}
-	for _, r := range st.Chains[DispatchChain].Rules {
-		lookups[r.Lookup] = true
-	}
-	return lookups, nil
+	return nil
 }
 
 // skeletonGaps says what of the shared chains attachments that need n
 // rely on is missing, as read in chains: each missing chain, and the
-// first missing rule of each chain there, in the order they are written;
-// some says one of them is there. The dispatch chain's lookups of the
-// interval maps count where ranges says so (CHECK judges their absence
-// by the elements that need them), its rules for flat keys of hairpin
-// sets of lengths where flat does. CHECK, STATUS and a pass judge the
-// skeleton by it alike, with its messages.
-func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chains map[string]*ChainState) (gaps []string, some bool) {
+// first missing rule of each chain there, in the order they are written
+// (the dispatch chain with its hairpin lookups of lengths); some says one
+// of them is there. CHECK, STATUS and a pass judge the skeleton by it
+// alike, with its messages.
+func skeletonGaps(f plan.Family, n needs, lengths []int, chains map[string]*ChainState) (gaps []string, some bool) {
 	skel := skeletonRules(n, lengths)
 	for _, name := range skeletonOrder(skel) {
 		c := chains[name]
@@ -117,36 +100,13 @@ func skeletonGaps(f plan.Family, n needs, lengths []int, flat, ranges bool, chai
 		}
 		some = true
 		for _, r := range skel[name] {
-			if !hasRule(f, c, r) && (ranges || !rangesLookup(r)) && (flat || !flatDispatchRule(r)) {
+			if !hasRule(f, c, r) {
 				gaps = append(gaps, fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(f)), name))
 				break
 			}
 		}
 	}
 	return gaps, some
-}
-
-// rangesLookup reports whether r is the dispatch chain's lookup of an
-// interval map. Its absence is judged by the elements that need it: a
-// node set up before interval maps has none, and its attachments (which
-// hold an element for each port) need none.
-func rangesLookup(r *nft.Rule) bool {
-	for _, s := range r.Stmts {
-		if v, ok := s.(vmapLookup); ok && v.interval {
-			return true
-		}
-	}
-	return false
-}
-
-// dispatchRule is the dispatch chain's lookup of map name.
-func dispatchRule(name string) *nft.Rule {
-	for _, r := range dispatchRules(nil) {
-		if v, ok := r.Stmts[0].(vmapLookup); ok && v.set == name {
-			return r
-		}
-	}
-	return nil
 }
 
 // hasRule reports whether chain c holds a rule doing what the shared

@@ -74,12 +74,10 @@ func subtract(k Key, cut []Key) []Key {
 
 // view answers, from elements read, which element the dispatch chain
 // finds for a port: the element of that one port, else an interval of
-// its class holding it. Interval elements count only when ranges says
-// their map is looked up. It is read-only once built.
+// its class holding it. It is read-only once built.
 type view struct {
 	exact     map[portKey]Element
 	intervals map[Key][]Element // by class
-	ranges    func(Key) bool
 	// ports are the ports of exact's elements by class, sorted.
 	ports map[Key][]int
 }
@@ -93,8 +91,8 @@ type portKey struct {
 // share a port.
 func classOf(k Key) Key { return Key{HostIP: k.HostIP, Protocol: k.Protocol} }
 
-func newView(els []Element, ranges func(Key) bool) *view {
-	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[Key][]Element{}, ranges: ranges, ports: map[Key][]int{}}
+func newView(els []Element) *view {
+	v := &view{exact: make(map[portKey]Element, len(els)), intervals: map[Key][]Element{}, ports: map[Key][]int{}}
 	for _, e := range els {
 		c := classOf(e.Key)
 		if e.Key.IsRange() {
@@ -126,7 +124,7 @@ func (v *view) at(c Key, port int) (Element, bool) {
 		return e, true
 	}
 	for _, e := range v.intervals[c] {
-		if e.Key.Port <= port && port <= e.Key.Last && v.ranges(e.Key) {
+		if e.Key.Port <= port && port <= e.Key.Last {
 			return e, true
 		}
 	}

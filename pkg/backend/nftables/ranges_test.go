@@ -194,13 +194,13 @@ func TestRangeReAdd(t *testing.T) {
 }
 
 // dropRangeLookups leaves the dispatch chain without its interval
-// lookups, and deletes the maps named, as on a node set up before them.
+// lookups, and deletes the maps named.
 func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {
 	t.Helper()
 	tx := newTx(plan.IPv4)
 	tx.Flush(&nft.Chain{Name: DispatchChain})
 	for _, r := range dispatchRules(nil) {
-		if !rangesLookup(r) {
+		if v, ok := r.Stmts[0].(vmapLookup); !ok || !v.interval {
 			tx.Add(r)
 		}
 	}
@@ -212,7 +212,8 @@ func dropRangeLookups(t *testing.T, m *Memory, maps ...string) {
 	}
 }
 
-// CHECK of an interval whose lookup the dispatch chain lost names the rule.
+// CHECK of an interval when the dispatch chain lost the interval lookups
+// names one.
 func TestRangeCheckNamesTheLookup(t *testing.T) {
 	be, m := memBackend()
 	p := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20009})
@@ -220,7 +221,7 @@ func TestRangeCheckNamesTheLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	dropRangeLookups(t, m)
-	if err := be.Check(p); err == nil || !strings.Contains(err.Error(), "vmap @hostport_ranges") {
+	if err := be.Check(p); err == nil || !strings.Contains(err.Error(), "hostport_ranges\" in chain dispatch") {
 		t.Errorf("CHECK: %v, want the missing lookup named", err)
 	}
 }

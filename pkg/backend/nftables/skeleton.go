@@ -193,17 +193,6 @@ func lengthsOf(c *ChainState, ls ...*layout) []int {
 	return out
 }
 
-// flatDispatchRule reports whether r is one of the dispatch chain's rules
-// for flat keys: required only of a flat plan's skeleton, so that the
-// attachments of a node set up before them pass CHECK.
-func flatDispatchRule(r *nft.Rule) bool {
-	switch r.Stmts[0].(type) {
-	case hairpinLookup, dnatLookup:
-		return true
-	}
-	return false
-}
-
 // hairpinSetOf declares the hairpin set of a host IP kind and prefix
 // length: a source masked to it, and a key.
 func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {

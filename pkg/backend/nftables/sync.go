@@ -61,10 +61,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 			s.winner[k] = i // the newest plan of a port wins it
 		}
 		s.anyRanges = s.anyRanges || l.hasRanges()
-		// the skeleton's flat parts are needed once a flat attachment is
-		// there
 		if l.flat {
-			s.anyFlat = true
 			flat = append(flat, l)
 		}
 		s.kinds[l.needs.String()] = l.needs
@@ -72,7 +69,7 @@ func (b *Backend) readSync(want []*plan.Plan) (*syncState, error) {
 	s.flatLengths = lengthsOf(nil, flat...)
 	if s.anyRanges {
 		s.all = elementsOfState(s.st)
-		s.served = newView(s.all, func(Key) bool { return true })
+		s.served = newView(s.all)
 	}
 	return s, nil
 }
@@ -113,19 +110,17 @@ func (s *syncState) skeleton() []string {
 	}
 	var shared []string
 	for _, m := range dispatchMaps {
-		if !s.st.Maps[m.name] && (s.anyRanges || !m.interval) {
+		if !s.st.Maps[m.name] {
 			shared = append(shared, "map "+m.name+" missing")
 		}
 	}
-	if s.anyFlat {
-		for _, name := range flatSetNames(s.flatLengths) {
-			if !s.st.Maps[name] {
-				shared = append(shared, "map "+name+" missing")
-			}
+	for _, name := range flatSetNames(s.flatLengths) {
+		if !s.st.Maps[name] {
+			shared = append(shared, "map "+name+" missing")
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.kinds)) {
-		gaps, _ := skeletonGaps(s.family, s.kinds[k], s.flatLengths, s.anyFlat, s.anyRanges, s.st.Chains)
+		gaps, _ := skeletonGaps(s.family, s.kinds[k], s.flatLengths, s.st.Chains)
 		for _, g := range gaps {
 			if !slices.Contains(shared, g) {
 				shared = append(shared, g)

@@ -232,11 +232,10 @@ type syncState struct {
 	anyRanges bool
 	all       []Element
 	served    *view
-	// kinds are the skeletons the wanted plans need, by name; anyFlat says
-	// a flat attachment is there, whose hairpin sets' prefix lengths are
-	// flatLengths; hairpins indexes the table's hairpin elements by identity.
+	// kinds are the skeletons the wanted plans need, by name; flatLengths
+	// the prefix lengths of the flat attachments' hairpin sets; hairpins
+	// indexes the table's hairpin elements by identity.
 	kinds       map[string]needs
-	anyFlat     bool
 	flatLengths []int
 	hairpins    map[hairpinID]Hairpin
 }
