@@ -160,20 +160,20 @@ func (fw *Accept) Remove(p *plan.Plan) error {
 	return nil
 }
 
-// Check verifies the jump from FORWARD, the attachment's jump and its
-// accept rules, in one process.
+// Check judges the shared chain and the jump from FORWARD to it, the
+// attachment's chain with exactly its accept rules and its one jump, from
+// one listing of the filter table (one process), as a pass does (decide).
 func (fw *Accept) Check(p *plan.Plan) error {
-	pl := filterPayload()
-	pl.rule("-C", forwardJump)
-	pl.rule("-C", forwardEntry(p.Owner))
-	for _, r := range acceptRules(p) {
-		pl.rule("-C", r)
+	lines, err := fw.Kernel.ListTable()
+	if err != nil {
+		return fmt.Errorf("forwardAccept: check: list table %s: %w", FilterTable, err)
 	}
-	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		if what := pl.explain(errorOutput(err)); what != "" {
-			return fmt.Errorf("forwardAccept: missing %s in table %s", what, FilterTable)
-		}
-		return fmt.Errorf("forwardAccept: check: %w", err)
+	v := parseAccept(lines).decide([]*plan.Plan{p})
+	if len(v.Shared) > 0 {
+		return errors.New(v.Shared[0])
+	}
+	if v.Whys[0] != "" {
+		return errors.New(v.Whys[0])
 	}
 	return nil
 }

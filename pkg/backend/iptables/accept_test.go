@@ -9,6 +9,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
+	"github.com/portmap-dev/portmap/pkg/xt/xttest"
 )
 
 func TestForwardApplyRemove(t *testing.T) {
@@ -96,24 +97,64 @@ func TestForwardSync(t *testing.T) {
 	}
 }
 
-func TestForwardCheckAndGC(t *testing.T) {
-	a, bb, _ := syncPlans("192.0.2.2")
-	k := &fakeKernel{}
+// CHECK judges the filter table as a pass does: the shared chain and its
+// jump, the attachment's chain holding exactly its accept rules, and its
+// one jump; each broken by hand is named, and what a pass repairs passes.
+func TestForwardCheck(t *testing.T) {
+	a, _, _ := syncPlans("192.0.2.2")
+	m := xttest.New(NativeExprs)
+	k := m.Kernel(FilterTable)
 	fw := &Accept{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
+	if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), "chain CNI-HOSTPORT-FWD or the jump to it from FORWARD missing") {
+		t.Errorf("CHECK before ADD: %v", err)
+	}
+	if err := fw.Apply(a); err != nil {
+		t.Fatal(err)
+	}
 	if err := fw.Check(a); err != nil {
-		t.Errorf("Check: %v", err)
+		t.Fatalf("CHECK after ADD: %v", err)
 	}
-	k.failOn = "-C FORWARD"
-	if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), `forwardAccept: missing rule "-A FORWARD -j CNI-HOSTPORT-FWD" (table filter) in table filter`) {
-		t.Errorf("Check: %v", err)
+	chain := AcceptChainName(a.Owner)
+	line := func(cmd string, r xt.Rule) []byte {
+		pl := filterPayload()
+		pl.rule(cmd, r)
+		return pl.bytes()
 	}
+	for _, tt := range []struct {
+		name    string
+		payload []byte
+		want    string
+	}{
+		{"the jump from FORWARD", line("-D", forwardJump), "chain CNI-HOSTPORT-FWD or the jump to it from FORWARD missing"},
+		{"an accept rule", line("-D", acceptRules(a)[1]), "chain " + chain + ": "},
+		{"a rule more", line("-A", xt.Rule{Table: FilterTable, Chain: chain, Proto: plan.TCP, Jump: "ACCEPT"}), "chain " + chain + ": "},
+		{"a second jump", line("-A", forwardEntry(a.Owner)), "2 jumps to " + chain},
+		{"the jump", line("-D", forwardEntry(a.Owner)), "0 jumps to " + chain},
+	} {
+		if err := k.Restore(tt.payload); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), "forwardAccept: ") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("CHECK after %s changed: %v, want %q", tt.name, err, tt.want)
+		}
+		if rep, err := fw.Sync([]*plan.Plan{a}, converge.Options{}); err != nil || !rep.Wrote {
+			t.Fatalf("pass after %s: %+v, %v", tt.name, rep, err)
+		}
+		if err := fw.Check(a); err != nil {
+			t.Errorf("CHECK after the pass's repair (%s): %v", tt.name, err)
+		}
+	}
+}
+
+func TestForwardGC(t *testing.T) {
+	a, bb, _ := syncPlans("192.0.2.2")
 	ca, cb := AcceptChainName(a.Owner), AcceptChainName(bb.Owner)
-	k = &fakeKernel{lines: []string{
+	k := &fakeKernel{lines: []string{
 		"-N CNI-HOSTPORT-FWD", "-N " + ca, "-N " + cb, "-A FORWARD -j CNI-HOSTPORT-FWD",
 		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"a\"" -j ` + ca,
 		`-A CNI-HOSTPORT-FWD -m comment --comment "dnat name: \"net1\" id: \"b\"" -j ` + cb,
 	}}
-	fw.Kernel = k
+	fw := &Accept{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
 	if err := fw.GC("net1", []plan.Owner{a.Owner}); err != nil {
 		t.Fatal(err)
 	}
