@@ -85,6 +85,18 @@ func TestForwardAccept(t *testing.T) {
 		if r, _ := runSync(t, "--cache-dir", rt.CacheDir); states(r)["fwd/c1"] != "ok" || len(r.Shared) != 0 {
 			t.Errorf("second sync: %+v, want c1 ok and nothing shared to repair", r)
 		}
+		// A second jump to the chain: CHECK names it as a pass does, and
+		// the pass leaves one.
+		nettest.Run(t, "iptables", "-A", "CNI-HOSTPORT-FWD", "-j", fw)
+		if err := rt.Check(c); err == nil || !strings.Contains(err.Error(), "2 jumps to "+fw) {
+			t.Errorf("CHECK with a second jump: %v, want it named", err)
+		}
+		if r, _ := runSync(t, "--cache-dir", rt.CacheDir); states(r)["fwd/c1"] != "repaired" {
+			t.Errorf("sync of a second jump: %+v, want c1 repaired", r)
+		}
+		if err := rt.Check(c); err != nil {
+			t.Errorf("CHECK after that sync: %v", err)
+		}
 
 		if err := rt.Del(c); err != nil {
 			t.Fatalf("DEL: %v", err)

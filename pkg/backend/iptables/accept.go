@@ -88,7 +88,8 @@ func filterPayload() *payload {
 // Apply adds the attachment's accept rules, replacing what it had. The
 // fast path is one iptables-restore that checks the jump from FORWARD and
 // creates the attachment's chain (failing if it exists); otherwise, under
-// the lock, the shared chain and jump are ensured and the chain replaced.
+// the lock, a pass's repair of the one attachment: one listing, the
+// shared chain and jump ensured, the chain replaced with its one jump.
 func (fw *Accept) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to accept forwarding to")
@@ -111,21 +112,12 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 		return err
 	}
 	defer release()
-	if err := fw.ensureShared(); err != nil {
-		return err
+	lines, err := fw.Kernel.ListTable()
+	if err != nil {
+		return fmt.Errorf("forwardAccept: list table %s: %w", FilterTable, err)
 	}
-	pl = filterPayload()
-	pl.redeclare(chain, nil)
-	for _, r := range acceptRules(p) {
-		pl.rule("-A", r)
-	}
-	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		return fmt.Errorf("forwardAccept: %w", err)
-	}
-	if err := fw.Kernel.EnsureRule(forwardEntry(p.Owner)); err != nil {
-		return fmt.Errorf("forwardAccept: ensure rule %s: %w", describe(forwardEntry(p.Owner)), err)
-	}
-	return nil
+	_, err = fw.writeSync(parseAccept(lines), []*plan.Plan{p}, converge.Repair[string]{Broken: map[int]bool{0: true}})
+	return err
 }
 
 func (fw *Accept) ensureShared() error {
