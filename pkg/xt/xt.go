@@ -3,8 +3,11 @@
 // write, a chain, the Kernel seam a backend writes and reads through (the
 // restore tool, iptables -S, iptables-nft's nf_tables netlink), and the
 // spelling both sides share: the tokens of an iptables -S line, the
-// quoting iptables-restore takes, the built-in chains and the targets.
-// xttest holds an x_tables in memory behind the same seam.
+// quoting iptables-restore takes, the built-in chains and the targets;
+// and iptables-nft's nat table over nf_tables netlink without a process:
+// rules written as iptables-nft 1.8.7 writes them (native.go), read back
+// and compared whichever release wrote them (netlink.go). xttest holds an
+// x_tables in memory behind the same seam.
 package xt
 
 import (

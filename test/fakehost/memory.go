@@ -56,7 +56,7 @@ func BackendsInMemory(h *host.Host) map[backend.Name]InMemory {
 	k := nfttest.New()
 	xs := map[plan.Family]*xttest.Memory{}
 	for _, f := range plan.Families {
-		xs[f] = xttest.New(iptables.NativeExprs)
+		xs[f] = xttest.New(xt.NativeExprs)
 	}
 	nfts := func(f plan.Family) backend.Backend { return nftables.NewOn(f, io.Discard, k) }
 	ipt := func(f plan.Family) backend.Backend {

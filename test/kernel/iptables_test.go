@@ -456,7 +456,7 @@ func TestRemoveReadsItsOwnJumps(t *testing.T) {
 		fallback bool
 	}{{5, false}, {10, false}, {29, false}, {20, true}} {
 		chain := iptables.ChainName(plans[tt.i].Owner)
-		found, read, err := iptables.Unlink(plan.IPv4, iptables.TopLevelDNATChain, chain)
+		found, read, err := xt.Unlink(plan.IPv4, iptables.TopLevelDNATChain, chain)
 		if err != nil || !found {
 			t.Fatalf("Unlink c%d: found %v, %v", tt.i, found, err)
 		}
@@ -479,7 +479,7 @@ func TestRemoveReadsItsOwnJumps(t *testing.T) {
 			t.Errorf("Check c%d after the others' removal: %v", i, err)
 		}
 	}
-	if found, read, err := iptables.Unlink(plan.IPv4, iptables.TopLevelDNATChain, iptables.ChainName(plans[5].Owner)); found || read != 0 || err != nil {
+	if found, read, err := xt.Unlink(plan.IPv4, iptables.TopLevelDNATChain, iptables.ChainName(plans[5].Owner)); found || read != 0 || err != nil {
 		t.Errorf("second Unlink of c5: found %v, read %d, %v; want nothing", found, read, err)
 	}
 }

@@ -186,7 +186,7 @@ func TestNativeAddAsRestore(t *testing.T) {
 			}
 			tool := map[plan.Family]string{plan.IPv4: "iptables", plan.IPv6: "ip6tables"}[f]
 			release, _ := nettest.IptablesRelease(t)
-			if release == iptables.NativeRelease {
+			if release == xt.NativeRelease {
 				same(chain, dn, wantDN)
 				same(iptables.TopLevelDNATChain, entries, wantEntries)
 			} else {

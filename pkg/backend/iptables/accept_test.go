@@ -34,7 +34,7 @@ func TestForwardApplyRemove(t *testing.T) {
 	// ADD again: the fast path fails (the chain exists), and the slow
 	// path, a pass's repair of the one attachment, leaves the chain with
 	// exactly its rules and one jump to it, whatever was there before.
-	m := xttest.New(NativeExprs)
+	m := xttest.New(xt.NativeExprs)
 	mk := m.Kernel(FilterTable)
 	fw.Kernel = mk
 	if err := fw.Apply(a); err != nil {
@@ -112,7 +112,7 @@ func TestForwardSync(t *testing.T) {
 // one jump; each broken by hand is named, and what a pass repairs passes.
 func TestForwardCheck(t *testing.T) {
 	a, _, _ := syncPlans("192.0.2.2")
-	m := xttest.New(NativeExprs)
+	m := xttest.New(xt.NativeExprs)
 	k := m.Kernel(FilterTable)
 	fw := &Accept{Family: plan.IPv4, Kernel: k, Lock: func() (func(), error) { return func() {}, nil }}
 	if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), "chain CNI-HOSTPORT-FWD or the jump to it from FORWARD missing") {

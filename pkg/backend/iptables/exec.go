@@ -52,14 +52,14 @@ func newExecKernel(f plan.Family, table string) (*execKernel, error) {
 }
 
 func (k *execKernel) Unlink(parent, chain string) (bool, error) {
-	if k.table != Table || legacyTable(k.family, k.table) {
+	if k.table != Table || xt.LegacyTable(k.family, k.table) {
 		return false, xt.ErrLegacy
 	}
 	c, err := k.netlink()
 	if err != nil {
 		return false, err
 	}
-	found, _, err := unlink(c, k.family, parent, chain)
+	found, _, err := xt.UnlinkOn(c, k.family, parent, chain)
 	return found, err
 }
 
@@ -68,10 +68,10 @@ func (k *execKernel) Unlink(parent, chain string) (bool, error) {
 // (skeletonStands), so the node's iptables keeps its nat table in
 // nf_tables — unless an iptables-legacy table of that name exists.
 func (k *execKernel) AddChain(marker, chain string, rules, entries []xt.Rule, jumps ...string) error {
-	if k.table != Table || legacyTable(k.family, k.table) {
+	if k.table != Table || xt.LegacyTable(k.family, k.table) {
 		return xt.ErrLegacy
 	}
-	msgs, err := addChainMsgs(k.family, marker, chain, rules, entries, jumps...)
+	msgs, err := xt.AddChainMsgs(k.family, marker, chain, rules, entries, jumps...)
 	if err != nil {
 		return err
 	}
@@ -86,14 +86,14 @@ func (k *execKernel) AddChain(marker, chain string, rules, entries []xt.Rule, ju
 }
 
 func (k *execKernel) Chains(table string, names []string, rules bool) (map[string]xt.ChainSummary, error) {
-	if legacyTable(k.family, table) {
+	if xt.LegacyTable(k.family, table) {
 		return nil, xt.ErrLegacy
 	}
 	c, err := k.netlink()
 	if err != nil {
 		return nil, err
 	}
-	return summarize(c, k.family, table, names, rules)
+	return xt.Summarize(c, k.family, table, names, rules)
 }
 
 // netlink is the kernel's nf_tables socket, opened once.
@@ -117,7 +117,7 @@ func (k *execKernel) Test(payload []byte) error { return k.run(payload, "--test"
 // nf_tables, from a child with this process's credentials, so nf_tables
 // takes it when it takes the probe.
 func (k *execKernel) Writable() error {
-	if legacyTable(k.family, k.table) || !nftTool(k.restore) {
+	if xt.LegacyTable(k.family, k.table) || !nftTool(k.restore) {
 		return nfnl.ErrNoProbe
 	}
 	c, err := k.netlink()

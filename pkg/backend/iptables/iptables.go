@@ -1,6 +1,6 @@
 // Package iptables is the iptables backend: the upstream portmap plugin's
 // rule layout in the nat table, applied in the steady state with one
-// nf_tables transaction per family on iptables-nft (native.go), or one
+// nf_tables transaction per family on iptables-nft (pkg/xt/native.go), or one
 // iptables-restore.
 //
 //	PREROUTING, OUTPUT:   -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
@@ -142,13 +142,13 @@ func missingMarkChain(f plan.Family, chain string) *plan.ConfigError {
 // fastAdd writes an attachment that has no chain yet, assuming the
 // shared chains and rules: over nf_tables netlink when they were read
 // there (skeletonStands: the node's iptables is iptables-nft) and its
-// rules are ones native.go writes (no process; it
+// rules are ones pkg/xt/native.go writes (no process; it
 // reads no rule, so it costs the same beside 1000 attachments as beside
 // none), else in one iptables-restore (addPayload). Either fails as
 // Refused when the node is not in the state it assumes.
 func (b *Backend) fastAdd(l *layout) error {
 	err := b.Kernel.AddChain(l.marker.Name, l.chain, l.rules, l.entries, l.setMark)
-	// the kernel's no to what native.go encodes (EINVAL, EOPNOTSUPP: an
+	// the kernel's no to what pkg/xt/native.go encodes (EINVAL, EOPNOTSUPP: an
 	// expression or an xt revision it takes otherwise) is no failure
 	// where iptables-restore, which picks what the kernel has, would have
 	// worked: it writes the same. A missing xt revision itself nft_compat

@@ -121,7 +121,7 @@ func TestRealKernelSteadyPass(t *testing.T) {
 	}
 	b.Lock = func() (func(), error) { return func() {}, nil }
 	real := b.Kernel.(*execKernel)
-	if legacyTable(plan.IPv4, Table) || !nftTool(real.restore) {
+	if xt.LegacyTable(plan.IPv4, Table) || !nftTool(real.restore) {
 		t.Skipf("%s writes no nf_tables table here", real.restore)
 	}
 	p := fixture.TestPlan(plan.IPv4, func(r *plan.Request) {

@@ -33,7 +33,7 @@ func layoutOf(p *plan.Plan) *layout {
 
 // jumps are the chains the layout's rules jump to, as the native encoder
 // needs them named.
-func (l *layout) jumps() map[string]bool { return jumpSet(l.chain, []string{l.setMark}) }
+func (l *layout) jumps() map[string]bool { return xt.JumpSet(l.chain, []string{l.setMark}) }
 
 // chainRead is what a verb read of an attachment's chain: over nf_tables
 // netlink its rules as the kernel holds them (exprs) and how many rules
@@ -65,7 +65,7 @@ func (l *layout) judge(f plan.Family, r chainRead) string {
 		if d := listedDiff(l.rules, r.lines, ruleKey); d != "" {
 			return "chain " + l.chain + ": " + d
 		}
-	} else if same, _ := sameRules(f, r.exprs, l.rules, l.jumps(), false); !same {
+	} else if same, _ := xt.SameRules(f, r.exprs, l.rules, l.jumps(), false); !same {
 		return l.notAsWritten()
 	}
 	if r.entriesListed {

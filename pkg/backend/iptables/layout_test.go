@@ -26,7 +26,7 @@ func TestLayoutJudge(t *testing.T) {
 	}
 	encode := func(l *layout) (exprs [][]byte) {
 		for _, r := range l.rules {
-			e, _, _, err := encodeRule(plan.IPv4, r, l.jumps())
+			e, _, _, err := xt.EncodeRule(plan.IPv4, r, l.jumps())
 			if err != nil {
 				t.Fatal(err)
 			}

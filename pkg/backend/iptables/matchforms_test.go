@@ -58,7 +58,7 @@ func TestMatchFormsOfOtherReleases(t *testing.T) {
 		{"another port", later(true, true, 8081, []byte{192, 0, 2}), false},
 		{"another address", later(false, false, 8080, []byte{192, 0, 3}), false},
 	} {
-		same, err := sameRules(plan.IPv4, [][]byte{tc.got}, []xt.Rule{rule(8080, "192.0.2.0/24")}, chains, false)
+		same, err := xt.SameRules(plan.IPv4, [][]byte{tc.got}, []xt.Rule{rule(8080, "192.0.2.0/24")}, chains, false)
 		if err != nil || same != tc.same {
 			t.Errorf("%s: same %v %v, want %v", tc.name, same, err, tc.same)
 		}
@@ -70,7 +70,7 @@ func TestMatchFormsOfOtherReleases(t *testing.T) {
 	l.Cmp(unix.NFT_CMP_EQ, unix.NFT_REG_1, []byte{unix.IPPROTO_TCP})
 	l.Counter()
 	l.Verdict(unix.NFT_JUMP, SetMarkChain)
-	if same, _ := sameRules(plan.IPv6, [][]byte{a.Bytes()}, []xt.Rule{{Chain: "CNI-DN-x", Proto: plan.TCP, Jump: SetMarkChain}}, chains, false); same {
+	if same, _ := xt.SameRules(plan.IPv6, [][]byte{a.Bytes()}, []xt.Rule{{Chain: "CNI-DN-x", Proto: plan.TCP, Jump: SetMarkChain}}, chains, false); same {
 		t.Error("IPv6: a load of the header's byte 9 compares equal to the protocol")
 	}
 }

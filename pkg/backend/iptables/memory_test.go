@@ -16,7 +16,7 @@ import (
 )
 
 func memBackend() (*Backend, *xttest.Memory) {
-	m := xttest.New(NativeExprs)
+	m := xttest.New(xt.NativeExprs)
 	return &Backend{Family: plan.IPv4, Kernel: m.Kernel(Table), Lock: func() (func(), error) { return func() {}, nil }}, m
 }
 

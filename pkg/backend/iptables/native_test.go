@@ -38,20 +38,20 @@ func TestNativeStructs(t *testing.T) {
 		{plan.IPv6, "192.0.2.2:80", "", true},
 		{plan.IPv4, "192.0.2.2:x", "", true},
 	} {
-		got, ok := natRange2(c.f, c.to)
+		got, ok := xt.NatRange2(c.f, c.to)
 		if ok == c.wantFailed || ok && hex.EncodeToString(got) != c.want {
-			t.Errorf("natRange2(%s, %q) = %x, %v; want %s", c.f, c.to, got, ok, c.want)
+			t.Errorf("xt.NatRange2(%s, %q) = %x, %v; want %s", c.f, c.to, got, ok, c.want)
 		}
 	}
 	// flags DESTINATION, count 4 (a range takes two), ports in host
 	// order, pflags marking where the range starts
-	got, ok := multiportInfo("80,8000:8010,90")
+	got, ok := xt.MultiportInfo("80,8000:8010,90")
 	want := "0104" + host16(80) + host16(8000) + host16(8010) + host16(90) + zeros(22) + "00010000" + zeros(11) + "00"
 	if !ok || hex.EncodeToString(got) != want {
-		t.Errorf("multiportInfo = %x, want %s", got, want)
+		t.Errorf("MultiportInfo = %x, want %s", got, want)
 	}
-	if _, ok := multiportInfo("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15:16"); ok {
-		t.Error("multiportInfo took 16 slots")
+	if _, ok := xt.MultiportInfo("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15:16"); ok {
+		t.Error("MultiportInfo took 16 slots")
 	}
 }
 
@@ -83,12 +83,12 @@ func TestNativeRefuses(t *testing.T) {
 		{Comment: "x", Proto: plan.TCP, Dports: "80", Matches: []string{"-m", "mark", "--mark", "1"}, Jump: SetMarkChain},
 	} {
 		r.Chain = "X"
-		if _, _, _, err := encodeRule(plan.IPv4, r, chains); !errors.Is(err, xt.ErrNotNative) {
-			t.Errorf("encodeRule(%q): %v, want xt.ErrNotNative", r.Args(), err)
+		if _, _, _, err := xt.EncodeRule(plan.IPv4, r, chains); !errors.Is(err, xt.ErrNotNative) {
+			t.Errorf("xt.EncodeRule(%q): %v, want xt.ErrNotNative", r.Args(), err)
 		}
 	}
-	if _, _, _, err := encodeRule(plan.IPv4, xt.Rule{Chain: "X", Proto: plan.UDP, Dport: "53", Src: "10.0.0.0/8", Jump: SetMarkChain}, chains); err != nil {
-		t.Errorf("encodeRule of a hairpin rule: %v", err)
+	if _, _, _, err := xt.EncodeRule(plan.IPv4, xt.Rule{Chain: "X", Proto: plan.UDP, Dport: "53", Src: "10.0.0.0/8", Jump: SetMarkChain}, chains); err != nil {
+		t.Errorf("EncodeRule of a hairpin rule: %v", err)
 	}
 }
 
@@ -121,7 +121,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 		{Proto: plan.TCP, Dport: "8000:8010", Jump: "DNAT", To: "10.1.0.3:80-90/8000"},
 		{Comment: `dnat name: "bench" id: "c1"`, Proto: plan.TCP, Dports: "10001", Jump: dn},
 	}
-	if same, err := sameRules(plan.IPv4, dumped, rules, chains, false); !same || err != nil {
+	if same, err := xt.SameRules(plan.IPv4, dumped, rules, chains, false); !same || err != nil {
 		t.Fatalf("the kernel's dump of the rules: same %v, %v", same, err)
 	}
 	// a counter that counted: still the same rule
@@ -130,7 +130,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	if bytes.Equal(counted, dumped[0]) {
 		t.Fatal("no counter to change in the dump")
 	}
-	if same, _ := sameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains, false); !same {
+	if same, _ := xt.SameRules(plan.IPv4, [][]byte{counted}, rules[:1], chains, false); !same {
 		t.Error("a rule whose counter counted is not the same")
 	}
 	for i, change := range []func(r []xt.Rule){
@@ -145,23 +145,23 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 	} {
 		c := slices.Clone(rules)
 		change(c)
-		if same, err := sameRules(plan.IPv4, dumped, c, chains, false); same || err != nil {
+		if same, err := xt.SameRules(plan.IPv4, dumped, c, chains, false); same || err != nil {
 			t.Errorf("change %d (%v): same %v, %v", i, c, same, err)
 		}
 	}
-	if same, _ := sameRules(plan.IPv4, dumped[:3], rules, chains, false); same {
+	if same, _ := xt.SameRules(plan.IPv4, dumped[:3], rules, chains, false); same {
 		t.Error("a rule missing: same")
 	}
 	// in another order: the same set (entry rules), not the same chain
 	reversed := slices.Clone(dumped)
 	slices.Reverse(reversed)
-	if same, _ := sameRules(plan.IPv4, reversed, rules, chains, true); !same {
+	if same, _ := xt.SameRules(plan.IPv4, reversed, rules, chains, true); !same {
 		t.Error("in another order, any order: not the same")
 	}
-	if same, _ := sameRules(plan.IPv4, reversed, rules, chains, false); same {
+	if same, _ := xt.SameRules(plan.IPv4, reversed, rules, chains, false); same {
 		t.Error("in another order, in order: same")
 	}
-	if same, _ := sameRules(plan.IPv4, append(reversed[:3:3], reversed[2]), rules, chains, true); same {
+	if same, _ := xt.SameRules(plan.IPv4, append(reversed[:3:3], reversed[2]), rules, chains, true); same {
 		t.Error("one rule twice, another missing, any order: same")
 	}
 	// an attribute the rules we write do not have
@@ -171,7 +171,7 @@ func TestSameRulesAsTheKernelDumps(t *testing.T) {
 		a.String(unix.NFTA_EXPR_NAME, "meta")
 		a.Nested(unix.NFTA_EXPR_DATA, func(a *nfnl.Attrs) { a.U32(unix.NFTA_META_KEY, unix.NFT_META_MARK).U32(unix.NFTA_META_DREG, 1) })
 	})
-	if same, _ := sameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains, false); same {
+	if same, _ := xt.SameRules(plan.IPv4, [][]byte{append(extra, tail.Bytes()...)}, rules[1:2], chains, false); same {
 		t.Error("an expression more: same")
 	}
 }

@@ -33,8 +33,6 @@ const (
 	dnChainPrefix    = "DN-"
 	// dnChain starts every attachment's chain name.
 	dnChain = "CNI-" + dnChainPrefix
-	// maxMultiport is the most ports one multiport match takes.
-	maxMultiport = 15
 	// maxComment is the xt_comment limit (256 with the NUL).
 	maxComment = 255
 )
@@ -149,8 +147,8 @@ func EntryRules(p *plan.Plan) []xt.Rule {
 		specs := byProto[proto]
 		for len(specs) > 0 {
 			n, slots := 0, 0
-			for n < len(specs) && slots+multiportSlots(specs[n]) <= maxMultiport {
-				slots += multiportSlots(specs[n])
+			for n < len(specs) && slots+xt.MultiportSlots(specs[n]) <= xt.MaxMultiport {
+				slots += xt.MultiportSlots(specs[n])
 				n++
 			}
 			rules = append(rules, xt.Rule{Chain: TopLevelDNATChain, Insert: true, Comment: comment, Proto: proto,
@@ -159,15 +157,6 @@ func EntryRules(p *plan.Plan) []xt.Rule {
 		}
 	}
 	return rules
-}
-
-// multiportSlots is what a port or a range "first:last" takes of a
-// multiport match's 15.
-func multiportSlots(spec string) int {
-	if strings.Contains(spec, ":") {
-		return 2
-	}
-	return 1
 }
 
 // ChainRules are the rules of the attachment's own chain: per run of

@@ -3,9 +3,7 @@ package iptables
 import (
 	"errors"
 	"slices"
-	"strings"
 
-	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
@@ -14,7 +12,7 @@ import (
 // nat table (kube-proxy's iptables mode keeps thousands of rules there).
 // It holds when
 //   - every wanted attachment's chain holds exactly its rules, as the
-//     native writer writes them (sameRules, as CHECK compares them);
+//     native writer writes them (xt.SameRules, as CHECK compares them);
 //   - CNI-HOSTPORT-DNAT holds exactly the wanted attachments' entry
 //     rules, in any order, and jumps to no other chain;
 //   - the shared rules and markers are there, judged as CHECK judges
@@ -63,7 +61,7 @@ func (b *Backend) steady(ls []*layout) (bool, error) {
 			return false, nil
 		}
 	}
-	if same, err := sameRules(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps, true); err != nil || !same {
+	if same, err := xt.SameRules(b.Family, got[TopLevelDNATChain].Exprs, newest, jumps, true); err != nil || !same {
 		return false, nil
 	}
 	if w, err := b.Kernel.Chains(Table, markers, false); err != nil || len(w) != len(markers) {
@@ -74,22 +72,4 @@ func (b *Backend) steady(ls []*layout) (bool, error) {
 		return false, nil
 	}
 	return missing == "" && err == nil, err
-}
-
-// exprKey spells a rule's expressions as sameRules compares them: each
-// form (matchForms) with its attributes by path, sorted, without the ones
-// the kernel dumps at their default; the matches before the counter in
-// sorted order.
-func exprKey(fam plan.Family, list []byte) string {
-	forms := exprForms(fam, list)
-	keys := make([]string, len(forms))
-	end := len(forms)
-	for i, e := range forms {
-		keys[i] = formKey(e)
-		if e.name == "counter" && end == len(forms) {
-			end = i
-		}
-	}
-	slices.Sort(keys[:end])
-	return strings.Join(keys, ";")
 }

@@ -51,7 +51,7 @@ type xtable struct {
 // New returns an empty nat and filter table. native is what the native
 // writer writes for a rule of chain spelled args (iptables -S tokens after
 // the chain) that may jump to jumps, or xt.ErrNotNative for a rule it does
-// not write (iptables.NativeExprs): AddChain takes the rules it writes,
+// not write (xt.NativeExprs): AddChain takes the rules it writes,
 // and Chains answers with their expressions, as iptables-nft does.
 func New(native func(chain string, args, jumps []string) ([]byte, error)) *Memory {
 	m := &Memory{tables: map[string]*xtable{}, native: native}

@@ -1,4 +1,4 @@
-package iptables
+package xt
 
 // The x_tables matches and targets of the rules native.go writes, and
 // the address and port comparisons around them, as iptables-nft 1.8.7
@@ -14,7 +14,6 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // Match and target structs of x_tables as the kernel's modules read them
@@ -54,7 +53,7 @@ func ipNet(f plan.Family, v string) (*net.IPNet, error) {
 	if !strings.Contains(v, "/") {
 		ip := net.ParseIP(v)
 		if ip == nil {
-			return nil, xt.ErrNotNative
+			return nil, ErrNotNative
 		}
 		bits := 128
 		if f == plan.IPv4 {
@@ -64,7 +63,7 @@ func ipNet(f plan.Family, v string) (*net.IPNet, error) {
 	}
 	_, n, err := net.ParseCIDR(v)
 	if err != nil || (n.IP.To4() != nil) != (f == plan.IPv4) {
-		return nil, xt.ErrNotNative
+		return nil, ErrNotNative
 	}
 	if f == plan.IPv4 {
 		n.IP = n.IP.To4()
@@ -134,15 +133,15 @@ func portSpan(v, sep string) (first, last int, ok bool) {
 	return first, last, true
 }
 
-// multiportInfo is struct xt_multiport_v1 for destination ports list
+// MultiportInfo is struct xt_multiport_v1 for destination ports list
 // ("80,8000:8010"): each port one slot, a range two, at most 15.
-func multiportInfo(list string) ([]byte, bool) {
+func MultiportInfo(list string) ([]byte, bool) {
 	info := make([]byte, multiportLen)
 	info[0] = multiportDest
 	n := 0
 	for _, spec := range strings.Split(list, ",") {
 		first, last, ok := portSpan(spec, ":")
-		if !ok || n+multiportSlots(spec) > maxMultiport {
+		if !ok || n+MultiportSlots(spec) > MaxMultiport {
 			return nil, false
 		}
 		binary.NativeEndian.PutUint16(info[2+2*n:], uint16(first))
@@ -157,9 +156,9 @@ func multiportInfo(list string) ([]byte, bool) {
 	return info, true
 }
 
-// natRange2 is struct nf_nat_range2 for DNAT's --to-destination as we
+// NatRange2 is struct nf_nat_range2 for DNAT's --to-destination as we
 // write it: "addr", "addr:port", "addr:first-last/base" ("[v6]:…").
-func natRange2(f plan.Family, to string) ([]byte, bool) {
+func NatRange2(f plan.Family, to string) ([]byte, bool) {
 	host, ports := to, ""
 	if strings.HasPrefix(to, "[") {
 		end := strings.Index(to, "]")
@@ -201,4 +200,16 @@ func natRange2(f plan.Family, to string) ([]byte, bool) {
 	}
 	binary.NativeEndian.PutUint32(info, flags)
 	return info, true
+}
+
+// MaxMultiport is the most ports one multiport match takes.
+const MaxMultiport = 15
+
+// MultiportSlots is what a port or a range "first:last" takes of a
+// multiport match's 15.
+func MultiportSlots(spec string) int {
+	if strings.Contains(spec, ":") {
+		return 2
+	}
+	return 1
 }

@@ -1,4 +1,4 @@
-package iptables
+package xt
 
 import (
 	"golang.org/x/sys/unix"
@@ -6,7 +6,6 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
 // ADD's fast path without iptables-restore. iptables-nft keeps its nat
@@ -31,13 +30,13 @@ import (
 // attachments is the kernel's: a jump added makes the commit validate
 // every chain a base chain reaches (0.16 ms beside one attachment, 5 ms
 // beside 1000), as it did for the restore. CHECK compares a chain's
-// rules with these (sameRules) instead of listing it.
+// rules with these (SameRules) instead of listing it.
 
 // NativeRelease is the iptables release whose iptables-restore writes
 // the rules this file writes, byte for byte.
 const NativeRelease = "1.8.7"
 
-// encodeRule writes r's expressions as iptables-nft writes them: the
+// EncodeRule writes r's expressions as iptables-nft writes them: the
 // protocol, source and destination first (in that order, as iptables
 // keeps them in its ipt_entry), then the matches in the order of
 // r.Args (--dport as the x_tables tcp or udp match, as iptables-nft
@@ -45,15 +44,15 @@ const NativeRelease = "1.8.7"
 // counter, and the target: DNAT, or a jump to one of chains (iptables
 // itself tells a chain from a target by which exists; the caller knows
 // its chains). It returns the protocol for NFTA_RULE_COMPAT, and
-// errNotNative for what it does not write: other matches (conditions,
+// ErrNotNative for what it does not write: other matches (conditions,
 // the shared rules'), SCTP, any other target.
-func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
-	if len(r.Matches) > 0 || r.Ct != (xt.Conntrack{}) || r.SetXmark != "" {
-		return nil, 0, false, xt.ErrNotNative
+func EncodeRule(f plan.Family, r Rule, chains map[string]bool) (exprs []byte, proto uint8, compat bool, err error) {
+	if len(r.Matches) > 0 || r.Ct != (Conntrack{}) || r.SetXmark != "" {
+		return nil, 0, false, ErrNotNative
 	}
 	if r.Proto != "" {
 		if proto = protoOf(string(r.Proto)); proto == 0 {
-			return nil, 0, false, xt.ErrNotNative
+			return nil, 0, false, ErrNotNative
 		}
 	}
 	var list nfnl.Attrs
@@ -82,7 +81,7 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 			return nil
 		}
 		if len(r.Comment) >= commentLen {
-			return xt.ErrNotNative
+			return ErrNotNative
 		}
 		info := make([]byte, commentLen)
 		copy(info, r.Comment)
@@ -95,9 +94,9 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 		if err := comment(); err != nil {
 			return nil, 0, false, err
 		}
-		info, ok := multiportInfo(r.Dports)
+		info, ok := MultiportInfo(r.Dports)
 		if !ok || proto == 0 {
-			return nil, 0, false, xt.ErrNotNative
+			return nil, 0, false, ErrNotNative
 		}
 		l.Match("multiport", 1, info)
 		compat = true
@@ -106,7 +105,7 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 			first, last, ok := portSpan(r.Dport, ":")
 			name := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[proto]
 			if !ok || name == "" {
-				return nil, 0, false, xt.ErrNotNative
+				return nil, 0, false, ErrNotNative
 			}
 			l.Match(name, 0, portInfo(first, last))
 			compat = true
@@ -118,29 +117,29 @@ func encodeRule(f plan.Family, r xt.Rule, chains map[string]bool) (exprs []byte,
 	l.Counter()
 	switch {
 	case r.Jump == "DNAT":
-		info, ok := natRange2(f, r.To)
+		info, ok := NatRange2(f, r.To)
 		if !ok {
-			return nil, 0, false, xt.ErrNotNative
+			return nil, 0, false, ErrNotNative
 		}
 		l.Target("DNAT", 2, info)
 		compat = true
 	case chains[r.Jump] && r.To == "":
 		l.Verdict(unix.NFT_JUMP, r.Jump)
 	default:
-		return nil, 0, false, xt.ErrNotNative // a target of x_tables, or another chain
+		return nil, 0, false, ErrNotNative // a target of x_tables, or another chain
 	}
 	return list.Bytes(), proto, compat, nil
 }
 
 // ruleMsg is the NEWRULE message of r in the nat table of family f:
 // appended to its chain, or at its top for an Insert rule.
-func ruleMsg(f plan.Family, r xt.Rule, chains map[string]bool) (nfnl.Msg, error) {
-	exprs, proto, compat, err := encodeRule(f, r, chains)
+func ruleMsg(f plan.Family, r Rule, chains map[string]bool) (nfnl.Msg, error) {
+	exprs, proto, compat, err := EncodeRule(f, r, chains)
 	if err != nil {
 		return nfnl.Msg{}, err
 	}
 	var a nfnl.Attrs
-	a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, r.Chain)
+	a.String(unix.NFTA_RULE_TABLE, NAT).String(unix.NFTA_RULE_CHAIN, r.Chain)
 	a.Raw(unix.NFTA_RULE_EXPRESSIONS|unix.NLA_F_NESTED, exprs)
 	if compat && proto != 0 {
 		// what an x_tables match or target checks the protocol against
@@ -156,27 +155,27 @@ func ruleMsg(f plan.Family, r xt.Rule, chains map[string]bool) (nfnl.Msg, error)
 	return nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWRULE), Flags: flags, Family: nft.Family(f).Proto(), Attrs: a.Bytes()}, nil
 }
 
-// addChainMsgs is ADD's fast path as one nf_tables transaction: flush
+// AddChainMsgs is ADD's fast path as one nf_tables transaction: flush
 // marker (which fails unless it exists), create chain (which fails if
 // it exists), append its rules, insert the entry rules (entries, which
 // must be Insert rules, in their order at the top) — in the order and
 // with the outcome of addPayload's restore. It fails with
-// errNotNative when a rule is not one encodeRule writes; its rules may
+// ErrNotNative when a rule is not one EncodeRule writes; its rules may
 // jump to chain and to jumps.
-func addChainMsgs(f plan.Family, marker, chain string, rules, entries []xt.Rule, jumps ...string) ([]nfnl.Msg, error) {
-	chains := jumpSet(chain, jumps)
+func AddChainMsgs(f plan.Family, marker, chain string, rules, entries []Rule, jumps ...string) ([]nfnl.Msg, error) {
+	chains := JumpSet(chain, jumps)
 	var msgs []nfnl.Msg
 	if marker != "" {
 		var flush nfnl.Attrs
-		flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, marker)
+		flush.String(unix.NFTA_RULE_TABLE, NAT).String(unix.NFTA_RULE_CHAIN, marker)
 		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: nft.Family(f).Proto(), Attrs: flush.Bytes()})
 	}
 	var c nfnl.Attrs
-	c.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	c.String(unix.NFTA_CHAIN_TABLE, NAT).String(unix.NFTA_CHAIN_NAME, chain)
 	msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_NEWCHAIN), Flags: unix.NLM_F_CREATE | unix.NLM_F_EXCL, Family: nft.Family(f).Proto(), Attrs: c.Bytes()})
 	// the entries each go to the top: in reverse, so they keep their
 	// order (fillChain)
-	all := append([]xt.Rule(nil), rules...)
+	all := append([]Rule(nil), rules...)
 	for i := len(entries) - 1; i >= 0; i-- {
 		all = append(all, entries[i])
 	}
@@ -190,8 +189,8 @@ func addChainMsgs(f plan.Family, marker, chain string, rules, entries []xt.Rule,
 	return msgs, nil
 }
 
-// jumpSet is the chains rules may jump to: chain and jumps.
-func jumpSet(chain string, jumps []string) map[string]bool {
+// JumpSet is the chains rules may jump to: chain and jumps.
+func JumpSet(chain string, jumps []string) map[string]bool {
 	chains := map[string]bool{chain: true}
 	for _, j := range jumps {
 		chains[j] = true
@@ -201,15 +200,15 @@ func jumpSet(chain string, jumps []string) map[string]bool {
 
 // NativeExprs is what nf_tables holds for a rule of chain spelled args
 // (iptables -S tokens after the chain) that may jump to jumps, as the
-// native writer writes it in either family; xt.ErrNotNative for a rule
+// native writer writes it in either family; ErrNotNative for a rule
 // it does not write. xttest's kernel judges and answers with it.
 func NativeExprs(chain string, args, jumps []string) ([]byte, error) {
-	r := xt.ParseRule(args)
+	r := ParseRule(args)
 	r.Chain = chain
 	var err error
 	for _, f := range plan.Families {
 		var e []byte
-		if e, _, _, err = encodeRule(f, r, jumpSet(chain, jumps)); err == nil {
+		if e, _, _, err = EncodeRule(f, r, JumpSet(chain, jumps)); err == nil {
 			return e, nil
 		}
 	}

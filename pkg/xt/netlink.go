@@ -1,4 +1,4 @@
-package iptables
+package xt
 
 import (
 	"bytes"
@@ -16,16 +16,15 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
-	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
-// legacyTable reports whether iptables-legacy's table of family f exists
+// LegacyTable reports whether iptables-legacy's table of family f exists
 // in this thread's network namespace: x_tables lists the tables it holds
 // in ip_tables_names (ip6_tables_names). Without one, whatever iptables
 // made here lives in nf_tables (iptables-nft: tables "ip nat", "ip6
 // nat"), or does not exist. It asks the kernel, not the tool's name: a
 // tool called iptables-restore may be either.
-func legacyTable(f plan.Family, table string) bool {
+func LegacyTable(f plan.Family, table string) bool {
 	name := "/proc/thread-self/net/ip_tables_names"
 	if f == plan.IPv6 {
 		name = "/proc/thread-self/net/ip6_tables_names"
@@ -37,13 +36,13 @@ func legacyTable(f plan.Family, table string) bool {
 	return slices.Contains(strings.Fields(string(b)), table)
 }
 
-// summarize reads chains of table of family f: a get of each chain (the
+// Summarize reads chains of table of family f: a get of each chain (the
 // kernel answers ENOENT for a missing chain or table; its use count is
 // the chain's rules and the rules that jump to it) and, withRules, a
 // dump of its rules alone (the kernel looks the chain up by name: other
 // chains are not read).
-func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]xt.ChainSummary, error) {
-	out := map[string]xt.ChainSummary{}
+func Summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRules bool) (map[string]ChainSummary, error) {
+	out := map[string]ChainSummary{}
 	// the chains' gets in one exchange (a pass asks for every attachment's)
 	gets := make([]nfnl.Msg, len(names))
 	for i, name := range names {
@@ -66,14 +65,14 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 		// The chain's use count: its own rules and the rules that jump to it.
 		use := int(nfnl.FindU32(reply.Attrs, unix.NFTA_CHAIN_USE))
 		if !withRules {
-			out[name] = xt.ChainSummary{}
+			out[name] = ChainSummary{}
 			continue
 		}
 		rules, err := dumpRules(c, nft.Family(f).Proto(), table, name)
 		if err != nil {
 			return nil, err
 		}
-		s := xt.ChainSummary{Rules: len(rules), Refs: use - len(rules)}
+		s := ChainSummary{Rules: len(rules), Refs: use - len(rules)}
 		for _, r := range rules {
 			_, jumps := nfnl.RuleJumps(r.Attrs)
 			s.Jumps = append(s.Jumps, jumps...)
@@ -85,7 +84,7 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 	return out, nil
 }
 
-// unlink removes chain of the nat table of family f, and the rules of
+// UnlinkOn removes chain of the nat table of family f, and the rules of
 // parent that jump to it, in one nf_tables transaction, without running
 // iptables: iptables-nft's nat table is an nf_tables table, and deleting
 // rules by handle needs no rule cache (iptables' -D by rule spec fetches
@@ -108,10 +107,10 @@ func summarize(c *nfnl.Conn, f plan.Family, table string, names []string, withRu
 // pays anyway — later, overlapping its other work.
 //
 // read is how many of parent's rules were read.
-func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read int, err error) {
+func UnlinkOn(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read int, err error) {
 	fam := nft.Family(f).Proto()
 	var get nfnl.Attrs
-	get.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	get.String(unix.NFTA_CHAIN_TABLE, NAT).String(unix.NFTA_CHAIN_NAME, chain)
 	reply, err := c.GetOne(nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETCHAIN), Family: fam, Attrs: get.Bytes()})
 	if errors.Is(err, unix.ENOENT) {
 		return false, 0, nil // no table or no chain: nothing to remove
@@ -120,7 +119,7 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read
 		return false, 0, fmt.Errorf("get chain %s: %w", chain, err)
 	}
 	use, last := nfnl.FindU32(reply.Attrs, unix.NFTA_CHAIN_USE), nfnl.FindU64(reply.Attrs, unix.NFTA_CHAIN_HANDLE)
-	own, err := dumpRules(c, fam, Table, chain)
+	own, err := dumpRules(c, fam, NAT, chain)
 	if err != nil {
 		return true, 0, err
 	}
@@ -146,13 +145,13 @@ func unlink(c *nfnl.Conn, f plan.Family, parent, chain string) (found bool, read
 	var msgs []nfnl.Msg
 	for _, h := range jumps {
 		var a nfnl.Attrs
-		a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+		a.String(unix.NFTA_RULE_TABLE, NAT).String(unix.NFTA_RULE_CHAIN, parent)
 		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, h))
 		msgs = append(msgs, nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: a.Bytes()})
 	}
 	var flush, del nfnl.Attrs
-	flush.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, chain)
-	del.String(unix.NFTA_CHAIN_TABLE, Table).String(unix.NFTA_CHAIN_NAME, chain)
+	flush.String(unix.NFTA_RULE_TABLE, NAT).String(unix.NFTA_RULE_CHAIN, chain)
+	del.String(unix.NFTA_CHAIN_TABLE, NAT).String(unix.NFTA_CHAIN_NAME, chain)
 	msgs = append(msgs,
 		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELRULE), Family: fam, Attrs: flush.Bytes()},
 		nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_DELCHAIN), Family: fam, Attrs: del.Bytes()})
@@ -174,7 +173,7 @@ func jumpsAfter(c *nfnl.Conn, fam uint8, parent, chain string, last uint64, refs
 	reqs := make([]nfnl.Msg, refs+jumpSlack)
 	for i := range reqs {
 		var a nfnl.Attrs
-		a.String(unix.NFTA_RULE_TABLE, Table).String(unix.NFTA_RULE_CHAIN, parent)
+		a.String(unix.NFTA_RULE_TABLE, NAT).String(unix.NFTA_RULE_CHAIN, parent)
 		a.Raw(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, last+1+uint64(i)))
 		reqs[i] = nfnl.Msg{Type: nfnl.NftType(unix.NFT_MSG_GETRULE), Family: fam, Attrs: a.Bytes()}
 	}
@@ -200,7 +199,7 @@ func jumpsAfter(c *nfnl.Conn, fam uint8, parent, chain string, last uint64, refs
 // jumpsIn dumps parent and returns the handles of its rules that jump to
 // chain, and how many rules it read.
 func jumpsIn(c *nfnl.Conn, fam uint8, parent, chain string) (jumps []uint64, read int, err error) {
-	rules, err := dumpRules(c, fam, Table, parent)
+	rules, err := dumpRules(c, fam, NAT, parent)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -216,15 +215,15 @@ func jumpsIn(c *nfnl.Conn, fam uint8, parent, chain string) (jumps []uint64, rea
 // the nat table of family f and parent's rules that jump to it, with how
 // many of parent's rules it read (what the kernel tests judge).
 func Unlink(f plan.Family, parent, chain string) (found bool, read int, err error) {
-	if legacyTable(f, Table) {
-		return false, 0, xt.ErrLegacy
+	if LegacyTable(f, NAT) {
+		return false, 0, ErrLegacy
 	}
 	c, err := nfnl.Open()
 	if err != nil {
 		return false, 0, err
 	}
 	defer c.Close()
-	return unlink(c, f, parent, chain)
+	return UnlinkOn(c, f, parent, chain)
 }
 
 // dumpRules reads the rules of one chain of table (the kernel looks the
@@ -299,7 +298,7 @@ func exprForms(fam plan.Family, list []byte) []exprForm {
 //     match (1.8.7) or a load of the transport header's bytes 2–3 and a
 //     cmp or range (1.8.8 and later);
 //
-// and exprKey sorts the matches before the counter: they are a
+// and ExprKey sorts the matches before the counter: they are a
 // conjunction, and releases order them differently (1.8.11 puts the
 // addresses first).
 func matchForms(fam plan.Family, forms []exprForm) []exprForm {
@@ -370,7 +369,7 @@ func loadCompare(fam plan.Family, forms []exprForm) (m exprForm, n int, ok bool)
 	return m, n, true
 }
 
-// formKey spells a form as exprKey does.
+// formKey spells a form as ExprKey does.
 func formKey(e exprForm) string {
 	paths := make([]string, 0, len(e.attrs))
 	for p, v := range e.attrs {
@@ -424,7 +423,7 @@ func flatten(m map[string]string, prefix string, b []byte, nested map[string]boo
 // values are the traffic's, and the dump has no nested flag, so a
 // counter's data is not compared and the nested attributes are compared
 // by their contents. Anything else (another order, another release's
-// spelling) is false, and exprKey judges it.
+// spelling) is false, and ExprKey judges it.
 func sameAsWritten(dumped, want []byte) bool {
 	next := func(b []byte) (name string, data, rest []byte, ok bool) {
 		el, rest, ok := nextAttr(b)
@@ -483,18 +482,18 @@ func nextAttr(b []byte) (value, rest []byte, ok bool) {
 	return b[4:n], b[min((n+3)&^3, len(b)):], true
 }
 
-// sameRules reports whether the kernel's dump of a chain's rules
-// (NFTA_RULE_EXPRESSIONS of each) holds rules as encodeRule writes them,
-// each once: in order, or in any order when anyOrder; errNotNative when
+// SameRules reports whether the kernel's dump of a chain's rules
+// (NFTA_RULE_EXPRESSIONS of each) holds rules as EncodeRule writes them,
+// each once: in order, or in any order when anyOrder; ErrNotNative when
 // one of rules is not one it writes. Rules in the order given, as the
 // native writer wrote them, are judged without allocating; otherwise
-// each is spelled out (exprKey), which any release's spelling of the
+// each is spelled out (ExprKey), which any release's spelling of the
 // same rule equals.
-func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[string]bool, anyOrder bool) (bool, error) {
+func SameRules(f plan.Family, dumped [][]byte, rules []Rule, chains map[string]bool, anyOrder bool) (bool, error) {
 	want := make([][]byte, len(rules))
 	asWritten := len(dumped) == len(rules)
 	for i, r := range rules {
-		e, _, _, err := encodeRule(f, r, chains)
+		e, _, _, err := EncodeRule(f, r, chains)
 		if err != nil {
 			return false, err
 		}
@@ -506,7 +505,7 @@ func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[strin
 	}
 	if !anyOrder {
 		for i, e := range want {
-			if !sameAsWritten(dumped[i], e) && exprKey(f, dumped[i]) != exprKey(f, e) {
+			if !sameAsWritten(dumped[i], e) && ExprKey(f, dumped[i]) != ExprKey(f, e) {
 				return false, nil
 			}
 		}
@@ -514,14 +513,32 @@ func sameRules(f plan.Family, dumped [][]byte, rules []xt.Rule, chains map[strin
 	}
 	count := make(map[string]int, len(want))
 	for _, e := range want {
-		count[exprKey(f, e)]++
+		count[ExprKey(f, e)]++
 	}
 	for _, d := range dumped {
-		k := exprKey(f, d)
+		k := ExprKey(f, d)
 		if count[k] == 0 {
 			return false, nil
 		}
 		count[k]--
 	}
 	return true, nil
+}
+
+// ExprKey spells a rule's expressions as SameRules compares them: each
+// form (matchForms) with its attributes by path, sorted, without the ones
+// the kernel dumps at their default; the matches before the counter in
+// sorted order.
+func ExprKey(fam plan.Family, list []byte) string {
+	forms := exprForms(fam, list)
+	keys := make([]string, len(forms))
+	end := len(forms)
+	for i, e := range forms {
+		keys[i] = formKey(e)
+		if e.name == "counter" && end == len(forms) {
+			end = i
+		}
+	}
+	slices.Sort(keys[:end])
+	return strings.Join(keys, ";")
 }
