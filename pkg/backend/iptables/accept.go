@@ -88,8 +88,8 @@ func filterPayload() *payload {
 // Apply adds the attachment's accept rules, replacing what it had. The
 // fast path is one iptables-restore that checks the jump from FORWARD and
 // creates the attachment's chain (failing if it exists); otherwise, under
-// the lock, a pass's repair of the one attachment: one listing, the
-// shared chain and jump ensured, the chain replaced with its one jump.
+// the lock, a pass's repair of the one attachment: one listing, then one
+// restore (writeSync).
 func (fw *Accept) Apply(p *plan.Plan) error {
 	if p.ContainerNet == nil {
 		return errors.New("no container address to accept forwarding to")
@@ -118,16 +118,6 @@ func (fw *Accept) Apply(p *plan.Plan) error {
 	}
 	_, err = fw.writeSync(parseAccept(lines), []*plan.Plan{p}, converge.Repair[string]{Broken: map[int]bool{0: true}})
 	return err
-}
-
-func (fw *Accept) ensureShared() error {
-	if err := fw.Kernel.EnsureChain(xt.Chain{Table: FilterTable, Name: forwardChain}); err != nil {
-		return fmt.Errorf("create chain %q in table %s: %w", forwardChain, FilterTable, err)
-	}
-	if err := fw.Kernel.EnsureRule(forwardJump); err != nil {
-		return fmt.Errorf("ensure rule %s: %w", describe(forwardJump), err)
-	}
-	return nil
 }
 
 // Remove deletes the attachment's accept rules; it is idempotent and needs
@@ -285,18 +275,20 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 	return v
 }
 
-// writeSync ensures the shared chain and its jump, then writes one
-// restore: the broken plans' chains re-declared and filled, the pruned
-// ones dropped.
+// writeSync writes one restore: the shared chain and the jump from
+// FORWARD to it where the listing lacks them (the caller holds the lock,
+// so the listing is the table's), the broken plans' chains re-declared
+// and filled, the pruned ones dropped.
 func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair[string]) (bool, error) {
-	wrote := false
-	if fix.Shared || len(fix.Broken) > 0 {
-		if err := fw.ensureShared(); err != nil {
-			return false, err
-		}
-		wrote = true
-	}
 	pl := filterPayload()
+	if !l.shared && (fix.Shared || len(fix.Broken) > 0) {
+		if !l.chains[forwardChain] {
+			pl.line("-N "+forwardChain, "new chain "+forwardChain)
+		}
+		if !slices.Contains(l.rules["FORWARD"], "-A FORWARD -j "+forwardChain) {
+			pl.rule("-I", forwardJump)
+		}
+	}
 	for i, p := range want {
 		if !fix.Broken[i] {
 			continue
@@ -312,10 +304,10 @@ func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair
 		pl.drop(chain, l.refs[chain])
 	}
 	if len(pl.what) == 1 {
-		return wrote, nil
+		return false, nil
 	}
 	if err := fw.Kernel.Restore(pl.bytes()); err != nil {
-		return wrote, fmt.Errorf("forwardAccept sync: %w", err)
+		return false, fmt.Errorf("forwardAccept sync: %w", err)
 	}
 	return true, nil
 }

@@ -124,18 +124,28 @@ func TestForwardCheck(t *testing.T) {
 	if err := fw.Check(a); err != nil {
 		t.Fatalf("CHECK after ADD: %v", err)
 	}
+	// on a fresh node the fast path fails (no jump from FORWARD) and the
+	// slow path writes the shared chain and jump in its one restore
+	if m.Restores != 1 || m.Ensures != 0 {
+		t.Errorf("ADD on a fresh node: %d restores, %d ensures, want 1 and none", m.Restores, m.Ensures)
+	}
 	chain := AcceptChainName(a.Owner)
 	line := func(cmd string, r xt.Rule) []byte {
 		pl := filterPayload()
 		pl.rule(cmd, r)
 		return pl.bytes()
 	}
+	shared := filterPayload()
+	shared.rule("-D", forwardJump)
+	shared.line("-F "+forwardChain, "")
+	shared.line("-X "+forwardChain, "")
 	for _, tt := range []struct {
 		name    string
 		payload []byte
 		want    string
 	}{
 		{"the jump from FORWARD", line("-D", forwardJump), "chain CNI-HOSTPORT-FWD or the jump to it from FORWARD missing"},
+		{"the shared chain", shared.bytes(), "chain CNI-HOSTPORT-FWD or the jump to it from FORWARD missing"},
 		{"an accept rule", line("-D", acceptRules(a)[1]), "chain " + chain + ": "},
 		{"a rule more", line("-A", xt.Rule{Table: FilterTable, Chain: chain, Proto: plan.TCP, Jump: "ACCEPT"}), "chain " + chain + ": "},
 		{"a second jump", line("-A", forwardEntry(a.Owner)), "2 jumps to " + chain},
@@ -147,11 +157,15 @@ func TestForwardCheck(t *testing.T) {
 		if err := fw.Check(a); err == nil || !strings.Contains(err.Error(), "forwardAccept: ") || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("CHECK after %s changed: %v, want %q", tt.name, err, tt.want)
 		}
+		restores, ensures := m.Restores, m.Ensures
 		if rep, err := fw.Sync([]*plan.Plan{a}, converge.Options{}); err != nil || !rep.Wrote {
 			t.Fatalf("pass after %s: %+v, %v", tt.name, rep, err)
 		}
 		if err := fw.Check(a); err != nil {
 			t.Errorf("CHECK after the pass's repair (%s): %v", tt.name, err)
+		}
+		if m.Restores != restores+1 || m.Ensures != ensures {
+			t.Errorf("the pass's repair (%s): %d restores, %d ensures, want one restore", tt.name, m.Restores-restores, m.Ensures-ensures)
 		}
 	}
 }

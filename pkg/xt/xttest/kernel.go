@@ -81,6 +81,7 @@ func (k *memKernel) ListTable() ([]string, error) {
 func (k *memKernel) EnsureChain(c xt.Chain) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
+	k.m.Ensures++
 	t := k.m.table(xt.Rule{Table: c.Table}.TableName())
 	if !t.has(c.Name) {
 		t.order, t.rules[c.Name] = append(t.order, c.Name), nil
@@ -91,6 +92,7 @@ func (k *memKernel) EnsureChain(c xt.Chain) error {
 func (k *memKernel) EnsureRule(r xt.Rule) error {
 	k.m.mu.Lock()
 	defer k.m.mu.Unlock()
+	k.m.Ensures++
 	t := k.m.table(r.TableName())
 	if !t.has(r.Chain) {
 		return unix.ENOENT

@@ -27,8 +27,9 @@ type Memory struct {
 	mu     sync.Mutex
 	tables map[string]*xtable
 	// Restores counts the payloads committed; Natives the native fast
-	// path's transactions (AddChain).
-	Restores, Natives int
+	// path's transactions (AddChain); Ensures the chains and rules
+	// ensured one by one (on a node, a process or two each).
+	Restores, Natives, Ensures int
 	// Legacy makes the tables iptables-legacy's: not readable over
 	// nf_tables netlink (Chains fails with ErrLegacy), not probed
 	// (Writable answers nfnl.ErrNoProbe).
@@ -74,7 +75,7 @@ func (m *Memory) table(name string) *xtable {
 }
 
 func (m *Memory) clone() *Memory {
-	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores, Natives: m.Natives, native: m.native}
+	c := &Memory{tables: map[string]*xtable{}, Restores: m.Restores, Natives: m.Natives, Ensures: m.Ensures, native: m.native}
 	for n, t := range m.tables {
 		ct := &xtable{name: n, order: slices.Clone(t.order), rules: map[string][][]string{}}
 		for ch, rs := range t.rules {
