@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -11,38 +12,10 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 )
 
-// RuleInfo is what a rule does, in the terms of this package's
-// statements, as DecodeRule reads it out of its expressions: a rule read
-// back, or one about to be written (Rule.Info), so that the two compare
-// (Holds). Each field is one statement's; the zero value is "none".
-// Rules nft compiled (conditions) read the same, their conditions
-// setting what they match alike; a lookup's keys, a set's elements and
-// what else a rule matches are left to the expressions (nfttest runs
-// them).
-type RuleInfo struct {
-	Handle  uint64
-	Comment string
-	L4Proto string // the protocol matched (meta l4proto)
-	DPort   DPort  // the destination port or span matched
-	// Saddr and Daddr are the address prefixes matched, masked.
-	Saddr, Daddr netip.Prefix
-	FibLocal     bool   // fib daddr type local
-	Lookup       string // map of a verdict-map lookup
-	// Member is the set a lookup without a result matches in.
-	Member string
-	// DNATMap is the map a DNAT looks its target up in.
-	DNATMap string
-	DNAT    DNAT   // the DNAT statement as written; an invalid To: none
-	MarkHas uint32 // meta mark & MarkHas == MarkHas
-	MarkOr  uint32 // meta mark set meta mark | MarkOr
-	Masq    bool
-	Jump    string // chain of a jump or goto verdict
-	Drop    bool
-}
-
-// Info is what the rule does as DecodeRule reads it once written, its
-// conditions (which only nft compiles) aside.
-func (v *Rule) Info(f Family) RuleInfo {
+// AsRead is the rule as DecodeRule reads it once written: what each of
+// its statements does, its conditions (which only nft compiles) aside.
+// A rule read back and one about to be written compare so (Lacks).
+func (v *Rule) AsRead(f Family) *Rule {
 	r := &Rule{Chain: v.Chain, Comment: v.Comment}
 	for _, s := range v.Stmts {
 		if _, ok := s.(Conditions); !ok {
@@ -51,46 +24,56 @@ func (v *Rule) Info(f Family) RuleInfo {
 	}
 	var a nfnl.Attrs
 	r.Attrs(NewTx(f, "t"), &a)
-	return DecodeRule(f, nfnl.Parse(a.Bytes()))
+	read := DecodeRule(f, nfnl.Parse(a.Bytes()))
+	read.Chain = v.Chain
+	return read
 }
 
-// Lacks says which of w's statements r does not do alike, as nft spells
-// it, or "": a rule read back judged against one written (Info). What r
-// does besides is not judged (its conditions); an anonymous set of r's
-// stands for any of w's.
-func (r RuleInfo) Lacks(f Family, w RuleInfo) string {
-	anon := func(a, b string) bool { return a == b || strings.HasPrefix(a, "__") && strings.HasPrefix(b, "__") }
-	switch {
-	case w.L4Proto != "" && r.L4Proto != w.L4Proto:
-		return L4Proto{Name: w.L4Proto}.Text(f)
-	case w.DPort != DPort{} && r.DPort != w.DPort:
-		return w.DPort.Text(f)
-	case w.Saddr.IsValid() && r.Saddr != w.Saddr:
-		return Addr{Spec: prefixSpec(w.Saddr)}.Text(f)
-	case w.Daddr.IsValid() && r.Daddr != w.Daddr:
-		return Addr{Dst: true, Spec: prefixSpec(w.Daddr)}.Text(f)
-	case w.FibLocal && !r.FibLocal:
-		return FibLocal{}.Text(f)
-	case w.Lookup != "" && !anon(r.Lookup, w.Lookup):
-		return "vmap @" + w.Lookup
-	case w.Member != "" && !anon(r.Member, w.Member):
-		return "@" + w.Member
-	case w.DNATMap != "" && !anon(r.DNATMap, w.DNATMap):
-		return "dnat to map @" + w.DNATMap
-	case w.DNAT.To.IsValid() && r.DNAT != w.DNAT:
-		return w.DNAT.Text(f)
-	case w.MarkHas != 0 && r.MarkHas != w.MarkHas:
-		return MarkHas{Mark: w.MarkHas}.Text(f)
-	case w.MarkOr != 0 && r.MarkOr != w.MarkOr:
-		return MarkOr{Mark: w.MarkOr}.Text(f)
-	case w.Masq && !r.Masq:
-		return Masquerade{}.Text(f)
-	case w.Jump != "" && r.Jump != w.Jump:
-		return Jump{To: w.Jump}.Text(f)
-	case w.Drop && !r.Drop:
-		return "drop"
+// Lacks says which statement of w (a rule as written, AsRead) the rule r
+// read back does not hold, as nft spells it, or "". What r does besides
+// is not judged (its conditions); an anonymous set of r's stands for
+// any of w's.
+func (r *Rule) Lacks(f Family, w *Rule) string {
+	for _, s := range w.Stmts {
+		if !slices.ContainsFunc(r.Stmts, func(g Stmt) bool { return sameStmt(g, s) }) {
+			return s.Text(f)
+		}
 	}
 	return ""
+}
+
+// sameStmt compares two statements read back; two lookups of one kind
+// in anonymous sets are alike.
+func sameStmt(a, b Stmt) bool {
+	la, ok := a.(Lookup)
+	lb, ok2 := b.(Lookup)
+	if ok && ok2 && strings.HasPrefix(la.Set, "__") && strings.HasPrefix(lb.Set, "__") {
+		la.Set, lb.Set = "", ""
+		return la == lb
+	}
+	return a == b
+}
+
+// Lookups are the lookups r holds, in order.
+func (r *Rule) Lookups() []Lookup {
+	var out []Lookup
+	for _, s := range r.Stmts {
+		if l, ok := s.(Lookup); ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// StmtOf is the first statement of type T that r holds.
+func StmtOf[T Stmt](r *Rule) (T, bool) {
+	for _, s := range r.Stmts {
+		if t, ok := s.(T); ok {
+			return t, true
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 // prefixSpec spells p as an Addr does: an address alone for a full
@@ -102,16 +85,16 @@ func prefixSpec(p netip.Prefix) string {
 	return p.String()
 }
 
-// nfDrop is NF_DROP, a verdict code.
-const nfDrop = 0
-
-// DecodeRule reads what a rule matches and does out of its attributes
-// (a GETRULE answer, or what Rule.Attrs wrote), as the kernel runs its
+// DecodeRule reads a rule (a GETRULE answer, or what Rule.Attrs wrote)
+// back into this package's statements, as the kernel runs its
 // expressions: what a payload, meta or fib expression loads, a bitwise
-// masks and a cmp or range compares.
-func DecodeRule(f Family, attrs []nfnl.Attr) RuleInfo {
+// masks and a cmp, range, lookup or statement uses. What it matches
+// otherwise (ct, an interface) reads as nothing; the keys a lookup
+// reads and a set's elements are left to the expressions (nfttest runs
+// them).
+func DecodeRule(f Family, attrs []nfnl.Attr) *Rule {
 	var list []byte
-	d := ruleDecoder{f: f}
+	d := ruleDecoder{f: f, r: &Rule{}}
 	for _, a := range attrs {
 		switch a.Type {
 		case unix.NFTA_RULE_HANDLE:
@@ -157,7 +140,7 @@ const (
 // them: what the last load read (and its mask), what a cmp compares it
 // with, what immediates put in the registers a nat reads.
 type ruleDecoder struct {
-	r    RuleInfo
+	r    *Rule
 	f    Family
 	regs [16][]byte // by register number; nat reads the ones immediates loaded
 	load struct {
@@ -201,7 +184,7 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 		key := u(unix.NFTA_META_KEY)
 		if _, set := nfnl.Find(data, unix.NFTA_META_SREG); set {
 			if key == unix.NFT_META_MARK && d.load.what == loadedMark && len(d.load.xor) == 4 {
-				d.r.MarkOr = binary.NativeEndian.Uint32(d.load.xor)
+				d.add(MarkOr{Mark: binary.NativeEndian.Uint32(d.load.xor)})
 			}
 			d.loads(loadedOther, 0)
 			return
@@ -239,21 +222,17 @@ func (d *ruleDecoder) expr(name string, data []byte) {
 			if p := d.regs[pr]; pr != RegVerdict && len(p) >= 2 {
 				port = binary.BigEndian.Uint16(p)
 			}
-			d.r.DNAT = DNAT{To: netip.AddrPortFrom(addr, port)}
+			d.add(DNAT{To: netip.AddrPortFrom(addr, port)})
 		}
 	case "lookup":
-		s, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
-		if dreg, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
-			if (nfnl.Attr{Value: dreg}).U32() == RegVerdict {
-				d.r.Lookup = nfnl.Attr{Value: s}.String()
-			} else {
-				d.r.DNATMap = nfnl.Attr{Value: s}.String() // its elements are read apart
-			}
-		} else if u(unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV == 0 {
-			d.r.Member = nfnl.Attr{Value: s}.String()
+		set, _ := nfnl.Find(data, unix.NFTA_LOOKUP_SET)
+		l := Lookup{Set: nfnl.Attr{Value: set}.String(), Inv: u(unix.NFTA_LOOKUP_FLAGS)&unix.NFT_LOOKUP_F_INV != 0}
+		if _, ok := nfnl.Find(data, unix.NFTA_LOOKUP_DREG); ok {
+			l.Verdict, l.Data = u(unix.NFTA_LOOKUP_DREG) == RegVerdict, u(unix.NFTA_LOOKUP_DREG) != RegVerdict
 		}
+		d.add(l)
 	case "masq":
-		d.r.Masq = true
+		d.add(Masquerade{})
 	default: // ct and others load what is not judged
 		d.loads(loadedOther, 0)
 	}
@@ -277,27 +256,26 @@ func (d *ruleDecoder) cmp(op uint32, v []byte) {
 			}
 		}
 		p, _ := a.Prefix(ones)
-		if l.what == loadedSaddr {
-			d.r.Saddr = p
-		} else {
-			d.r.Daddr = p
-		}
+		d.add(Addr{Dst: l.what == loadedDaddr, Spec: prefixSpec(p)})
 	case l.what == loadedProto && op == unix.NFT_CMP_EQ && len(v) == 1:
-		d.r.L4Proto = ProtoName(v[0])
+		d.add(L4Proto{Name: ProtoName(v[0])})
 	case l.what == loadedDPort && len(v) == 2:
 		port := int(binary.BigEndian.Uint16(v))
-		switch op {
-		case unix.NFT_CMP_EQ:
-			d.r.DPort = DPort{Port: port}
-		case unix.NFT_CMP_GTE:
-			d.r.DPort.Port = port
-		case unix.NFT_CMP_LTE:
-			d.r.DPort.Last = port
+		last, span := DPort{}, false
+		if n := len(d.r.Stmts); n > 0 {
+			last, span = d.r.Stmts[n-1].(DPort)
+		}
+		switch {
+		case op == unix.NFT_CMP_EQ || op == unix.NFT_CMP_GTE:
+			d.add(DPort{Port: port})
+		case op == unix.NFT_CMP_LTE && span:
+			last.Last = port
+			d.r.Stmts[len(d.r.Stmts)-1] = last
 		}
 	case l.what == loadedMark && op == unix.NFT_CMP_EQ && len(v) == 4 && bytes.Equal(l.mask, v):
-		d.r.MarkHas = binary.NativeEndian.Uint32(v)
+		d.add(MarkHas{Mark: binary.NativeEndian.Uint32(v)})
 	case l.what == loadedFib && op == unix.NFT_CMP_EQ && len(v) == 4 && binary.NativeEndian.Uint32(v) == unix.RTN_LOCAL:
-		d.r.FibLocal = true
+		d.add(FibLocal{})
 	}
 }
 
@@ -314,11 +292,13 @@ func (d *ruleDecoder) immediate(data []byte) {
 	vd, _ := nfnl.Find(imm, unix.NFTA_DATA_VERDICT)
 	switch code, chain := nfnl.Verdict(vd); code {
 	case unix.NFT_JUMP, unix.NFT_GOTO:
-		d.r.Jump = chain
+		d.add(Jump{To: chain})
 	case nfDrop:
-		d.r.Drop = true
+		d.add(Drop{})
 	}
 }
+
+func (d *ruleDecoder) add(s Stmt) { d.r.Stmts = append(d.r.Stmts, s) }
 
 // ProtoName is the name of an IP protocol number (tcp, udp, sctp), ""
 // for others.

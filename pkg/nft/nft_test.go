@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
-	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -211,28 +211,33 @@ func TestParsePrefix(t *testing.T) {
 	}
 }
 
-// TestDecodeRule: what the statements write reads back as what they do.
+// TestDecodeRule: what the statements write reads back as the
+// statements written, an address as the prefix it matches.
 func TestDecodeRule(t *testing.T) {
+	ip := net.ParseIP("192.0.2.2")
 	for _, tt := range []struct {
-		f     nft.Family
-		stmts []nft.Stmt
-		want  nft.RuleInfo
+		f           nft.Family
+		stmts, want []nft.Stmt
 	}{
-		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 5353)},
-			nft.RuleInfo{Comment: "c", L4Proto: "udp", DPort: nft.DPort{Port: 53}, Saddr: netip.MustParsePrefix("10.0.0.0/9"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:5353")}}},
-		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.Addr{Dst: true, Spec: "198.51.100.1"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 0)},
-			nft.RuleInfo{Comment: "c", DPort: nft.DPort{Port: 20000, Last: 20999}, Saddr: netip.MustParsePrefix("192.0.2.0/24"), Daddr: netip.MustParsePrefix("198.51.100.1/32"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("192.0.2.2:0")}}},
-		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.Addr{Dst: true, Spec: "2001:db8::/33"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)},
-			nft.RuleInfo{Comment: "c", L4Proto: "sctp", Daddr: netip.MustParsePrefix("2001:db8::/33"), DNAT: nft.DNAT{To: netip.MustParseAddrPort("[2001:db8::2]:80")}}},
-		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nft.RuleInfo{Comment: "c", FibLocal: true, Jump: "dispatch"}},
-		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nft.RuleInfo{Comment: "c", MarkOr: 0x2000}},
-		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nft.RuleInfo{Comment: "c", MarkHas: 0x2000, Masq: true}},
+		{nft.IPv4, []nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.1.2.3/9"}, nft.DNATTo(ip, 5353)},
+			[]nft.Stmt{nft.L4Proto{Name: "udp"}, nft.DPort{Port: 53}, nft.Addr{Spec: "10.0.0.0/9"}, nft.DNATTo(ip, 5353)}},
+		{nft.IPv4, []nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.Addr{Dst: true, Spec: "198.51.100.1/32"}, nft.DNATTo(ip, 0)},
+			[]nft.Stmt{nft.DPort{Port: 20000, Last: 20999}, nft.Addr{Spec: "192.0.2.0/24"}, nft.Addr{Dst: true, Spec: "198.51.100.1"}, nft.DNATTo(ip, 0)}},
+		{nft.IPv6, []nft.Stmt{nft.L4Proto{Name: "sctp"}, nft.Addr{Dst: true, Spec: "2001:db8::/33"}, nft.DNATTo(net.ParseIP("2001:db8::2"), 80)}, nil},
+		{nft.IPv4, []nft.Stmt{nft.FibLocal{}, nft.Jump{To: "dispatch"}}, nil},
+		{nft.IPv4, []nft.Stmt{nft.MarkOr{Mark: 0x2000}}, nil},
+		{nft.IPv4, []nft.Stmt{nft.MarkHas{Mark: 0x2000}, nft.Masquerade{}}, nil},
+		{nft.IPv4, []nft.Stmt{nft.Lookup{Set: "v", Verdict: true}, nft.Lookup{Set: "m", Data: true}, nft.Lookup{Set: "s"}, nft.Lookup{Set: "n", Inv: true}, nft.Drop{}}, nil},
 	} {
 		r := &nft.Rule{Chain: "x", Comment: "c", Stmts: tt.stmts}
 		var a nfnl.Attrs
 		r.Attrs(nft.NewTx(tt.f, "t"), &a)
-		if got := nft.DecodeRule(tt.f, nfnl.Parse(a.Bytes())); got != tt.want {
-			t.Errorf("%s %q reads back as %+v, want %+v", tt.f, r.StmtText(tt.f), got, tt.want)
+		want := tt.want
+		if want == nil {
+			want = tt.stmts
+		}
+		if got := nft.DecodeRule(tt.f, nfnl.Parse(a.Bytes())); got.Comment != "c" || !slices.Equal(got.Stmts, want) {
+			t.Errorf("%s %q reads back as %q %+v, want %+v", tt.f, r.StmtText(tt.f), got.Comment, got.Stmts, want)
 		}
 	}
 }
@@ -244,31 +249,41 @@ func TestDecodeRule(t *testing.T) {
 func TestLacks(t *testing.T) {
 	written := &nft.Rule{Chain: "x", Comment: "c", Stmts: []nft.Stmt{nft.Conditions{Nft: "ip saddr != 203.0.113.0/24"},
 		nft.L4Proto{Name: "tcp"}, nft.DPort{Port: 8080}, nft.Addr{Dst: true, Spec: "198.51.100.1"}, nft.DNATTo(net.ParseIP("192.0.2.2"), 80)}}
-	want := written.Info(nft.IPv4)
+	want := written.AsRead(nft.IPv4)
+	replace := func(i int, s nft.Stmt) []nft.Stmt {
+		out := slices.Clone(want.Stmts)
+		if s == nil {
+			return slices.Delete(out, i, i+1)
+		}
+		out[i] = s
+		return out
+	}
 	for _, tt := range []struct {
 		name  string
-		read  func(*nft.RuleInfo)
+		read  []nft.Stmt
 		lacks string
 	}{
-		{"as written", func(*nft.RuleInfo) {}, ""},
-		{"with conditions matched besides", func(r *nft.RuleInfo) { r.Saddr, r.MarkHas = netip.MustParsePrefix("10.0.0.0/8"), 1 }, ""},
-		{"another protocol", func(r *nft.RuleInfo) { r.L4Proto = "udp" }, "meta l4proto tcp"},
-		{"a span of ports", func(r *nft.RuleInfo) { r.DPort.Last = 8090 }, "th dport 8080"},
-		{"another host address", func(r *nft.RuleInfo) { r.Daddr = netip.MustParsePrefix("198.51.100.2/32") }, "ip daddr 198.51.100.1"},
-		{"no DNAT", func(r *nft.RuleInfo) { r.DNAT = nft.DNAT{} }, "dnat to 192.0.2.2:80"},
+		{"as written", want.Stmts, ""},
+		{"with conditions matched besides", append([]nft.Stmt{nft.Addr{Spec: "10.0.0.0/8"}, nft.MarkHas{Mark: 1}}, want.Stmts...), ""},
+		{"another protocol", replace(0, nft.L4Proto{Name: "udp"}), "meta l4proto tcp"},
+		{"a span of ports", replace(1, nft.DPort{Port: 8080, Last: 8090}), "th dport 8080"},
+		{"another host address", replace(2, nft.Addr{Dst: true, Spec: "198.51.100.2"}), "ip daddr 198.51.100.1"},
+		{"no DNAT", replace(3, nil), "dnat to 192.0.2.2:80"},
 	} {
-		got := want
-		tt.read(&got)
+		got := &nft.Rule{Stmts: tt.read}
 		if lacks := got.Lacks(nft.IPv4, want); lacks != tt.lacks {
 			t.Errorf("%s: lacks %q, want %q", tt.name, lacks, tt.lacks)
 		}
 	}
-	anon := nft.RuleInfo{DNATMap: "__map3"}
-	if lacks := (nft.RuleInfo{DNATMap: "__map0"}).Lacks(nft.IPv4, anon); lacks != "" {
+	anon := &nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Set: "__map3", Data: true}}}
+	if lacks := (&nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Set: "__map0", Data: true}}}).Lacks(nft.IPv4, anon); lacks != "" {
 		t.Errorf("another anonymous map: lacks %q", lacks)
 	}
-	if lacks := (nft.RuleInfo{DNATMap: "hostports"}).Lacks(nft.IPv4, anon); lacks == "" {
+	if lacks := (&nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Set: "hostports", Data: true}}}).Lacks(nft.IPv4, anon); lacks == "" {
 		t.Error("a named map passed for an anonymous one")
+	}
+	if lacks := (&nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Set: "__set0"}}}).Lacks(nft.IPv4, anon); lacks != "map @__map3" {
+		t.Errorf("an anonymous set of another kind: lacks %q", lacks)
 	}
 }
 

@@ -88,17 +88,6 @@ func (s Addr) Encode(e *Exprs) {
 	e.Cmp(unix.NFT_CMP_EQ, Reg1, ip)
 }
 
-// Prefix is the prefix s matches, masked (invalid when Spec is not an
-// address or a CIDR): what a rule read back says it matches
-// (RuleInfo.Saddr).
-func (s Addr) Prefix() netip.Prefix {
-	n := ParsePrefix(s.Spec)
-	a, _ := netip.AddrFromSlice(n.IP)
-	ones, _ := n.Mask.Size()
-	p, _ := a.Unmap().Prefix(ones)
-	return p
-}
-
 // ParsePrefix reads an address (a full-length prefix) or a CIDR; an
 // unreadable one is 0.0.0.0/32.
 func ParsePrefix(spec string) *net.IPNet {
@@ -122,7 +111,7 @@ func (s Jump) Text(Family) string { return "jump " + s.To }
 func (s Jump) Encode(e *Exprs)    { e.Verdict(unix.NFT_JUMP, s.To) }
 
 // DNAT: dnat to 192.0.2.2:80, or with port 0 dnat to 192.0.2.2 (the port
-// stays). Comparable: a rule read back holds one (RuleInfo.DNAT).
+// stays). Comparable: a rule read back holds one.
 type DNAT struct{ To netip.AddrPort }
 
 // DNATTo is the DNAT to ip and port (0: the port stays).
@@ -212,6 +201,58 @@ type Masquerade struct{}
 
 func (Masquerade) Text(Family) string { return "masquerade" }
 func (Masquerade) Encode(e *Exprs)    { e.Add("masq", func(*nfnl.Attrs) {}) }
+
+// Drop: drop
+type Drop struct{}
+
+func (Drop) Text(Family) string { return "drop" }
+func (Drop) Encode(e *Exprs)    { e.Verdict(nfDrop, "") }
+
+// nfDrop is NF_DROP, a verdict code.
+const nfDrop = 0
+
+// Lookup: the lookup of what the expressions before it loaded, from
+// NFT_REG_1 on, in Set (an anonymous one also by its ID): for a verdict
+// (vmap @set), for data a statement after it reads from NFT_REG_1 on
+// (map @set: a DNAT through a map), or for membership (@set; Inv: not
+// in it, != @set). A rule read back holds one for each lookup, without
+// its ID.
+type Lookup struct {
+	Set                string
+	ID                 uint32
+	Verdict, Data, Inv bool
+}
+
+func (s Lookup) Text(Family) string {
+	switch {
+	case s.Verdict:
+		return "vmap @" + s.Set
+	case s.Data:
+		return "map @" + s.Set
+	case s.Inv:
+		return "!= @" + s.Set
+	}
+	return "@" + s.Set
+}
+
+func (s Lookup) Encode(e *Exprs) {
+	e.Add("lookup", func(a *nfnl.Attrs) {
+		a.String(unix.NFTA_LOOKUP_SET, s.Set)
+		a.U32(unix.NFTA_LOOKUP_SREG, Reg1)
+		switch {
+		case s.Verdict:
+			a.U32(unix.NFTA_LOOKUP_DREG, RegVerdict)
+		case s.Data:
+			a.U32(unix.NFTA_LOOKUP_DREG, Reg1)
+		}
+		if s.ID != 0 {
+			a.U32(unix.NFTA_LOOKUP_SET_ID, s.ID)
+		}
+		if s.Inv {
+			a.U32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
+		}
+	})
+}
 
 // Conditions are match text in nft syntax that only nft compiles: a
 // transaction holding them goes to nft (NeedsNft), and Encode leaves

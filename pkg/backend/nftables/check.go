@@ -112,13 +112,13 @@ func skeletonGaps(f plan.Family, n needs, lengths []int, chains map[string]*Chai
 // hasRule reports whether chain c holds a rule doing what the shared
 // rule r does.
 func hasRule(f plan.Family, c *ChainState, r *nft.Rule) bool {
-	want := r.Info(nft.Family(f))
+	want := r.AsRead(nft.Family(f))
 	return slices.ContainsFunc(c.Rules, func(got RuleState) bool { return got.Lacks(nft.Family(f), want) == "" })
 }
 
 // judgeChain says what of the attachment's own chain is missing or
 // wrong, or "": each rule, found by its comment, doing what it is
-// written to do (nft.RuleInfo.Lacks), a DNAT map holding its mappings,
+// written to do (nft.Rule.Lacks), a DNAT map holding its mappings,
 // and no rule more.
 func judgeChain(l *layout, c *ChainState) string {
 	own, f := l.chain.Name, nft.Family(l.family)
@@ -133,7 +133,7 @@ func judgeChain(l *layout, c *ChainState) string {
 		if !ok {
 			return fmt.Sprintf("missing rule %q in chain %s", r.Comment, own)
 		}
-		if lacks := got.Lacks(f, r.Info(f)); lacks != "" {
+		if lacks := got.Lacks(f, r.AsRead(f)); lacks != "" {
 			return fmt.Sprintf("rule %q in chain %s does not %s", r.Comment, own, lacks)
 		}
 		for _, s := range r.Stmts {

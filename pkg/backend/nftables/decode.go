@@ -93,5 +93,5 @@ func decodeRule(f plan.Family, b []byte) RuleState { return decodeAttrs(f, nfnl.
 
 // decodeAttrs is decodeRule of a rule's parsed attributes.
 func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
-	return RuleState{RuleInfo: nft.DecodeRule(nft.Family(f), attrs)}
+	return RuleState{Rule: nft.DecodeRule(nft.Family(f), attrs)}
 }

@@ -99,14 +99,7 @@ func dnatByMap(e *nft.Exprs, addr bool, set string, id uint32) {
 	if e.Family == nft.IPv6 {
 		fam, ipLen = unix.NFPROTO_IPV6, 16
 	}
-	e.Add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, set)
-		a.U32(unix.NFTA_LOOKUP_SREG, nft.Reg1)
-		a.U32(unix.NFTA_LOOKUP_DREG, nft.Reg1)
-		if id != 0 {
-			a.U32(unix.NFTA_LOOKUP_SET_ID, id)
-		}
-	})
+	nft.Lookup{Set: set, ID: id, Data: true}.Encode(e)
 	e.Add("nat", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
 		a.U32(unix.NFTA_NAT_FAMILY, fam)

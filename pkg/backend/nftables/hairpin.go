@@ -117,10 +117,7 @@ func (s hairpinLookup) Encode(e *nft.Exprs) {
 	}
 	e.Meta(unix.NFT_META_L4PROTO, next)
 	e.Payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
-	e.Add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, s.set())
-		a.U32(unix.NFTA_LOOKUP_SREG, nft.Reg1)
-	})
+	nft.Lookup{Set: s.set()}.Encode(e)
 }
 
 // decodeHairpins reads the elements of a hairpin set's GETSETELEM answer.

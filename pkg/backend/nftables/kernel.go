@@ -213,15 +213,17 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 func readChain(c nft.Conn, f plan.Family, table string, cs *ChainState) error {
 	for i := range cs.Rules {
 		r := &cs.Rules[i]
-		if !strings.HasPrefix(r.DNATMap, "__") {
-			continue // none, or a named map: the dispatch chain's, read apart
-		}
-		msgs, err := dumpSet(c, f, table, r.DNATMap)
-		if err != nil {
-			return &nft.Error{Op: "list map " + r.DNATMap, Err: err}
-		}
-		for _, m := range msgs {
-			r.DNATs = append(r.DNATs, decodeDNATs(f, m.Attrs)...)
+		for _, l := range r.Lookups() {
+			if !l.Data || !strings.HasPrefix(l.Set, "__") {
+				continue // a named map: the dispatch chain's, read apart
+			}
+			msgs, err := dumpSet(c, f, table, l.Set)
+			if err != nil {
+				return &nft.Error{Op: "list map " + l.Set, Err: err}
+			}
+			for _, m := range msgs {
+				r.DNATs = append(r.DNATs, decodeDNATs(f, m.Attrs)...)
+			}
 		}
 	}
 	if table == Table {

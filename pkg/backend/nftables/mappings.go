@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -54,14 +55,15 @@ func forwardsOf(s *State) []plan.Installed {
 					Owner: owner, ContainerIP: ipOf(d.To.Addr()), ContainerPort: int(d.To.Port())})
 			}
 			ks, ok := strings.CutPrefix(r.Comment, keyComment)
-			if !ok || !r.DNAT.To.IsValid() {
+			dnat, isDNAT := nft.StmtOf[nft.DNAT](r.Rule)
+			if !ok || !isDNAT {
 				continue
 			}
 			k, ok := parseKey(ks)
 			if !ok {
 				continue
 			}
-			to := r.DNAT.To
+			to := dnat.To
 			for h := k.Port; h <= k.last(); h++ {
 				f := plan.Installed{HostIP: ipOf(k.HostIP), HostPort: h, Protocol: k.Protocol, Owner: owner, ContainerIP: ipOf(to.Addr()), ContainerPort: int(to.Port())}
 				if to.Port() == 0 { // an identity range: the port stays

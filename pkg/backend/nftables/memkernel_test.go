@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/nft/nfttest"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
@@ -84,8 +85,14 @@ func (m *Memory) Dump() string {
 				}
 				b.WriteByte('\n')
 				for _, r := range c.Rules {
-					r.Handle = 0
-					fmt.Fprintf(&b, "    %+v\n", r)
+					b.WriteString("    " + r.StmtText(nft.Family(f)))
+					if r.Comment != "" {
+						fmt.Fprintf(&b, " comment %q", r.Comment)
+					}
+					if len(r.DNATs) > 0 {
+						fmt.Fprintf(&b, " map %v", r.DNATs)
+					}
+					b.WriteByte('\n')
 				}
 			}
 			for _, n := range slices.Sorted(maps.Keys(st.Maps)) {

@@ -7,6 +7,7 @@ package nftables
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -41,7 +42,7 @@ func (c *ChainState) splitClaims() {
 	rules := c.Rules[:0]
 	for _, r := range c.Rules {
 		s, ok := strings.CutPrefix(r.Comment, claimComment)
-		if ok && r.Jump == "" && !r.DNAT.To.IsValid() && r.DNATMap == "" && r.Lookup == "" {
+		if ok && matchesOnly(r.Rule) {
 			if k, ok := parseKey(s); ok && !k.IsRange() {
 				k.Flat = true
 				c.Claims, c.HasClaims = append(c.Claims, k), true
@@ -51,6 +52,18 @@ func (c *ChainState) splitClaims() {
 		rules = append(rules, r)
 	}
 	c.Rules = rules
+}
+
+// matchesOnly says r only matches (a protocol, ports, an address), as
+// a claim rule does.
+func matchesOnly(r *nft.Rule) bool {
+	return !slices.ContainsFunc(r.Stmts, func(s nft.Stmt) bool {
+		switch s.(type) {
+		case nft.L4Proto, nft.DPort, nft.Addr:
+			return false
+		}
+		return true
+	})
 }
 
 // dropClaims deletes what claims a flat attachment's keys beside its chain, as

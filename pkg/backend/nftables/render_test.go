@@ -3,7 +3,6 @@ package nftables
 import (
 	"io"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -169,22 +168,32 @@ func TestNetlinkRoundTrip(t *testing.T) {
 				want string
 			}{
 				{"protocol", func(r *RuleState) bool {
-					ok := r.L4Proto != ""
-					r.L4Proto = map[string]string{"tcp": "udp", "udp": "sctp", "sctp": "tcp"}[r.L4Proto]
-					return ok
+					return tamperStmt(r, func(s nft.L4Proto) nft.L4Proto {
+						return nft.L4Proto{Name: map[string]string{"tcp": "udp", "udp": "sctp", "sctp": "tcp"}[s.Name]}
+					})
 				}, "does not meta l4proto"},
-				{"port", func(r *RuleState) bool { ok := r.DPort.Port != 0; r.DPort.Port++; return ok }, "does not th dport"},
+				{"port", func(r *RuleState) bool {
+					return tamperStmt(r, func(s nft.DPort) nft.DPort { s.Port++; return s })
+				}, "does not th dport"},
 				{"host address", func(r *RuleState) bool {
-					ok := r.Daddr.IsValid()
-					r.Daddr = netip.MustParsePrefix("203.0.113.9/32")
-					return ok
+					return tamperStmt(r, func(s nft.Addr) nft.Addr {
+						if !s.Dst {
+							return s
+						}
+						return nft.Addr{Dst: true, Spec: "203.0.113.9"}
+					})
 				}, "daddr"},
 				{"source", func(r *RuleState) bool {
-					ok := r.Saddr.IsValid()
-					r.Saddr = netip.MustParsePrefix("203.0.113.0/24")
-					return ok
+					return tamperStmt(r, func(s nft.Addr) nft.Addr {
+						if s.Dst {
+							return s
+						}
+						return nft.Addr{Spec: "203.0.113.0/24"}
+					})
 				}, "saddr"},
-				{"jump", func(r *RuleState) bool { ok := r.Jump != ""; r.Jump = "mark-bit1"; return ok }, "does not jump"},
+				{"jump", func(r *RuleState) bool {
+					return tamperStmt(r, func(nft.Jump) nft.Jump { return nft.Jump{To: "mark-bit1"} })
+				}, "does not jump"},
 			} {
 				bad := slices.Clone(rules)
 				if !tamper.set(&bad[i]) {
@@ -196,6 +205,22 @@ func TestNetlinkRoundTrip(t *testing.T) {
 			}
 		}
 	}
+}
+
+// tamperStmt changes, in a copy of r's rule, each statement of type T
+// by change, and says whether it changed one.
+func tamperStmt[T nft.Stmt](r *RuleState, change func(T) T) bool {
+	c := *r.Rule
+	c.Stmts = slices.Clone(c.Stmts)
+	changed := false
+	for i, s := range c.Stmts {
+		if t, ok := s.(T); ok {
+			c.Stmts[i] = change(t)
+			changed = changed || c.Stmts[i] != s
+		}
+	}
+	r.Rule = &c
+	return changed
 }
 
 // roundTrip encodes tx and decodes its rules and elements.
@@ -210,7 +235,7 @@ func roundTrip(t *testing.T, f plan.Family, tx *nft.Tx) (rules []RuleState, elem
 		switch m.Type {
 		case nfnl.NftType(unix.NFT_MSG_NEWRULE):
 			r := decodeRule(f, m.Attrs)
-			if r.DNATMap != "" {
+			if slices.ContainsFunc(r.Lookups(), func(l nft.Lookup) bool { return l.Data }) {
 				r.DNATs, dnats = dnats, nil
 			}
 			rules = append(rules, r)

@@ -174,8 +174,10 @@ func lengthsOf(c *ChainState, ls ...*layout) []int {
 	seen := map[int]bool{}
 	if c != nil {
 		for _, r := range c.Rules {
-			if _, l, ok := hairpinLength(r.Member); ok {
-				seen[l] = true
+			for _, lk := range r.Lookups() {
+				if _, l, ok := hairpinLength(lk.Set); ok && !lk.Verdict && !lk.Data && !lk.Inv {
+					seen[l] = true
+				}
 			}
 		}
 	}

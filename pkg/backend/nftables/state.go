@@ -57,11 +57,11 @@ type ChainState struct {
 	Owned     bool
 }
 
-// RuleState is what the backend judges of a rule: what it matches and
-// does (nft.RuleInfo) and, for a DNAT through an anonymous map of the
+// RuleState is what the backend judges of a rule: the rule as read
+// (nft.DecodeRule) and, for a DNAT through an anonymous map of the
 // rule's (dnatMap), what the map holds, which a reader fills.
 type RuleState struct {
-	nft.RuleInfo
+	*nft.Rule
 	DNATs []MapDNAT
 }
 

@@ -34,7 +34,6 @@ func (s vmapLookup) Text(f nft.Family) string {
 
 func (s vmapLookup) Encode(e *nft.Exprs) {
 	next := uint32(nft.Reg32)
-	first := uint32(nft.Reg1)
 	if s.addr {
 		offset, length := e.Family.AddrOffset(true)
 		e.Payload(unix.NFT_PAYLOAD_NETWORK_HEADER, offset, length, nft.Reg1)
@@ -50,11 +49,7 @@ func (s vmapLookup) Encode(e *nft.Exprs) {
 	// EOPNOTSUPP, and nft 1.1 writes none: neither does this
 	e.Meta(unix.NFT_META_L4PROTO, protoReg)
 	e.Payload(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, next+1)
-	e.Add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, s.set)
-		a.U32(unix.NFTA_LOOKUP_SREG, first)
-		a.U32(unix.NFTA_LOOKUP_DREG, nft.RegVerdict)
-	})
+	nft.Lookup{Set: s.set, Verdict: true}.Encode(e)
 }
 
 // guardDrop is the guard chain's rule (guardRule): drop connections to
@@ -67,7 +62,6 @@ const (
 	ctEstablished = 1 << 1
 	ctRelated     = 1 << 2
 	ctStatusDNAT  = 0x20 // IPS_DST_NAT
-	nfDrop        = 0    // NF_DROP, a verdict code
 )
 
 func (guardDrop) Text(nft.Family) string { return guardRule }
@@ -83,19 +77,14 @@ func (guardDrop) Encode(e *nft.Exprs) {
 		a.U32(unix.NFTA_CT_KEY, unix.NFT_CT_STATE)
 	})
 	set := e.AnonSet(nft.CTState.ID, 4, [][]byte{nft.NE32(ctEstablished), nft.NE32(ctRelated)})
-	e.Add("lookup", func(a *nfnl.Attrs) {
-		a.String(unix.NFTA_LOOKUP_SET, set.Name)
-		a.U32(unix.NFTA_LOOKUP_SREG, nft.Reg1)
-		a.U32(unix.NFTA_LOOKUP_SET_ID, set.ID)
-		a.U32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
-	})
+	nft.Lookup{Set: set.Name, ID: set.ID, Inv: true}.Encode(e)
 	e.Add("ct", func(a *nfnl.Attrs) {
 		a.U32(unix.NFTA_CT_DREG, nft.Reg1)
 		a.U32(unix.NFTA_CT_KEY, unix.NFT_CT_STATUS)
 	})
 	e.Bitwise(nft.Reg1, nft.NE32(ctStatusDNAT), nft.NE32(0))
 	e.Cmp(unix.NFT_CMP_EQ, nft.Reg1, nft.NE32(0))
-	e.Verdict(nfDrop, "")
+	nft.Drop{}.Encode(e)
 }
 
 // dnatMap: dnat ip to [ip daddr .] meta l4proto . th dport map { tcp .
