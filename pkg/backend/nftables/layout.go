@@ -161,11 +161,12 @@ func (l *layout) rewriteChain(tx *nft.Tx, c *ChainState) {
 	}
 }
 
-// probes are what ADD's fast path reads first: the shared chains a flat
-// attachment relies on and does not itself touch (the masquerade chain
-// of the dispatch chain's mark, the guard where localhost connections are
-// DNATed), its maps and sets, and its keys in the other kind of map.
-func (l *layout) probes() (chains, sets []string, others []Key) {
+// probes are what ADD's fast path reads first besides its own chain:
+// the shared chains a flat attachment relies on and does not itself
+// touch (the masquerade chain of the dispatch chain's mark, the guard
+// where localhost connections are DNATed), its maps and sets, and its
+// keys in both kinds of map.
+func (l *layout) probes() (chains, sets []string, keys []Key) {
 	if l.flat {
 		if l.needs.masq {
 			chains = append(chains, masqChain(flatMarkBit))
@@ -175,11 +176,7 @@ func (l *layout) probes() (chains, sets []string, others []Key) {
 		}
 		sets = flatSetNames(l.lengths)
 	}
-	others = make([]Key, 0, len(l.keys))
-	for _, k := range l.keys {
-		others = append(others, k.inOtherMap())
-	}
-	return chains, sets, others
+	return chains, sets, withOtherMaps(l.keys)
 }
 
 // hasRanges reports whether the attachment holds an interval key.

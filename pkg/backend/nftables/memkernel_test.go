@@ -55,8 +55,10 @@ func (m *Memory) elements(keys ...Key) ([]Element, error) {
 // would the real one: every table gone. It touches no host state.
 func (m *Memory) FlushRuleset() { m.nf.Flush() }
 
-// Committed counts the transactions applied.
+// Committed counts the transactions applied; Refused those the kernel
+// refused.
 func (m *Memory) Committed() int { return m.nf.Commits }
+func (m *Memory) Refused() int   { return m.nf.Refused }
 
 // Dump prints both families' tables as a read of each tells them, one
 // object a line: a whole-state picture tests compare before and after a

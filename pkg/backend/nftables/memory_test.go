@@ -107,6 +107,38 @@ func TestMemoryTakeover(t *testing.T) {
 	fixture.Takeover(t, b, remoteDNAT(t, m))
 }
 
+// ADD again, and ADD of a port another attachment holds, read what they
+// meet before they write: neither sends the kernel a batch it refuses
+// (on the real kernel each costs an RCU grace period, ~15 ms), whatever
+// the shape, and each leaves the newest attachment serving its ports.
+func TestMemoryAddAgainRefusesNoBatch(t *testing.T) {
+	c := fixture.Attachment("c", "192.0.2.4/24", 8081)
+	d := fixture.Attachment("d", "192.0.2.5/24", 8081, 8082)
+	r := rangePlan("r", "192.0.2.6/24", [2]int{20000, 20009})
+	s := rangePlan("s", "192.0.2.7/24", [2]int{20005, 20019})
+	b, m := memBackend()
+	for i, p := range []*plan.Plan{c, c, d, d, r, r, s, s} {
+		refused := m.Refused()
+		if err := b.Apply(p); err != nil {
+			t.Fatalf("ADD %d (%s): %v", i, p.Owner.ContainerID, err)
+		}
+		if err := b.Check(p); err != nil {
+			t.Errorf("ADD %d (%s): CHECK: %v", i, p.Owner.ContainerID, err)
+		}
+		if i == 0 {
+			continue // the node's first ADD finds no skeleton
+		}
+		if n := m.Refused() - refused; n != 0 {
+			t.Errorf("ADD %d (%s): %d batches refused, want none", i, p.Owner.ContainerID, n)
+		}
+	}
+	for port, want := range map[int]string{8081: "192.0.2.5:80", 8082: "192.0.2.5:80", 20004: "192.0.2.6:20004", 20005: "192.0.2.7:20005"} {
+		if got := remoteDNAT(t, m)(port); got != want {
+			t.Errorf("port %d goes to %q, want %s", port, got, want)
+		}
+	}
+}
+
 func TestMemoryGC(t *testing.T) {
 	b, m := memBackend()
 	fixture.GC(t, b, remoteDNAT(t, m))

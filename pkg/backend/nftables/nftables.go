@@ -53,13 +53,14 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	ranges := l.hasRanges()
 	// Fast path: the skeleton is left alone (rewriting the base chains
 	// costs the kernel more than everything else). It first reads, in one
-	// round trip, its keys in the other kind of map (an element there,
-	// another attachment's, is taken over on the slow path) and, for a
-	// flat attachment, the shared chains it relies on; the elements fail
-	// while the maps are missing, and a chain's jumps to mark-bitN while
-	// that bit's skeleton is, which sends the first ADD on a node to the
-	// slow path. A plan with intervals reads what shares its ports first
-	// (ranges.go).
+	// round trip, whether its chain is there (ADD again) and its keys in
+	// both kinds of map (an element there, another attachment's, is taken
+	// over on the slow path) and, for a flat attachment, the shared
+	// chains it relies on: a batch the kernel refuses costs an RCU grace
+	// period. The elements fail while the maps are missing, and a chain's
+	// jumps to mark-bitN while that bit's skeleton is, which sends the
+	// first ADD on a node to the slow path. A plan with intervals reads
+	// what shares its ports first (ranges.go).
 	if !ranges {
 		if done, err := b.fastAdd(l); done || err != nil {
 			return err
@@ -74,19 +75,27 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if ranges {
 		// As the fast path, after the read: a new attachment's chain
 		// created beside the skeleton, its elements placed among what
-		// shares their ports. Its chain there already (an ADD again),
-		// or the skeleton missing, it goes the slow way.
-		st, err := b.Kernel.Read(b.Family, Query{Keys: l.keys})
+		// shares their ports. Its chain there already (an ADD again,
+		// seen before a batch the kernel would refuse), or the skeleton
+		// missing, it goes the slow way.
+		st, err := b.Kernel.Read(b.Family, Query{Keys: l.keys, Probe: []string{l.chain.Name}})
 		if err != nil {
 			return err
 		}
-		tx := newTx(b.Family)
-		l.createChain(tx)
-		place(tx, l, elementsOfState(st), nil, b.Log)
-		if err := b.Kernel.Apply(tx); err == nil {
-			return nil
-		} else if !missed(err) {
-			return fmt.Errorf("apply: %w", err)
+		if len(st.Missing) > 0 {
+			els := elementsOfState(st)
+			hps, err := b.hairpinsOf(sharingPorts(els, l.keys))
+			if err != nil {
+				return err
+			}
+			tx := newTx(b.Family)
+			l.createChain(tx)
+			place(tx, l, els, hps, b.Log)
+			if err := b.Kernel.Apply(tx); err == nil {
+				return nil
+			} else if !missed(err) {
+				return fmt.Errorf("apply: %w", err)
+			}
 		}
 	}
 	// the dispatch chain for the hairpin lengths the node has: the
@@ -100,12 +109,13 @@ func (b *Backend) Apply(p *plan.Plan) error {
 	if c != nil {
 		prev = c.keys()
 	}
-	st, err := b.Kernel.Read(b.Family, Query{Keys: uniqueKeys(withOtherMaps(append(l.keys[:len(l.keys):len(l.keys)], prev...)))})
+	keys := uniqueKeys(append(l.keys[:len(l.keys):len(l.keys)], prev...))
+	st, err := b.Kernel.Read(b.Family, Query{Keys: withOtherMaps(keys)})
 	if err != nil {
 		return err
 	}
 	els := elementsOfState(st)
-	hps, err := b.hairpinsOf(els, l.hairpins...)
+	hps, err := b.hairpinsOf(sharingPorts(els, keys), l.hairpins...)
 	if err != nil {
 		return err
 	}
@@ -139,15 +149,16 @@ func (b *Backend) applyWith(skel, tx *nft.Tx) error {
 // fastAdd is ADD's fast path for an attachment of single ports; done
 // says it applied.
 func (b *Backend) fastAdd(l *layout) (done bool, err error) {
-	chains, sets, others := l.probes()
-	if len(chains)+len(sets)+len(others) > 0 {
-		st, err := b.Kernel.Read(b.Family, Query{Probe: chains, Sets: sets, Keys: others})
-		if err != nil {
-			return false, err
-		}
-		if len(st.Missing) > 0 || len(st.Elements) > 0 {
-			return false, nil
-		}
+	chains, sets, keys := l.probes()
+	st, err := b.Kernel.Read(b.Family, Query{Probe: append(chains, l.chain.Name), Sets: sets, Keys: keys})
+	if err != nil {
+		return false, err
+	}
+	// its own chain there (ADD again), or an element of a key there
+	// (another attachment's), goes to the slow path before a batch the
+	// kernel would refuse: a refused batch costs an RCU grace period
+	if !slices.Equal(st.Missing, []string{l.chain.Name}) || len(st.Elements) > 0 {
+		return false, nil
 	}
 	if err := b.Kernel.Apply(l.create()); err == nil {
 		return true, nil
@@ -338,6 +349,20 @@ func (b *Backend) hairpinsOf(els []Element, more ...Hairpin) ([]Hairpin, error) 
 		}
 	}
 	return out, nil
+}
+
+// sharingPorts are the flat elements of els that share a port with
+// keys: those whose holder an ADD of keys may change (an interval's read
+// brings every element of its class), so whose hairpin elements it
+// reads.
+func sharingPorts(els []Element, keys []Key) []Element {
+	var out []Element
+	for _, e := range els {
+		if e.Key.Flat && overlapsAny(e.Key, keys) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // hairpinsClaimed are the hairpin elements e's comment claims for its

@@ -328,3 +328,39 @@ func TestRangeCutBesideAFlatPort(t *testing.T) {
 		}
 	})
 }
+
+// An interval that takes a flat attachment's port over takes the port's
+// hairpin elements away with its DNAT element, on the fast path (a new
+// attachment) as on the slow one (ADD again): left, they would mark the
+// new holder's connections from the old one's sources for masquerading.
+func TestRangeTakesAFlatPortsHairpins(t *testing.T) {
+	a := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099})
+	c := fixture.Attachment("c", "192.0.2.4/24", 20070)
+	cChain := ChainName(c.Owner)
+	for _, again := range []bool{false, true} {
+		be, m := memBackend()
+		if again {
+			if err := be.Apply(a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := be.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		if d := m.Dump(); strings.Count(d, "hairpin hairpin_") != 2 || !strings.Contains(d, "comment "+cChain) {
+			t.Fatalf("c's hairpin elements after its ADD:\n%s", d)
+		}
+		if err := be.Apply(a); err != nil {
+			t.Fatal(err)
+		}
+		if d := m.Dump(); strings.Contains(d, "hairpin hairpin_") {
+			t.Errorf("ADD again %v: hairpin elements of c's port left after a took it over:\n%s", again, d)
+		}
+		if err := be.Check(a); err != nil {
+			t.Errorf("ADD again %v: CHECK a: %v", again, err)
+		}
+		if err := be.Check(c); err == nil || !strings.Contains(err.Error(), "tcp . 20070") {
+			t.Errorf("ADD again %v: CHECK c: %v, want its port named", again, err)
+		}
+	}
+}

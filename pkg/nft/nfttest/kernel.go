@@ -24,8 +24,9 @@ type Kernel struct {
 	mu     sync.Mutex
 	tables map[tableKey]*table
 	handle uint64 // the last rule handle given
-	// Commits counts the batches committed.
-	Commits int
+	// Commits counts the batches committed; Refused those refused (on
+	// the real kernel, each costs an RCU grace period, ~15 ms).
+	Commits, Refused int
 	// NotWritable is Writable's answer: nil, an error, or
 	// nfnl.ErrNoProbe for a kernel before Linux 6.3.
 	NotWritable error
@@ -96,6 +97,9 @@ func (k *Kernel) Batch(msgs []nfnl.Msg, commit bool) error {
 	tx := &batch{tables: cloneTables(k.tables), handle: k.handle, ids: map[uint32]string{}}
 	for i, m := range msgs {
 		if errno := tx.apply(m); errno != 0 {
+			if commit {
+				k.Refused++
+			}
 			return &nfnl.Error{Index: i, Errno: errno}
 		}
 	}
