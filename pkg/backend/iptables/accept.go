@@ -164,12 +164,12 @@ func (fw *Accept) Check(p *plan.Plan) error {
 // whether CNI-HOSTPORT-FWD exists and FORWARD jumps to it.
 type fwListing struct {
 	*listing
-	shared bool
+	chain, jump bool
 }
 
 func parseAccept(lines []string) *fwListing {
 	return &fwListing{listing: parseTable(lines, forwardChain),
-		shared: slices.Contains(lines, "-N "+forwardChain) && slices.Contains(lines, "-A FORWARD -j "+forwardChain)}
+		chain: slices.Contains(lines, "-N "+forwardChain), jump: slices.Contains(lines, "-A FORWARD -j "+forwardChain)}
 }
 
 // acceptChains are the listing's CNI-FW chains, sorted.
@@ -262,7 +262,7 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 			v.Whys[i] = fmt.Sprintf("forwardAccept: %d jumps to %s in %s, want 1", len(l.refs[chain]), chain, forwardChain)
 		}
 	}
-	if len(want) > 0 && !l.shared {
+	if len(want) > 0 && !(l.chain && l.jump) {
 		v.Shared = append(v.Shared, "forwardAccept: chain "+forwardChain+" or the jump to it from FORWARD missing")
 	}
 	for _, chain := range l.acceptChains() {
@@ -281,11 +281,11 @@ func (l *fwListing) decide(want []*plan.Plan) converge.Verdict[string] {
 // and filled, the pruned ones dropped.
 func (fw *Accept) writeSync(l *fwListing, want []*plan.Plan, fix converge.Repair[string]) (bool, error) {
 	pl := filterPayload()
-	if !l.shared && (fix.Shared || len(fix.Broken) > 0) {
-		if !l.chains[forwardChain] {
+	if fix.Shared || len(fix.Broken) > 0 {
+		if !l.chain {
 			pl.line("-N "+forwardChain, "new chain "+forwardChain)
 		}
-		if !slices.Contains(l.rules["FORWARD"], "-A FORWARD -j "+forwardChain) {
+		if !l.jump {
 			pl.rule("-I", forwardJump)
 		}
 	}
