@@ -131,29 +131,41 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 	for _, name := range q.Sets {
 		exists(unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name, func(nfnl.Reply) {}, missing(name))
 	}
-	// an interval key's class: the maps of its host IP kind whose keys of
-	// one port shadow it, exact and flat, read whole, as are many keys
+	// An interval key's class: the interval map of its host IP kind, read
+	// whole, and the maps of one port, exact and flat, asked for each of
+	// its ports and the port on either side (what a cut leaves of another
+	// interval as one port lies beside the interval), or read whole, as
+	// are many keys, when that makes more than holdersByDump gets.
 	byDump := map[string]bool{}
+	var gets []Key
 	for _, key := range q.Keys {
-		if key.IsRange() {
-			byDump[key.Map()] = true
-			byDump[Key{HostIP: key.HostIP}.Map()] = true
-			byDump[Key{HostIP: key.HostIP, Flat: true}.Map()] = true
+		if !key.IsRange() {
+			gets = append(gets, key)
+			continue
+		}
+		byDump[key.Map()] = true
+		for port := max(key.Port-1, 1); port <= min(key.Last+1, 65535); port++ {
+			one := Key{HostIP: key.HostIP, Protocol: key.Protocol, Port: port}
+			gets = append(gets, one, one.inOtherMap())
 		}
 	}
-	var els []Element
-	if len(byDump) == 0 && len(q.Keys) <= holdersByDump {
-		for _, key := range q.Keys {
-			element(Element{Key: key}.element(nft.Family(f)), "element "+key.String()+" of map "+key.Map(), func(r nfnl.Reply, found bool) {
-				if found {
-					els = append(els, decodeElements(f, r.Attrs)...)
-				}
-			})
-		}
-	} else {
+	if gets = uniqueKeys(gets); len(gets) > holdersByDump {
 		for _, key := range q.Keys {
 			byDump[key.Map()] = true
+			if key.IsRange() {
+				byDump[Key{HostIP: key.HostIP}.Map()] = true
+				byDump[Key{HostIP: key.HostIP, Flat: true}.Map()] = true
+			}
 		}
+		gets = nil
+	}
+	var els []Element
+	for _, key := range gets {
+		element(Element{Key: key}.element(nft.Family(f)), "element "+key.String()+" of map "+key.Map(), func(r nfnl.Reply, found bool) {
+			if found {
+				els = append(els, decodeElements(f, r.Attrs)...)
+			}
+		})
 	}
 	for _, h := range q.Hairpins {
 		element(hairpinObj{h}.element(nft.Family(f)), "element "+h.Src+" . "+h.Key.String()+" of set "+h.set(), func(r nfnl.Reply, found bool) {
@@ -200,7 +212,7 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 				all = append(all, more...)
 			}
 		}
-		els = elementsFor(q.Keys, all)
+		els = append(els, elementsFor(q.Keys, all)...)
 	}
 	for _, e := range els {
 		st.Elements[e.Key] = e

@@ -56,9 +56,10 @@ func (m *Memory) elements(keys ...Key) ([]Element, error) {
 func (m *Memory) FlushRuleset() { m.nf.Flush() }
 
 // Committed counts the transactions applied; Refused those the kernel
-// refused.
+// refused; Listed the elements of the maps read whole.
 func (m *Memory) Committed() int { return m.nf.Commits }
 func (m *Memory) Refused() int   { return m.nf.Refused }
+func (m *Memory) Listed() int    { return m.nf.Listed }
 
 // Dump prints both families' tables as a read of each tells them, one
 // object a line: a whole-state picture tests compare before and after a

@@ -190,9 +190,9 @@ func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 	s.writeHairpins(tx, desired, wantHP)
 }
 
-// elementsFor is what Kernel.Read returns for keys out of all the
-// elements of a table: for a key of one port its own element, for an
-// interval key every element of its class.
+// elementsFor is what Kernel.Read returns for keys out of the elements
+// of the maps it read whole: for a key of one port its own element, for
+// an interval key every element of its class.
 func elementsFor(keys []Key, all []Element) []Element {
 	exact := map[Key]bool{}
 	var intervals []Key

@@ -286,47 +286,87 @@ func TestRangeSync(t *testing.T) {
 // An interval cut down to a port a newer flat attachment holds: neither
 // ADD nor a pass's repair adds that port back for the interval's owner
 // (an element of one port in the verdict map would shadow the flat one),
-// and a second pass writes nothing.
+// and a second pass writes nothing. The port left lies beside the new
+// interval, on either side; a short interval's ADD asks for its ports
+// and those two one by one, and lists no map of one port beside the
+// node's other flat attachments, a long one's reads those maps whole.
 func TestRangeCutBesideAFlatPort(t *testing.T) {
-	a := rangePlan("a", "192.0.2.2/24", [2]int{20000, 20099})
-	c := fixture.Attachment("c", "192.0.2.4/24", 20000)
-	d := rangePlan("d", "192.0.2.5/24", [2]int{20001, 20099})
-	want := map[int]string{20000: "192.0.2.4:80", 20001: "192.0.2.5:20001", 20099: "192.0.2.5:20099"}
-	holds := func(t *testing.T, m *Memory) {
-		t.Helper()
-		for port, to := range want {
-			got := trace(t, m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
-			if got != to {
-				t.Errorf("port %d goes to %q, want %s", port, got, to)
-			}
-		}
+	const first = 20000
+	tests := []struct {
+		name  string
+		last  int
+		atEnd bool // the port left is the old interval's last, not its first
+	}{
+		{"long, first port left", first + 99, false},
+		{"long, last port left", first + 99, true},
+		{"short, first port left", first + 9, false},
+		{"short, last port left", first + 9, true},
 	}
-	t.Run("ADD", func(t *testing.T) {
-		be, m := memBackend()
-		for _, p := range []*plan.Plan{a, c, d} {
-			if err := be.Apply(p); err != nil {
-				t.Fatal(err)
+	var others []*plan.Plan // flat attachments on ports away from the interval
+	for i := range 20 {
+		others = append(others, fixture.Attachment(fmt.Sprintf("other%d", i), fmt.Sprintf("192.0.2.%d/24", 100+i), 30000+i))
+	}
+	for _, tt := range tests {
+		a := rangePlan("a", "192.0.2.2/24", [2]int{first, tt.last})
+		left, d := first, rangePlan("d", "192.0.2.5/24", [2]int{first + 1, tt.last})
+		if tt.atEnd {
+			left, d = tt.last, rangePlan("d", "192.0.2.5/24", [2]int{first, tt.last - 1})
+		}
+		c := fixture.Attachment("c", "192.0.2.4/24", left)
+		want := map[int]string{left: "192.0.2.4:80"}
+		for _, port := range []int{first, first + 1, tt.last - 1, tt.last} {
+			if port != left {
+				want[port] = fmt.Sprintf("192.0.2.5:%d", port)
 			}
 		}
-		holds(t, m)
-	})
-	t.Run("a pass", func(t *testing.T) {
-		be, m := memBackend()
-		for _, p := range []*plan.Plan{a, c} {
-			if err := be.Apply(p); err != nil {
-				t.Fatal(err)
+		holds := func(t *testing.T, m *Memory) {
+			t.Helper()
+			for port, to := range want {
+				got := trace(t, m, plan.TCP, fixture.Remote, fixture.HostIP, port, false).DNAT
+				if got != to {
+					t.Errorf("port %d goes to %q, want %s", port, got, to)
+				}
 			}
 		}
-		all := []*plan.Plan{a, c, d}
-		if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Results[2].State != converge.Repaired {
-			t.Fatalf("sync: %+v, %v", rep, err)
-		}
-		holds(t, m)
-		n := m.Committed()
-		if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Wrote || m.Committed() != n {
-			t.Errorf("a second pass wrote: %+v, %v", rep, err)
-		}
-	})
+		t.Run(tt.name+"/ADD", func(t *testing.T) {
+			be, m := memBackend()
+			for _, p := range append(others[:len(others):len(others)], a, c) {
+				if err := be.Apply(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			listed := m.Listed()
+			if err := be.Apply(d); err != nil {
+				t.Fatal(err)
+			}
+			holds(t, m)
+			// the interval map's one element (a's) is all a short
+			// interval's read lists; a long one lists the flat maps too
+			if n := m.Listed() - listed; tt.last-first < 10 && n != 1 || tt.last-first >= 10 && n <= len(others) {
+				t.Errorf("the ADD's read listed %d elements", n)
+			}
+			if err := be.Check(d); err != nil {
+				t.Errorf("CHECK d: %v", err)
+			}
+		})
+		t.Run(tt.name+"/a pass", func(t *testing.T) {
+			be, m := memBackend()
+			for _, p := range []*plan.Plan{a, c} {
+				if err := be.Apply(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			all := []*plan.Plan{a, c, d}
+			if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Results[2].State != converge.Repaired {
+				t.Fatalf("sync: %+v, %v", rep, err)
+			}
+			holds(t, m)
+			n := m.Committed()
+			if rep, err := be.Sync(all, converge.Options{}); err != nil || rep.Wrote || m.Committed() != n {
+				t.Errorf("a second pass wrote: %+v, %v", rep, err)
+			}
+		})
+	}
 }
 
 // An interval that takes a flat attachment's port over takes the port's

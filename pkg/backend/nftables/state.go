@@ -33,9 +33,11 @@ type Query struct {
 	// they are there.
 	Probe, Sets []string
 	// Keys are elements asked for: for a key of one port its own
-	// element, where it exists; for an interval key every element of the
-	// same host IP and protocol, of one port or an interval (what ADD
-	// must know to take its ports over).
+	// element, where it exists; for an interval key the intervals of the
+	// same host IP and protocol and its elements of one port, from the
+	// port before its first to the port after its last, or all of them
+	// (what ADD must know to take its ports over, and to tell whether
+	// what it leaves of another interval is held).
 	Keys []Key
 	// Hairpins are hairpin elements asked for, read with their owners.
 	Hairpins []Hairpin

@@ -27,6 +27,9 @@ type Kernel struct {
 	// Commits counts the batches committed; Refused those refused (on
 	// the real kernel, each costs an RCU grace period, ~15 ms).
 	Commits, Refused int
+	// Listed counts the set elements dumps answered: what of a read
+	// grows with the node.
+	Listed int
 	// NotWritable is Writable's answer: nil, an error, or
 	// nfnl.ErrNoProbe for a kernel before Linux 6.3.
 	NotWritable error

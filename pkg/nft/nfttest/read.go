@@ -126,6 +126,7 @@ func (k *Kernel) Dump(req nfnl.Msg) ([]nfnl.Reply, error) {
 		if s == nil {
 			return nil, &nfnl.Error{Errno: unix.ENOENT}
 		}
+		k.Listed += len(s.elements)
 		return []nfnl.Reply{{Type: req.Type, Family: req.Family, Attrs: elementsReply(req.Attrs, s, s.elements)}}, nil
 	}
 	tableAttr := map[int]uint16{unix.NFT_MSG_GETCHAIN: unix.NFTA_CHAIN_TABLE, unix.NFT_MSG_GETRULE: unix.NFTA_RULE_TABLE,
