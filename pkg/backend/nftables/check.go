@@ -12,8 +12,9 @@ import (
 
 // Check verifies that everything ADD made is there, reading in one
 // round trip only the shared chains, the attachment's own chain and its
-// own keys' elements (single-element gets; a dump of its class for an
-// interval key): its cost does not grow with the number of attachments.
+// own keys' elements (single-element gets, and a dump of the interval
+// map for an interval key): its cost does not grow with the number of
+// flat and chain attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	l := layoutOf(p)
 	q := Query{Chains: append([]string{l.chain.Name}, skeletonChains(l.needs)...), Keys: l.keys}

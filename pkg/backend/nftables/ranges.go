@@ -22,7 +22,8 @@ import (
 //     first) and names the first port that does not reach the chain.
 // The kernel's interval map (pipapo) refuses a new interval whose ends
 // fall inside another, but not one that covers another whole, so ADD
-// reads the elements of its host IP kind and protocol before it writes.
+// reads the intervals of its host IP kind and protocol, and the elements
+// of one port among and beside its ports, before it writes.
 
 // sameClass reports whether a and b are keys of the same host IP and
 // protocol: the keys that can share a port.
