@@ -12,6 +12,7 @@ import (
 
 	"github.com/portmap-dev/portmap/pkg/converge"
 	"github.com/portmap-dev/portmap/pkg/nfnl"
+	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 	"github.com/portmap-dev/portmap/test/fixture"
 )
@@ -100,15 +101,16 @@ func TestSkeletonApartFromConditions(t *testing.T) {
 // the hairpin sets of its prefix length missing (a /23 here), or a port
 // held in a verdict map (b's chain, of conditions), it writes nothing but
 // the slow path's one transaction, which makes the sets and takes the
-// port.
+// port. The slow path writes the skeleton only where it has a gap.
 func TestApplyFlatReadsFirst(t *testing.T) {
 	for _, tt := range []struct {
 		name, cidr string
 		port       int
 		want       string
+		skeleton   bool // the transaction writes the skeleton
 	}{
-		{"a hairpin set missing", "10.1.2.3/23", 8081, "add set ip cni_portmap hairpin_23"},
-		{"a port in a verdict map", "192.0.2.7/24", 9090, "delete element ip cni_portmap hostports { tcp . 9090 }"},
+		{"a hairpin set missing", "10.1.2.3/23", 8081, "add set ip cni_portmap hairpin_23", true},
+		{"a port in a verdict map", "192.0.2.7/24", 9090, "delete element ip cni_portmap hostports { tcp . 9090 }", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := fixture.Attachment("new", tt.cidr, tt.port)
@@ -116,9 +118,9 @@ func TestApplyFlatReadsFirst(t *testing.T) {
 			if err := b.Apply(c); err != nil {
 				t.Fatal(err)
 			}
-			if len(k.scripts) != 1 || *locks != 1 || !strings.Contains(k.scripts[0], "add table") ||
+			if len(k.scripts) != 1 || *locks != 1 || strings.Contains(k.scripts[0], "add table") != tt.skeleton ||
 				!strings.Contains(k.scripts[0], tt.want) {
-				t.Errorf("scripts %q, %d locks: want the slow path's one transaction, with %q", k.scripts, *locks, tt.want)
+				t.Errorf("scripts %q, %d locks: want the slow path's one transaction, with %q, the skeleton written: %v", k.scripts, *locks, tt.want, tt.skeleton)
 			}
 			if err := b.Check(c); err != nil {
 				t.Errorf("CHECK: %v", err)
@@ -127,32 +129,46 @@ func TestApplyFlatReadsFirst(t *testing.T) {
 	}
 }
 
-// A range's ADD reads what shares its ports under the lock, then
-// writes as the fast path does, creating its chain beside the skeleton,
-// with no read of its own chain; an ADD again, its chain there, writes
-// the slow way (the skeleton and its chain rewritten).
+// A range's ADD is the slow path's, under the lock: beside a whole
+// skeleton one transaction writes its chain and its interval and leaves
+// the skeleton alone, and so does an ADD again; with a gap in the
+// skeleton (the dispatch chain flushed), the ADD writes the skeleton too,
+// and the dispatch finds the range again.
 func TestApplyRange(t *testing.T) {
 	r := rangePlan("new", "192.0.2.7/24", [2]int{20000, 20099})
-	b, k, _, locks := lockedBackend(t, true, nil)
-	if err := b.Apply(r); err != nil {
-		t.Fatal(err)
-	}
 	own := ChainName(r.Owner)
-	if len(k.scripts) != 1 || *locks != 1 || k.chainReads != 0 || !strings.Contains(k.scripts[0], "create chain ip cni_portmap "+own) ||
-		!strings.Contains(k.scripts[0], "20000-20099") {
-		t.Errorf("scripts %q, %d locks, %d reads of a chain: want one transaction creating %s, under the lock, no chain read", k.scripts, *locks, k.chainReads, own)
+	b, k, _, locks := lockedBackend(t, true, nil)
+	reaches := func(step string) {
+		t.Helper()
+		if got := trace(t, k.Memory, plan.TCP, fixture.Remote, fixture.HostIP, 20050, false).DNAT; got != "192.0.2.7:20050" {
+			t.Errorf("%s: port 20050 goes to %q", step, got)
+		}
+		if err := b.Check(r); err != nil {
+			t.Errorf("%s: CHECK: %v", step, err)
+		}
 	}
-
-	b, k, _, _ = lockedBackend(t, true, failing("create chain"))
+	for i, step := range []string{"ADD", "ADD again"} {
+		if err := b.Apply(r); err != nil {
+			t.Fatal(err)
+		}
+		if len(k.scripts) != i+1 || *locks != i+1 || strings.Contains(k.scripts[i], "add table") ||
+			!strings.Contains(k.scripts[i], "add chain ip cni_portmap "+own) || !strings.Contains(k.scripts[i], "20000-20099") {
+			t.Errorf("%s: scripts %q, %d locks: want one transaction under the lock, writing %s and its interval, not the skeleton", step, k.scripts, *locks, own)
+		}
+		reaches(step)
+	}
+	flush := newTx(plan.IPv4)
+	flush.Flush(&nft.Chain{Name: DispatchChain})
+	if err := k.Memory.Apply(flush); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Apply(r); err != nil {
 		t.Fatal(err)
 	}
-	// the slow path reads its own chain and the dispatch chain (the
-	// hairpin lengths the skeleton's rewrite keeps)
-	if len(k.scripts) != 2 || k.chainReads != 2 || !strings.Contains(k.scripts[1], "flush chain ip cni_portmap "+own) ||
-		!strings.Contains(k.scripts[1], "add table ip cni_portmap") {
-		t.Errorf("scripts %q, %d reads of a chain: want the slow way after the create failed", k.scripts, k.chainReads)
+	if last := k.scripts[len(k.scripts)-1]; !strings.Contains(last, "add table ip cni_portmap") {
+		t.Errorf("ADD beside a flushed dispatch chain wrote %q, not the skeleton", last)
 	}
+	reaches("ADD beside a flushed dispatch chain")
 }
 
 // c (flat) claims a's keys, held by a's flat elements, and b's port, held

@@ -50,57 +50,34 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return errors.New("no container address to forward to")
 	}
 	l := layoutOf(p)
-	ranges := l.hasRanges()
-	// Fast path: the skeleton is left alone (rewriting the base chains
-	// costs the kernel more than everything else). It first reads, in one
-	// round trip, whether its chain is there (ADD again) and its keys in
-	// both kinds of map (an element there, another attachment's, is taken
-	// over on the slow path) and, for a flat attachment, the shared
-	// chains it relies on: a batch the kernel refuses costs an RCU grace
-	// period. The elements fail while the maps are missing, and a chain's
-	// jumps to mark-bitN while that bit's skeleton is, which sends the
-	// first ADD on a node to the slow path. A plan with intervals reads
-	// what shares its ports first (ranges.go).
-	if !ranges {
+	// Fast path, for an attachment of single ports (an interval must read
+	// what shares its ports under the lock: ranges.go): one round trip of
+	// gets, no chain read, and one batch. It first reads whether its
+	// chain is there (ADD again) and its keys in both kinds of map (an
+	// element there, another attachment's, is taken over on the slow path)
+	// and, for a flat attachment, the shared chains it relies on: a batch
+	// the kernel refuses costs an RCU grace period. The elements fail
+	// while the maps are missing, and a chain's jumps to mark-bitN while
+	// that bit's skeleton is, which sends the first ADD on a node to the
+	// slow path.
+	if !l.hasRanges() {
 		if done, err := b.fastAdd(l); done || err != nil {
 			return err
 		}
 	}
 
+	// The slow path, a pass's repair of the one attachment, under the
+	// lock: its chain and the skeleton it relies on read, then what holds
+	// its keys (of an interval, what shares its ports: ranges.go); the
+	// skeleton written only where it has a gap, as CHECK and a pass judge
+	// it, the chain rewritten, its elements placed.
 	release, err := b.Lock()
 	if err != nil {
 		return err
 	}
 	defer release()
-	if ranges {
-		// As the fast path, after the read: a new attachment's chain
-		// created beside the skeleton, its elements placed among what
-		// shares their ports. Its chain there already (an ADD again,
-		// seen before a batch the kernel would refuse), or the skeleton
-		// missing, it goes the slow way.
-		st, err := b.Kernel.Read(b.Family, Query{Keys: l.keys, Probe: []string{l.chain.Name}})
-		if err != nil {
-			return err
-		}
-		if len(st.Missing) > 0 {
-			els := elementsOfState(st)
-			hps, err := b.hairpinsOf(sharingPorts(els, l.keys))
-			if err != nil {
-				return err
-			}
-			tx := newTx(b.Family)
-			l.createChain(tx)
-			place(tx, l, els, hps, b.Log)
-			if err := b.Kernel.Apply(tx); err == nil {
-				return nil
-			} else if !missed(err) {
-				return fmt.Errorf("apply: %w", err)
-			}
-		}
-	}
-	// the dispatch chain for the hairpin lengths the node has: the
-	// skeleton's rewrite keeps them
-	chains, err := b.Kernel.Read(b.Family, Query{Chains: []string{l.chain.Name, DispatchChain}})
+	skelChains := skeletonChains(l.needs)
+	chains, err := b.Kernel.Read(b.Family, Query{Chains: append([]string{l.chain.Name}, skelChains...), Sets: skeletonSets(l.lengths)})
 	if err != nil {
 		return err
 	}
@@ -120,7 +97,11 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return err
 	}
 	skel, tx := newTx(b.Family), newTx(b.Family)
-	addSkeleton(skel, l.needs, lengthsOf(chains.Chains[DispatchChain], l))
+	if gaps, _ := skeletonGaps(b.Family, l.needs, l.lengths, chains.Chains); len(gaps) > 0 || len(chains.Missing) > 0 {
+		// the dispatch chain for the hairpin lengths the node has: the
+		// skeleton's rewrite keeps them
+		addSkeleton(skel, l.needs, lengthsOf(chains.Chains[DispatchChain], l))
+	}
 	l.rewriteChain(tx, c)
 	place(tx, l, els, hps, b.Log)
 	if err := b.applyWith(skel, tx); err != nil {

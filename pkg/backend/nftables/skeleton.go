@@ -136,6 +136,16 @@ func flatSetNames(lengths []int) []string {
 	return out
 }
 
+// skeletonSets are the maps and sets of the skeleton that attachments
+// whose hairpin sets have lengths rely on.
+func skeletonSets(lengths []int) []string {
+	out := make([]string, 0, len(dispatchMaps)+3+2*len(lengths))
+	for _, m := range dispatchMaps {
+		out = append(out, m.name)
+	}
+	return append(out, flatSetNames(lengths)...)
+}
+
 // flatSets are the skeleton's owners map, DNAT maps and the hairpin sets
 // of lengths.
 func flatSets(f nft.Family, lengths []int) []*nft.Set {
