@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -209,4 +210,58 @@ func lengthsOf(c *ChainState, ls ...*layout) []int {
 // length: a source masked to it, and a key.
 func hairpinSetOf(f nft.Family, addr bool, ones int) *nft.Set {
 	return &nft.Set{Name: hairpinSet(addr, ones), Key: append([]nft.Type{f.AddrType()}, keyTypes(f, addr)...)}
+}
+
+// missingError is a shared object found missing; some says that others
+// (a chain of the table) exist.
+type missingError struct {
+	what string
+	some bool
+}
+
+func (e *missingError) Error() string { return e.what }
+
+// skeletonChains are the shared chains attachments that need n rely on.
+func skeletonChains(n needs) []string { return skeletonOrder(skeletonRules(n, nil)) }
+
+// skeletonIn checks, in what st read, the shared chains attachments that
+// need n rely on, with the dispatch chain's hairpin lookups of lengths (a
+// missingError names the first gap).
+func skeletonIn(f plan.Family, st *State, n needs, lengths []int) error {
+	if gaps, some := skeletonGaps(f, n, lengths, st.Chains); len(gaps) > 0 {
+		return &missingError{what: gaps[0], some: some}
+	}
+	return nil
+}
+
+// skeletonGaps says what of the shared chains attachments that need n
+// rely on is missing, as read in chains: each missing chain, and the
+// first missing rule of each chain there, in the order they are written
+// (the dispatch chain with its hairpin lookups of lengths); some says one
+// of them is there. CHECK, STATUS and a pass judge the skeleton by it
+// alike, with its messages.
+func skeletonGaps(f plan.Family, n needs, lengths []int, chains map[string]*ChainState) (gaps []string, some bool) {
+	skel := skeletonRules(n, lengths)
+	for _, name := range skeletonOrder(skel) {
+		c := chains[name]
+		if c == nil {
+			gaps = append(gaps, fmt.Sprintf("missing chain %s in table %s %s", name, nftFamily(f), Table))
+			continue
+		}
+		some = true
+		for _, r := range skel[name] {
+			if !hasRule(f, c, r) {
+				gaps = append(gaps, fmt.Sprintf("missing rule %q in chain %s", r.StmtText(nft.Family(f)), name))
+				break
+			}
+		}
+	}
+	return gaps, some
+}
+
+// hasRule reports whether chain c holds a rule doing what the shared
+// rule r does.
+func hasRule(f plan.Family, c *ChainState, r *nft.Rule) bool {
+	want := r.AsRead(nft.Family(f))
+	return slices.ContainsFunc(c.Rules, func(got RuleState) bool { return got.Lacks(nft.Family(f), want) == "" })
 }
