@@ -396,4 +396,24 @@ func TestRangeCutBesideAFlatPortOnTheKernel(t *testing.T) {
 	if got := listIn(t, n, "list", "map", "ip", nftables.Table, "hostports"); strings.Contains(got, "20000") {
 		t.Errorf("the older range's port came back over the flat element:\n%s", got)
 	}
+	// ADD of a short range, whose read asks for the ports beside it one
+	// by one: the port it leaves of the older range is the flat one's
+	shortOlder, shortNewer := span("short-older", "192.0.2.2/24", 21000, 10), span("short-newer", "192.0.2.5/24", 21000, 9)
+	shortFlat := mkPlan("net1", "short-flat", "192.0.2.4/24", 21009)
+	inNS(t, n, plan.IPv4, false, func(b *nftables.Backend) error {
+		for _, p := range []*plan.Plan{shortOlder, shortFlat, shortNewer} {
+			if err := b.Apply(p); err != nil {
+				return err
+			}
+		}
+		for _, p := range []*plan.Plan{shortFlat, shortNewer} {
+			if err := b.Check(p); err != nil {
+				return fmt.Errorf("CHECK %s: %w", p.Owner.ContainerID, err)
+			}
+		}
+		return nil
+	})
+	if got := listIn(t, n, "list", "map", "ip", nftables.Table, "hostports"); strings.Contains(got, "21009") {
+		t.Errorf("the short older range's last port came back over the flat element:\n%s", got)
+	}
 }
