@@ -121,19 +121,6 @@ func (l *layout) hairpinsOf(won func(Key) bool) []Hairpin {
 func (l *layout) create() *nft.Tx {
 	tx := newTx(l.family)
 	tx.Grow(2 + len(l.rules) + len(l.elements) + len(l.hairpins))
-	l.createChain(tx)
-	for _, e := range l.elements {
-		tx.Create(e)
-	}
-	for _, h := range l.hairpins {
-		tx.Create(hairpinObj{h})
-	}
-	return tx
-}
-
-// createChain creates the chain, failing if it exists, with its rules
-// and a flat attachment's owners element.
-func (l *layout) createChain(tx *nft.Tx) {
 	tx.Create(l.chain)
 	for _, r := range l.rules {
 		tx.Add(r)
@@ -141,6 +128,13 @@ func (l *layout) createChain(tx *nft.Tx) {
 	if l.flat {
 		tx.Create(ownerObj{l.chain.Name})
 	}
+	for _, e := range l.elements {
+		tx.Create(e)
+	}
+	for _, h := range l.hairpins {
+		tx.Create(hairpinObj{h})
+	}
+	return tx
 }
 
 // rewriteChain makes the chain hold exactly its rules, whether it exists
