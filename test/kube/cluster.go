@@ -131,6 +131,20 @@ func (c *controlPlane) waitReady(t *testing.T, n *node) {
 	}
 }
 
+// waitPodCIDR waits, up to 60 s, for the controller manager to give
+// node n its pod CIDR: flanneld started before that exits at once
+// ("pod cidr not assigned") and never writes its subnet.env.
+func (c *controlPlane) waitPodCIDR(t *testing.T, n *node) {
+	t.Helper()
+	if !nettest.Eventually(60*time.Second, func() bool {
+		out, err := c.kubectl("get", "node", n.name, "-o", "jsonpath={.spec.podCIDR}")
+		return err == nil && out != ""
+	}) {
+		out, _ := c.kubectl("get", "node", n.name, "-o", "yaml")
+		t.Fatalf("%s: no pod CIDR 60 s after its kubelet started:\n%s", n.name, out)
+	}
+}
+
 // kubectl runs the release's kubectl against the cluster and returns its
 // output.
 func (c *controlPlane) kubectl(args ...string) (string, error) {

@@ -52,6 +52,7 @@ func twoNodes(t *testing.T, mode string) {
 	ips := map[*node]string{n1: ip1, n2: ip2}
 	envs := map[*node]map[string]string{}
 	for _, n := range nodes {
+		c.waitPodCIDR(t, n)
 		n.startFlannel(t)
 	}
 	for _, n := range nodes {
