@@ -10,7 +10,7 @@ import (
 	"github.com/portmap-dev/portmap/pkg/xt"
 )
 
-// Forwards reads back the host ports this family's nat table forwards —
+// Mappings reads back the host ports this family's nat table forwards —
 // ours and the upstream plugin's, which share the layout — in one listing.
 func (b *Backend) Mappings() ([]plan.Installed, error) {
 	lines, err := b.Kernel.ListTable()
@@ -21,7 +21,7 @@ func (b *Backend) Mappings() ([]plan.Installed, error) {
 }
 
 // parseMappings reads `iptables -t nat -S` lines: the owner of each CNI-DN
-// chain from its entry rule's comment (EntryComment), the mappings from
+// chain from its entry rule's comment (entryComment), the mappings from
 // its DNAT rules.
 func parseMappings(lines []string) []plan.Installed {
 	lt := parseListing(lines)

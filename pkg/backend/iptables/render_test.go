@@ -60,7 +60,7 @@ func TestChainNameIsUpstreams(t *testing.T) {
 		t.Errorf("ChainName = %q, want %q", got, want)
 	}
 	if got, want := entryComment(owner), `dnat name: "net1" id: "c1"`; got != want {
-		t.Errorf("EntryComment = %q, want %q", got, want)
+		t.Errorf("entryComment = %q, want %q", got, want)
 	}
 	long := entryComment(plan.Owner{Network: "n", ContainerID: strings.Repeat("a", 300)})
 	if len(long) != maxComment || !strings.HasSuffix(long, "...") {

@@ -9,11 +9,9 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Check verifies that everything ADD made is there, reading in one
-// round trip only the shared chains, the attachment's own chain and its
-// own keys' elements (single-element gets, and a dump of the interval
-// map for an interval key): its cost does not grow with the number of
-// flat and chain attachments.
+// Check judges what ADD made (judge), reading only the shared chains,
+// the attachment's chain and its own keys' elements: its cost does not
+// grow with the number of attachments.
 func (b *Backend) Check(p *plan.Plan) error {
 	l := layoutOf(p)
 	q := Query{Chains: append([]string{l.chain.Name}, skeletonChains(l.needs)...), Keys: l.keys}
@@ -41,11 +39,8 @@ func (b *Backend) Check(p *plan.Plan) error {
 	return nil
 }
 
-// Skeleton names what of the shared objects that ADD of plans like p
-// makes is missing — the table, its base chains and their jumps, the
-// dispatch chain's map lookups, the masquerade and guard chains — or "".
-// It reads those chains alone: its cost does not grow with the number of
-// attachments (STATUS).
+// Skeleton names what of the shared chains ADD of plans like p makes is
+// missing, or "" (STATUS), reading those chains alone.
 func (b *Backend) Skeleton(p *plan.Plan) (missing string, some bool, err error) {
 	// not the dispatch chain's hairpin lookups of a flat attachment's
 	// prefix lengths: CHECK of that attachment asks for them

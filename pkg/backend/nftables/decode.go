@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"net/netip"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/portmap-dev/portmap/pkg/nfnl"
 	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
@@ -74,24 +72,14 @@ func keyFromBytes(f plan.Family, set string, b []byte) (Key, bool) {
 	if len(b) < 6 {
 		return k, false
 	}
-	switch b[0] {
-	case unix.IPPROTO_TCP:
-		k.Protocol = plan.TCP
-	case unix.IPPROTO_UDP:
-		k.Protocol = plan.UDP
-	case unix.IPPROTO_SCTP:
-		k.Protocol = plan.SCTP
-	default:
+	if k.Protocol = plan.Protocol(nft.ProtoName(b[0])); k.Protocol == "" {
 		return k, false
 	}
 	k.Port = int(binary.BigEndian.Uint16(b[4:6]))
 	return k, true
 }
 
-// decodeRule reads what RuleState holds out of a rule message.
-func decodeRule(f plan.Family, b []byte) RuleState { return decodeAttrs(f, nfnl.Parse(b)) }
-
-// decodeAttrs is decodeRule of a rule's parsed attributes.
-func decodeAttrs(f plan.Family, attrs []nfnl.Attr) RuleState {
+// decodeRule reads a rule message's parsed attributes.
+func decodeRule(f plan.Family, attrs []nfnl.Attr) RuleState {
 	return RuleState{Rule: nft.DecodeRule(nft.Family(f), attrs)}
 }

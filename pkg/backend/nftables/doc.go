@@ -29,35 +29,18 @@
 //	  chain masquerade-bit13 { type nat hook postrouting priority srcnat; meta mark & 0x2000 == 0x2000 masquerade }
 //	}
 //
-// Most attachments are flat (flat.go): each host port one element of a
-// DNAT map, which names its owner in its comment, and its hairpin marks
-// elements of the hairpin sets; an ADD adds no rule and no verdict a base
-// chain reaches, which on Linux 6.18 would have the kernel walk every
-// attachment's chain at commit. The others (conditions, ranges of
-// ports, another mark bit, many mappings) keep a chain of their own,
-// reached from a verdict map element that names it (goto dn-...): one
-// DNAT rule per run of consecutive ports (plan.Runs), so a Podman range
-// is one rule and one element whatever its length; many single mappings
-// are one rule and an anonymous map (dnatMap). A port is held in one map
-// at a time: an ADD takes over its ports' elements in either kind of
-// map (the newest ADD wins). ADD's fast path (plans without ranges)
-// reads, in one round trip, its ports' elements in the other kind of map
-// and (flat) the shared objects it relies on, then is one transaction
-// that creates the attachment's chain (failing if it exists) and adds
-// its elements (failing if another attachment holds a key). DEL reads
-// the attachment's chain (nothing there: nothing to write); then, under
-// the host-wide lock, its keys' map elements (and a flat one's hairpin
-// elements, which its DNAT elements name), and in one transaction
-// deletes those that still name its chain (so DEL never removes
-// another's mapping), then its claims and chain (which the kernel
-// refuses while any element still points at it). A range's DEL first
-// tries a transaction that, for each key, adds the element with its own
-// verdict and deletes it — which fails if another attachment took the key
-// over or cut its interval down — without the lock, since an interval's
-// holders are read by dumping its maps. Only when a fast path fails does
-// the slow path run under the host-wide lock, reading the attachment's
-// own chain (its "hostport" rule comments, its DNAT maps or its claim rules
-// name the keys it claims) and its keys' map elements.
+// Most attachments are flat (flat.go): each host port an element of a
+// DNAT map naming its owner, its hairpin marks elements of the hairpin
+// sets, so an ADD adds no rule and no verdict a base chain reaches. The
+// others (conditions, ranges of ports, another mark bit, many mappings)
+// keep a chain of their own, reached from a verdict map element: one
+// DNAT rule per run of ports (plan.Runs), or one rule and an anonymous
+// map (dnatMap) for many single mappings. A port is held in one map at
+// a time; the newest ADD takes it over. layout.go computes what an
+// attachment owns; ADD writes it (create, or a pass's repair of the one
+// attachment under the host-wide lock), CHECK and the pass judge it
+// (judge.go), DEL deletes the elements that still name its chain, then
+// the chain.
 //
 // The backend talks to the kernel itself, over netlink (pkg/nfnl), in
 // the objects of pkg/nft: a transaction (nft.Tx) is one nf_tables batch,

@@ -30,23 +30,18 @@ import (
 // Each host port is an element of a DNAT map holding the container's
 // address and port, commented with the attachment's chain (its owner) and
 // the sources its connections are masqueraded from. Those are elements of
-// the hairpin sets, one set per prefix length (the container's subnet;
-// 127.0.0.1, a /32; masqAll's /0): the source masked to the length, and
-// the key, looked up before the DNAT. Each is a hash set, whose elements
-// are added and deleted at a constant cost: an interval set of sources
-// (pipapo) took the kernel ~12 ms to delete one element of 4000. The
-// dispatch chain holds a lookup for each length in use (a new length is
-// written on the slow path, with the skeleton).
+// the hairpin sets, one per prefix length (the container's subnet;
+// 127.0.0.1/32; masqAll's /0): hash sets, added to and deleted from at a
+// constant cost (an interval set, pipapo, took ~12 ms to delete one
+// element of 4000). The dispatch chain looks each length in use up before
+// the DNAT; an ADD bringing a new length takes the slow path.
 //
-// The attachment's chain stays, naming its owner (its comment)
-// and of its keys: one rule for each, which matches the key and does
-// nothing else, commented "record tcp . 8080" — what DEL removes when the
-// runtime gives no mappings, and what CHECK compares. No rule jumps to
-// the chain, so the kernel's walk at commit never reaches it. An element
-// of the shared verdict map owners, keyed by the chain name's two hashes
-// (as an IPv6 address), holds a goto to the chain: a release before flat
-// attachments, rolled back to, fails to delete the chain (EBUSY) rather
-// than delete it and leave the ports forwarded.
+// The attachment's chain stays, naming its owner and, one claim rule
+// each, its keys (what DEL removes without mappings, what CHECK
+// compares); no rule jumps to it, so the walk at commit never reaches it.
+// The owners map holds a goto to it, keyed by the name's two hashes: a
+// release before flat attachments, rolled back to, fails to delete the
+// chain (EBUSY) rather than leave its ports forwarded.
 //
 //	map owners { type ipv6_addr : verdict }
 //	chain dn-1b32c28cb38c0548-bb077adccaf7d21e { comment "net=… id=… if=…"
@@ -57,12 +52,10 @@ import (
 // kernel finds a set by name by walking the table's sets, so beside 1000
 // attachments a map each cost every ADD and DEL ~0.45 ms.
 //
-// Flat are the plans without conditions (which need a chain to run in),
-// without identity ranges of ports (interval keys, ranges.go), marking
-// with bit 13 (the dispatch chain's marks name it) and of at most flatMax
-// mappings (beyond, one rule and an anonymous map in a chain cost the
-// kernel less than an element each in three sets). The others keep a
-// chain reached from the verdict maps.
+// Flat are the plans without conditions (which need a chain to run in)
+// or identity ranges (ranges.go), marking with bit 13 (the dispatch
+// chain's), of at most flatMax mappings (beyond, a dnatMap rule costs the
+// kernel less than an element each in three sets).
 
 // dnatLookup: dnat ip to [ip daddr .] meta l4proto . th dport map
 // @hostport_dnat — the DNAT of every flat key of a host IP kind.

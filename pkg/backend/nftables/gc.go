@@ -12,12 +12,9 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// GC removes every attachment of network that no valid attachment owns:
-// the chains named with the network's prefix whose name is not one of the
-// valid attachments', with the map elements that still point at them.
-// Other networks' chains have another prefix and stay. It reads the table
-// once (GC is the one verb that must look at everything) and removes all
-// stale attachments in one transaction.
+// GC removes the chains of network (named with its prefix) that no valid
+// attachment owns, with the elements that point at them: one read of the
+// table, one transaction.
 func (b *Backend) GC(network string, valid []plan.Owner) error {
 	release, err := b.Lock()
 	if err != nil {
@@ -66,9 +63,15 @@ func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
 			tx.Delete(hairpinObj{h})
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(s.Chains)) {
+	dropChains(tx, s.Chains, set)
+}
+
+// dropChains deletes the chains of set, as read in chains, with their
+// owners elements, in name order.
+func dropChains(tx *nft.Tx, chains map[string]*ChainState, set map[string]bool) {
+	for _, name := range slices.Sorted(maps.Keys(chains)) {
 		if set[name] {
-			dropClaims(tx, name, s.Chains[name])
+			dropClaims(tx, name, chains[name])
 			tx.Flush(&nft.Chain{Name: name})
 			tx.Delete(&nft.Chain{Name: name})
 		}
@@ -76,15 +79,12 @@ func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
 }
 
 // Ready reports whether the backend can serve ADD of p's kind: nf_tables
-// takes changes from us, and, when p has conditions (nft syntax), nft is
-// there to compile them. Where the skeleton's dispatch chain can be read,
-// an ADD wrote it in this family and the read was taken (nf_tables
-// answers only CAP_NET_ADMIN): that is the answer. Otherwise (a fresh
-// node, after a flush) the kernel is asked with a batch that commits
-// nothing (Kernel.Writable); only a kernel before Linux 6.3 checks a
-// batch that adds the table and aborts it, which waits an RCU grace
-// period holding nf_tables' commit lock (~10 ms here, every other writer
-// of the node waiting), while runtimes ask for STATUS every few seconds.
+// takes changes from us, and nft is there for conditions. A dispatch
+// chain we can read answers it (nf_tables answers only CAP_NET_ADMIN);
+// else a batch that commits nothing (Kernel.Writable); only before Linux
+// 6.3 a batch that adds the table and aborts, which holds nf_tables'
+// commit lock for an RCU grace period (~10 ms), while runtimes ask for
+// STATUS every few seconds.
 func (b *Backend) Ready(p *plan.Plan) error {
 	if len(p.Conditions) > 0 {
 		if err := nftPresent(); err != nil {

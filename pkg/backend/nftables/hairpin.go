@@ -1,10 +1,7 @@
 package nftables
 
-// Hairpin sets: one per host IP kind and source prefix length, each
-// element a source masked to the length and a flat key, commented with
-// its owner's chain (flat.go). Here are their names, the elements a plan
-// wants, the set and element kinds (text, netlink, decoding) and the
-// dispatch chain's lookup of them.
+// Hairpin sets (flat.go): their elements, the dispatch chain's lookup of
+// them, and reading them back.
 
 import (
 	"cmp"

@@ -11,9 +11,8 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// netlinkKernel is the real kernel: nf_tables over netlink, in-process,
-// one socket for the life of the backend (or what NewOn gives). Only a
-// transaction holding conditions (nft syntax) runs nft.
+// netlinkKernel is nf_tables over netlink, one socket for the life of the
+// backend (or NewOn's Conn). Only conditions (nft syntax) run nft.
 type netlinkKernel struct {
 	mu   sync.Mutex
 	conn nft.Conn
@@ -61,11 +60,9 @@ func (k *netlinkKernel) batch(tx *nft.Tx, commit bool) error {
 	return nft.Commit(c, tx, commit)
 }
 
-// holdersByDump is the number of keys above which Read reads the maps
-// whole instead of one element at a time: the kernel answers each
-// element get with a message of its own (a read each, ~14 µs here), and
-// packs a dump's elements some hundred to a message, so past this many
-// keys a dump costs less even on a node with thousands of elements.
+// holdersByDump is the number of gets above which Read dumps the maps
+// instead: each get is a message of its own (~14 µs here), a dump packs
+// some hundred elements to a message.
 const holdersByDump = 128
 
 func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
@@ -131,11 +128,10 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 	for _, name := range q.Sets {
 		exists(unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name, func(nfnl.Reply) {}, missing(name))
 	}
-	// An interval key's class: the interval map of its host IP kind, read
-	// whole, and the maps of one port, exact and flat, asked for each of
-	// its ports and the port on either side (what a cut leaves of another
-	// interval as one port lies beside the interval), or read whole, as
-	// are many keys, when that makes more than holdersByDump gets.
+	// An interval key: its interval map dumped, and gets of its ports and
+	// the port on either side in both maps of one port (a cut leaves a
+	// one-port piece of another interval right beside it), or dumps of
+	// those maps past holdersByDump gets.
 	byDump := map[string]bool{}
 	var gets []Key
 	for _, key := range q.Keys {
@@ -194,7 +190,7 @@ func (k *netlinkKernel) Read(f plan.Family, q Query) (*State, error) {
 				return nil, &nft.Error{Op: "list rules of chain " + name, Err: err}
 			}
 			for _, r := range rules {
-				cs.Rules = append(cs.Rules, decodeRule(f, r.Attrs))
+				cs.Rules = append(cs.Rules, decodeRule(f, nfnl.Parse(r.Attrs)))
 			}
 			if err := readChain(c, f, Table, cs); err != nil {
 				return nil, err
@@ -274,7 +270,7 @@ func (k *netlinkKernel) Table(f plan.Family, table string) (*State, error) {
 	}
 	for _, attrs := range rules {
 		if cs := s.Chains[attrs.String(unix.NFTA_RULE_CHAIN)]; cs != nil {
-			cs.Rules = append(cs.Rules, decodeAttrs(f, attrs))
+			cs.Rules = append(cs.Rules, decodeRule(f, attrs))
 		}
 	}
 	for _, cs := range s.Chains {

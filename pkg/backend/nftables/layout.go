@@ -12,21 +12,17 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// layout is what one attachment owns in its family's table, computed once
-// from its plan: its chain and the chain's rules, the element of each of
-// its keys and, for a flat attachment, its owners element and hairpin
-// elements; and the skeleton it relies on. ADD creates it (create) or
-// writes it beside what holds its keys (rewriteChain, place); CHECK and a
-// sync pass compare what they read with it (judge); a pass's repair
-// writes it again.
+// layout is what one attachment owns in its family's table, computed
+// once from its plan, and the skeleton it relies on. ADD writes it
+// (create, or rewriteChain and place), CHECK and the pass judge what
+// they read by it (judge).
 type layout struct {
 	family plan.Family
 	chain  *nft.Chain
-	// flat is its shape, decided here alone (flatShape): a flat attachment's
-	// keys are elements of the DNAT maps and its chain holds a claim rule
-	// for each; any other's chain holds its DNAT rules and its keys are
-	// elements of the verdict maps (an identity run of ports an interval
-	// key, ranges.go).
+	// flat is its shape, decided here alone (flatShape): its keys are
+	// DNAT map elements and its chain holds a claim rule each (flat.go);
+	// otherwise its chain holds its DNAT rules and its keys are verdict
+	// map elements.
 	flat     bool
 	rules    []*nft.Rule
 	keys     []Key
@@ -114,10 +110,9 @@ func (l *layout) hairpinsOf(won func(Key) bool) []Hairpin {
 	return out
 }
 
-// create is ADD's fast path: one transaction that creates the chain
-// (failing if it exists) with its rules and, for a flat attachment, its
-// owners element, and creates its elements (failing if another
-// attachment holds a key, or the maps are missing) and hairpin elements.
+// create is ADD's fast path: one transaction that creates everything l
+// owns, failing if its chain exists, another attachment holds a key or
+// the maps are missing.
 func (l *layout) create() *nft.Tx {
 	tx := newTx(l.family)
 	tx.Grow(2 + len(l.rules) + len(l.elements) + len(l.hairpins))
@@ -137,10 +132,9 @@ func (l *layout) create() *nft.Tx {
 	return tx
 }
 
-// rewriteChain makes the chain hold exactly its rules, whether it exists
-// or not (the slow path, a pass's repair), with a flat attachment's
-// owners element (and without one that a chain of the other shape
-// had); c is the chain as read (nil: absent).
+// rewriteChain makes the chain, as read in c (nil: absent), hold exactly
+// its rules and a flat attachment's owners element (and drops the claims
+// of a chain that was flat).
 func (l *layout) rewriteChain(tx *nft.Tx, c *ChainState) {
 	tx.Add(l.chain)
 	tx.Flush(l.chain)
@@ -155,11 +149,9 @@ func (l *layout) rewriteChain(tx *nft.Tx, c *ChainState) {
 	}
 }
 
-// probes are what ADD's fast path reads first besides its own chain:
-// the shared chains a flat attachment relies on and does not itself
-// touch (the masquerade chain of the dispatch chain's mark, the guard
-// where localhost connections are DNATed), its maps and sets, and its
-// keys in both kinds of map.
+// probes are what ADD's fast path reads besides its own chain: the
+// shared chains and sets a flat attachment relies on without jumping to
+// them, and its keys in both kinds of map.
 func (l *layout) probes() (chains, sets []string, keys []Key) {
 	if l.flat {
 		if l.needs.masq {
@@ -259,23 +251,15 @@ func mapComment(addr bool) string {
 	return "hostports"
 }
 
-// chainRules are the rules of the attachment's chain. The chain is
-// entered only through the map elements of the attachment's own keys, so
-// what holds for all of them is said once: mark hairpin and (IPv4)
-// localhost connections for masquerading, with no port match. Then DNAT,
-// one rule per run of mappings (plan.Runs): a single mapping, or a range
-// whose host and container ports are the same (`th dport 20000-20999
-// dnat to 192.0.2.2`, the port kept); a range with an offset becomes one
-// rule per port, as nft has no shifted port range. From mapMin single
-// mappings of one host IP kind (wildcard, or specific) in a chain
-// without conditions, their DNAT is one rule looking them up in a map of
-// its own (dnatMap), before the
-// ranges' rules, as the dispatch finds a port before an interval. The
-// conditions lead every rule. A "hostport" comment names the keys of its
-// rule; a map's rule is commented "hostports" (mapComment) and its keys
-// are its map's. runs are p's, as dnatRuns splits them.
+// chainRules are the rules of a chain attachment's chain, which only its
+// own keys' elements lead to: so the hairpin and localhost marks match no
+// port. Then one DNAT rule per run (dnatRuns; an identity range keeps
+// the port, as nft has no shifted port range), commented with its key;
+// from mapMin single mappings of a host IP kind, without conditions,
+// one rule and a map of its own for them (dnatMap), before the ranges'
+// rules, as the dispatch finds a port before an interval. The
+// conditions lead every rule.
 func chainRules(p *plan.Plan, runs []plan.Run) []*nft.Rule {
-
 	chain := ChainName(p.Owner)
 	var cond []nft.Stmt
 	if len(p.Conditions) > 0 {
@@ -292,10 +276,8 @@ func chainRules(p *plan.Plan, runs []plan.Run) []*nft.Rule {
 				Stmts: with(nft.Addr{Spec: "127.0.0.1"}, setMark)})
 		}
 	}
-	// from mapMin single mappings of a kind (wildcard, specific host IP)
-	// on, one map rule for them; not with conditions, which nft
-	// compiles: nft before 1.0 (Debian 11's 0.9.8) cannot parse a DNAT
-	// by map of a concatenation, and refused the ADD
+	// not with conditions, which nft compiles: nft before 1.0 (Debian
+	// 11's 0.9.8) cannot parse a DNAT by map of a concatenation
 	var n [2]int
 	for _, r := range runs {
 		if r.Len == 1 {

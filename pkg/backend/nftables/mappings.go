@@ -10,20 +10,20 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// Forwards reads back the host ports this family's cni_portmap table
+// Mappings reads back the host ports this family's cni_portmap table
 // forwards, in one read; a missing table forwards nothing.
 func (b *Backend) Mappings() ([]plan.Installed, error) {
 	s, err := b.Kernel.Table(b.Family, Table)
 	if err != nil {
 		return nil, fmt.Errorf("read table: %w", err)
 	}
-	return forwardsOf(s), nil
+	return mappingsOf(s), nil
 }
 
-// forwardsOf reads each dn- chain's owner from its comment (OwnerComment)
-// and its mappings from its DNAT rules and their "hostport <key>"
-// comments.
-func forwardsOf(s *State) []plan.Installed {
+// mappingsOf reads each dn- chain's owner from its comment (ownerComment)
+// and its mappings from the flat elements naming it, its rules' DNAT maps
+// and its DNAT rules with their "hostport <key>" comments.
+func mappingsOf(s *State) []plan.Installed {
 	if s == nil {
 		return nil
 	}

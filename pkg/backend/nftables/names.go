@@ -11,33 +11,25 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// The names the kernel keeps for the layout — table, maps, sets, chains,
-// comments — and the functions that make them: what every other file of
-// the layout refers to, so it depends on none of them.
-
-// Names the kernel keeps: never change them, or upgrades need manual
-// intervention. Our own table, not upstream's cni_hostport, so both can
-// coexist during a migration.
+// Names the kernel keeps (table, maps, sets, chains, comments): never
+// change them without a migration. Our own table, not upstream's
+// cni_hostport, so both can coexist during a migration.
 const (
 	Table          = "cni_portmap"
 	hostPortsMap   = "hostports"
 	hostIPPortsMap = "hostip_hostports"
-	// The interval maps: one element per identity run of ports (a Podman
-	// range), consulted after the exact maps of the same host IP kind, so
-	// a single port shadows a range that covers it.
+	// the interval maps (ranges.go)
 	hostPortRangesMap   = "hostport_ranges"
 	hostIPPortRangesMap = "hostip_hostport_ranges"
 	DispatchChain       = "dispatch"
 	tableComment        = "CNI portmap: host ports to containers"
-	// Rule comments that name what a rule is for; the "hostport" ones
-	// name the map keys an attachment claims, so DEL needs no other
-	// state than its own chain.
+	// Rule comments; the "hostport" ones name the keys an attachment
+	// claims, so DEL needs no state but its own chain.
 	keyComment    = "hostport "
 	hairpinRule   = "hairpin"
 	localhostRule = "localhost"
 )
 
-// Names the kernel keeps.
 const (
 	HostDNATMap   = "hostport_dnat"
 	hostIPDNATMap = "hostip_hostport_dnat"
@@ -51,9 +43,8 @@ const (
 	flatMax = 16
 	// ownersMap holds a goto to each flat attachment's chain.
 	ownersMap = "owners"
-	// claimComment starts the comment of a flat attachment's claim
-	// rules, the key following ("record tcp . 8080": a name the kernel
-	// keeps).
+	// claimComment starts a flat attachment's claim rules' comment,
+	// the key following: "record tcp . 8080".
 	claimComment = "record "
 )
 

@@ -32,7 +32,7 @@ func TestSkeletonReadsBack(t *testing.T) {
 				if chains[name] == nil {
 					chains[name] = &ChainState{}
 				}
-				chains[name].Rules = append(chains[name].Rules, decodeRule(p.Family, m.Attrs))
+				chains[name].Rules = append(chains[name].Rules, decodeRule(p.Family, nfnl.Parse(m.Attrs)))
 			case nfnl.NftType(unix.NFT_MSG_NEWSET):
 				sets[attrs.String(unix.NFTA_SET_NAME)] = m.Flags
 			}

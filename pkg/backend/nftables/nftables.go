@@ -50,34 +50,23 @@ func (b *Backend) Apply(p *plan.Plan) error {
 		return errors.New("no container address to forward to")
 	}
 	l := layoutOf(p)
-	// Fast path, for an attachment of single ports (an interval must read
-	// what shares its ports under the lock: ranges.go): one round trip of
-	// gets, no chain read, and one batch. It first reads whether its
-	// chain is there (ADD again) and its keys in both kinds of map (an
-	// element there, another attachment's, is taken over on the slow path)
-	// and, for a flat attachment, the shared chains it relies on: a batch
-	// the kernel refuses costs an RCU grace period. The elements fail
-	// while the maps are missing, and a chain's jumps to mark-bitN while
-	// that bit's skeleton is, which sends the first ADD on a node to the
-	// slow path.
+	// Fast path (single ports only: an interval must read what shares its
+	// ports under the lock, ranges.go).
 	if !l.hasRanges() {
 		if done, err := b.fastAdd(l); done || err != nil {
 			return err
 		}
 	}
 
-	// The slow path, a pass's repair of the one attachment, under the
-	// lock: its chain and the skeleton it relies on read, then what holds
-	// its keys (of an interval, what shares its ports: ranges.go); the
-	// skeleton written only where it has a gap, as CHECK and a pass judge
-	// it, the chain rewritten, its elements placed.
+	// Slow path, under the lock: a pass's repair of this one attachment.
+	// The skeleton is written only where skeletonGaps (CHECK's and the
+	// pass's judge) finds a gap.
 	release, err := b.Lock()
 	if err != nil {
 		return err
 	}
 	defer release()
-	skelChains := skeletonChains(l.needs)
-	chains, err := b.Kernel.Read(b.Family, Query{Chains: append([]string{l.chain.Name}, skelChains...), Sets: skeletonSets(l.lengths)})
+	chains, err := b.Kernel.Read(b.Family, Query{Chains: append([]string{l.chain.Name}, skeletonChains(l.needs)...), Sets: skeletonSets(l.lengths)})
 	if err != nil {
 		return err
 	}
@@ -127,17 +116,19 @@ func (b *Backend) applyWith(skel, tx *nft.Tx) error {
 	return b.Kernel.Apply(skel)
 }
 
-// fastAdd is ADD's fast path for an attachment of single ports; done
-// says it applied.
+// fastAdd is ADD's fast path: one round trip of gets, then one batch.
+// It reads first whether its chain exists (ADD again), whether another
+// attachment holds a key (a takeover) and, for a flat attachment, the
+// shared chains and sets it relies on, because a batch the kernel refuses
+// costs an RCU grace period (~15 ms). A fresh node still fails the batch
+// (a chain's jump to a missing mark chain) and goes to the slow path.
+// done says it applied.
 func (b *Backend) fastAdd(l *layout) (done bool, err error) {
 	chains, sets, keys := l.probes()
 	st, err := b.Kernel.Read(b.Family, Query{Probe: append(chains, l.chain.Name), Sets: sets, Keys: keys})
 	if err != nil {
 		return false, err
 	}
-	// its own chain there (ADD again), or an element of a key there
-	// (another attachment's), goes to the slow path before a batch the
-	// kernel would refuse: a refused batch costs an RCU grace period
 	if !slices.Equal(st.Missing, []string{l.chain.Name}) || len(st.Elements) > 0 {
 		return false, nil
 	}
@@ -149,15 +140,12 @@ func (b *Backend) fastAdd(l *layout) (done bool, err error) {
 	return false, nil
 }
 
-// Remove deletes the attachment's chain and the map elements that still
-// point at it (for a flat attachment, those that name it, with its
-// hairpin elements and its claims); it is idempotent and never removes
-// another attachment's element. It reads the attachment's own chain
-// first: a failed batch costs the kernel an RCU grace period (~15 ms
-// here), so DEL writes only when there is something to remove — not for a
-// family the container never had, nor a second time. The chain's
-// "hostport" comments (or its claim rules) name its keys, so DEL needs neither
-// prevResult nor mappings.
+// Remove deletes the attachment's chain and the elements that still
+// point at it (a flat attachment's also its hairpin elements and owners
+// element), idempotently, never another attachment's. Its chain's
+// comments name its keys, so DEL needs neither prevResult nor mappings.
+// It reads the chain first and writes only when there is something to
+// remove: a refused batch costs an RCU grace period (~15 ms).
 func (b *Backend) Remove(p *plan.Plan) error {
 	chain := ChainName(p.Owner)
 	c, err := b.chain(chain)
@@ -176,14 +164,10 @@ func (b *Backend) Remove(p *plan.Plan) error {
 		}
 	}
 
-	// Single ports, or a range's fast path failed (a key taken over by
-	// another attachment, an interval cut down, the chain changed under
-	// us): under the lock, read the keys' elements and release only what
-	// still points here. For single ports this is the one path: the fast
-	// path's check (adding each element with its own verdict) makes the
-	// kernel validate, at commit, every chain a verdict map leads to,
-	// which grows with the attachments (~2 ms at 1000 here); reading the
-	// elements under the lock costs the same at any number.
+	// Under the lock, release only the elements that still point here.
+	// Single ports always come here: adding each element with its own
+	// verdict, as fastDelTx does, makes the kernel validate every chain
+	// a verdict map leads to at commit (~2 ms beside 1000 attachments).
 	release, err := b.Lock()
 	if err != nil {
 		return err
@@ -211,18 +195,9 @@ func (b *Backend) Remove(p *plan.Plan) error {
 	if err != nil {
 		return err
 	}
+	st.Chains, st.Hairpins = map[string]*ChainState{chain: c}, hps
 	tx := newTx(b.Family)
-	for _, e := range own {
-		tx.Delete(Element{Key: e.Key})
-	}
-	for _, h := range hps {
-		if h.Chain == chain {
-			tx.Delete(hairpinObj{h})
-		}
-	}
-	dropClaims(tx, chain, c)
-	tx.Flush(&nft.Chain{Name: chain})
-	tx.Delete(&nft.Chain{Name: chain})
+	removeChains(tx, st, map[string]bool{chain: true})
 	if err := b.Kernel.Apply(tx); err != nil {
 		return fmt.Errorf("remove chain %s: %w", chain, err)
 	}

@@ -1,8 +1,7 @@
 package nftables
 
-// A flat attachment's claims: its chain's rules that name its keys and
-// the owners map's element that holds a goto to the chain (flat.go).
-// Here are both kinds, spelled as text and netlink, and read back.
+// A flat attachment's claims (flat.go): its claim rules and its owners
+// map element.
 
 import (
 	"encoding/hex"

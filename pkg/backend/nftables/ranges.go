@@ -10,20 +10,15 @@ import (
 )
 
 // Interval keys. An identity run of ports (a Podman range) is one element
-// of an interval map, consulted after the exact map of the same host IP
-// kind, so a key of one port shadows an interval that covers it. The
-// ownership rules stay those of single keys, per port:
-//   - ADD takes over every port of its intervals: another attachment's
-//     element of one port inside is deleted, an interval sharing ports is
-//     deleted and what is left of it added back for its owner. A key of
-//     one port takes over only that key's element: it shadows an interval.
-//   - DEL deletes only the elements that name its own chain.
-//   - CHECK follows each port as the dispatch chain would (exact element
-//     first) and names the first port that does not reach the chain.
-// The kernel's interval map (pipapo) refuses a new interval whose ends
-// fall inside another, but not one that covers another whole, so ADD
-// reads the intervals of its host IP kind and protocol, and the elements
-// of one port among and beside its ports, before it writes.
+// of an interval map, looked up after the exact maps, so a key of one
+// port shadows an interval that covers it. Ownership stays per port: ADD
+// takes over every port of its intervals (an element of one port inside
+// is deleted; an interval sharing ports is deleted and what is left of
+// it added back for its owner), DEL deletes only what names its chain,
+// CHECK follows each port as the dispatch chain would. The kernel's
+// interval map (pipapo) refuses an interval whose ends fall inside
+// another, but not one covering another whole, so ADD reads what shares
+// its ports before it writes.
 
 // sameClass reports whether a and b are keys of the same host IP and
 // protocol: the keys that can share a port.
@@ -163,15 +158,10 @@ func (v *view) missingPort(k Key, chain string, wins func(Key) bool) string {
 	return ""
 }
 
-// place writes into tx the element changes that make l's chain hold its
-// elements, given els, the elements Kernel.Read returns for its
-// keys, their keys in the other maps and what the chain held before, and
-// hps, the hairpin elements read for the flat ones. It is a pass's repair
-// of one attachment that wins every port it asks for (desiredElements):
-// the chain's other elements go; an element another attachment holds for
-// a port of l, or an interval sharing a port with one of l's, is taken
-// over (logged to log), what is left of such an interval added back for
-// its owner.
+// place writes into tx what makes l's chain hold its elements: a pass's
+// repair of one attachment that wins every port it asks for, over els
+// (what Kernel.Read returns for its keys and those the chain held) and
+// hps (their hairpin elements). Each takeover is logged to log.
 func place(tx *nft.Tx, l *layout, els []Element, hps []Hairpin, log io.Writer) {
 	s := &syncState{layouts: []*layout{l}, st: newState(), hairpins: map[hairpinID]Hairpin{}}
 	for _, e := range els {

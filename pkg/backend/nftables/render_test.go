@@ -234,7 +234,7 @@ func roundTrip(t *testing.T, f plan.Family, tx *nft.Tx) (rules []RuleState, elem
 	for _, m := range msgs {
 		switch m.Type {
 		case nfnl.NftType(unix.NFT_MSG_NEWRULE):
-			r := decodeRule(f, m.Attrs)
+			r := decodeRule(f, nfnl.Parse(m.Attrs))
 			if slices.ContainsFunc(r.Lookups(), func(l nft.Lookup) bool { return l.Data }) {
 				r.DNATs, dnats = dnats, nil
 			}

@@ -10,11 +10,9 @@ import (
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
-// The layout's sets and maps, and the kinds of element it writes into
-// them: each element kind spells itself as nft text (golden files, held
-// to knftables by a test) and as netlink attributes (a kernel test holds
-// them equal to nft's for every plan shape) and, in memkernel_test.go,
-// applies itself to the in-memory kernel.
+// The layout's sets and maps, and the elements it writes into them, as
+// nft text (golden files, held to knftables) and netlink (held to nft's
+// by a kernel test).
 
 // newTx starts a transaction of our table.
 func newTx(f plan.Family) *nft.Tx { return nft.NewTx(nft.Family(f), Table) }
@@ -59,10 +57,9 @@ func keyTypes(f nft.Family, addr bool) []nft.Type {
 	return []nft.Type{nft.InetProto, nft.InetService}
 }
 
-// element is e as nf_tables holds it, in its key's map: a goto to the
-// chain of the attachment that owns it or, for a flat key, its target
-// and a comment naming the owner's chain and hairpin sources; a key
-// alone (deleting) without a chain.
+// element is v as nf_tables holds it: a goto to its chain or, for a flat
+// key, its target commented with its chain and hairpin sources; a key
+// alone without a chain (deleting).
 func (v Element) element(f nft.Family) *nft.Element {
 	var set *nft.Set
 	if addr := v.Key.HostIP.IsValid(); v.Key.Flat {

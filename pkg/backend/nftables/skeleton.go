@@ -62,11 +62,9 @@ func skeletonRules(n needs, lengths []int) map[string][]*nft.Rule {
 	return rules
 }
 
-// addSkeleton writes the table, maps and shared chains, idempotently: the
-// shared chains are flushed and refilled with their fixed rules, which also
-// repairs them, for attachments that need n. lengths are the hairpin
-// sets' prefix lengths: those the node has (lengthsOf) and the
-// attachment's.
+// addSkeleton writes the table, maps and shared chains attachments that
+// need n rely on, idempotently (the chains flushed and refilled), with
+// the hairpin sets of lengths (lengthsOf).
 func addSkeleton(tx *nft.Tx, n needs, lengths []int) {
 	tx.Add(&nft.Table{Comment: tableComment})
 	for _, m := range dispatchMaps {
@@ -234,12 +232,10 @@ func skeletonIn(f plan.Family, st *State, n needs, lengths []int) error {
 	return nil
 }
 
-// skeletonGaps says what of the shared chains attachments that need n
-// rely on is missing, as read in chains: each missing chain, and the
-// first missing rule of each chain there, in the order they are written
-// (the dispatch chain with its hairpin lookups of lengths); some says one
-// of them is there. CHECK, STATUS and a pass judge the skeleton by it
-// alike, with its messages.
+// skeletonGaps is the judge of the skeleton (CHECK, STATUS, the pass,
+// ADD's slow path): each missing chain of those attachments that need n
+// rely on, and the first missing rule of each chain there (the dispatch
+// chain with the hairpin lookups of lengths); some says one is there.
 func skeletonGaps(f plan.Family, n needs, lengths []int, chains map[string]*ChainState) (gaps []string, some bool) {
 	skel := skeletonRules(n, lengths)
 	for _, name := range skeletonOrder(skel) {

@@ -32,11 +32,9 @@ type Query struct {
 	// Probe (chains) and Sets (sets and maps) are asked only whether
 	// they are there.
 	Probe, Sets []string
-	// Keys are elements asked for: for a key of one port its own
-	// element, where it exists; for an interval key the intervals of the
-	// same host IP and protocol and its elements of one port, from the
-	// port before its first to the port after its last, or all of them
-	// (what ADD must know to take its ports over, and to tell whether
+	// Keys are elements asked for: a key of one port, its element; an
+	// interval key, the intervals of its class and the elements of one
+	// port among and beside its ports (what ADD takes over, and whether
 	// what it leaves of another interval is held).
 	Keys []Key
 	// Hairpins are hairpin elements asked for, read with their owners.
@@ -59,9 +57,8 @@ type ChainState struct {
 	Owned     bool
 }
 
-// RuleState is what the backend judges of a rule: the rule as read
-// (nft.DecodeRule) and, for a DNAT through an anonymous map of the
-// rule's (dnatMap), what the map holds, which a reader fills.
+// RuleState is a rule as read and, for a dnatMap rule, what its map
+// holds.
 type RuleState struct {
 	*nft.Rule
 	DNATs []MapDNAT
@@ -93,7 +90,7 @@ func (c *ChainState) keys() []Key {
 
 var ownerRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^net=(\S*) id=(\S*)`) })
 
-// owner reads the chain's comment (OwnerComment).
+// owner reads the chain's comment (ownerComment).
 func (c *ChainState) owner() (network, id string, ok bool) {
 	m := ownerRE().FindStringSubmatch(c.Comment)
 	if m == nil {

@@ -12,9 +12,8 @@ import (
 	"github.com/portmap-dev/portmap/pkg/nft"
 )
 
-// The layout's own statements, beside pkg/nft's generic ones: the
-// lookups of its maps and the guard's drop. Each is spelled as nft syntax
-// and as the kernel's expressions from the same value.
+// The layout's own statements beside pkg/nft's: its map lookups and the
+// guard's drop, as nft syntax and as expressions.
 
 // vmapLookup: [ip daddr .] meta l4proto . th dport vmap @map — the
 // dispatch of a packet to the chain of the attachment that owns its key.

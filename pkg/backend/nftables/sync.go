@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/converge"
-	"github.com/portmap-dev/portmap/pkg/nft"
 	"github.com/portmap-dev/portmap/pkg/plan"
 )
 
@@ -165,13 +164,7 @@ func (b *Backend) writeSync(s *syncState, fix converge.Repair[orphan]) (bool, er
 	}
 	writeElements(tx, s.st, desired)
 	s.writeHairpins(tx, desired, wantHP)
-	for _, name := range slices.Sorted(maps.Keys(s.st.Chains)) {
-		if orphanChains[name] {
-			dropClaims(tx, name, s.st.Chains[name])
-			tx.Flush(&nft.Chain{Name: name})
-			tx.Delete(&nft.Chain{Name: name})
-		}
-	}
+	dropChains(tx, s.st.Chains, orphanChains)
 	wrote := skel.Len()+tx.Len() > 0
 	if wrote {
 		if err := b.applyWith(skel, tx); err != nil {

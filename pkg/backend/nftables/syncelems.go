@@ -14,9 +14,8 @@ import (
 
 // desiredElements says which element each key of the broken plans is
 // to be (a Chain of "": none), and which hairpin elements the rewritten
-// flat ones are to have, by chain. Element changes are computed as a
-// whole, so that a key is deleted or added once even when a repair and a
-// prune both touch it.
+// flat ones are to have, by chain: computed as a whole, so a key a
+// repair and a prune both touch is written once.
 func (s *syncState) desiredElements(broken map[int]bool) (map[Key]Element, map[string][]Hairpin) {
 	desired := map[Key]Element{}
 	wantHP := map[string][]Hairpin{}
@@ -225,9 +224,9 @@ type syncState struct {
 	layouts []*layout
 	st, up  *State // the table (empty when absent) and upstream's
 	exists  bool
-	// winner is the newest plan of each port (of an interval, port by
-	// port; nil: the one plan wins every port it asks for); all and served are the table's elements, read only when a
-	// wanted plan has intervals.
+	// winner is the newest plan of each port (nil: the one plan wins
+	// every port it asks for); all and served are the table's elements,
+	// read only when a wanted plan has intervals.
 	winner    map[Key]int
 	anyRanges bool
 	all       []Element
