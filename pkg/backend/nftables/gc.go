@@ -3,8 +3,6 @@ package nftables
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	"github.com/portmap-dev/portmap/pkg/nfnl"
@@ -48,34 +46,6 @@ func (b *Backend) GC(network string, valid []plan.Owner) error {
 		return fmt.Errorf("gc: %w", err)
 	}
 	return nil
-}
-
-// removeChains deletes the chains of set and the elements that point at
-// them, in name order.
-func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
-	for _, k := range slices.SortedFunc(maps.Keys(s.Elements), compareKeys) {
-		if set[s.Elements[k].Chain] {
-			tx.Delete(Element{Key: k})
-		}
-	}
-	for _, h := range s.Hairpins {
-		if set[h.Chain] {
-			tx.Delete(hairpinObj{h})
-		}
-	}
-	dropChains(tx, s.Chains, set)
-}
-
-// dropChains deletes the chains of set, as read in chains, with their
-// owners elements, in name order.
-func dropChains(tx *nft.Tx, chains map[string]*ChainState, set map[string]bool) {
-	for _, name := range slices.Sorted(maps.Keys(chains)) {
-		if set[name] {
-			dropClaims(tx, name, chains[name])
-			tx.Flush(&nft.Chain{Name: name})
-			tx.Delete(&nft.Chain{Name: name})
-		}
-	}
 }
 
 // Ready reports whether the backend can serve ADD of p's kind: nf_tables

@@ -1,11 +1,13 @@
 package nftables
 
 // A flat attachment's claims (flat.go): its claim rules and its owners
-// map element.
+// map element; and the deletion of chains with all that points at them,
+// claims included (DEL, GC, a pass's prune).
 
 import (
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -97,4 +99,32 @@ func decodeOwners(b []byte) []string {
 		}
 	}
 	return out
+}
+
+// removeChains deletes the chains of set and the elements that point at
+// them, in name order.
+func removeChains(tx *nft.Tx, s *State, set map[string]bool) {
+	for _, k := range slices.SortedFunc(maps.Keys(s.Elements), compareKeys) {
+		if set[s.Elements[k].Chain] {
+			tx.Delete(Element{Key: k})
+		}
+	}
+	for _, h := range s.Hairpins {
+		if set[h.Chain] {
+			tx.Delete(hairpinObj{h})
+		}
+	}
+	dropChains(tx, s.Chains, set)
+}
+
+// dropChains deletes the chains of set, as read in chains, with their
+// owners elements, in name order.
+func dropChains(tx *nft.Tx, chains map[string]*ChainState, set map[string]bool) {
+	for _, name := range slices.Sorted(maps.Keys(chains)) {
+		if set[name] {
+			dropClaims(tx, name, chains[name])
+			tx.Flush(&nft.Chain{Name: name})
+			tx.Delete(&nft.Chain{Name: name})
+		}
+	}
 }
