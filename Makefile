@@ -165,9 +165,12 @@ guest-test: deps plugins
 # Every target of upstream's release tarballs, static as make build.
 CROSS_ARCHES ?= amd64 arm64 arm ppc64le s390x riscv64
 
+# Built with the release's flags, so make release-check's first build of
+# every architecture, after cross-test in make test, is the build cache's
+# (~35 s an architecture on a fresh machine, 1 s from the cache).
 cross-build:
 	@set -e; for a in $(CROSS_ARCHES); do \
-		CGO_ENABLED=0 GOARCH=$$a $(GO) build -o build/cross/$$a/ ./cmd/portmap ./cmd/portmap-agent; \
+		CGO_ENABLED=0 GOARCH=$$a $(GO) build -trimpath -buildvcs=auto -ldflags "$(RELEASE_LDFLAGS)" -o build/cross/$$a/ ./cmd/portmap ./cmd/portmap-agent; \
 		echo "built linux/$$a"; \
 	done
 
